@@ -1,0 +1,50 @@
+"""Timing and table helpers shared by the benchmark scripts (GPU only).
+
+Times are medians of CUDA-event timings with the L2 flushed between runs
+(``triton.testing.do_bench``); bandwidth is compared with a device-to-device copy of
+the same size measured in the same run, counting bytes read plus bytes written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+
+import torch
+
+
+def bench_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events, L2 flushed between runs)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def copy_gbps(nbytes: int, device: str = "cuda") -> float:
+    """GB/s (read + write) of a device-to-device copy moving ``nbytes`` in total."""
+    n = max(nbytes // 2, 1)
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def header() -> str:
+    """One line naming the GPU, the software and the date, for BENCHMARKS.md."""
+    import triton
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{gpu}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"Python {platform.python_version()}, {datetime.date.today().isoformat()}"
+    )
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)

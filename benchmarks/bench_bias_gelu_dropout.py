@@ -1,0 +1,89 @@
+"""bias + GELU + dropout(p): ours against torch eager, torch.compile and the copy roofline.
+
+Bandwidth counts compulsory bytes only (read x and bias, write y); "% copy" is against a
+device-to-device copy of the same byte count measured in the same run. Times are medians
+with the L2 flushed between runs. ``--variants`` adds, for the notes, our kernel without
+the random draw (p=0), with 8-bit draws, with the tanh GELU, and with other tile sizes.
+
+    PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table
+from reference_kernels import bias_gelu_dropout as bgd
+
+
+def chain(x, bias, p):
+    return F.dropout(F.gelu(x + bias), p, training=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one shape, shorter timings")
+    parser.add_argument("--variants", action="store_true", help="also time kernel variants")
+    parser.add_argument("--p", type=float, default=0.1)
+    args = parser.parse_args()
+    rep = dict(warmup_ms=10, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
+    shapes = [((16384, 8192), torch.bfloat16)]
+    if not args.quick:
+        shapes += [((16384, 8192), torch.float16), ((8192, 8192), torch.float32), ((4096, 65536), torch.bfloat16)]
+    compiled = torch.compile(chain, dynamic=False)
+    p = args.p
+
+    print(header())
+    rows, variant_rows = [], []
+    for shape, dtype in shapes:
+        torch.manual_seed(0)
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        bias = torch.randn(shape[-1], device="cuda", dtype=dtype)
+        nbytes = bgd.budget(x, bias, p).total
+        copy = copy_gbps(nbytes)
+        label = f"{dtype} {shape[0]}x{shape[1]}".replace("torch.", "")
+
+        y = bgd.fused(x, bias, p, seed=1)
+        ok = torch.allclose(y.float(), bgd.unfused(x, bias, p, seed=1).float(), atol=2e-2, rtol=2e-2)
+        keep_rate = (y != 0).float().mean().item()
+        print(f"{label}: matches unfused={ok}, keep rate={keep_rate:.4f} (1-p={1 - p})", flush=True)
+
+        def row(table, name, ms):
+            bw = gbps(nbytes, ms)
+            table.append([label, name, f"{ms:.3f}", f"{bw:.0f}", f"{100 * bw / copy:.0f}%"])
+
+        row(rows, "copy (same bytes)", nbytes / copy / 1e6)
+        impls = {
+            "ours (fused)": lambda: bgd.fused(x, bias, p, seed=1),
+            "torch eager": lambda: chain(x, bias, p),
+            "torch.compile": lambda: compiled(x, bias, p),
+        }
+        for name, fn in impls.items():
+            row(rows, name, bench_ms(fn, **rep))
+
+        if args.variants and dtype == torch.bfloat16:
+            M, N = x.numel() // shape[-1], shape[-1]
+            extra = {
+                "ours, p=0 (no random draw)": lambda: bgd.fused(x, bias, 0.0, seed=1),
+                "ours, 8-bit draws": lambda: bgd._launch(x, bias, p, 1, rng_bits=8),
+                "ours, tanh gelu": lambda: bgd.fused(x, bias, p, seed=1, approximate="tanh"),
+            }
+            for cfg in [(2, 2048, 4), (4, 2048, 4), (8, 1024, 8), (8, 2048, 8), (16, 1024, 8), (16, 2048, 16)]:
+                if cfg != bgd._launch_config(M, N):
+                    extra[f"ours, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg)
+            for name, fn in extra.items():
+                row(variant_rows, name, bench_ms(fn, **rep))
+
+    headers = ["input", "implementation", "ms", "GB/s", "% copy"]
+    print()
+    print(markdown_table(headers, rows))
+    if variant_rows:
+        print()
+        print(markdown_table(headers, variant_rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Softmax forward on the GPU: ours against torch eager, torch.compile, Liger-Kernel and a copy.
+
+Bandwidth counts compulsory bytes (read x + write y, as in ANCHORS.md); ``%copy`` compares
+it with a device-to-device copy of the same size timed in the same run. Inputs are
+64 to 512 MiB, well over the H200's 60 MB L2.
+
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py                  # full table
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --widths 65536,262144 --dtypes bfloat16
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py --sweep --impls ours   # time launch-plan variants too
+
+Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from reference_kernels import softmax  # noqa: E402
+
+SHAPES = [(524288, 256), (131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536), (512, 262144)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ANCHORS = ("torch", "compile", "liger")
+
+
+def anchor_fns(x: torch.Tensor) -> dict:
+    fns = {"torch": lambda: torch.softmax(x, dim=-1)}
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: torch.softmax(t, dim=-1), dynamic=False)
+    fns["compile"] = lambda: compiled(x)
+    try:
+        from liger_kernel.ops.softmax import _softmax_forward
+
+        fns["liger"] = lambda: _softmax_forward(x)[0]
+    except ImportError:
+        pass
+    return fns
+
+
+def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
+    """Launch plans worth timing at this width (``--sweep``), the default among them."""
+    plans = [("default", softmax._softmax_settings(m, n, size))]
+    if n <= 1024:
+        for tile, warps in ((2048, 4), (4096, 8), (8192, 8), (16384, 16)):
+            plans.append((f"rows tile={tile} w={warps}", softmax._Plan("rows", max(1, tile // n), n, warps)))
+    elif n <= 16384:
+        for warps in (4, 8, 16, 32):
+            if 4 <= n // (32 * warps) <= 64:
+                plans.append((f"rows w={warps}", softmax._Plan("rows", 1, n, warps)))
+    if n > 2048:
+        for chunk, warps in ((2048, 4), (4096, 8), (4096, 4), (8192, 8), (8192, 16), (16384, 16)):
+            if chunk < n:
+                plans.append((f"one_pass chunk={chunk} w={warps}", softmax._Plan("one_pass", 1, chunk, warps)))
+    return plans
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timing runs")
+    parser.add_argument("--widths", default="", help="comma-separated row widths to keep (default: all)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--impls", default="ours,torch,compile,liger")
+    parser.add_argument("--sweep", action="store_true", help="also time launch-plan variants of ours")
+    parser.add_argument("--json", default="", help="write every figure to this file")
+    args = parser.parse_args()
+    widths = {int(w) for w in args.widths.split(",") if w}
+    impls = args.impls.split(",")
+    timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
+    print(header(), flush=True)
+    records, rows = [], []
+    for dtype_name in args.dtypes.split(","):
+        dtype = DTYPES[dtype_name]
+        for m, n in SHAPES:
+            if widths and n not in widths:
+                continue
+            x = torch.randn(m, n, device="cuda", dtype=dtype)
+            nbytes = softmax.budget(x).total
+            rec = {"dtype": dtype_name, "shape": f"{m}x{n}", "bytes": nbytes, "copy_gbps": copy_gbps(nbytes), "gbps": {}}
+            expected = torch.softmax(x.float(), dim=-1)
+            fns = anchor_fns(x) if any(a in impls for a in ANCHORS) else {}
+            if "ours" in impls:
+                fns["ours"] = lambda: softmax.fused(x)
+                rec["max_abs_err"] = (softmax.fused(x).float() - expected).abs().max().item()
+                rec["plan"] = softmax._softmax_settings(m, n, x.element_size())._asdict()
+            for name in impls:
+                if name not in fns:
+                    rec["gbps"][name] = None
+                    continue
+                try:
+                    rec["gbps"][name] = gbps(nbytes, bench_ms(fns[name], **timing))
+                except Exception as exc:  # an anchor failing at a shape is a result (n/a), not a crash
+                    print(f"  {name} failed at {m}x{n} {dtype_name}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                    rec["gbps"][name] = None
+            if args.sweep:
+                x2, y2 = x, torch.empty_like(x)
+                rec["sweep"] = {}
+                for label, plan in plan_variants(m, n, x.element_size()):
+                    try:
+                        softmax._launch(x2, y2, plan)
+                        err = (y2.float() - expected).abs().max().item()
+                        rate = gbps(nbytes, bench_ms(lambda: softmax._launch(x2, y2, plan), **timing))
+                        rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate, "max_abs_err": err}
+                        print(f"  sweep {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s {100 * rate / rec['copy_gbps']:.0f}% err {err:.2e}", flush=True)
+                    except Exception as exc:
+                        print(f"  sweep {label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+            records.append(rec)
+            rows.append(table_row(rec, impls))
+            print(" | ".join(str(c) for c in rows[-1]), flush=True)
+            del x, expected, fns
+            torch.cuda.empty_cache()
+    print()
+    print(markdown_table(table_headers(impls), rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+
+
+def table_headers(impls: list[str]) -> list[str]:
+    cols = ["dtype", "shape", "copy GB/s"]
+    for name in impls:
+        cols += [f"{name} GB/s", f"{name} %copy"]
+    if "ours" in impls and any(a in impls for a in ANCHORS):
+        cols.append("ours / best anchor")
+    return cols
+
+
+def table_row(rec: dict, impls: list[str]) -> list[object]:
+    copy = rec["copy_gbps"]
+    row: list[object] = [rec["dtype"], rec["shape"], f"{copy:.0f}"]
+    for name in impls:
+        rate = rec["gbps"].get(name)
+        row += ["n/a", "n/a"] if rate is None else [f"{rate:.0f}", f"{100 * rate / copy:.0f}%"]
+    anchors = [rec["gbps"][a] for a in ANCHORS if rec["gbps"].get(a)]
+    if "ours" in impls and anchors:
+        ours = rec["gbps"].get("ours")
+        row.append("n/a" if ours is None else f"{ours / max(anchors):.2f}x")
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""``FusionReport``: what one profiled region did, and how it is shown to a person.
+
+The kernel table is the heart of every failure message: index, kernel name (shortened),
+device time, modelled bytes (and measured bytes when counters are on), the ATen op or
+generated kernel's origin, and the user ``file:line`` that launched it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .budget import Budget, format_bytes
+from .kernels import Kernel
+
+
+def format_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def format_bandwidth(bytes_per_s: float | None) -> str:
+    if not bytes_per_s:
+        return "-"
+    return f"{bytes_per_s / 1e9:.0f} GB/s"
+
+
+@dataclass
+class FusionReport:
+    """One profiled call or region (see DESIGN.md, "Public API")."""
+
+    label: str
+    device: str
+    kernels: list[Kernel] = field(default_factory=list)
+    copies: list[Kernel] = field(default_factory=list)
+    budget: Budget | None = None
+    time_s: float | None = None
+    time_source: str = "kernels"
+    peak_bandwidth: float | None = None
+    device_name: str = ""
+    graph_breaks: list[Any] = field(default_factory=list)
+    recompiles: list[Any] = field(default_factory=list)
+    source: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    output: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def kernel_count(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def bytes(self) -> int:
+        """Modelled HBM bytes: the sum over kernels (copies excluded)."""
+        return sum(k.bytes or 0 for k in self.kernels)
+
+    @property
+    def bytes_unmodelled(self) -> int:
+        """How many kernels have no byte model (``bytes`` is then a lower bound)."""
+        return sum(1 for k in self.kernels if k.bytes is None)
+
+    @property
+    def bytes_measured(self) -> int | None:
+        """DRAM bytes from hardware counters, or ``None`` when counters were off."""
+        measured = [k.bytes_measured for k in self.kernels]
+        if not measured or any(m is None for m in measured):
+            return None
+        return sum(measured)  # type: ignore[arg-type]
+
+    @property
+    def kernel_time_s(self) -> float:
+        return sum(k.time_s for k in self.kernels)
+
+    @property
+    def efficiency(self) -> float | None:
+        """(budget bytes / peak bandwidth) / time: 1.0 is a kernel at the copy roofline."""
+        if not self.budget or not self.time_s or not self.peak_bandwidth:
+            return None
+        return (self.budget.total / self.peak_bandwidth) / self.time_s
+
+    @property
+    def device_kind(self) -> str:
+        """Baseline key: ``"cpu"`` or ``"cuda:<device name>"``."""
+        if self.device == "cpu":
+            return "cpu"
+        return f"{self.device}:{self.device_name}" if self.device_name else self.device
+
+    def table(self, *, max_rows: int = 60) -> str:
+        """The kernel table, copies listed after the kernels."""
+        show_measured = any(k.bytes_measured is not None for k in self.kernels)
+        headers = ["#", "kernel", "time", "bytes"] + (["measured"] if show_measured else []) + ["op", "source"]
+        rows = []
+        for i, k in enumerate(self.kernels):
+            row = [str(i), k.short_name, format_time(k.time_s), format_bytes(k.bytes)]
+            if show_measured:
+                row.append(format_bytes(k.bytes_measured))
+            rows.append(row + [k.op or "-", k.source or "-"])
+        for k in self.copies:
+            row = ["copy", k.short_name, format_time(k.time_s), format_bytes(k.bytes)]
+            if show_measured:
+                row.append(format_bytes(k.bytes_measured))
+            rows.append(row + [k.op or "-", k.source or "-"])
+        if not rows:
+            return "  (no kernels launched)"
+        hidden = 0
+        if len(rows) > max_rows:
+            hidden = len(rows) - max_rows
+            rows = rows[:max_rows]
+        widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(headers)]
+        right = {0, 2, 3, 4} if show_measured else {0, 2, 3}
+        lines = []
+        for row in [headers] + rows:
+            cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))]
+            lines.append("  " + "  ".join(cells).rstrip())
+        if hidden:
+            lines.append(f"  ... {hidden} more rows")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        parts = [f"{self.kernel_count} kernel{'s' if self.kernel_count != 1 else ''}"]
+        if self.copies:
+            parts.append(f"{len(self.copies)} cop{'ies' if len(self.copies) != 1 else 'y'}")
+        bytes_text = format_bytes(self.bytes)
+        if self.bytes_unmodelled:
+            bytes_text += f" (+{self.bytes_unmodelled} unmodelled)"
+        parts.append(f"{bytes_text} modelled")
+        if self.bytes_measured is not None:
+            parts.append(f"{format_bytes(self.bytes_measured)} measured")
+        if self.budget is not None:
+            parts.append(f"budget {format_bytes(self.budget.total)}")
+        parts.append(f"time {format_time(self.time_s)}")
+        if self.efficiency is not None:
+            parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
+        where = f"{self.device_kind}"
+        return f"[{self.label}] on {where}: " + ", ".join(parts)
+
+    def __str__(self) -> str:
+        text = self.summary() + "\n" + self.table()
+        if self.warnings:
+            text += "\n" + "\n".join(f"  note: {w}" for w in self.warnings)
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every figure and every kernel (the output tensor is left out)."""
+
+        def _gb(obj: Any) -> Any:
+            return obj.to_dict() if hasattr(obj, "to_dict") else str(obj)
+
+        return {
+            "label": self.label,
+            "device": self.device,
+            "device_kind": self.device_kind,
+            "kernel_count": self.kernel_count,
+            "kernels": [k.to_dict() for k in self.kernels],
+            "copies": [k.to_dict() for k in self.copies],
+            "bytes": self.bytes,
+            "bytes_unmodelled": self.bytes_unmodelled,
+            "bytes_measured": self.bytes_measured,
+            "budget": self.budget.to_dict() if self.budget else None,
+            "time_s": self.time_s,
+            "time_source": self.time_source,
+            "peak_bandwidth": self.peak_bandwidth,
+            "efficiency": self.efficiency,
+            "graph_breaks": [_gb(g) for g in self.graph_breaks],
+            "recompiles": [_gb(r) for r in self.recompiles],
+            "source": self.source,
+            "warnings": list(self.warnings),
+        }

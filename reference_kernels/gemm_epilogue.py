@@ -1,0 +1,432 @@
+"""Matmul with its epilogue fused: ``act(a @ b + bias) + residual`` in one kernel.
+
+The bias add, the activation and the residual add are applied to the fp32 accumulator
+tile in registers, before the tile's single store, so the (M, N) intermediate never
+leaves the chip. The unfused version writes and re-reads it three more times.
+
+Two kernels share one epilogue:
+
+* ``_gemm_epilogue_tma_kernel``: Hopper style (sm_90+): a persistent grid of one
+  program per SM walking the output tiles in grouped order, operands fetched by TMA
+  through host-side tensor descriptors, stores through TMA (optionally in two
+  column halves, which frees shared memory for a deeper pipeline).
+* ``_gemm_epilogue_kernel``: the plain tiled ``tl.dot`` kernel with pointer loads,
+  used on older GPUs, when a stride or address breaks TMA's 16-byte rules, and
+  under the interpreter.
+
+``_gemm_path`` and ``_gemm_configs`` are the launch heuristics: which kernel, which
+tile shapes; when several configs remain, the launcher times each once per problem
+key and keeps the fastest (``_tuned``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from pytest_fusioncheck.budget import Budget
+from reference_kernels._common import check_tensor, interpreting
+
+_INPUT_DTYPES = (torch.float16, torch.bfloat16)
+_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}
+_GELU_TANH = 3  # activation code for gelu(approximate="tanh")
+_APPROXIMATIONS = ("none", "tanh")
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _launch_metadata(grid, kernel, args):
+    """What profilers (and pytest-fusioncheck's byte model) read off a launch."""
+    M, N, K = args["M"], args["N"], args["K"]
+    out = args["c_ptr"] if "c_ptr" in args else args["c_desc"].base
+    elt = out.element_size()
+    nbytes = elt * (M * K + K * N + M * N)
+    if args["HAS_BIAS"]:
+        nbytes += elt * N
+    if args["HAS_RESIDUAL"]:
+        nbytes += elt * M * N
+    return {"name": f"{kernel.name} [M={M}, N={N}, K={K}]", "bytes": nbytes, "flops": 2 * M * N * K}
+
+
+@triton.jit
+def _gelu(x, TANH: tl.constexpr):
+    """GELU of an fp32 tensor: exact erf form, or the tanh approximation.
+
+    tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), written with one exp so that
+    +inf stays inf and -inf gives NaN, as torch does.
+    """
+    if TANH:
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        return x / (1.0 + tl.exp(-2.0 * u))
+    else:
+        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def _activation(x, ACTIVATION: tl.constexpr):
+    if ACTIVATION == 1:
+        x = tl.where(x < 0.0, 0.0, x)  # relu; NaN stays NaN like torch.relu
+    elif ACTIVATION == 2:
+        x = _gelu(x, False)
+    elif ACTIVATION == 3:
+        x = _gelu(x, True)
+    return x
+
+
+@triton.jit
+def _epilogue(
+    acc,  # (BLOCK_M, BLOCK_N) fp32 accumulator tile
+    rows,  # (BLOCK_M,) output row indices
+    cols,  # (BLOCK_N,) output column indices
+    M,  # rows of the output
+    N,  # columns of the output
+    bias_ptr,  # (N,)
+    res_ptr,  # (M, N)
+    stride_rm,  # residual row stride
+    stride_rn,  # residual column stride
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    acc = _activation(acc, ACTIVATION)
+    if HAS_RESIDUAL:
+        res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :] * stride_rn
+        res = tl.load(res_ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
+        acc = acc + res.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row-tiles share each column of B while it is in L2."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (tile_id % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit(launch_metadata=_launch_metadata)
+def _gemm_epilogue_kernel(
+    a_ptr,  # (M, K)
+    b_ptr,  # (K, N)
+    c_ptr,  # (M, N) output
+    bias_ptr,  # (N,) or None
+    res_ptr,  # (M, N) or None
+    M,  # rows of a and c
+    N,  # columns of b and c
+    K,  # columns of a, rows of b
+    stride_am, stride_ak,  # a strides
+    stride_bk, stride_bn,  # b strides
+    stride_cm, stride_cn,  # c strides
+    stride_rm, stride_rn,  # residual strides
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+):
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Rows/columns past the edge read row/column 0 (never stored), so the loads need no M/N mask.
+    rows_in = tl.where(rows < M, rows, 0).to(tl.int64)
+    cols_in = tl.where(cols < N, cols, 0).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows_in[:, None] * stride_am + ks[None, :] * stride_ak
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols_in[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=ks[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=ks[:, None] < k_left, other=0.0)
+        if DOT_IN_FP32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit(launch_metadata=_launch_metadata)
+def _gemm_epilogue_tma_kernel(
+    a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
+    b_desc,  # (K, N) descriptor, block (BLOCK_K, BLOCK_N); (N, K), block (BLOCK_N, BLOCK_K) if B_KMAJOR
+    c_desc,  # (M, N) descriptor, block (BLOCK_M, BLOCK_N // EPILOGUE_SPLIT)
+    bias_ptr,  # (N,) or None
+    res_ptr,  # (M, N) or None
+    M,  # rows of a and c
+    N,  # columns of b and c
+    K,  # columns of a, rows of b
+    stride_rm, stride_rn,  # residual strides
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr,  # 1, or 2: store the tile in two column halves
+    NUM_SMS: tl.constexpr,  # programs in the persistent grid
+    B_KMAJOR: tl.constexpr,  # b is a transposed view of a contiguous (N, K) tensor
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+):
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    # The epilogue recomputes its tile from its own counter, so the compiler can overlap
+    # the next tile's first loads with this tile's epilogue (as tutorial 09 does).
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_KMAJOR:
+                b = b_desc.load([off_n, off_k]).T
+            else:
+                b = b_desc.load([off_k, off_n])
+            if DOT_IN_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+
+        tile_id_c += NUM_SMS
+        pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        rows = off_m + tl.arange(0, BLOCK_M)
+        if EPILOGUE_SPLIT == 2:
+            HALF: tl.constexpr = BLOCK_N // 2
+            acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+            cols = off_n + tl.arange(0, HALF)
+            acc0 = _epilogue(acc0, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
+            acc1 = _epilogue(acc1, rows, cols + HALF, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            c_desc.store([off_m, off_n + HALF], acc1.to(c_desc.dtype))
+        else:
+            cols = off_n + tl.arange(0, BLOCK_N)
+            acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+                            HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+# --------------------------------------------------------------------------- launch heuristics
+
+_TMA_CONFIGS = [
+    # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps)
+    (128, 256, 64, 8, 2, 3, 8),
+    (128, 256, 64, 8, 2, 4, 8),
+    (128, 256, 64, 8, 1, 3, 8),
+    (128, 128, 64, 8, 1, 3, 8),
+    (128, 128, 64, 8, 1, 4, 8),
+]
+_TILED_CONFIGS = [
+    # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT (unused), num_stages, num_warps)
+    (128, 256, 64, 8, 1, 3, 8),
+    (128, 128, 64, 8, 1, 4, 8),
+    (128, 128, 32, 8, 1, 4, 4),
+]
+_INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1)
+_SMALL_PROBLEM = 1 << 30  # M*N*K below this: one config, no tuning
+_tuned: dict = {}
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """TMA needs a unit inner stride, a 16-byte-aligned outer stride and base address."""
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        and t.data_ptr() % 16 == 0
+    )
+
+
+def _gemm_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
+    """'tma' on sm_90+ when every operand meets TMA's rules, else 'tiled'."""
+    if interpreting() or a.device.type != "cuda" or a.shape[1] == 0:
+        return "tiled"
+    if torch.cuda.get_device_capability(a.device)[0] < 9:
+        return "tiled"
+    b_ok = _tma_ok(b) or _tma_ok(b.T)
+    return "tma" if (_tma_ok(a) and b_ok and _tma_ok(out)) else "tiled"
+
+
+def _gemm_configs(path: str, M: int, N: int, K: int) -> list[tuple]:
+    """Candidate configs: one for small problems and the interpreter, a short list to time otherwise."""
+    if interpreting():
+        return [_INTERPRETER_CONFIG]
+    configs = _TMA_CONFIGS if path == "tma" else _TILED_CONFIGS
+    if M * N * K < _SMALL_PROBLEM:
+        return [(128, 128, 64, 8, 1, 3, 8)]
+    return list(configs)
+
+
+def _launch(path, cfg, a, b, out, bias, residual, activation_code):
+    M, K = a.shape
+    N = b.shape[1]
+    BM, BN, BK, GROUP_M, SPLIT, stages, warps = cfg
+    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
+                 DOT_IN_FP32=interpreting())
+    rs = residual.stride() if residual is not None else (0, 0)
+    if path == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [BM, BK])
+        b_kmajor = not _tma_ok(b)
+        if b_kmajor:
+            bt = b.T
+            b_desc = TensorDescriptor(bt, [N, K], [bt.stride(0), 1], [BN, BK])
+        else:
+            b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
+        c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
+        num_sms = _num_sms(a.device)
+        grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
+        _gemm_epilogue_tma_kernel[grid](
+            a_desc, b_desc, c_desc, bias, residual, M, N, K, rs[0], rs[1],
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, EPILOGUE_SPLIT=SPLIT,
+            NUM_SMS=num_sms, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **flags,
+        )
+    else:
+        grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+        _gemm_epilogue_kernel[grid](
+            a, b, out, bias, residual, M, N, K,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), rs[0], rs[1],
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps, **flags,
+        )
+
+
+_sm_counts: dict = {}
+
+
+def _num_sms(device: torch.device) -> int:
+    if interpreting() or device.type != "cuda":
+        return 4
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device]
+
+
+def _run(a, b, out, bias, residual, activation_code, path=None, config=None):
+    """Pick the path and config (timing the candidates once per problem key), then launch.
+
+    ``path`` and ``config`` force a choice (tests and benchmarks use them).
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    path = path or _gemm_path(a, b, out)
+    configs = [config] if config else _gemm_configs(path, M, N, K)
+    if len(configs) > 1:
+        key = (path, M, N, K, a.dtype, bias is not None, activation_code, residual is not None,
+               a.stride(), b.stride(), a.device)
+        if key not in _tuned:
+            from triton.testing import do_bench
+
+            times = [do_bench(lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code),
+                              warmup=10, rep=40, return_mode="median") for c in configs]
+            _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
+        configs = [_tuned[key]]
+    _launch(path, configs[0], a, b, out, bias, residual, activation_code)
+    return path, configs[0]
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _check(a, b, bias, activation, residual, approximate) -> int:
+    check_tensor(a, "a", dtypes=_INPUT_DTYPES, ndim=2)
+    check_tensor(b, "b", dtypes=_INPUT_DTYPES, ndim=2)
+    if b.dtype != a.dtype:
+        raise TypeError(f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"cannot multiply a {tuple(a.shape)} by b {tuple(b.shape)}: inner dimensions differ")
+    if b.device != a.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    M, N = a.shape[0], b.shape[1]
+    for name, t, shape in (("bias", bias, (N,)), ("residual", residual, (M, N))):
+        if t is None:
+            continue
+        check_tensor(t, name, dtypes=(a.dtype,), ndim=len(shape))
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} for a {tuple(a.shape)} @ b {tuple(b.shape)}, "
+                             f"got {tuple(t.shape)}")
+        if t.device != a.device:
+            raise ValueError(f"{name} is on {t.device} but a is on {a.device}")
+    if activation not in _ACTIVATION_CODES:
+        raise ValueError(f"unknown activation {activation!r}; choose 'gelu', 'relu' or None")
+    if approximate not in _APPROXIMATIONS:
+        raise ValueError(f"unknown approximate={approximate!r}; choose 'none' or 'tanh'")
+    if approximate == "tanh" and activation != "gelu":
+        raise ValueError("approximate='tanh' applies to activation='gelu' only")
+    return _GELU_TANH if approximate == "tanh" else _ACTIVATION_CODES[activation]
+
+
+def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):
+    """``act(a @ b + bias) + residual`` in one Triton kernel; fp32 accumulation, output in a's dtype.
+
+    a: (M, K), b: (K, N) (row-major, or the transpose of a contiguous (N, K) weight),
+    bias: (N,), residual: (M, N), all fp16 or all bf16. ``activation`` is "gelu" (exact
+    erf form unless ``approximate="tanh"``), "relu" or None. ``out``, when given, is a
+    contiguous (M, N) tensor of a's dtype to write into.
+    """
+    code = _check(a, b, bias, activation, residual, approximate)
+    M, N = a.shape[0], b.shape[1]
+    if out is None:
+        out = torch.empty((M, N), device=a.device, dtype=a.dtype)
+    else:
+        check_tensor(out, "out", dtypes=(a.dtype,), ndim=2)
+        if tuple(out.shape) != (M, N) or not out.is_contiguous() or out.device != a.device:
+            raise ValueError(f"out must be a contiguous ({M}, {N}) tensor on {a.device}")
+    if M and N:
+        _run(a, b, out, bias, residual, code)
+    return out
+
+
+def unfused(a, b, bias=None, activation="gelu", residual=None, approximate="none"):
+    """The same computation as people write it: one PyTorch op (one kernel) per step."""
+    y = torch.mm(a, b)  # read MK + KN elements ; write MN elements
+    if bias is not None:
+        y = y + bias  # read MN + N elements ; write MN elements
+    if activation == "gelu":
+        y = F.gelu(y, approximate=approximate)  # read MN elements ; write MN elements
+    elif activation == "relu":
+        y = F.relu(y)  # read MN elements ; write MN elements
+    elif activation is not None:
+        raise ValueError(f"unknown activation {activation!r}; choose 'gelu', 'relu' or None")
+    if residual is not None:
+        y = y + residual  # read 2MN elements ; write MN elements
+    return y
+
+
+def budget(a, b, bias=None, activation="gelu", residual=None, approximate="none") -> Budget:
+    """Compulsory traffic: a, b, bias and residual read once, the output written once.
+
+    Works on meta tensors too (``torch.empty(..., device="meta")``), so budgets of
+    large problems cost no memory.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    elt = a.element_size()
+    reads = M * K + K * N + (N if bias is not None else 0) + (M * N if residual is not None else 0)
+    return Budget(read_bytes=elt * reads, write_bytes=elt * M * N, label="gemm_epilogue")

@@ -1,0 +1,499 @@
+"""Fused layer norm over the last dimension: forward and backward, for any row width.
+
+Forward reads ``x`` once and writes ``y`` once (plus float32 ``mean`` and ``rstd`` per
+row, kept for the backward). Backward reads ``x`` and ``dy`` once, writes ``dx`` once and
+reduces ``dweight``/``dbias`` deterministically: each program sums its fixed group of
+rows into its own row of a float32 buffer, and a second small kernel adds those rows in a
+fixed order. No atomics touch the results, so two runs give bitwise-identical gradients.
+
+As in ``softmax``, the launch plan is ``rows`` (whole rows in registers), ``one_pass``
+(a row cut into chunks held by co-resident programs that exchange partial statistics
+through a small workspace and wait for each other: one read of each input) or
+``two_pass`` (the fallback, also used under the Triton interpreter, which runs programs
+one at a time: a first launch writes the partial statistics, a second re-reads the
+inputs). ``softmax``'s docstring says why the wait of ``one_pass`` cannot deadlock.
+Statistics are float32: per-chunk mean and centred sum of squares, merged with Chan's
+formula, so wide rows lose no precision to cancellation.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from pytest_fusioncheck.budget import Budget
+
+from ._common import check_tensor, interpreting, next_power_of_2
+from .softmax import _FROM_STATS, _ONE_PASS, _ROWS, _STATS, _output, _wait_for_peers
+
+
+@triton.jit
+def _chunk_counts(chunks, n_cols, BLOCK_N: tl.constexpr):
+    """Number of real columns in each chunk index of ``chunks`` (the last may be short)."""
+    return tl.minimum(n_cols - chunks * BLOCK_N, BLOCK_N).to(tl.float32)
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,  # (M, N) input; row stride stride_x, column stride 1
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output; row stride stride_y, column stride 1
+    mean_ptr,  # (M,) float32 row means
+    rstd_ptr,  # (M,) float32 reciprocal row standard deviations
+    part_ptr,  # (M, 2, n_chunks) float32 chunk (mean, centred sum of squares); unused in rows mode
+    count_ptr,  # (cdiv(M, BLOCK_M) + 1,) int32 zeros: arrivals per row block, then the tile counter
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    n_chunks,  # chunks per row: cdiv(N, BLOCK_N); 1 in rows mode
+    eps,  # added to the variance
+    MODE: tl.constexpr,  # _ROWS, _ONE_PASS, _STATS or _FROM_STATS
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
+    BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+):
+    if MODE == _ONE_PASS:
+        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M), 1)
+    else:
+        tile = tl.program_id(0)
+    row_block = tile // n_chunks
+    chunk = tile % n_chunks
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+    if MODE == _ROWS:
+        mean = tl.sum(x, axis=1) / n_cols
+        centred = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(centred * centred, axis=1) / n_cols
+    else:
+        part_mean_ptr = part_ptr + rows64 * (2 * n_chunks)
+        part_m2_ptr = part_mean_ptr + n_chunks
+        if MODE != _FROM_STATS:
+            chunk_mean = tl.sum(x, axis=1) / _chunk_counts(chunk, n_cols, BLOCK_N)
+            centred = tl.where(mask, x - chunk_mean[:, None], 0.0)
+            tl.store(part_mean_ptr + chunk, chunk_mean, mask=row_ok)
+            tl.store(part_m2_ptr + chunk, tl.sum(centred * centred, axis=1), mask=row_ok)
+        if MODE == _ONE_PASS:
+            _wait_for_peers(count_ptr + row_block, n_chunks)
+        if MODE != _STATS:
+            c = tl.arange(0, BLOCK_C)
+            pmask = row_ok[:, None] & (c < n_chunks)[None, :]
+            counts = tl.where(c < n_chunks, _chunk_counts(c, n_cols, BLOCK_N), 0.0)
+            mean_i = tl.load(part_mean_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True)
+            m2_i = tl.load(part_m2_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True)
+            mean = tl.sum(mean_i * counts[None, :], axis=1) / n_cols
+            spread = tl.where(pmask, mean_i - mean[:, None], 0.0)
+            var = tl.sum(m2_i + counts[None, :] * spread * spread, axis=1) / n_cols
+            centred = tl.where(mask, x - mean[:, None], 0.0)
+
+    if MODE != _STATS:
+        rstd = 1.0 / tl.sqrt(var + eps)
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = centred * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+        if chunk == 0:
+            tl.store(mean_ptr + rows, mean, mask=row_ok)
+            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    x_ptr,  # (M, N) forward input; row stride stride_x
+    dy_ptr,  # (M, N) gradient of y; row stride stride_dy
+    w_ptr,  # (N,) weight
+    mean_ptr,  # (M,) float32 row means from the forward
+    rstd_ptr,  # (M,) float32 reciprocal standard deviations from the forward
+    dx_ptr,  # (M, N) gradient of x; row stride stride_dx
+    dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
+    db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
+    part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
+    count_ptr,  # (cdiv(M, BLOCK_M) + 1,) int32 zeros: arrivals per row block, then the tile counter
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_dy,  # elements between rows of dy
+    stride_dx,  # elements between rows of dx
+    rows_per_group,  # rows a program walks through; a multiple of BLOCK_M
+    n_chunks,  # chunks per row: cdiv(N, BLOCK_N); 1 in rows mode
+    MODE: tl.constexpr,  # _ROWS, _ONE_PASS, _STATS or _FROM_STATS
+    BLOCK_M: tl.constexpr,  # rows per step of the walk
+    BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
+    BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+):
+    if MODE == _ONE_PASS:
+        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M), 1)
+    else:
+        tile = tl.program_id(0)
+    group = tile // n_chunks
+    chunk = tile % n_chunks
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    row_start = group * rows_per_group
+    row_end = tl.minimum(row_start + rows_per_group, n_rows)
+    for r0 in range(row_start, row_end, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_end
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows.to(tl.int64)
+        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = w[None, :] * dy
+        if MODE == _ROWS:
+            c1 = tl.sum(xhat * wdy, axis=1) / n_cols
+            c2 = tl.sum(wdy, axis=1) / n_cols
+        else:
+            part_1_ptr = part_ptr + rows64 * (2 * n_chunks)
+            part_2_ptr = part_1_ptr + n_chunks
+            if MODE != _FROM_STATS:
+                tl.store(part_1_ptr + chunk, tl.sum(xhat * wdy, axis=1), mask=row_ok)
+                tl.store(part_2_ptr + chunk, tl.sum(wdy, axis=1), mask=row_ok)
+            if MODE == _ONE_PASS:
+                _wait_for_peers(count_ptr + r0 // BLOCK_M, n_chunks)
+            if MODE != _STATS:
+                c = tl.arange(0, BLOCK_C)
+                pmask = row_ok[:, None] & (c < n_chunks)[None, :]
+                c1 = tl.sum(tl.load(part_1_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True), axis=1)
+                c2 = tl.sum(tl.load(part_2_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True), axis=1)
+                c1 = c1 / n_cols
+                c2 = c2 / n_cols
+        if MODE != _STATS:
+            dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+            tl.store(dx_ptr + rows64[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            dw_acc += dy * xhat
+            db_acc += dy
+    if MODE != _STATS:
+        group64 = group.to(tl.int64)
+        tl.store(dw_part_ptr + group64 * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+        tl.store(db_part_ptr + group64 * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+
+@triton.jit
+def _layer_norm_dwdb_kernel(
+    dw_part_ptr,  # (n_groups, N) float32 per-group shares of dweight
+    db_part_ptr,  # (n_groups, N) float32 per-group shares of dbias
+    dw_ptr,  # (N,) dweight, in the weight's dtype
+    db_ptr,  # (N,) dbias, in the bias's dtype
+    n_groups,  # rows of the share buffers
+    n_cols,  # N
+    BLOCK_G: tl.constexpr,  # share rows added per step (fixed order: deterministic)
+    BLOCK_N: tl.constexpr,  # columns per program
+):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    dw = tl.zeros((BLOCK_G, BLOCK_N), dtype=tl.float32)
+    db = tl.zeros((BLOCK_G, BLOCK_N), dtype=tl.float32)
+    for g0 in range(0, n_groups, BLOCK_G):
+        g = g0 + tl.arange(0, BLOCK_G)
+        mask = (g < n_groups)[:, None] & col_ok[None, :]
+        offs = g.to(tl.int64)[:, None] * n_cols + cols[None, :]
+        dw += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
+        db += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(db_ptr + cols, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+class _Plan(NamedTuple):
+    """How one layer-norm pass is launched; ``_layer_norm_settings`` makes it."""
+
+    mode: str  # "rows", "one_pass" or "two_pass"
+    block_m: int
+    block_n: int
+    num_warps: int
+    n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
+
+
+# Widest row one program holds (forward; the backward holds x and dy), chunk width beyond it,
+# elements per program for narrow rows, by element size. Tuned on the H200 (notes/).
+_MAX_ROW = {4: 8192, 2: 8192}
+_CHUNK = {4: 4096, 2: 8192}
+_ROWS_TILE = {4: 4096, 2: 8192}
+_BWD_MAX_ROW = {4: 4096, 2: 4096}
+_BWD_CHUNK = {4: 4096, 2: 4096}
+_BWD_ROWS_TILE = {4: 4096, 2: 4096}
+# Backward programs per multiprocessor: row groups x chunks.
+_BWD_PROGRAMS_PER_SM = 4
+_MAX_ONE_PASS_CHUNKS = 128
+_MAX_CHUNKS = 4096
+_ELEMS_PER_THREAD = 16
+
+
+def _warps_for(elements: int) -> int:
+    return max(1, min(16, elements // (32 * _ELEMS_PER_THREAD)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _layer_norm_settings(
+    n_rows: int,
+    n_cols: int,
+    elem_size: int,
+    *,
+    backward: bool = False,
+    sm_count: int = 4,
+    max_row: int | None = None,
+    one_pass: bool | None = None,
+) -> _Plan:
+    """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
+
+    ``max_row`` overrides the widest row held by one program (and is then the chunk
+    width), ``one_pass`` forces the one-pass (never under the interpreter) or two-pass
+    chunked plan: tests use both to reach every code path with small shapes.
+    """
+    widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)[elem_size]
+    if n_cols <= widest:
+        mode, n_chunks = "rows", 1
+        block_n = next_power_of_2(n_cols)
+        tile = (_BWD_ROWS_TILE if backward else _ROWS_TILE)[elem_size]
+        block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
+    else:
+        chunk = next_power_of_2(max_row) if max_row is not None else (_BWD_CHUNK if backward else _CHUNK)[elem_size]
+        block_n = max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
+        n_chunks = triton.cdiv(n_cols, block_n)
+        if one_pass is None:
+            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
+        if one_pass and interpreting():
+            raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
+        mode, block_m = ("one_pass" if one_pass else "two_pass"), 1
+    n_groups = 1
+    if backward:
+        row_blocks = triton.cdiv(n_rows, block_m)
+        n_groups = max(1, min(row_blocks, (sm_count * _BWD_PROGRAMS_PER_SM) // n_chunks))
+    return _Plan(mode, block_m, block_n, _warps_for(block_m * block_n), n_groups)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as an (M, N) view with unit column stride; copies only when no such view exists."""
+    n_cols = t.shape[-1]
+    if t.stride(-1) != 1 and n_cols > 1:
+        t = t.contiguous()
+    try:
+        return t.view(-1, n_cols)
+    except RuntimeError:
+        return t.contiguous().view(-1, n_cols)
+
+
+def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    check_tensor(x, "x", min_ndim=1)
+    for name, p in (("weight", weight), ("bias", bias)):
+        check_tensor(p, name, ndim=1)
+        if p.shape[0] != x.shape[-1]:
+            raise ValueError(f"{name} has shape {tuple(p.shape)}; x's last dimension needs ({x.shape[-1]},)")
+        if p.device != x.device:
+            raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
+
+
+def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    n_row_blocks = triton.cdiv(n_rows, plan.block_m)
+    common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    tensors = (x2, weight, bias, y2, mean, rstd)
+    if plan.mode == "rows":
+        _layer_norm_fwd_kernel[(n_row_blocks,)](
+            *tensors, x2, x2, n_rows, n_cols, x2.stride(0), y2.stride(0), 1, eps, MODE=_ROWS, BLOCK_C=1, **common
+        )
+        return
+    n_chunks = triton.cdiv(n_cols, plan.block_n)
+    part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
+    grid = (n_row_blocks * n_chunks,)
+    scalars = (n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks, eps)
+    block_c = next_power_of_2(n_chunks)
+    if plan.mode == "one_pass":
+        count = torch.zeros(n_row_blocks + 1, dtype=torch.int32, device=x2.device)
+        _layer_norm_fwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
+    else:
+        _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
+        _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+
+
+def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    n_chunks = triton.cdiv(n_cols, plan.block_n)
+    n_row_blocks = triton.cdiv(n_rows, plan.block_m)
+    rows_per_group = triton.cdiv(n_row_blocks, plan.n_groups) * plan.block_m
+    n_groups = triton.cdiv(n_rows, rows_per_group)
+    dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
+    db_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
+    common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    grid = (n_groups * n_chunks,)
+    tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
+    scalars = (n_rows, n_cols, x2.stride(0), dy2.stride(0), dx2.stride(0), rows_per_group, n_chunks)
+    if plan.mode == "rows":
+        _layer_norm_bwd_kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
+    else:
+        part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
+        block_c = next_power_of_2(n_chunks)
+        if plan.mode == "one_pass":
+            count = torch.zeros(n_row_blocks + 1, dtype=torch.int32, device=x2.device)
+            _layer_norm_bwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
+        else:
+            _layer_norm_bwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
+            _layer_norm_bwd_kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+    block_n = min(256, next_power_of_2(n_cols))
+    _layer_norm_dwdb_kernel[(triton.cdiv(n_cols, block_n),)](
+        dw_part, db_part, dw, db, n_groups, n_cols, BLOCK_G=16, BLOCK_N=block_n, num_warps=4
+    )
+
+
+def forward(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+    *,
+    out: torch.Tensor | None = None,
+    max_row: int | None = None,
+    one_pass: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer norm of ``x`` over its last dimension: ``(y, mean, rstd)``.
+
+    ``y`` has ``x``'s shape and dtype (written into ``out`` when given: contiguous, same
+    shape, dtype and device); ``mean`` and ``rstd`` are float32 of shape ``x.shape[:-1]``.
+    ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row``/``one_pass``
+    override the launch plan, for tests.
+    """
+    _check_params(x, weight, bias)
+    y = _output(x, out)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x.numel() == 0:
+        return y, mean, rstd
+    x2 = _as_rows(x)
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, one_pass=one_pass)
+    _forward_launch(
+        x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
+    )
+    return y, mean, rstd
+
+
+def backward(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    *,
+    bias_dtype: torch.dtype | None = None,
+    max_row: int | None = None,
+    one_pass: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dx, dweight, dbias)`` of layer norm, given ``dy`` and the forward's saved values."""
+    check_tensor(dy, "dy", min_ndim=1)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
+    n_cols = x.shape[-1]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw = torch.zeros(n_cols, dtype=weight.dtype, device=x.device)
+    db = torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
+    if x.numel() == 0:
+        return dx, dw, db
+    x2, dy2 = _as_rows(x), _as_rows(dy)
+    plan = _layer_norm_settings(
+        *x2.shape, x.element_size(), backward=True, sm_count=_sm_count(x.device), max_row=max_row, one_pass=one_pass
+    )
+    _backward_launch(
+        dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx.view(x2.shape), dw, db, plan
+    )
+    return dx, dw, db
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, max_row, one_pass):
+        y, mean, rstd = forward(x, weight, bias, eps, max_row=max_row, one_pass=one_pass)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.bias_dtype = bias.dtype
+        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = backward(dy, x, weight, mean, rstd, bias_dtype=ctx.bias_dtype, **ctx.plan_overrides)
+        return dx, dw, db, None, None, None
+
+
+def fused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+    *,
+    max_row: int | None = None,
+    one_pass: bool | None = None,
+) -> torch.Tensor:
+    """Differentiable fused layer norm: ``forward`` now, ``backward`` under autograd."""
+    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass)
+
+
+def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Layer norm op by op as people write it; traffic per line for x of shape (M, N)."""
+    mean = x.mean(dim=-1, keepdim=True)  # read MN elements ; write M elements
+    centred = x - mean  # read MN + M elements ; write MN elements
+    squared = centred * centred  # read MN elements ; write MN elements
+    var = squared.mean(dim=-1, keepdim=True)  # read MN elements ; write M elements
+    shifted = var + eps  # read M elements ; write M elements
+    rstd = torch.rsqrt(shifted)  # read M elements ; write M elements
+    normed = centred * rstd  # read MN + M elements ; write MN elements
+    scaled = normed * weight  # read MN + N elements ; write MN elements
+    return scaled + bias  # read MN + N elements ; write MN elements
+
+
+def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
+    n_cols = x.shape[-1]
+    return (x.numel() // n_cols if n_cols else 0), n_cols
+
+
+def budget(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *, backward: bool = False) -> Budget:
+    """Compulsory traffic of the forward (or, with ``backward=True``, the backward) pass.
+
+    Forward: read x, weight, bias; write y and float32 mean, rstd. Backward: read x, dy
+    (x's dtype), weight and float32 mean, rstd; write dx, dweight, dbias. ``weight`` and
+    ``bias`` default to x's dtype.
+    """
+    m, n = _rows_cols(x)
+    size = x.element_size()
+    w_size = weight.element_size() if weight is not None else size
+    b_size = bias.element_size() if bias is not None else w_size
+    if not backward:
+        return Budget(
+            read_bytes=m * n * size + n * (w_size + b_size),
+            write_bytes=m * n * size + 2 * m * 4,
+            label="layer_norm forward",
+        )
+    return Budget(
+        read_bytes=2 * m * n * size + n * w_size + 2 * m * 4,
+        write_bytes=m * n * size + n * (w_size + b_size),
+        label="layer_norm backward",
+    )
+
+
+def unfused_traffic(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> Budget:
+    """Traffic of ``unfused`` in x's dtype (weight and bias the same): the sum of its line comments."""
+    m, n = _rows_cols(x)
+    size = x.element_size()
+    reads = (m * n) + (m * n + m) + (m * n) + (m * n) + m + m + (m * n + m) + (m * n + n) + (m * n + n)
+    writes = m + (m * n) + (m * n) + m + m + m + (m * n) + (m * n) + (m * n)
+    return Budget(read_bytes=reads * size, write_bytes=writes * size, label="layer_norm forward, op by op")

@@ -1,0 +1,44 @@
+"""Test-suite setup: run Triton under its interpreter when there is no GPU, skip `gpu` tests."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# pytester's in-process runs restore sys.modules afterwards, so everything a run imported
+# is imported again by the next run. Torch's and Triton's extensions cannot be loaded twice
+# in one process (duplicate operator libraries, nanobind crashes): keep every module except
+# the user test files that pytester writes.
+from _pytest import pytester as _pytester  # noqa: E402
+
+_snapshot_init = _pytester.SysModulesSnapshot.__init__
+
+
+def _keep_library_modules(self, preserve=None):
+    import sys as _sys
+
+    def keep(name):
+        if preserve is not None and preserve(name):
+            return True
+        module = _sys.modules.get(name)
+        path = getattr(module, "__file__", None) or ""
+        return not (name.startswith(("test_", "conftest")) or "pytest-of-" in path)
+
+    _snapshot_init(self, preserve=keep)
+
+
+_pytester.SysModulesSnapshot.__init__ = _keep_library_modules
+
+pytest_plugins = ["pytester"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (gpu marker)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

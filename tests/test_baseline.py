@@ -1,0 +1,296 @@
+"""Baselines: the file format, compare, atomic merged writes, corrupt and foreign files."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from pytest_fusioncheck import baseline as baseline_module
+from pytest_fusioncheck.baseline import (
+    FORMAT,
+    BaselineError,
+    BaselineWriter,
+    compare,
+    device_kind,
+    load_baseline,
+    make_record,
+    merge_records,
+    normalize_kernel_name,
+)
+
+H200 = "cuda:NVIDIA H200"
+FUSED = ["triton_poi_fused_add_gelu_0"]
+SPLIT = ["triton_poi_fused_add_0", "triton_poi_fused_gelu_1"]
+
+
+def _write(path, records, **flush):
+    writer = BaselineWriter(path)
+    for record in records:
+        writer.add(record)
+    return writer.flush(**flush)
+
+
+def _file(tmp_path, entries):
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": 1, "entries": entries}))
+    return path
+
+
+def test_a_written_baseline_compares_equal_with_the_same_run(tmp_path):
+    path = tmp_path / ".fusioncheck-baseline.json"
+    record = make_record("tests/test_x.py::test_y", H200, FUSED, bytes=1024)
+    result = _write(path, [record])
+
+    assert result.written and result.added == (("tests/test_x.py::test_y", H200),)
+    comparison = compare(load_baseline(path).get("tests/test_x.py::test_y", H200), record)
+    assert not comparison.regressed and not comparison.improved and not comparison.changed
+    assert "matches" in comparison.describe()
+    document = json.loads(path.read_text())
+    assert document == {
+        "format": FORMAT,
+        "version": 1,
+        "entries": {"tests/test_x.py::test_y": {H200: {"kernel_count": 1, "bytes": 1024, "kernels": FUSED}}},
+    }
+    assert path.read_text() == json.dumps(document, sort_keys=True, indent=2) + "\n"
+
+
+def test_more_kernels_regress_and_the_message_lists_the_added_kernels():
+    before = make_record("t::a", "cpu", FUSED, bytes=256)
+    after = make_record("t::a", "cpu", SPLIT, bytes=256)
+    comparison = compare(before, after)
+
+    assert comparison.regressed and not comparison.improved
+    assert comparison.added == ("triton_poi_fused_add", "triton_poi_fused_gelu")
+    assert comparison.removed == ("triton_poi_fused_add_gelu",)
+    message = comparison.describe()
+    assert message.splitlines()[0] == "fusion baseline regression for t::a on cpu"
+    assert "  kernels: 1 -> 2 (+1)" in message
+    assert "    + triton_poi_fused_add\n    + triton_poi_fused_gelu" in message
+    assert "    - triton_poi_fused_add_gelu" in message
+
+
+def test_a_repeated_kernel_counts_as_added_each_time_it_appears():
+    comparison = compare(make_record("t::a", "cpu", ["k"]), make_record("t::a", "cpu", ["k", "k", "k"]))
+    assert comparison.added == ("k", "k") and comparison.regressed
+    assert "+ k (x2)" in comparison.describe()
+
+
+def test_renumbered_inductor_kernels_are_not_a_change():
+    before = make_record("t::a", "cpu", ["triton_poi_fused_add_0", "cpp_fused_gelu_1"], bytes=8)
+    after = make_record("t::a", "cpu", ["triton_poi_fused_add_3", "cpp_fused_gelu_0"], bytes=8)
+    assert not compare(before, after).changed
+
+
+def test_fewer_kernels_is_reported_as_an_improvement_not_a_regression():
+    comparison = compare(make_record("t::a", H200, SPLIT, bytes=512), make_record("t::a", H200, FUSED, bytes=256))
+    assert comparison.improved and not comparison.regressed
+    message = comparison.describe()
+    assert message.startswith(f"fusion baseline improvement for t::a on {H200}")
+    assert "--fusion-update-baseline" in message
+    assert "  kernels: 2 -> 1 (-1)" in message
+    assert "bytes:   512 B -> 256 B (512 -> 256, -256 B, -50.0%)" in message
+
+
+def test_more_bytes_with_the_same_kernels_is_a_regression():
+    comparison = compare(make_record("t::a", "cpu", FUSED, bytes=2**27), make_record("t::a", "cpu", FUSED, bytes=2**28))
+    assert comparison.regressed and comparison.kernel_delta == 0
+    assert "bytes:   128.0 MiB -> 256.0 MiB (134217728 -> 268435456, +128.0 MiB, +100.0%)" in comparison.describe()
+
+
+def test_fewer_kernels_but_more_bytes_is_still_a_regression():
+    comparison = compare(make_record("t::a", "cpu", SPLIT, bytes=100), make_record("t::a", "cpu", FUSED, bytes=101))
+    assert comparison.regressed and not comparison.improved
+
+
+def test_a_test_without_an_entry_is_new_and_not_a_regression(tmp_path):
+    baseline = load_baseline(tmp_path / "missing.json")
+    assert len(baseline) == 0 and not baseline.exists
+    comparison = compare(baseline.get("t::a", "cpu"), make_record("t::a", "cpu", FUSED))
+    assert comparison.new and not comparison.regressed and not comparison.improved
+    assert "no entry for t::a on cpu" in comparison.describe()
+
+
+def test_a_corrupt_file_gives_an_error_naming_the_file_and_is_left_untouched(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text('{"format": "pytest-fusioncheck-baseline", "entries": {')
+    before = path.read_bytes()
+
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    assert str(path) in str(info.value) and "is not valid JSON (line 1 column" in str(info.value)
+    with pytest.raises(BaselineError):
+        _write(path, [make_record("t::a", "cpu", FUSED)])
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["baseline.json"]
+
+
+def test_a_file_with_merge_conflict_markers_says_so(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text('{\n<<<<<<< HEAD\n  "a": 1\n=======\n  "a": 2\n>>>>>>> branch\n}\n')
+    with pytest.raises(BaselineError, match="merge-conflict markers"):
+        load_baseline(path)
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ({"format": "syrupy", "entries": {}}, "its 'format' is 'syrupy'"),
+        ({"entries": {}}, "it has no 'format' key"),
+        ([1, 2], "it holds a JSON list"),
+    ],
+)
+def test_foreign_json_is_refused_and_left_untouched(tmp_path, content, problem):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(content))
+    before = path.read_bytes()
+    with pytest.raises(BaselineError) as info:
+        _write(path, [make_record("t::a", "cpu", FUSED)])
+    assert str(info.value).startswith(f"fusioncheck baseline {path}: is not a pytest-fusioncheck baseline")
+    assert problem in str(info.value)
+    assert path.read_bytes() == before
+
+
+def test_a_baseline_from_a_newer_version_is_refused(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps({"format": FORMAT, "version": 2, "entries": {}}))
+    with pytest.raises(BaselineError, match="version 2, written by a newer pytest-fusioncheck"):
+        load_baseline(path)
+
+
+def test_a_bad_entry_in_the_file_is_named_by_test_id_and_device(tmp_path):
+    path = _file(tmp_path, {"t::a": {"cpu": {"kernel_count": "three", "kernels": []}}})
+    with pytest.raises(BaselineError, match=r"entry 't::a' on 'cpu': 'kernel_count' should be a non-negative integer"):
+        load_baseline(path)
+
+
+def test_a_crash_mid_write_leaves_the_old_file_intact_and_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "baseline.json"
+    _write(path, [make_record("t::a", "cpu", FUSED, bytes=1)])
+    before = path.read_bytes()
+
+    def dump_then_crash(obj, fh, **kwargs):
+        fh.write('{"format": "pytest-fusioncheck-baseline", "entr')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(baseline_module.json, "dump", dump_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        _write(path, [make_record("t::a", "cpu", SPLIT, bytes=2)])
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["baseline.json"]
+
+
+def test_an_update_keeps_the_file_mode_and_other_device_kinds(tmp_path):
+    path = _file(tmp_path, {"t::a": {H200: {"kernel_count": 1, "bytes": 8, "kernels": FUSED}}})
+    path.chmod(0o640)
+    result = _write(path, [make_record("t::a", "cpu", SPLIT, bytes=16)])
+    assert result.added == (("t::a", "cpu"),) and result.stale == ()
+    baseline = load_baseline(path)
+    assert baseline.get("t::a", H200)["kernels"] == FUSED
+    assert baseline.get("t::a", "cpu")["kernel_count"] == 2
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_an_unchanged_baseline_is_not_rewritten_and_an_empty_session_creates_no_file(tmp_path):
+    path = tmp_path / "baseline.json"
+    record = make_record("t::a", "cpu", FUSED)
+    _write(path, [record])
+    os.utime(path, ns=(0, 0))
+    result = _write(path, [record])
+    assert not result.written and result.unchanged == (("t::a", "cpu"),)
+    assert path.stat().st_mtime_ns == 0
+
+    assert not _write(tmp_path / "never.json", []).written
+    assert not (tmp_path / "never.json").exists()
+
+
+def _worker(records, seen=()):
+    writer = BaselineWriter("unused")
+    for record in records:
+        writer.add(record)
+    for test_id in seen:
+        writer.mark_seen(test_id)
+    return json.loads(json.dumps(writer.worker_payload()))  # what crosses the xdist wire
+
+
+def test_two_workers_records_merge_into_one_file_whatever_order_they_finish_in(tmp_path):
+    gw0 = _worker([make_record("t::a", "cpu", FUSED), make_record("t::b", "cpu", ["old_b"])])
+    gw1 = _worker([make_record("t::c", "cpu", SPLIT), make_record("t::b", "cpu", ["new_b"])])
+    contents = []
+    for order in (("gw0", "gw1"), ("gw1", "gw0")):
+        path = tmp_path / f"{'_'.join(order)}.json"
+        controller = BaselineWriter(path)
+        for worker_id in order:
+            controller.add_worker_payload(worker_id, {"gw0": gw0, "gw1": gw1}[worker_id])
+        result = controller.flush()
+        assert result.added == (("t::a", "cpu"), ("t::b", "cpu"), ("t::c", "cpu"))
+        contents.append(path.read_text())
+    assert contents[0] == contents[1]
+    assert load_baseline(tmp_path / "gw0_gw1.json").get("t::b", "cpu")["kernels"] == ["new_b"]
+
+
+def test_workers_are_merged_in_natural_id_order():
+    controller = BaselineWriter("unused")
+    controller.add_worker_payload("gw10", _worker([make_record("t::a", "cpu", ["from_gw10"])]))
+    controller.add_worker_payload("gw2", _worker([make_record("t::a", "cpu", ["from_gw2"])]))
+    assert controller.records()[0]["kernels"] == ["from_gw10"]
+
+
+def test_merge_records_keeps_the_last_record_of_a_key_and_sorts_the_rest():
+    merged = merge_records([
+        make_record("t::b", "cpu", ["first"]),
+        make_record("t::a", "cpu", ["a"]),
+        make_record("t::b", "cpu", ["second"]),
+        make_record("t::b", H200, ["gpu"]),
+    ])
+    assert [(r["test_id"], r["device_kind"], r["kernels"]) for r in merged] == [
+        ("t::a", "cpu", ["a"]),
+        ("t::b", "cpu", ["second"]),
+        ("t::b", H200, ["gpu"]),
+    ]
+
+
+def test_stale_entries_are_reported_and_kept_unless_pruning_is_asked_for(tmp_path):
+    path = _file(tmp_path, {
+        "t::gone": {"cpu": {"kernel_count": 1, "bytes": 1, "kernels": ["k"]}},
+        "t::skipped": {"cpu": {"kernel_count": 1, "bytes": 1, "kernels": ["k"]}},
+    })
+    writer = BaselineWriter(path)
+    writer.add(make_record("t::new", "cpu", FUSED))
+    writer.mark_seen("t::skipped")
+    result = writer.flush()
+    assert result.stale == ("t::gone",)
+    assert "1 stale (not run this session, kept):\n  t::gone" in result.describe()
+    assert load_baseline(path).test_ids() == ["t::gone", "t::new", "t::skipped"]
+
+    result = _write(path, [make_record("t::new", "cpu", FUSED)], prune_stale=True)
+    assert result.stale == ("t::gone", "t::skipped") and result.pruned
+    assert load_baseline(path).test_ids() == ["t::new"]
+
+
+def test_a_malformed_record_is_rejected_naming_the_test():
+    with pytest.raises(ValueError, match=r"record for t::a on cpu: 'bytes' should be a non-negative integer"):
+        make_record("t::a", "cpu", FUSED, bytes=-1)
+    with pytest.raises(ValueError, match="needs a non-empty string 'device_kind'"):
+        BaselineWriter("unused").add({"test_id": "t::a", "kernel_count": 1})
+
+
+def test_device_kinds_name_the_gpu_model_but_not_the_cpu():
+    assert device_kind("cuda", "NVIDIA H200") == H200
+    assert device_kind("cuda:1", "NVIDIA H200") == H200
+    assert device_kind("cpu", "AMD EPYC") == "cpu"
+
+
+@pytest.mark.parametrize(
+    "name, normalized",
+    [
+        ("triton_poi_fused_add_gelu_0", "triton_poi_fused_add_gelu"),
+        ("triton_red_fused__softmax_12", "triton_red_fused__softmax"),
+        ("cpp_fused_add_gelu_3", "cpp_fused_add_gelu"),
+        ("_softmax_fwd_kernel", "_softmax_fwd_kernel"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_1", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_1"),
+        ("void at::native::vectorized_elementwise_kernel<4>(int)", "void at::native::vectorized_elementwise_kernel<4>(int)"),
+    ],
+)
+def test_only_inductor_kernel_names_lose_their_numeric_suffix(name, normalized):
+    assert normalize_kernel_name(name) == normalized

@@ -1,0 +1,230 @@
+"""reference_kernels.bias_gelu_dropout: the one-pass chain against add, gelu, mask, mul.
+
+The mask is a function of (seed, row, column) alone, so ``unfused`` rebuilds it with
+``dropout_mask`` and the two agree element for element. Without a GPU the kernels run
+under Triton's interpreter with tiles of at most 64 columns, so the shapes below span
+several column tiles, ragged edges and partly used 8-column Philox groups.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference_kernels import bias_gelu_dropout as bgd
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Fused (fp32 throughout, one rounding) against unfused (rounded after each of four ops).
+TOLERANCES = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
+}
+
+SHAPES = [
+    (1, 1),  # one element, one partly used Philox group
+    (3, 7),  # width under one 8-column group
+    (37, 100),  # two column tiles, the second ragged; ragged last row tile
+    (2, 5, 24),  # leading dims flattened into rows
+    (4, 136),  # width a multiple of 8 but not of the tile
+]
+
+
+def inputs(shape, dtype, device=DEVICE):
+    x = torch.randn(shape, device=device).mul_(2).to(dtype)
+    bias = torch.randn(shape[-1], device=device).to(dtype)
+    return x, bias
+
+
+def poisoned_like(x):
+    return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_matches_the_unfused_chain_and_writes_every_element(shape, dtype):
+    x, bias = inputs(shape, dtype)
+    out = poisoned_like(x)
+    y = bgd.fused(x, bias, 0.1, seed=7, out=out)
+    assert y is out
+    assert not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(y, bgd.unfused(x, bias, 0.1, seed=7), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+def test_fused_matches_the_unfused_chain_at_the_edge_probabilities(p):
+    x, bias = inputs((37, 100), torch.float16)
+    torch.testing.assert_close(bgd.fused(x, bias, p, seed=3), bgd.unfused(x, bias, p, seed=3),
+                               **TOLERANCES[torch.float16])
+
+
+def test_p_zero_is_plain_bias_gelu_and_p_one_zeroes_everything():
+    x, bias = inputs((37, 100), torch.float32)
+    torch.testing.assert_close(bgd.fused(x, bias, 0.0, seed=1), F.gelu(x + bias), **TOLERANCES[torch.float32])
+    assert torch.equal(bgd.fused(x, bias, 1.0, seed=1), torch.zeros_like(x))
+
+
+def test_dropped_elements_are_exactly_zero_and_kept_ones_are_scaled_by_one_over_one_minus_p():
+    x = torch.rand(37, 100, device=DEVICE) + 0.5  # gelu(x + 0) > 0 everywhere: a zero means dropped
+    bias = torch.zeros(100, device=DEVICE)
+    y = bgd.fused(x, bias, 0.25, seed=11)
+    keep = bgd.dropout_mask(x.shape, 0.25, seed=11, device=DEVICE)
+    assert torch.equal(y != 0, keep)
+    torch.testing.assert_close(y[keep], F.gelu(x)[keep] / 0.75, **TOLERANCES[torch.float32])
+
+
+def test_the_same_seed_gives_the_same_output_and_another_seed_another_mask():
+    x, bias = inputs((37, 100), torch.bfloat16)
+    first, again = bgd.fused(x, bias, 0.3, seed=5), bgd.fused(x, bias, 0.3, seed=5)
+    assert torch.equal(first, again)
+    other = bgd.fused(x, bias, 0.3, seed=6)
+    assert not torch.equal(first == 0, other == 0)
+
+
+def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width():
+    x, bias = inputs((37, 100), torch.float32)
+    default = bgd.fused(x, bias, 0.5, seed=9)
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 16, 1)))
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(8, 32, 1)))
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, wide=True))  # int64 Philox counters
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_keep_rate_is_one_minus_p_in_every_column_lane_and_neighbours_are_independent(p):
+    keep = bgd.dropout_mask((64, 1024), p, seed=123, device=DEVICE).float()
+    n = keep.numel()
+    assert abs(keep.mean().item() - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    # Each of the 8 columns sharing a Philox counter takes a different 16-bit slice.
+    lanes = keep.view(64, 128, 8).mean(dim=(0, 1))
+    assert (lanes - (1 - p)).abs().max() < 5 * (p * (1 - p) / (n / 8)) ** 0.5
+    left, right = keep[:, :-1].flatten(), keep[:, 1:].flatten()
+    assert abs(torch.corrcoef(torch.stack([left, right]))[0, 1].item()) < 0.03
+
+
+def test_rows_with_a_stride_are_read_in_place_and_layouts_without_a_rows_view_are_refused():
+    big, bias = inputs((20, 64), torch.float16)
+    x = big[:, :40]  # row stride 64
+    torch.testing.assert_close(bgd.fused(x, bias[:40], 0.2, seed=2), bgd.fused(x.contiguous(), bias[:40], 0.2, seed=2))
+    with pytest.raises(ValueError, match="unit stride"):
+        bgd.fused(big.t(), torch.zeros(20, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match="no \\(rows, 8\\) view"):
+        bgd.fused(torch.randn(4, 6, 8, device=DEVICE).transpose(0, 1), torch.zeros(8, device=DEVICE))
+
+
+def test_empty_input_gives_an_empty_output():
+    x, bias = inputs((0, 16), torch.float32)
+    assert bgd.fused(x, bias, 0.1).shape == (0, 16)
+
+
+def test_nan_and_minus_inf_come_out_nan_whether_kept_or_dropped_as_in_torch():
+    x, bias = inputs((8, 64), torch.float32)
+    x[0, :] = float("nan")
+    x[1, :] = -float("inf")  # gelu(-inf) = -inf * 0 = nan in torch
+    y, ref = bgd.fused(x, bias, 0.5, seed=4), bgd.unfused(x, bias, 0.5, seed=4)
+    assert y[:2].isnan().all()
+    assert torch.equal(y.isnan(), ref.isnan())
+
+
+@pytest.mark.gpu
+def test_plus_inf_stays_inf_when_kept_as_torch_cuda_gives():
+    # torch's CPU GELU returns nan for +inf; its CUDA kernel and ours return +inf.
+    x, bias = inputs((8, 64), torch.float32)
+    x[2, :] = float("inf")
+    y, ref = bgd.fused(x, bias, 0.5, seed=4), bgd.unfused(x, bias, 0.5, seed=4)
+    assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
+
+
+@pytest.mark.gpu
+def test_a_large_bf16_input_matches_with_the_gpu_tiles():
+    x, bias = inputs((1024, 8192), torch.bfloat16)
+    torch.testing.assert_close(bgd.fused(x, bias, 0.1, seed=42), bgd.unfused(x, bias, 0.1, seed=42),
+                               **TOLERANCES[torch.bfloat16])
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_raises_a_clear_error():
+    x, bias = inputs((4, 16), torch.float16)
+    cases = [
+        ((x.to(torch.int32), bias), {}, TypeError, "dtype int32"),
+        ((x, bias.float()), {}, TypeError, "bias has dtype float32"),
+        ((x, bias[:8]), {}, ValueError, r"bias must have shape \(16,\)"),
+        ((x, bias[None]), {}, ValueError, "bias must have 1 dimension"),
+        ((x[0, 0], bias), {}, ValueError, "at least 1 dimension"),
+        ((x, bias, -0.1), {}, ValueError, r"p must be a number in \[0, 1\]"),
+        ((x, bias, 1.5), {}, ValueError, r"p must be a number in \[0, 1\]"),
+        ((x, bias, "0.1"), {}, ValueError, r"p must be a number in \[0, 1\]"),
+        ((x, bias, 0.1, -1), {}, ValueError, "seed must be an int"),
+        ((x, bias, 0.1, 1.5), {}, ValueError, "seed must be an int"),
+        ((x, bias), {"approximate": "fast"}, ValueError, "unknown approximate"),
+        ((x, bias), {"out": x.t()}, ValueError, "out must be a contiguous"),
+        (([1.0], bias), {}, TypeError, "must be a torch.Tensor"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            bgd.fused(*args, **kwargs)
+    with pytest.raises(ValueError, match=r"p must be a number in \[0, 1\]"):
+        bgd.dropout_mask((4, 16), 2.0, seed=0, device=DEVICE)
+
+
+def test_cpu_tensors_are_refused_when_the_interpreter_is_off(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, bias = inputs((4, 16), torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        bgd.fused(x, bias)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def traffic(fn, dims, elt):
+    """Bytes read and written by the lines of fn carrying '# read ... ; write ...' comments."""
+
+    def count(side):  # "MN + N elements + MN bytes": terms up to a unit take that unit
+        total = pending = 0
+        for coef, letters, unit in re.findall(r"(\d*)([A-Z]+)|(elements|bytes)", side):
+            if unit:
+                total, pending = total + pending * (elt if unit == "elements" else 1), 0
+                continue
+            value = int(coef or 1)
+            for letter in letters:
+                value *= dims[letter]
+            pending += value
+        return total
+
+    reads = writes = 0
+    for line in inspect.getsource(fn).splitlines():
+        m = re.search(r"# (?:read (.*?) ; )?write (.*)$", line)
+        if m:
+            reads += count(m.group(1)) if m.group(1) else 0
+            writes += count(m.group(2))
+    return reads, writes
+
+
+def test_unfused_traffic_comments_add_up_to_five_passes():
+    M, N = 1000, 300
+    reads, writes = traffic(bgd.unfused, dict(M=M, N=N), elt=2)
+    assert reads == 2 * (4 * M * N + N) + M * N  # four element passes, the bias, the bool mask
+    assert writes == 2 * 4 * M * N + M * N
+
+
+def test_budget_is_one_read_of_x_and_bias_and_one_write_of_y():
+    x = torch.empty(64, 128, 1024, device="meta", dtype=torch.bfloat16)
+    bias = torch.empty(1024, device="meta", dtype=torch.bfloat16)
+    got = bgd.budget(x, bias)
+    assert (got.read_bytes, got.write_bytes) == (2 * (x.numel() + 1024), 2 * x.numel())
+    reads, writes = traffic(bgd.unfused, dict(M=64 * 128, N=1024), elt=2)
+    assert reads + writes > 4 * got.total
+
+
+def test_launch_metadata_declares_the_budget_bytes():
+    x, bias = inputs((12, 40), torch.bfloat16)
+    meta = bgd._launch_metadata((1,), SimpleNamespace(name="k"), dict(M=12, N=40, y_ptr=x))
+    assert meta["bytes"] == bgd.budget(x, bias).total

@@ -1,0 +1,255 @@
+"""reference_kernels.gemm_epilogue: act(a @ b + bias) + residual against mm, add, act, add.
+
+Without a GPU the kernels run under Triton's interpreter (tests/conftest.py) with 32x32x16
+tiles, so small shapes still span several tiles and ragged edges. On a GPU, shapes whose
+K and N are multiples of 8 take the TMA persistent kernel on sm_90+ and the others the
+tiled kernel; ``_gemm_path`` says which, and a test checks that choice.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from reference_kernels import gemm_epilogue as ge
+from reference_kernels._common import interpreting
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Fused (fp32 epilogue, one rounding) against unfused (rounded to the dtype after every op).
+TOLERANCES = {
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=2e-2),
+}
+
+CASES = [
+    # (M, N, K), dtype, bias, activation, residual
+    ((70, 56, 40), torch.bfloat16, True, "gelu", True),  # every epilogue step; ragged M and K tiles
+    ((67, 45, 33), torch.bfloat16, True, "gelu", False),  # N, K not multiples of 8: tiled path on GPU
+    ((96, 64, 48), torch.float16, False, "relu", True),  # relu with residual, no bias
+    ((33, 17, 9), torch.float16, False, None, True),  # plain matmul plus residual, K under one tile
+    ((64, 40, 24), torch.float16, True, None, False),  # bias only
+    ((1, 8, 8), torch.bfloat16, True, "relu", False),  # a single row
+    ((40, 24, 0), torch.bfloat16, True, "gelu", True),  # K = 0: the epilogue of a zero product
+]
+
+
+def operands(M, N, K, dtype, bias=True, residual=True, device=DEVICE):
+    a = torch.randn(M, K, device=device).to(dtype)
+    b = (torch.randn(K, N, device=device) / max(K, 1) ** 0.5).to(dtype)
+    c = torch.randn(N, device=device).to(dtype) if bias else None
+    r = torch.randn(M, N, device=device).to(dtype) if residual else None
+    return a, b, c, r
+
+
+def poisoned(M, N, dtype):
+    return torch.full((M, N), float("nan"), dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("mnk, dtype, has_bias, activation, has_residual", CASES, ids=str)
+def test_fused_matches_the_four_op_reference_and_writes_every_element(mnk, dtype, has_bias, activation, has_residual):
+    a, b, bias, residual = operands(*mnk, dtype, has_bias, has_residual)
+    out = poisoned(mnk[0], mnk[1], dtype)
+    y = ge.fused(a, b, bias, activation, residual, out=out)
+    assert y is out
+    assert not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(y, ge.unfused(a, b, bias, activation, residual), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("path", ["tiled", "tma"])
+def test_each_kernel_writes_every_output_element(path):
+    if path == "tma" and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    M, N, K = 70, 56, 40
+    a, b, bias, residual = operands(M, N, K, torch.bfloat16)
+    out = poisoned(M, N, torch.bfloat16)
+    ge._run(a, b, out, bias, residual, ge._ACTIVATION_CODES["gelu"], path=path)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
+
+
+def test_the_split_epilogue_stores_both_column_halves_of_each_tile():
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    config = (32, 32, 16, 2, 2, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8)
+    M, N, K = (50, 48, 24) if interpreting() else (200, 400, 72)
+    a, b, bias, residual = operands(M, N, K, torch.float16)
+    out = poisoned(M, N, torch.float16)
+    ge._run(a, b, out, bias, residual, ge._ACTIVATION_CODES["relu"], path="tma", config=config)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "relu", residual), **TOLERANCES[torch.float16])
+
+
+def test_a_transposed_weight_is_read_in_place_and_gives_the_same_result():
+    a, _, bias, _ = operands(48, 40, 32, torch.bfloat16, residual=False)
+    weight = torch.randn(40, 32, device=DEVICE).div(32**0.5).to(torch.bfloat16)  # nn.Linear layout (N, K)
+    y = ge.fused(a, weight.T, bias, "gelu")
+    torch.testing.assert_close(y, ge.unfused(a, weight.T.contiguous(), bias, "gelu"), **TOLERANCES[torch.bfloat16])
+
+
+def test_a_row_strided_a_gives_the_same_result_as_its_contiguous_copy():
+    big = torch.randn(40, 64, device=DEVICE).to(torch.float16)
+    a = big[:, :24]  # row stride 64, 24 columns
+    _, b, bias, _ = operands(40, 16, 24, torch.float16, residual=False)
+    torch.testing.assert_close(ge.fused(a, b, bias, "relu"), ge.fused(a.contiguous(), b, bias, "relu"))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # interpreter: exp(-2u) = inf is intended
+def test_tanh_gelu_matches_torch_tanh_gelu_and_differs_from_exact_gelu():
+    a, b, bias, _ = operands(64, 48, 32, torch.float16, residual=False)
+    a = a * 3
+    tanh = ge.fused(a, b, bias, "gelu", approximate="tanh")
+    torch.testing.assert_close(tanh, ge.unfused(a, b, bias, "gelu", approximate="tanh"), **TOLERANCES[torch.float16])
+    assert (tanh.float() - ge.fused(a, b, bias, "gelu").float()).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_nan_in_a_turns_its_output_row_nan_as_in_torch(activation):
+    a, b, bias, residual = operands(40, 32, 24, torch.bfloat16)
+    a[3, 5] = float("nan")
+    y = ge.fused(a, b, bias, activation, residual)
+    ref = ge.unfused(a, b, bias, activation, residual)
+    assert y[3].isnan().all()
+    assert torch.equal(y.isnan(), ref.isnan())
+
+
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_inf_in_a_gives_the_inf_and_nan_pattern_torch_gives(activation):
+    a, b, _, _ = operands(40, 32, 24, torch.float16, residual=False)
+    a[2, 0] = float("inf")
+    a[7, 1] = -float("inf")
+    y, ref = ge.fused(a, b, None, activation), ge.unfused(a, b, None, activation)
+    assert torch.equal(y.isnan(), ref.isnan())
+    assert torch.equal(y.isinf(), ref.isinf())
+    assert torch.equal(y[y.isinf()], ref[ref.isinf()])
+
+
+@pytest.mark.gpu
+def test_gelu_of_plus_inf_is_inf_and_of_minus_inf_is_nan_as_torch_cuda_gives():
+    # torch's CPU GELU returns NaN for +inf; its CUDA kernel and ours return +inf.
+    a = torch.zeros(16, 16, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.eye(16, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.zeros(16, device=DEVICE, dtype=torch.bfloat16)
+    bias[0], bias[1] = float("inf"), -float("inf")
+    y, ref = ge.fused(a, b, bias, "gelu"), ge.unfused(a, b, bias, "gelu")
+    assert torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())
+    assert (y[:, 0] == float("inf")).all() and y[:, 1].isnan().all()
+
+
+@pytest.mark.gpu
+def test_a_large_problem_is_tuned_over_the_config_list_and_still_matches():
+    a, b, bias, _ = operands(1024, 1024, 1024, torch.bfloat16, residual=False)
+    out = torch.full((1024, 1024), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    path, config = ge._run(a, b, out, bias, None, ge._ACTIVATION_CODES["gelu"])
+    assert config in (ge._TMA_CONFIGS if path == "tma" else ge._TILED_CONFIGS)
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu"), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_aligned_operands_take_the_tma_path_on_hopper_and_ragged_ones_the_tiled_path():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    a, b, _, _ = operands(64, 64, 64, torch.bfloat16)
+    out = torch.empty(64, 64, device=DEVICE, dtype=torch.bfloat16)
+    assert ge._gemm_path(a, b, out) == "tma"
+    assert ge._gemm_path(a, b.T.contiguous().T, out) == "tma"  # K-major b (a transposed weight)
+    a2, b2, _, _ = operands(64, 60, 36, torch.bfloat16)  # 36 * 2 bytes is not a multiple of 16
+    assert ge._gemm_path(a2, b2, torch.empty(64, 60, device=DEVICE, dtype=torch.bfloat16)) == "tiled"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_raises_a_clear_error():
+    a, b, bias, residual = operands(8, 16, 8, torch.bfloat16)
+    cases = [
+        ((a.float(), b.float()), {}, TypeError, "dtype float32"),
+        ((a, b.half()), {}, TypeError, "share a dtype"),
+        ((a[0], b), {}, ValueError, "2 dimension"),
+        ((a, b[:4]), {}, ValueError, "inner dimensions"),
+        ((a, b, bias[:8]), {}, ValueError, r"bias must have shape \(16,\)"),
+        ((a, b, bias.half()), {}, TypeError, "bias has dtype"),
+        ((a, b, bias), {"residual": residual[:, :8]}, ValueError, r"residual must have shape \(8, 16\)"),
+        ((a, b), {"activation": "silu"}, ValueError, "unknown activation 'silu'"),
+        ((a, b), {"approximate": "fast"}, ValueError, "unknown approximate"),
+        ((a, b), {"activation": "relu", "approximate": "tanh"}, ValueError, "'gelu' only"),
+        (("a", b), {}, TypeError, "must be a torch.Tensor"),
+        ((a, b), {"out": residual.T}, ValueError, "out must be a contiguous"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            ge.fused(*args, **kwargs)
+
+
+def test_cpu_tensors_are_refused_when_the_interpreter_is_off(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    a, b, _, _ = operands(8, 8, 8, torch.float16, device="cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        ge.fused(a, b)
+
+
+# --------------------------------------------------------------------------- budget
+
+
+def traffic_comments(fn):
+    """(code, read elements, write elements) of each '# read ... ; write ...' comment in fn."""
+
+    def count(expr, dims):
+        total = 0
+        for term in expr.replace("elements", "").split("+"):
+            coef, letters = re.fullmatch(r"\s*(\d*)([A-Z]+)\s*", term).groups()
+            value = int(coef or 1)
+            for letter in letters:
+                value *= dims[letter]
+            total += value
+        return total
+
+    lines = []
+    for line in inspect.getsource(fn).splitlines():
+        m = re.search(r"^\s*(.*?)\s*# read (.*) ; write (.*)$", line)
+        if m:
+            lines.append((m.group(1), lambda d, r=m.group(2), w=m.group(3): (count(r, d), count(w, d))))
+    return lines
+
+
+def test_unfused_traffic_comments_add_up_to_the_four_op_chain():
+    dims = dict(M=300, N=200, K=100)
+    ops = [(code, f(dims)) for code, f in traffic_comments(ge.unfused) if "relu" not in code]
+    assert [code.split("=")[1].strip().split("(")[0] for code, _ in ops] == ["torch.mm", "y + bias", "F.gelu", "y + residual"]
+    reads = sum(r for _, (r, _) in ops)
+    writes = sum(w for _, (_, w) in ops)
+    M, N, K = 300, 200, 100
+    assert (reads, writes) == (M * K + K * N + 4 * M * N + N, 4 * M * N)
+
+
+@pytest.mark.parametrize("has_bias, has_residual", [(False, False), (True, False), (True, True)])
+def test_budget_reads_each_operand_once_and_writes_the_output_once(has_bias, has_residual):
+    M, N, K = 4096, 1024, 512
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, b = torch.empty(M, K, **meta), torch.empty(K, N, **meta)
+    bias = torch.empty(N, **meta) if has_bias else None
+    residual = torch.empty(M, N, **meta) if has_residual else None
+    got = ge.budget(a, b, bias, "gelu", residual)
+    assert got.read_bytes == 2 * (M * K + K * N + has_bias * N + has_residual * M * N)
+    assert got.write_bytes == 2 * M * N
+
+
+def test_budget_is_the_unfused_traffic_less_three_round_trips_of_the_intermediate():
+    M, N, K = 4096, 1024, 512
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    a, b, bias, residual = (torch.empty(s, **meta) for s in ((M, K), (K, N), (N,), (M, N)))
+    dims = dict(M=M, N=N, K=K)
+    unfused_bytes = 2 * sum(sum(f(dims)) for code, f in traffic_comments(ge.unfused) if "relu" not in code)
+    assert unfused_bytes - ge.budget(a, b, bias, "gelu", residual).total == 2 * 6 * M * N
+
+
+def test_launch_metadata_declares_the_budget_bytes():
+    a, b, bias, residual = operands(64, 32, 16, torch.float16)
+    out = torch.empty(64, 32, device=DEVICE, dtype=torch.float16)
+    args = dict(M=64, N=32, K=16, c_ptr=out, HAS_BIAS=True, HAS_RESIDUAL=True)
+    meta = ge._launch_metadata((1,), SimpleNamespace(name="_gemm_epilogue_kernel"), args)
+    assert meta["bytes"] == ge.budget(a, b, bias, "gelu", residual).total
+    assert meta["flops"] == 2 * 64 * 32 * 16

@@ -1,0 +1,255 @@
+"""reference_kernels.layer_norm: forward and backward against torch, on every path.
+
+Without a GPU the kernels run under Triton's interpreter (tests/conftest.py), so shapes
+are small; ``max_row`` shrinks the on-chip row limit so that short rows take the chunked
+path. The one-pass chunked plan (programs waiting on each other) cannot run under the
+interpreter: its tests carry the ``gpu`` marker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference_kernels import layer_norm
+
+# The interpreter computes masked-off lanes with numpy, which warns about their nan.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Against float64 torch, relative to the largest reference magnitude (outputs and grads).
+TOLERANCES = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 2e-2}
+
+SHAPES = [
+    ((1, 1), None),  # one-wide row: y is the bias, dx is zero
+    ((37, 3), None),  # narrow rows, several per program, ragged last program
+    ((5, 7), None),  # width not a power of two
+    ((2, 3, 64), None),  # leading dims flattened, power-of-two width
+    ((9, 100), 32),  # chunked plan, last chunk ragged
+    ((6, 128), 32),  # chunked plan, chunks fill the row exactly
+    ((3, 1000), 16),  # chunked plan, 63 chunks per row
+]
+
+
+def inputs(shape, dtype, device=DEVICE):
+    n = shape[-1]
+    x = (torch.randn(shape, device=device) * 3 + 1).to(dtype)
+    weight = torch.randn(n, device=device).to(dtype)
+    bias = torch.randn(n, device=device).to(dtype)
+    return x, weight, bias
+
+
+def torch_reference(x, weight, bias, dy, eps=1e-5):
+    """float64 layer norm and its gradients, by torch autograd."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight, bias)]
+    y = F.layer_norm(leaves[0], (x.shape[-1],), leaves[1], leaves[2], eps)
+    return (y, *torch.autograd.grad(y, leaves, dy.double()))
+
+
+def assert_close(actual, expected, dtype, what):
+    scale = max(expected.abs().max().item(), 1.0)
+    error = (actual.double() - expected).abs().max().item() / scale
+    assert error <= TOLERANCES[dtype], f"{what}: error {error:.3g} relative to max |ref| {scale:.3g}"
+
+
+def fused_with_grads(x, weight, bias, dy, **plan):
+    leaves = [t.detach().requires_grad_() for t in (x, weight, bias)]
+    y = layer_norm.fused(*leaves, **plan)
+    return (y, *torch.autograd.grad(y, leaves, dy))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, max_row", SHAPES, ids=str)
+def test_forward_and_backward_match_torch_autograd(shape, max_row, dtype):
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    ours = fused_with_grads(x, weight, bias, dy, max_row=max_row)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
+        assert a.dtype == dtype and a.shape == e.shape
+        assert_close(a, e, dtype, what)
+
+
+@pytest.mark.parametrize("shape, max_row", [((37, 3), None), ((9, 100), 32)], ids=["rows", "chunked"])
+def test_forward_writes_every_output_element_and_returns_row_statistics(shape, max_row):
+    x, weight, bias = inputs(shape, torch.float32)
+    out = torch.full(shape, float("nan"), device=DEVICE)
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out, max_row=max_row)
+    assert y is out and not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(mean, x.mean(-1))
+    torch.testing.assert_close(rstd, torch.rsqrt(x.var(-1, unbiased=False) + 1e-5))
+    assert_close(y, torch_reference(x, weight, bias, torch.zeros_like(x))[0], torch.float32, "y")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_unfused_matches_torch_layer_norm(dtype):
+    x, weight, bias = inputs((7, 50), dtype)
+    dy = torch.zeros_like(x)
+    assert_close(layer_norm.unfused(x.float(), weight.float(), bias.float()), torch_reference(x, weight, bias, dy)[0], torch.float32, "y")
+
+
+@pytest.mark.parametrize("shape, max_row", [((300, 40), None), ((48, 40), 16)], ids=["rows", "chunked"])
+def test_dweight_and_dbias_are_bitwise_identical_run_to_run(shape, max_row):
+    x, weight, bias = inputs(shape, torch.float32)
+    dy = torch.randn_like(x)
+    first = fused_with_grads(x, weight, bias, dy, max_row=max_row)
+    second = fused_with_grads(x, weight, bias, dy, max_row=max_row)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "chunked"])
+def test_nan_and_inf_rows_come_out_as_torch_layer_norm_gives_them(max_row):
+    x, weight, bias = inputs((4, 40), torch.float32)
+    x[0, 3] = float("nan")
+    x[1, 5] = float("inf")
+    x[2, :] = -float("inf")
+    y = layer_norm.fused(x, weight, bias, max_row=max_row)
+    expected = F.layer_norm(x, (40,), weight, bias, 1e-5)
+    torch.testing.assert_close(y, expected, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
+def test_a_constant_row_normalises_to_the_bias():
+    x, weight, bias = inputs((3, 20), torch.float32)
+    x[1] = 7.0
+    torch.testing.assert_close(layer_norm.fused(x, weight, bias)[1], bias)
+
+
+def test_non_contiguous_input_and_gradient_are_handled():
+    base, weight, bias = inputs((20, 16), torch.float32)
+    x = base[::2]  # row stride twice the width: read in place
+    dy = torch.randn(16, 10, device=DEVICE).t()  # transposed: copied
+    ours = fused_with_grads(x, weight, bias, dy)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.float32, what)
+
+
+def test_a_gradient_of_a_sum_expanded_to_stride_zero_is_handled():
+    x, weight, bias = inputs((5, 12), torch.float32)
+    x.requires_grad_()
+    layer_norm.fused(x, weight, bias).sum().backward()
+    expected = torch_reference(x, weight, bias, torch.ones_like(x))[1]
+    assert_close(x.grad, expected, torch.float32, "dx")
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda x, w, b: (x.to(torch.int32), w, b), TypeError, "x has dtype int32"),
+        (lambda x, w, b: (x, w[:-1], b), ValueError, r"weight has shape \(11,\)"),
+        (lambda x, w, b: (x, w, b.view(3, 4)), ValueError, "bias must have 1 dimension"),
+        (lambda x, w, b: (x, w, None), TypeError, "bias must be a torch.Tensor"),
+        (lambda x, w, b: (x[0, 0], w, b), ValueError, "x must have at least 1 dimension"),
+    ],
+    ids=["int-input", "short-weight", "2d-bias", "no-bias", "scalar-input"],
+)
+def test_bad_input_raises_a_clear_error(make, error, words):
+    x, weight, bias = inputs((4, 12), torch.float32)
+    with pytest.raises(error, match=words):
+        layer_norm.fused(*make(x, weight, bias))
+
+
+def test_a_gradient_of_the_wrong_shape_is_refused():
+    x, weight, bias = inputs((4, 12), torch.float32)
+    y, mean, rstd = layer_norm.forward(x, weight, bias)
+    with pytest.raises(ValueError, match="dy has shape"):
+        layer_norm.backward(torch.ones(4, 11, device=DEVICE), x, weight, mean, rstd)
+
+
+def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x, weight, bias = inputs((2, 3), torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        layer_norm.fused(x, weight, bias)
+
+
+def test_settings_split_rows_into_groups_that_fill_the_gpu():
+    plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, sm_count=132)
+    assert plan.mode == "rows" and plan.n_groups == 132 * layer_norm._BWD_PROGRAMS_PER_SM
+    narrow = layer_norm._layer_norm_settings(3, 16, 4, backward=True, sm_count=132)
+    assert narrow.n_groups == 1  # never more groups than row blocks
+
+
+def _comment_terms(fn) -> list[tuple[str, str]]:
+    return re.findall(r"# read (.+?) elements ; write (.+?) elements", inspect.getsource(fn))
+
+
+def _evaluate(expression: str, **dims: int) -> int:
+    total = 0
+    for term in expression.split("+"):
+        coefficient, letters = re.fullmatch(r"\s*(\d*)([A-Z]+)\s*", term).groups()
+        value = int(coefficient or 1)
+        for letter in letters:
+            value *= dims[letter]
+        total += value
+    return total
+
+
+def test_unfused_traffic_is_the_sum_of_the_unfused_line_comments():
+    m, n = 6, 10
+    x = torch.empty(m, n, dtype=torch.bfloat16)
+    terms = _comment_terms(layer_norm.unfused)
+    assert len(terms) == 9, "one comment per op"
+    traffic = layer_norm.unfused_traffic(x)
+    assert traffic.read_bytes == sum(_evaluate(r, M=m, N=n) for r, _ in terms) * 2
+    assert traffic.write_bytes == sum(_evaluate(w, M=m, N=n) for _, w in terms) * 2
+
+
+def test_budgets_count_each_tensor_once():
+    m, n = 8, 1024
+    x = torch.empty(m, n, dtype=torch.bfloat16)
+    weight = torch.empty(n, dtype=torch.float32)
+    forward = layer_norm.budget(x, weight, weight)
+    assert forward.read_bytes == m * n * 2 + 2 * n * 4  # x, weight, bias
+    assert forward.write_bytes == m * n * 2 + 2 * m * 4  # y, float32 mean and rstd
+    backward = layer_norm.budget(x, weight, weight, backward=True)
+    assert backward.read_bytes == 2 * m * n * 2 + n * 4 + 2 * m * 4  # x, dy, weight, mean, rstd
+    assert backward.write_bytes == m * n * 2 + 2 * n * 4  # dx, dweight, dbias
+    assert layer_norm.budget(x).total == 2 * m * n * 2 + 2 * n * 2 + 8 * m  # weight and bias in x's dtype
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, max_row",
+    [
+        ((3000, 1000), 128),  # 8 waiting chunks per row, many row groups
+        ((64, 4099), 64),  # 65 chunks, the last one 3 wide
+        ((16, 65536), None),  # default plan at the widest anchor
+        ((5, 100003), None),  # default plan past it, ragged
+    ],
+    ids=str,
+)
+def test_one_pass_chunked_plan_matches_torch_and_is_deterministic(shape, max_row, dtype):
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    expected = torch_reference(x, weight, bias, dy)
+    first = fused_with_grads(x, weight, bias, dy, max_row=max_row, one_pass=True)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), first, expected):
+        assert_close(a, e, dtype, what)
+    again = fused_with_grads(x, weight, bias, dy, max_row=max_row, one_pass=True)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 255, 1024, 4096, 4097, 8192, 16384, 65536])
+def test_default_plans_match_torch_across_widths(n):
+    shape = (max(1, 2**20 // n), n)
+    x, weight, bias = inputs(shape, torch.bfloat16)
+    dy = torch.randn(shape, device=DEVICE).to(torch.bfloat16)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy), torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.bfloat16, what)
+
+
+@pytest.mark.gpu
+def test_two_pass_fallback_matches_on_the_gpu_too():
+    x, weight, bias = inputs((40, 70000), torch.float32)
+    dy = torch.randn_like(x)
+    ours = fused_with_grads(x, weight, bias, dy, one_pass=False)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.float32, what)

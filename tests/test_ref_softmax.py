@@ -1,0 +1,202 @@
+"""reference_kernels.softmax: the fused kernel against the five-op reference, on every path.
+
+Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), so shapes are
+small; ``max_row`` shrinks the on-chip row limit so that short rows take the chunked
+path. The one-pass chunked plan (programs waiting on each other) cannot run under the
+interpreter: its tests carry the ``gpu`` marker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import torch
+
+from reference_kernels import softmax
+
+# The interpreter computes masked-off lanes with numpy, which warns about their nan.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Fused output against the five ops run in float32 and rounded to the dtype.
+TOLERANCES = {
+    torch.float32: dict(atol=1e-6, rtol=1e-5),
+    torch.float16: dict(atol=1e-3, rtol=1e-3),
+    torch.bfloat16: dict(atol=4e-3, rtol=1.6e-2),
+}
+
+SHAPES = [
+    ((1, 1), None),  # a single one-wide row
+    ((37, 1), None),  # one-wide rows, many per program, ragged last program
+    ((5, 7), None),  # rows plan, width not a power of two
+    ((3, 64), None),  # rows plan, power-of-two width
+    ((2, 3, 33), None),  # leading dims flattened
+    ((4, 100), 32),  # chunked plan, last chunk ragged
+    ((3, 128), 32),  # chunked plan, chunks fill the row exactly
+    ((2, 1000), 16),  # chunked plan, 63 chunks per row
+]
+
+
+def reference(x: torch.Tensor) -> torch.Tensor:
+    return softmax.unfused(x.float()).to(x.dtype)
+
+
+def poisoned_like(x: torch.Tensor) -> torch.Tensor:
+    return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, max_row", SHAPES, ids=str)
+def test_fused_matches_the_five_op_reference_and_writes_every_element(shape, max_row, dtype):
+    x = torch.randn(shape, device=DEVICE).mul_(4).to(dtype)
+    out = poisoned_like(x)
+    y = softmax.fused(x, out=out, max_row=max_row)
+    assert y is out
+    assert not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(y, reference(x), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: b[:, ::2],  # column stride 2: copied to contiguous
+        lambda b: b[::2],  # row stride twice the width: read in place
+        lambda b: b.t(),  # transposed
+        lambda b: b.view(4, 6, 10).permute(1, 0, 2),  # leading dims that do not flatten
+    ],
+    ids=["strided-columns", "strided-rows", "transposed", "permuted"],
+)
+def test_non_contiguous_input_gives_the_same_result_as_its_contiguous_copy(make):
+    x = make(torch.randn(24, 10, device=DEVICE))
+    torch.testing.assert_close(softmax.fused(x), reference(x.contiguous()), **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "chunked"])
+def test_nan_and_inf_rows_come_out_as_torch_softmax_gives_them(max_row):
+    x = torch.randn(6, 40, device=DEVICE)
+    x[0] = -float("inf")  # all -inf: nan
+    x[1, 3] = float("nan")  # a nan: the row is nan
+    x[2, 5] = float("inf")  # a +inf: the row is nan
+    x[3, :20] = -float("inf")  # partly -inf (whole chunks of it in the chunked plan): zeros there
+    x[4, 10] = -float("inf")
+    y = softmax.fused(x, max_row=max_row)
+    torch.testing.assert_close(y, torch.softmax(x, dim=-1), equal_nan=True, **TOLERANCES[torch.float32])
+
+
+def test_empty_input_returns_an_empty_result():
+    assert softmax.fused(torch.empty(0, 5, device=DEVICE)).shape == (0, 5)
+    assert softmax.fused(torch.empty(3, 0, device=DEVICE)).shape == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        (torch.zeros(3, 4, dtype=torch.int32), TypeError, "dtype int32"),
+        (torch.zeros(3, 4, dtype=torch.float64), TypeError, "dtype float64"),
+        (torch.tensor(1.0), ValueError, "at least 1 dimension"),
+        ([[1.0, 2.0]], TypeError, "torch.Tensor"),
+    ],
+    ids=["int32", "float64", "scalar", "list"],
+)
+def test_bad_input_raises_a_clear_error(bad, error, words):
+    if isinstance(bad, torch.Tensor):
+        bad = bad.to(DEVICE)
+    with pytest.raises(error, match=words):
+        softmax.fused(bad)
+
+
+def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA"):
+        softmax.fused(torch.randn(2, 3))
+
+
+def test_an_out_tensor_of_the_wrong_shape_is_refused():
+    x = torch.randn(2, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="shape"):
+        softmax.fused(x, out=torch.empty(3, 2, device=DEVICE))
+
+
+def test_settings_pick_the_waiting_plan_only_where_programs_run_concurrently(monkeypatch):
+    monkeypatch.setattr(softmax, "interpreting", lambda: True)
+    assert softmax._softmax_settings(512, 262144, 4).mode == "two_pass"
+    with pytest.raises(ValueError, match="interpreter"):
+        softmax._softmax_settings(512, 262144, 4, one_pass=True)
+    monkeypatch.setattr(softmax, "interpreting", lambda: False)
+    assert softmax._softmax_settings(512, 262144, 4).mode == "one_pass"
+    assert softmax._softmax_settings(4, 1 << 30, 4).mode == "two_pass"  # too many chunks to be co-resident
+    assert softmax._softmax_settings(524288, 256, 2).mode == "rows"
+
+
+def _comment_terms(fn) -> list[tuple[str, str]]:
+    """The (read, write) element expressions of each ``# read X elements ; write Y elements`` comment."""
+    return re.findall(r"# read (.+?) elements ; write (.+?) elements", inspect.getsource(fn))
+
+
+def _evaluate(expression: str, **dims: int) -> int:
+    """``"MN + M"`` with M, N given: each term an optional integer times a product of dimensions."""
+    total = 0
+    for term in expression.split("+"):
+        coefficient, letters = re.fullmatch(r"\s*(\d*)([A-Z]+)\s*", term).groups()
+        value = int(coefficient or 1)
+        for letter in letters:
+            value *= dims[letter]
+        total += value
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_unfused_traffic_is_the_sum_of_the_unfused_line_comments(dtype):
+    m, n = 6, 10
+    x = torch.empty(m, n, dtype=dtype)
+    terms = _comment_terms(softmax.unfused)
+    assert len(terms) == 5, "the unfused softmax is five ops, one comment each"
+    traffic = softmax.unfused_traffic(x)
+    assert traffic.read_bytes == sum(_evaluate(r, M=m, N=n) for r, _ in terms) * x.element_size()
+    assert traffic.write_bytes == sum(_evaluate(w, M=m, N=n) for _, w in terms) * x.element_size()
+
+
+def test_budget_is_one_read_and_one_write_a_quarter_of_the_five_ops():
+    x = torch.empty(4096, 4096)  # the DESIGN.md figure: five ops 512 MB, fused 128 MB
+    assert softmax.budget(x).read_bytes == softmax.budget(x).write_bytes == 4096 * 4096 * 4
+    assert softmax.budget(x).total == 128 * 2**20
+    assert softmax.unfused_traffic(x).total == 512 * 2**20 + 4 * 4096 * 4
+    assert softmax.budget(torch.empty(2, 3, 5, dtype=torch.bfloat16)).total == 2 * 30 * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, max_row",
+    [
+        ((3000, 1000), 128),  # 8 waiting chunks per row, thousands of programs
+        ((64, 4099), 64),  # 65 chunks, the last one 3 wide
+        ((8, 65536), None),  # default plan at an anchor width
+        ((3, 262144 + 5), None),  # default plan past the widest anchor, ragged
+    ],
+    ids=str,
+)
+def test_one_pass_chunked_plan_matches_the_reference_every_time(shape, max_row, dtype):
+    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
+    expected = reference(x)
+    for _ in range(3):  # a missing wait or fence shows up as a result that changes
+        out = poisoned_like(x)
+        softmax.fused(x, out=out, max_row=max_row, one_pass=True)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out, expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16384, 100000])
+def test_default_plans_match_torch_softmax_across_widths(n):
+    x = torch.randn(max(1, 2**20 // n), n, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(softmax.fused(x), torch.softmax(x.float(), -1).bfloat16(), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.gpu
+def test_two_pass_fallback_matches_on_the_gpu_too():
+    x = torch.randn(50, 70000, device="cuda")
+    torch.testing.assert_close(softmax.fused(x, one_pass=False), reference(x), **TOLERANCES[torch.float32])
