@@ -40,6 +40,11 @@ TRITON_RANGE_PREFIX = "fusioncheck::triton#"
 NVTX_PREFIX = "fusioncheck:"
 
 
+def nvtx_range_name(seq: int, label: str) -> str:
+    """``fusioncheck:<seq>:<label>``: the NVTX range ncu filters and attributes kernels by."""
+    return f"{NVTX_PREFIX}{seq}:{label}"
+
+
 class FusionCheckError(RuntimeError):
     """The plugin cannot do what was asked (bad device, profiler busy, bad argument)."""
 
@@ -65,6 +70,7 @@ class _State(threading.local):
 
 _state = _State()
 _triton_patched = False
+_seq = [0]
 
 
 def resolve_device(device: str | None, args: Any = ()) -> str:
@@ -165,6 +171,7 @@ class _Recorders:
         self.triton: list[TritonLaunch] = []
         self._stack = contextlib.ExitStack()
         self._nvtx = False
+        self.seq = 0
 
     def triton_launch(self, jitfn, original, args, kwargs, grid, warmup, interpreted):
         import torch
@@ -213,9 +220,11 @@ class _Recorders:
         if self.device == "cuda":
             activities.append(ProfilerActivity.CUDA)
         synchronize(self.device)
+        _seq[0] += 1
+        self.seq = _seq[0]
         try:
             if self.device == "cuda":
-                torch.cuda.nvtx.range_push(f"{NVTX_PREFIX}{self.label}")
+                torch.cuda.nvtx.range_push(nvtx_range_name(self.seq, self.label))
                 self._nvtx = True
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
@@ -303,6 +312,15 @@ def _cpu_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], li
 _COPY_ACTIVITIES = {"gpu_memcpy", "gpu_memset"}
 
 
+def _is_annotation(e: Any, activity: str) -> bool:
+    if "annotation" in activity:
+        return True
+    try:
+        return bool(e.is_user_annotation())
+    except Exception:
+        return False
+
+
 def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], list[Kernel]]:
     """Device activities from Kineto, each attributed to the op or Triton launch behind it."""
     from torch.autograd import DeviceType
@@ -347,9 +365,11 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
         except Exception:
             pass
         name = e.name()
+        if name.startswith(("fusioncheck", "ProfilerStep")) or _is_annotation(e, activity):
+            continue  # our own ranges, mirrored on the GPU timeline
         is_copy = activity in _COPY_ACTIVITIES or name.startswith(("Memcpy", "Memset"))
         if not is_copy and activity not in ("", "kernel", "concurrent_kernel"):
-            continue  # device-side annotations, sync events, overhead
+            continue  # sync events, overhead
         op = innermost_op(launches.get(e.linked_correlation_id()))
         k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
         queue = triton_queue.get(name)
@@ -392,6 +412,8 @@ def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionRepo
     )
     report.time_s = report.kernel_time_s
     report.time_source = "kernels"
+    report.seq = rec.seq
+    report._prof = rec.prof  # type: ignore[attr-defined]  # for --fusion-trace-dir
     return report
 
 

@@ -66,6 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     config.stash[SESSION_STATE] = None
+    from . import runtime  # light: no torch; validates the options once, up front
+
+    runtime.configure_settings(config, get_option)
 
 
 def _uses_fusion(item: pytest.Item) -> bool:
@@ -152,6 +155,21 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     from . import runtime
 
     runtime.terminal_summary(terminalreporter, config, get_option)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With ``--fusion-counters=ncu``, measure the selected tests under ncu before they run."""
+    state = session.config.stash.get(SESSION_STATE, None)
+    if state is not None and state.counters == "ncu":
+        state.collect_counters(session, _uses_fusion)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist controller: collect a worker's baseline records."""
+    state = node.config.stash.get(SESSION_STATE, None)
+    if state is not None:
+        state.add_worker_output(node.gateway.id, getattr(node, "workeroutput", {}) or {})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

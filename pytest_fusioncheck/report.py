@@ -47,6 +47,7 @@ class FusionReport:
     recompiles: list[Any] = field(default_factory=list)
     source: str | None = None
     warnings: list[str] = field(default_factory=list)
+    seq: int = 0
     output: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -169,4 +170,5 @@ class FusionReport:
             "recompiles": [_gb(r) for r in self.recompiles],
             "source": self.source,
             "warnings": list(self.warnings),
+            "seq": self.seq,
         }

@@ -137,6 +137,11 @@ def configure_settings(config: pytest.Config, get_option: GetOption) -> None:
     s.warmup = _warmup(config, get_option)
     s.device = get_option(config, "device") or None
     s.peak_cache = getattr(config, "cache", None)
+    s.trace_dir = get_option(config, "trace_dir") or None
+    if s.device not in (None, "", "auto", "cuda", "cpu"):
+        raise pytest.UsageError(f"--fusion-device must be 'cuda' or 'cpu', got {s.device!r}")
+    if s.counters not in ("none", "ncu"):
+        raise pytest.UsageError(f"--fusion-counters must be 'none' or 'ncu', got {s.counters!r}")
 
 
 def resolve_test_device(requested: str | None) -> str:
@@ -216,6 +221,12 @@ def check_item(item: pytest.Item, state: ItemState) -> None:
     __tracebackhide__ = True
     limits = state.limits
     reports = state.log.reports
+    session = item.config.stash.get(_session_key(), None)
+    if session is not None and reports:
+        state.baseline_comparison = session.compare_baseline(item, state)
+        comparison = state.baseline_comparison
+        if comparison is not None and comparison.regressed:
+            state.log.context.append(comparison.describe)
     if limits.no_graph_breaks:
         breaks = list(state.log.graph_breaks)
         for r in reports:
@@ -239,7 +250,6 @@ def check_item(item: pytest.Item, state: ItemState) -> None:
             api.check_hbm_bytes(report, limits.max_hbm_bytes, "limit", f"@pytest.mark.max_hbm_bytes({limits.max_hbm_bytes})")
         if limits.bandwidth_fraction is not None:
             api.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})")
-    session = item.config.stash.get(_session_key(), None)
     if session is not None and reports:
         session.check_baseline(item, state)
 
@@ -258,7 +268,7 @@ def attach_reports(item: pytest.Item, state: ItemState, rep: pytest.TestReport) 
     rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
     rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
     if rep.failed:
-        trace_dir = api.settings_trace_dir if hasattr(api, "settings_trace_dir") else None
+        trace_dir = api.settings.trace_dir
         if trace_dir:
             export_traces(item, reports, trace_dir)
 
@@ -362,21 +372,124 @@ def terminal_summary(terminalreporter: Any, config: pytest.Config, get_option: G
 
 
 class SessionState:
-    """Session outputs: JSON of all reports, baselines, counters (filled in by later modules)."""
+    """Session-wide outputs and inputs: JSON of all reports, baselines, counters, roofline.
+
+    Created at session start only when one of those options is on. Under pytest-xdist each
+    worker has one too: workers hand their baseline records to the controller through
+    ``workeroutput``, and only the controller writes files.
+    """
 
     def __init__(self, config: pytest.Config, get_option: GetOption) -> None:
+        from . import baseline
+
         self.config = config
         self.json_path = get_option(config, "json")
+        self.roofline_path = get_option(config, "roofline")
         self.lines: list[str] = []
+        self.is_worker = hasattr(config, "workerinput")
+        self.counters = str(get_option(config, "counters") or "none")
+        if os.environ.get("FUSIONCHECK_NCU_CHILD"):
+            self.counters = "none"
+        if self.counters not in ("none", "ncu"):
+            raise pytest.UsageError(f"--fusion-counters must be 'none' or 'ncu', got {self.counters!r}")
+        self.update = bool(get_option(config, "update_baseline"))
+        path = get_option(config, "baseline")
+        if self.update and not path:
+            path = baseline.DEFAULT_PATH
+        self.baseline_path = None
+        self.baseline = None
+        self.writer = None
+        if path:
+            self.baseline_path = path if os.path.isabs(path) else os.path.join(str(config.rootpath), path)
+            try:
+                self.baseline = baseline.load_baseline(self.baseline_path)
+            except baseline.BaselineError as exc:
+                raise pytest.UsageError(str(exc)) from None
+            if self.update:
+                self.writer = baseline.BaselineWriter(self.baseline_path)
+        self.improvements: list[str] = []
 
     @classmethod
     def from_config(cls, config: pytest.Config, get_option: GetOption) -> "SessionState":
         return cls(config, get_option)
 
-    def check_baseline(self, item: pytest.Item, state: ItemState) -> None:
-        return None
+    # -- counters -------------------------------------------------------------------
+    def collect_counters(self, session: pytest.Session, uses_fusion: Callable[[pytest.Item], bool]) -> None:
+        if self.counters != "ncu" or self.is_worker:
+            return
+        from . import counters
+
+        nodeids = [item.nodeid for item in session.items if uses_fusion(item)]
+        if not nodeids:
+            return
+        try:
+            measured = counters.collect(nodeids, str(self.config.rootpath))
+        except counters.CountersError as exc:
+            raise pytest.UsageError(f"--fusion-counters=ncu: {exc}") from None
+        api.settings.measured = measured
+        api.settings.counters = "ncu"
+        self.lines.append(f"fusioncheck: ncu measured {sum(len(k) for r in measured.by_test.values() for k in r)} kernels in {len(measured.by_test)} test(s)")
+        self.lines += [f"fusioncheck: counters: {p}" for p in measured.problems]
+
+    # -- baselines -------------------------------------------------------------------
+    def record_for(self, item: pytest.Item, reports: list[FusionReport]) -> dict[str, Any]:
+        from . import baseline
+
+        names = [k.name for r in reports for k in r.kernels]
+        return baseline.make_record(
+            item.nodeid,
+            reports[0].device_kind,
+            names,
+            bytes=sum(r.bytes for r in reports),
+            kernel_count=sum(r.kernel_count for r in reports),
+        )
+
+    def compare_baseline(self, item: pytest.Item, state: "ItemState") -> Any:
+        """The test's comparison with its baseline entry (``None`` without a baseline)."""
+        from . import baseline
+
+        reports = state.log.reports
+        if self.baseline is None or not reports:
+            return None
+        record = self.record_for(item, reports)
+        if self.writer is not None:
+            self.writer.add(record)
+            return None
+        comparison = baseline.compare(self.baseline.get(item.nodeid, record["device_kind"]), record)
+        if comparison.changed and not comparison.regressed:
+            self.improvements.append(f"{item.nodeid}: {comparison.describe()}")
+        return comparison
+
+    def check_baseline(self, item: pytest.Item, state: "ItemState") -> None:
+        comparison = state.baseline_comparison
+        if comparison is not None and comparison.regressed:
+            tables = "\n".join(str(r) for r in state.log.reports)
+            raise api.FusionAssertionError(
+                f"{comparison.describe()}\n{tables}\n"
+                f"(baseline {self.baseline_path}; run with --fusion-update-baseline to accept the change)"
+            )
+
+    # -- session end ------------------------------------------------------------------
+    def add_worker_output(self, worker_id: str, output: dict[str, Any]) -> None:
+        payload = output.get("fusioncheck_baseline")
+        if payload and self.writer is not None:
+            self.writer.add_worker_payload(worker_id, payload)
+        self.improvements += output.get("fusioncheck_improvements", [])
+
+    def finish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            out = self.config.workeroutput  # type: ignore[attr-defined]
+            if self.writer is not None:
+                out["fusioncheck_baseline"] = self.writer.worker_payload()
+            out["fusioncheck_improvements"] = list(self.improvements)
+            return
+        if self.writer is not None:
+            result = self.writer.flush()
+            self.lines.append("fusioncheck baseline: " + result.describe())
 
     def summary(self, terminalreporter: Any, collected: list[tuple[str, str, list[dict]]]) -> None:
+        if self.is_worker:
+            return
         if self.json_path:
             payload = {nodeid: reports for nodeid, _, reports in collected}
             tmp = self.json_path + ".tmp"
@@ -384,8 +497,18 @@ class SessionState:
                 json.dump(payload, fh, indent=2, sort_keys=True, default=str)
             os.replace(tmp, self.json_path)
             self.lines.append(f"fusioncheck: wrote {len(payload)} test(s) of reports to {self.json_path}")
+        if self.roofline_path:
+            from .plot import roofline_plot
+
+            try:
+                roofline_plot([r for _, _, reports in collected for r in reports], self.roofline_path)
+                self.lines.append(f"fusioncheck: roofline plot written to {self.roofline_path}")
+            except ImportError as exc:
+                self.lines.append(f"fusioncheck: no roofline plot ({exc}); pip install matplotlib")
+        if self.improvements:
+            self.lines.append("fusioncheck baseline improvements (update the baseline to pin them):")
+            self.lines += ["  " + line.replace("\n", "\n  ") for line in self.improvements]
+        if self.lines:
+            terminalreporter.write_sep("-", "fusioncheck")
         for line in self.lines:
             terminalreporter.write_line(line)
-
-    def finish(self, session: pytest.Session) -> None:
-        return None

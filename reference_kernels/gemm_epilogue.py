@@ -30,8 +30,7 @@ from pytest_fusioncheck.budget import Budget
 from reference_kernels._common import check_tensor, interpreting
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16)
-_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}
-_GELU_TANH = 3  # activation code for gelu(approximate="tanh")
+_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh"); 4: gelu, PTX fast-math
 _APPROXIMATIONS = ("none", "tanh")
 
 
@@ -52,17 +51,55 @@ def _launch_metadata(grid, kernel, args):
 
 
 @triton.jit
-def _gelu(x, TANH: tl.constexpr):
-    """GELU of an fp32 tensor: exact erf form, or the tanh approximation.
+def _gelu(x, MODE: tl.constexpr):
+    """GELU of an fp32 tensor.
 
-    tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), written with one exp so that
-    +inf stays inf and -inf gives NaN, as torch does.
+    MODE 0: exact (erf) form; 1: tanh approximation; 2: exact via libdevice's erff;
+    3: MODE 0 with PTX fast-math (``rcp.approx.ftz``, ``ex2.approx.ftz``), CUDA only.
+
+    MODE 0 writes Phi(x) = 0.5 * erfc(-x / sqrt(2)) with the Chebyshev fit of erfc from
+    Numerical Recipes (erfcc: relative error under 1.2e-7 for every argument, so the
+    tails stay accurate), in base 2 with the 0.5 folded into the exponent: one
+    reciprocal, one exp2 and eleven FMAs. Against float64 it is within 5e-6 relative
+    (4e-7 absolute) of GELU, closer than torch's own float32 GELU. It is about half the
+    instructions of libdevice's erff, whose per-element coefficient selects made GELU
+    the costliest step of the dropout chain; MODE 3 also drops the range fix-ups that
+    IEEE-style division and exp2 add around their MUFU instruction.
+    MODE 1 writes 0.5 x (1 + tanh(u)) as x * sigmoid(2u), with one exp.
+    All modes give +inf at +inf and NaN at -inf and NaN, as torch's CUDA kernels do.
     """
-    if TANH:
+    if MODE == 1:
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         return x / (1.0 + tl.exp(-2.0 * u))
-    else:
+    elif MODE == 2:
         return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    else:
+        ax = tl.abs(x)
+        d = 1.0 + 0.35355339059327373 * ax  # 1 + z/2, z = |x| / sqrt(2)
+        if MODE == 3:
+            t = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            t = 1.0 / d
+        # log2(e) * erfcc's polynomial, minus 1 for the 0.5 in Phi = 0.5 * erfc.
+        p = 0.246517298 * t - 1.18611495
+        p = p * t + 2.14747446
+        p = p * t - 1.63775315
+        p = p * t + 0.402321582
+        p = p * t - 0.26875686
+        p = p * t + 0.139630057
+        p = p * t + 0.539700616
+        p = p * t + 1.4427292
+        p = p * t - 2.82574822
+        w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
+        e = p - w * w
+        if MODE == 3:
+            e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [e], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+        else:
+            e = tl.exp2(e)
+        h = t * e  # Phi(-|x|)
+        return x * tl.where(x >= 0.0, 1.0 - h, h)
 
 
 @triton.jit
@@ -70,9 +107,11 @@ def _activation(x, ACTIVATION: tl.constexpr):
     if ACTIVATION == 1:
         x = tl.where(x < 0.0, 0.0, x)  # relu; NaN stays NaN like torch.relu
     elif ACTIVATION == 2:
-        x = _gelu(x, False)
+        x = _gelu(x, 0)
     elif ACTIVATION == 3:
-        x = _gelu(x, True)
+        x = _gelu(x, 1)
+    elif ACTIVATION == 4:
+        x = _gelu(x, 3)
     return x
 
 
@@ -379,7 +418,14 @@ def _check(a, b, bias, activation, residual, approximate) -> int:
         raise ValueError(f"unknown approximate={approximate!r}; choose 'none' or 'tanh'")
     if approximate == "tanh" and activation != "gelu":
         raise ValueError("approximate='tanh' applies to activation='gelu' only")
-    return _GELU_TANH if approximate == "tanh" else _ACTIVATION_CODES[activation]
+    return _activation_code(activation, approximate)
+
+
+def _activation_code(activation, approximate="none") -> int:
+    """The kernels' ACTIVATION: exact GELU uses PTX fast-math on CUDA, portable ops in the interpreter."""
+    if activation == "gelu":
+        return 3 if approximate == "tanh" else (2 if interpreting() else 4)
+    return _ACTIVATION_CODES[activation]
 
 
 def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):

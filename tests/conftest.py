@@ -35,6 +35,27 @@ _pytester.SysModulesSnapshot.__init__ = _keep_library_modules
 pytest_plugins = ["pytester"]
 
 
+def _plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.name == "fusioncheck" for ep in entry_points(group="pytest11"))
+
+
+# Inner pytester runs need the plugin: through its entry point when the package is
+# installed, else (running from a source tree, e.g. on the GPU box) by name.
+PLUGIN_ARGS = [] if _plugin_installed() else ["-p", "pytest_fusioncheck.plugin"]
+
+
+@pytest.fixture
+def run_pytest(pytester):
+    """Run pytest in-process on the pytester directory with the plugin loaded."""
+
+    def run(*args):
+        return pytester.runpytest_inprocess("-p", "no:cacheprovider", *PLUGIN_ARGS, *args)
+
+    return run
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

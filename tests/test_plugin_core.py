@@ -14,8 +14,11 @@ def five_op_softmax(x):
 """
 
 
+from conftest import PLUGIN_ARGS
+
+
 def run(pytester, *args):
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *PLUGIN_ARGS, *args)
 
 
 def test_five_op_softmax_counts_five_kernels_and_fails_max_kernels_1_listing_them(pytester):
@@ -187,7 +190,7 @@ def test_bw():
 
 
 def test_help_lists_every_option_and_markers_lists_every_marker(pytester):
-    result = pytester.runpytest_inprocess("--help")
+    result = pytester.runpytest_inprocess(*PLUGIN_ARGS, "--help")
     result.stdout.fnmatch_lines(
         [
             "*kernel-fusion regression checks*",
@@ -205,7 +208,7 @@ def test_help_lists_every_option_and_markers_lists_every_marker(pytester):
             "*fusioncheck_device*",
         ]
     )
-    markers = pytester.runpytest_inprocess("--markers")
+    markers = pytester.runpytest_inprocess(*PLUGIN_ARGS, "--markers")
     markers.stdout.fnmatch_lines(
         [
             "*max_kernels(n, [*], cpu=None, cuda=None)*",
@@ -225,7 +228,7 @@ def test_no_torch():
     assert "torch" not in sys.modules
 """
     )
-    result = pytester.runpytest_subprocess()
+    result = pytester.runpytest_subprocess(*PLUGIN_ARGS)
     result.assert_outcomes(passed=1)
 
 

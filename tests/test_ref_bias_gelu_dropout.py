@@ -15,6 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from reference_kernels import bias_gelu_dropout as bgd
 
@@ -70,6 +72,13 @@ def test_p_zero_is_plain_bias_gelu_and_p_one_zeroes_everything():
     assert torch.equal(bgd.fused(x, bias, 1.0, seed=1), torch.zeros_like(x))
 
 
+def test_exact_gelu_is_float32_accurate_into_the_far_tails():
+    x = torch.linspace(-10, 10, 4001, device=DEVICE).view(1, -1)
+    y = bgd.fused(x, torch.zeros(x.shape[-1], device=DEVICE), 0.0)
+    exact = x.double() * 0.5 * torch.special.erfc(-x.double() / 2**0.5)  # no cancellation in the tails
+    torch.testing.assert_close(y.double(), exact, atol=1e-30, rtol=1e-5)
+
+
 def test_dropped_elements_are_exactly_zero_and_kept_ones_are_scaled_by_one_over_one_minus_p():
     x = torch.rand(37, 100, device=DEVICE) + 0.5  # gelu(x + 0) > 0 everywhere: a zero means dropped
     bias = torch.zeros(100, device=DEVICE)
@@ -93,6 +102,25 @@ def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width():
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 16, 1)))
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(8, 32, 1)))
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, wide=True))  # int64 Philox counters
+
+
+@triton.jit
+def _philox_pair_kernel(out_ptr, seed, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    counter = offs.to(tl.int64) * 0x1_0000_0001 + 7 if WIDE else offs * 977 + 13
+    ours = bgd._philox4x32(seed, counter, 10)
+    theirs = tl.randint4x(seed, counter, 10)
+    for i in tl.static_range(4):
+        tl.store(out_ptr + i * BLOCK + offs, ours[i].to(tl.int64))
+        tl.store(out_ptr + (4 + i) * BLOCK + offs, theirs[i].to(tl.int64))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["int32-counters", "int64-counters"])
+def test_our_philox_draws_the_same_bits_as_triton_randint4x(wide):
+    out = torch.empty(8, 64, dtype=torch.int64, device=DEVICE)
+    _philox_pair_kernel[(1,)](out, 2**40 + 12345, BLOCK=64, WIDE=wide)
+    assert torch.equal(out[:4], out[4:])
+    assert out[:4].unique().numel() > 250
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

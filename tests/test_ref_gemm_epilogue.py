@@ -66,7 +66,7 @@ def test_each_kernel_writes_every_output_element(path):
     M, N, K = 70, 56, 40
     a, b, bias, residual = operands(M, N, K, torch.bfloat16)
     out = poisoned(M, N, torch.bfloat16)
-    ge._run(a, b, out, bias, residual, ge._ACTIVATION_CODES["gelu"], path=path)
+    ge._run(a, b, out, bias, residual, ge._activation_code("gelu"), path=path)
     assert not out.isnan().any(), "an output element was left unwritten"
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
 
@@ -78,7 +78,7 @@ def test_the_split_epilogue_stores_both_column_halves_of_each_tile():
     M, N, K = (50, 48, 24) if interpreting() else (200, 400, 72)
     a, b, bias, residual = operands(M, N, K, torch.float16)
     out = poisoned(M, N, torch.float16)
-    ge._run(a, b, out, bias, residual, ge._ACTIVATION_CODES["relu"], path="tma", config=config)
+    ge._run(a, b, out, bias, residual, ge._activation_code("relu"), path="tma", config=config)
     assert not out.isnan().any(), "an output element was left unwritten"
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "relu", residual), **TOLERANCES[torch.float16])
 
@@ -143,7 +143,7 @@ def test_gelu_of_plus_inf_is_inf_and_of_minus_inf_is_nan_as_torch_cuda_gives():
 def test_a_large_problem_is_tuned_over_the_config_list_and_still_matches():
     a, b, bias, _ = operands(1024, 1024, 1024, torch.bfloat16, residual=False)
     out = torch.full((1024, 1024), float("nan"), device=DEVICE, dtype=torch.bfloat16)
-    path, config = ge._run(a, b, out, bias, None, ge._ACTIVATION_CODES["gelu"])
+    path, config = ge._run(a, b, out, bias, None, ge._activation_code("gelu"))
     assert config in (ge._TMA_CONFIGS if path == "tma" else ge._TILED_CONFIGS)
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu"), **TOLERANCES[torch.bfloat16])
 

@@ -1,0 +1,215 @@
+"""Layer norm forward and backward on the GPU: ours against torch eager, torch.compile, Liger-Kernel.
+
+Bandwidth counts compulsory bytes as ANCHORS.md does (forward: read x + write y;
+backward: read x, dy + write dx; the small weight, bias, mean, rstd, dweight and dbias
+are left out); ``%copy`` compares it with a device-to-device copy of the same size timed
+in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
+
+    PYTHONPATH=. python3 benchmarks/bench_layer_norm.py                 # forward and backward
+    PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --passes backward --widths 65536
+    PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --sweep --impls ours  # launch-plan variants too
+
+Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from reference_kernels import layer_norm  # noqa: E402
+
+SHAPES = [(131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ANCHORS = ("torch", "compile", "liger")
+EPS = 1e-5
+
+
+def liger_ops():
+    try:
+        from liger_kernel.ops.layer_norm import layer_norm_backward, layer_norm_forward
+    except ImportError:
+        return None, None
+    return layer_norm_forward, layer_norm_backward
+
+
+def forward_fns(x, w, b, impls) -> dict:
+    n = x.shape[-1]
+    fns = {"ours": lambda: layer_norm.forward(x, w, b, EPS), "torch": lambda: F.layer_norm(x, (n,), w, b, EPS)}
+    if "compile" in impls:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t, w_, b_: F.layer_norm(t, (n,), w_, b_, EPS), dynamic=False)
+        fns["compile"] = lambda: compiled(x, w, b)
+    liger_fwd, _ = liger_ops()
+    if liger_fwd is not None:
+        fns["liger"] = lambda: liger_fwd(x, w, b, EPS)
+    return fns
+
+
+def backward_fns(x, w, b, dy, mean, rstd, impls) -> dict:
+    n = x.shape[-1]
+    mask = [True, True, True]
+
+    def aten(dy_, x_, mean_, rstd_, w_, b_):
+        return torch.ops.aten.native_layer_norm_backward(dy_, x_, [n], mean_, rstd_, w_, b_, mask)
+
+    m1, r1 = mean.view(-1, 1), rstd.view(-1, 1)
+    fns = {
+        "ours": lambda: layer_norm.backward(dy, x, w, mean, rstd),
+        "torch": lambda: aten(dy, x, m1, r1, w, b),
+    }
+    if "compile" in impls:
+        torch._dynamo.reset()
+        compiled = torch.compile(aten, dynamic=False)
+        fns["compile"] = lambda: compiled(dy, x, m1, r1, w, b)
+    _, liger_bwd = liger_ops()
+    if liger_bwd is not None:
+        fns["liger"] = lambda: liger_bwd(dy, x, w, b, mean, rstd)
+    return fns
+
+
+def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tuple[str, layer_norm._Plan]]:
+    """Launch plans worth timing at this width (``--sweep``), the default among them."""
+    plans = [("default", layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm))]
+    P = layer_norm._Plan
+    if not backward:
+        if n <= 1024:
+            for tile, warps in ((2048, 4), (4096, 8), (8192, 8), (16384, 16)):
+                plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), n, warps)))
+        elif n <= 16384:
+            for warps in (4, 8, 16, 32):
+                if 4 <= n // (32 * warps) <= 64:
+                    plans.append((f"rows w={warps}", P("rows", 1, n, warps)))
+        for chunk, warps in ((2048, 4), (4096, 8), (4096, 4), (8192, 8), (8192, 16)):
+            if chunk < n:
+                plans.append((f"one_pass chunk={chunk} w={warps}", P("one_pass", 1, chunk, warps)))
+        return plans
+    # Programs per multiprocessor only changes runtime arguments: one compile serves all three.
+    for ppsm in (2, 4, 8):
+        if n <= 4096:
+            for block_m, warps in ((1, 8), (2, 8)) if n > 1024 else ((1, 4), (4, 8)):
+                groups = max(1, min(triton.cdiv(m, block_m), sm * ppsm))
+                plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, n, warps, groups)))
+        for chunk, warps in ((2048, 4), (4096, 8)):
+            if chunk < n:
+                groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))
+                plans.append((f"one_pass chunk={chunk} w={warps} ppsm={ppsm}", P("one_pass", 1, chunk, warps, groups)))
+    return plans
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timing runs")
+    parser.add_argument("--widths", default="", help="comma-separated row widths to keep (default: all)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--passes", default="forward,backward")
+    parser.add_argument("--impls", default="ours,torch,compile,liger")
+    parser.add_argument("--sweep", action="store_true", help="also time launch-plan variants of ours")
+    parser.add_argument("--json", default="", help="write every figure to this file")
+    args = parser.parse_args()
+    widths = {int(w) for w in args.widths.split(",") if w}
+    impls = args.impls.split(",")
+    timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    print(header(), flush=True)
+    records, tables = [], {}
+    for direction in args.passes.split(","):
+        backward = direction == "backward"
+        for dtype_name in args.dtypes.split(","):
+            dtype = DTYPES[dtype_name]
+            for m, n in SHAPES:
+                if widths and n not in widths:
+                    continue
+                x = torch.randn(m, n, device="cuda", dtype=dtype)
+                w = torch.randn(n, device="cuda", dtype=dtype)
+                b = torch.randn(n, device="cuda", dtype=dtype)
+                nbytes = (3 if backward else 2) * x.numel() * x.element_size()
+                rec = {"pass": direction, "dtype": dtype_name, "shape": f"{m}x{n}", "bytes": nbytes}
+                rec["copy_gbps"] = copy_gbps(nbytes)
+                rec["gbps"] = {}
+                size = x.element_size()
+                y, mean, rstd = layer_norm.forward(x, w, b, EPS)
+                if backward:
+                    dy = torch.randn_like(x)
+                    fns = backward_fns(x, w, b, dy, mean, rstd, impls)
+                    ref = torch.ops.aten.native_layer_norm_backward(
+                        dy.float(), x.float(), [n], mean.view(-1, 1), rstd.view(-1, 1), w.float(), b.float(), [True] * 3
+                    )
+                    ours = layer_norm.backward(dy, x, w, mean, rstd)
+                    rec["max_abs_err"] = [(o.float() - r).abs().max().item() for o, r in zip(ours, ref)]
+                    run_plan = lambda plan: layer_norm._backward_launch(  # noqa: E731
+                        dy, x, w, mean, rstd, torch.empty_like(x), torch.empty_like(w), torch.empty_like(b), plan
+                    )
+                else:
+                    fns = forward_fns(x, w, b, impls)
+                    ref = F.layer_norm(x.float(), (n,), w.float(), b.float(), EPS)
+                    rec["max_abs_err"] = (y.float() - ref).abs().max().item()
+                    y2 = torch.empty_like(x)
+                    run_plan = lambda plan: layer_norm._forward_launch(  # noqa: E731
+                        x, w, b, y2, torch.empty_like(mean), torch.empty_like(rstd), EPS, plan
+                    )
+                rec["plan"] = layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm)._asdict()
+                for name in impls:
+                    if name not in fns:
+                        rec["gbps"][name] = None
+                        continue
+                    try:
+                        rec["gbps"][name] = gbps(nbytes, bench_ms(fns[name], **timing))
+                    except Exception as exc:  # an anchor failing at a shape is a result (n/a), not a crash
+                        print(f"  {name} failed at {m}x{n} {dtype_name} {direction}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        rec["gbps"][name] = None
+                if args.sweep:
+                    rec["sweep"] = {}
+                    for label, plan in plan_variants(m, n, size, backward, sm):
+                        try:
+                            run_plan(plan)
+                            rate = gbps(nbytes, bench_ms(lambda: run_plan(plan), **timing))
+                            rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate}
+                            print(f"  sweep {direction} {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s {100 * rate / rec['copy_gbps']:.0f}%", flush=True)
+                        except Exception as exc:
+                            print(f"  sweep {label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                records.append(rec)
+                tables.setdefault(direction, []).append(table_row(rec, impls))
+                print(direction, " | ".join(str(c) for c in tables[direction][-1]), flush=True)
+                del x, w, b, y, mean, rstd, fns
+                torch.cuda.empty_cache()
+    for direction, rows in tables.items():
+        print(f"\nLayer norm {direction}")
+        print(markdown_table(table_headers(impls), rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+
+
+def table_headers(impls: list[str]) -> list[str]:
+    cols = ["dtype", "shape", "copy GB/s"]
+    for name in impls:
+        cols += [f"{name} GB/s", f"{name} %copy"]
+    if "ours" in impls and any(a in impls for a in ANCHORS):
+        cols.append("ours / best anchor")
+    return cols
+
+
+def table_row(rec: dict, impls: list[str]) -> list[object]:
+    copy = rec["copy_gbps"]
+    row: list[object] = [rec["dtype"], rec["shape"], f"{copy:.0f}"]
+    for name in impls:
+        rate = rec["gbps"].get(name)
+        row += ["n/a", "n/a"] if rate is None else [f"{rate:.0f}", f"{100 * rate / copy:.0f}%"]
+    anchors = [rec["gbps"][a] for a in ANCHORS if rec["gbps"].get(a)]
+    if "ours" in impls and anchors:
+        ours = rec["gbps"].get("ours")
+        row.append("n/a" if ours is None else f"{ours / max(anchors):.2f}x")
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The plugin's overhead per profiled region against a bare torch.profiler session.
+
+For a few functions, times (median of N) of: the bare call, the call inside a plain
+``torch.profiler.profile`` session (with result parsing), and the call inside
+``pytest_fusioncheck``'s capture (profiler + op observer + report building, warm-up
+excluded). Prints a markdown table. Runs on CPU here; on a GPU with CUDA activities.
+
+    PYTHONPATH=. python3 benchmarks/bench_overhead.py [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from corpus import EAGER  # noqa: E402
+
+from pytest_fusioncheck.capture import profile_call  # noqa: E402
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--reps", type=int, default=15)
+    opts = parser.parse_args()
+    device = opts.device
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    print(f"device: {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'host'}), torch {torch.__version__}, median of {opts.reps}")
+    print("| case | bare call | torch.profiler | fusioncheck capture | overhead vs torch.profiler |")
+    print("|---|---|---|---|---|")
+    for name in ("five_op_softmax", "torch.softmax", "mlp_block"):
+        fn, args = EAGER[name](device, 1)
+        fn(*args)
+        _sync(device)
+
+        def bare():
+            fn(*args)
+            _sync(device)
+
+        def plain_profiler():
+            with torch.profiler.profile(activities=activities) as p:
+                fn(*args)
+                _sync(device)
+            p.events()
+
+        def ours():
+            profile_call(fn, args, {}, warmup=0, device=device)
+
+        t_bare, t_prof, t_ours = timed(bare, opts.reps), timed(plain_profiler, opts.reps), timed(ours, opts.reps)
+        print(f"| {name} | {t_bare * 1e3:.2f} ms | {t_prof * 1e3:.2f} ms | {t_ours * 1e3:.2f} ms | {t_ours - t_prof:+.4f} s ({t_ours / t_prof:.2f}x) |")
+
+
+if __name__ == "__main__":
+    main()
