@@ -422,8 +422,11 @@ class SessionState:
         nodeids = [item.nodeid for item in session.items if uses_fusion(item)]
         if not nodeids:
             return
+        extra = [f"--fusion-warmup={api.settings.warmup}"]
+        if not self.config.pluginmanager.has_plugin("fusioncheck"):  # loaded with -p, not by entry point
+            extra = ["-p", "pytest_fusioncheck.plugin", *extra]
         try:
-            measured = counters.collect(nodeids, str(self.config.rootpath))
+            measured = counters.collect(nodeids, str(self.config.rootpath), extra)
         except counters.CountersError as exc:
             raise pytest.UsageError(f"--fusion-counters=ncu: {exc}") from None
         api.settings.measured = measured

@@ -83,3 +83,14 @@ def test_an_unknown_counters_value_is_a_usage_error(run_pytest, pytester):
     result = run_pytest("--fusion-counters=perf")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*--fusion-counters must be 'none' or 'ncu', got 'perf'*"])
+
+
+def test_the_recorded_sample_with_sequence_numbers_groups_kernels_by_report():
+    with open(os.path.join(DATA, "ncu_raw_h200_seq.csv")) as fh:
+        groups = counters.group_by_seq(parse_ncu_csv(fh.read()))
+    assert {seq: (ks[0].label, len(ks)) for seq, ks in groups.items()} == {
+        1: ("five_op_softmax", 5), 2: ("torch.softmax", 1), 3: ("linear+gelu", 2), 4: ("layer_norm", 1),
+        5: ("mlp_block", 5), 6: ("bias+gelu", 2), 7: ("compiled five_op_softmax", 1),
+        8: ("compiled torch.softmax", 1), 9: ("compiled linear+gelu", 2), 10: ("compiled layer_norm", 1),
+        11: ("compiled mlp_block", 5), 12: ("compiled bias+gelu", 1),
+    }
