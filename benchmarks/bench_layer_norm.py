@@ -27,6 +27,7 @@ import triton  # noqa: E402
 
 from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
+from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -62,7 +63,8 @@ def backward_fns(x, w, b, dy, mean, rstd, impls) -> dict:
     def aten(dy_, x_, mean_, rstd_, w_, b_):
         return torch.ops.aten.native_layer_norm_backward(dy_, x_, [n], mean_, rstd_, w_, b_, mask)
 
-    m1, r1 = mean.view(-1, 1), rstd.view(-1, 1)
+    # torch's own forward statistics, in the dtype and shape its backward expects.
+    _, m1, r1 = torch.ops.aten.native_layer_norm(x, [n], w, b, EPS)
     fns = {
         "ours": lambda: layer_norm.backward(dy, x, w, mean, rstd),
         "torch": lambda: aten(dy, x, m1, r1, w, b),
@@ -83,14 +85,14 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
     P = layer_norm._Plan
     if not backward:
         if n <= 1024:
-            for tile, warps in ((2048, 4), (4096, 8), (8192, 8), (16384, 16)):
-                plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), n, warps)))
+            for tile, warps in ((2048, 4), (8192, 8), (16384, 16)):
+                plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), next_power_of_2(n), warps)))
         elif n <= 16384:
-            for warps in (4, 8, 16, 32):
-                if 4 <= n // (32 * warps) <= 64:
-                    plans.append((f"rows w={warps}", P("rows", 1, n, warps)))
-        for chunk, warps in ((2048, 4), (4096, 8), (4096, 4), (8192, 8), (8192, 16)):
-            if chunk < n:
+            for warps in (4, 16, 32):
+                if 4 <= n // (32 * warps) <= 32:
+                    plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
+        for chunk, warps in ((2048, 4), (4096, 4), (8192, 8), (8192, 16)):
+            if chunk < n and (chunk <= 2048 or n > 4096):
                 plans.append((f"one_pass chunk={chunk} w={warps}", P("one_pass", 1, chunk, warps)))
         return plans
     # Programs per multiprocessor only changes runtime arguments: one compile serves all three.
@@ -98,7 +100,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
         if n <= 4096:
             for block_m, warps in ((1, 8), (2, 8)) if n > 1024 else ((1, 4), (4, 8)):
                 groups = max(1, min(triton.cdiv(m, block_m), sm * ppsm))
-                plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, n, warps, groups)))
+                plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, next_power_of_2(n), warps, groups)))
         for chunk, warps in ((2048, 4), (4096, 8)):
             if chunk < n:
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
 from reference_kernels import softmax  # noqa: E402
+from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(524288, 256), (131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536), (512, 262144)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -48,15 +49,15 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
     """Launch plans worth timing at this width (``--sweep``), the default among them."""
     plans = [("default", softmax._softmax_settings(m, n, size))]
     if n <= 1024:
-        for tile, warps in ((2048, 4), (4096, 8), (8192, 8), (16384, 16)):
-            plans.append((f"rows tile={tile} w={warps}", softmax._Plan("rows", max(1, tile // n), n, warps)))
+        for tile, warps in ((2048, 4), (8192, 8), (16384, 16)):
+            plans.append((f"rows tile={tile} w={warps}", softmax._Plan("rows", max(1, tile // n), next_power_of_2(n), warps)))
     elif n <= 16384:
-        for warps in (4, 8, 16, 32):
-            if 4 <= n // (32 * warps) <= 64:
-                plans.append((f"rows w={warps}", softmax._Plan("rows", 1, n, warps)))
+        for warps in (4, 16, 32):
+            if 4 <= n // (32 * warps) <= 32:
+                plans.append((f"rows w={warps}", softmax._Plan("rows", 1, next_power_of_2(n), warps)))
     if n > 2048:
-        for chunk, warps in ((2048, 4), (4096, 8), (4096, 4), (8192, 8), (8192, 16), (16384, 16)):
-            if chunk < n:
+        for chunk, warps in ((2048, 4), (4096, 4), (8192, 8), (8192, 16), (16384, 16)):
+            if chunk < n and (chunk <= 2048 or n > 4096):
                 plans.append((f"one_pass chunk={chunk} w={warps}", softmax._Plan("one_pass", 1, chunk, warps)))
     return plans
 

@@ -23,6 +23,7 @@ from typing import Any
 
 _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
+_inductor_origins: dict[str, list[str]] = {}
 _installed = False
 
 
@@ -32,10 +33,33 @@ def inductor_kernel_bytes(name: str) -> int | None:
         return _inductor_bytes.get(name)
 
 
-def _record(names: list[str], nbytes: int) -> None:
+def inductor_kernel_origins(name: str) -> list[str]:
+    """The ATen ops a generated kernel was fused from (``["add", "gelu"]``), if recorded."""
+    with _lock:
+        return list(_inductor_origins.get(name, []))
+
+
+def _record(names: list[str], nbytes: int, origins: list[str] | None = None) -> None:
     with _lock:
         for n in names:
             _inductor_bytes[n] = int(nbytes)
+            if origins:
+                _inductor_origins[n] = origins
+
+
+def _origins(nodes: Any) -> list[str]:
+    """ATen op names behind scheduler nodes, in first-seen order (``native_layer_norm``)."""
+    out: list[str] = []
+    for node in nodes:
+        ir_node = getattr(node, "node", None)
+        for origin in sorted(getattr(ir_node, "origins", None) or (), key=lambda o: getattr(o, "name", "")):
+            meta = getattr(origin, "meta", {}) or {}
+            target = meta.get("original_aten") or getattr(origin, "target", None)
+            packet = getattr(target, "overloadpacket", None)
+            name = getattr(packet, "__name__", None) or (target if isinstance(target, str) else None)
+            if name and getattr(origin, "op", "") == "call_function" and name not in out:
+                out.append(name)
+    return out
 
 
 def _cpp_kernel_bytes(scheduled_nodes: list[Any]) -> int:
@@ -90,7 +114,7 @@ def install_inductor_hooks() -> None:
             nbytes = _cpp_kernel_bytes(list(nodes))
             graph_id = getattr(V.graph, "graph_id", None)
             names = [name] + ([f"graph_{graph_id}_{name}"] if graph_id is not None else [])
-            _record(names, nbytes)
+            _record(names, nbytes, _origins(nodes))
         except Exception:  # the estimate is best effort; codegen must not break
             pass
         return name
@@ -108,7 +132,7 @@ def install_inductor_hooks() -> None:
         def triton_define_kernel(self, src_code, node_schedule, kernel, *args, **kwargs):
             name = original_triton(self, src_code, node_schedule, kernel, *args, **kwargs)
             try:
-                _record([name], int(kernel.estimate_kernel_num_bytes()))
+                _record([name], int(kernel.estimate_kernel_num_bytes()), _origins(node_schedule))
             except Exception:
                 pass
             return name

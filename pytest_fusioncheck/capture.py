@@ -425,6 +425,21 @@ def _graph_break_recorder():
     return GraphBreakRecorder()
 
 
+def _definition_site(fn: Any) -> str | None:
+    """``file:line`` where a (compiled) function or module's forward is defined."""
+    from .kernels import relpath
+
+    target = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "_orig_mod", None) or fn
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        target = type(target).forward
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return None
+    return f"{relpath(code.co_filename)}:{code.co_firstlineno}"
+
+
 def profile_call(
     fn: Callable[..., Any],
     args: tuple,
@@ -441,6 +456,7 @@ def profile_call(
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
     dev = resolve_device(device, (args, kwargs))
+    install_inductor_hooks()  # before the warm-up, which is where torch.compile compiles
     label = label or getattr(fn, "__qualname__", None) or getattr(type(fn), "__name__", "call")
     source = user_source(2)
     recorder = _graph_break_recorder()
@@ -451,6 +467,10 @@ def profile_call(
         with _Recorders(dev, label) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
+    origin = _definition_site(fn)
+    for k in report.kernels:
+        if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
+            k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
     report.budget = budget if budget is not None else default_budget(args, kwargs, output)
     from .roofline import attach_timer
@@ -490,6 +510,7 @@ class Region:
     def __enter__(self) -> "Region":
         self._source = user_source(2)
         self._device = resolve_device(self.device)
+        install_inductor_hooks()
         self._breaks_cm = _graph_break_recorder()
         self._breaks = self._breaks_cm.__enter__()
         try:

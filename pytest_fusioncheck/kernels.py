@@ -151,7 +151,16 @@ def inductor_cpu_kernel(name: str) -> str | None:
 
 
 def generated_origin(name: str) -> str:
-    """``triton_poi_fused_add_gelu_0`` -> ``fused: add, gelu`` (the ops Inductor fused)."""
+    """``triton_poi_fused_add_gelu_0`` -> ``fused: add, gelu`` (the ops Inductor fused).
+
+    Uses the ATen ops Inductor recorded for the kernel at code generation; falls back
+    to reading them off the kernel's name (ambiguous where op names hold underscores).
+    """
+    from .bytes_model import inductor_kernel_origins
+
+    origins = inductor_kernel_origins(name)
+    if origins:
+        return "fused: " + ", ".join(origins)
     base = re.sub(r"_\d+$", "", name)
     m = re.match(r"^(?:graph_\d+_)?(?:cpp|triton)_(?:(?:poi|per|red|tem|spl|mix|unk)_)?fused_?(.*)$", base)
     if not m:

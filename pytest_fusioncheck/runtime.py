@@ -174,6 +174,9 @@ class ItemState:
             pytest.fail(str(exc), pytrace=False)
         configure_settings(item.config, get_option)
         device = resolve_test_device(api.settings.device)
+        from .bytes_model import install_inductor_hooks
+
+        install_inductor_hooks()  # before the test compiles anything
         uses_fixture = "fusion" in getattr(item, "fixturenames", ())
         log = api.current_log()
         if log.test_id != item.nodeid:

@@ -1,0 +1,43 @@
+"""A transformer MLP block, eager and compiled: the kernel counts to pin in CI."""
+
+import pytest
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+@pytest.fixture
+def block(fusion):
+    torch.manual_seed(0)
+    return MLP(256).to(fusion.device)
+
+
+@pytest.fixture
+def x(fusion):
+    return torch.randn(64, 256, device=fusion.device)
+
+
+@pytest.mark.max_kernels(5)
+def test_eager_mlp_launches_norm_gemm_gelu_gemm_add(fusion, block, x):
+    report = fusion.profile(block, x)
+    assert [k.op for k in report.kernels] == [
+        "aten::native_layer_norm", "aten::addmm", "aten::gelu", "aten::addmm", "aten::add",
+    ] or fusion.device == "cuda"
+
+
+@pytest.mark.no_graph_breaks
+@pytest.mark.max_kernels(cpu=5, cuda=6)  # cuBLAS may split K into a GEMM plus a reduce
+def test_compiled_mlp_fuses_the_elementwise_work_around_the_gemms(fusion, block, x):
+    compiled = torch.compile(block)
+    with torch.no_grad():
+        fusion.profile(compiled, x)
+        fusion.assert_matches_reference(compiled, block, x, rtol=1e-4, atol=1e-4)
