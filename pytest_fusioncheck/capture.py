@@ -45,6 +45,29 @@ def nvtx_range_name(seq: int, label: str) -> str:
     return f"{NVTX_PREFIX}{seq}:{label}"
 
 
+def _nvtx_push(name: str) -> None:
+    """Open a push/pop range in NVTX's default domain (the ``nvtx`` package, else torch's)."""
+    try:
+        import nvtx
+
+        nvtx.push_range(name)
+    except ImportError:
+        import torch
+
+        torch.cuda.nvtx.range_push(name)
+
+
+def _nvtx_pop() -> None:
+    try:
+        import nvtx
+
+        nvtx.pop_range()
+    except ImportError:
+        import torch
+
+        torch.cuda.nvtx.range_pop()
+
+
 class FusionCheckError(RuntimeError):
     """The plugin cannot do what was asked (bad device, profiler busy, bad argument)."""
 
@@ -224,7 +247,7 @@ class _Recorders:
         self.seq = _seq[0]
         try:
             if self.device == "cuda":
-                torch.cuda.nvtx.range_push(nvtx_range_name(self.seq, self.label))
+                _nvtx_push(nvtx_range_name(self.seq, self.label))
                 self._nvtx = True
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
@@ -241,9 +264,7 @@ class _Recorders:
             self._stack.close()
         finally:
             if self._nvtx:
-                import torch
-
-                torch.cuda.nvtx.range_pop()
+                _nvtx_pop()
                 self._nvtx = False
 
     def __exit__(self, *exc: Any) -> None:
