@@ -129,7 +129,8 @@ def shorten_kernel_name(name: str, width: int = 60) -> str:
     ``triton_per_fused__softmax_0`` pass through. Long results are cut with ``…``.
     """
     short = name.strip()
-    if "(" in short or "<" in short:
+    cxx = short.startswith("void ") or "::" in short
+    if cxx and ("(" in short or "<" in short):
         short = _strip_brackets(short, "<", ">")
         short = _strip_brackets(short, "(", ")")
         short = re.sub(r"\(…\)$", "", short).strip()

@@ -105,8 +105,10 @@ def _bias_gelu_dropout_kernel(
     seed,  # scalar Philox key
     threshold,  # drop where the 16-bit draw < threshold; round(p * 2**RNG_BITS)
     scale,  # 1 / (1 - p), or 0 when p == 1
+    num_programs,  # programs in the grid; each takes tiles pid, pid + num_programs, ...
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ONE_COL_TILE: tl.constexpr,  # BLOCK_N >= N: bias is loaded and converted once per program
     RNG_BITS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,  # p > 0 (else no random numbers are drawn)
     GELU_MODE: tl.constexpr,  # see gemm_epilogue._gelu: 0/3 exact, 1 tanh, 2 libdevice erf
@@ -114,19 +116,38 @@ def _bias_gelu_dropout_kernel(
     N_ROUNDS: tl.constexpr,
 ):
     LANES: tl.constexpr = 128 // RNG_BITS
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    groups = tl.program_id(1) * (BLOCK_N // LANES) + tl.arange(0, BLOCK_N // LANES)
-    cols = groups[None, :, None] * LANES + tl.arange(0, LANES)[None, None, :]  # (1, G, LANES)
-    in_cols = cols < N
-    mask = (rows[:, None, None] < M) & in_cols
-    rows64 = rows.to(tl.int64)[:, None, None]
-    x = tl.load(x_ptr + rows64 * stride_xm + cols, mask=mask, other=0.0)
-    b = tl.load(bias_ptr + cols, mask=in_cols, other=0.0)
-    y = _gelu(x.to(tl.float32) + b.to(tl.float32), GELU_MODE)
-    if HAS_DROPOUT:
-        keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
-        y = y * tl.where(keep, scale, 0.0)  # a multiply, so NaN/inf stay NaN when dropped, like torch
-    tl.store(y_ptr + rows64 * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    G: tl.constexpr = BLOCK_N // LANES
+    n_col_tiles = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M) * n_col_tiles
+    lanes = tl.arange(0, LANES)[None, None, :]
+    tile = tl.program_id(0)
+    if ONE_COL_TILE:
+        cols = tl.arange(0, G)[None, :, None] * LANES + lanes
+        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    # The next tile's x is loaded before this tile's arithmetic, so that its DRAM latency
+    # hides behind the GELU and the random draw (a one-deep software pipeline).
+    rows = (tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (tile % n_col_tiles) * BLOCK_N + tl.arange(0, G)[None, :, None] * LANES + lanes
+    x_next = tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * stride_xm + cols,
+                     mask=(rows[:, None, None] < M) & (cols < N), other=0.0)
+    for tile in range(tile, num_tiles, num_programs):
+        x = x_next
+        rows = (tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        groups = (tile % n_col_tiles) * G + tl.arange(0, G)
+        cols = groups[None, :, None] * LANES + lanes
+        mask = (rows[:, None, None] < M) & (cols < N)
+        nxt = tile + num_programs
+        rows_n = (nxt // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols_n = (nxt % n_col_tiles) * BLOCK_N + tl.arange(0, G)[None, :, None] * LANES + lanes
+        x_next = tl.load(x_ptr + rows_n.to(tl.int64)[:, None, None] * stride_xm + cols_n,
+                         mask=(rows_n[:, None, None] < M) & (cols_n < N), other=0.0)
+        if not ONE_COL_TILE:
+            bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = _gelu(x.to(tl.float32) + bias, GELU_MODE)
+        if HAS_DROPOUT:
+            keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
+            y = y * tl.where(keep, scale, 0.0)  # a multiply, so NaN/inf stay NaN when dropped, like torch
+        tl.store(y_ptr + rows.to(tl.int64)[:, None, None] * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
@@ -154,19 +175,34 @@ def _dropout_mask_kernel(
 # --------------------------------------------------------------------------- launch heuristics
 
 
-def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): 8K elements a program (32 a thread) on GPU, small tiles in the interpreter.
+def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs per SM; 0 = one program per tile).
 
-    Rows of 8K and wider take one row a program, so that bias shares the tile's layout
-    and needs no shuffle through shared memory.
+    On GPU: 8K elements a tile (32 a thread); rows of 8K and wider take one row a tile,
+    so that bias shares the tile's layout (no shuffle through shared memory) and, when
+    a row fits one tile, is loaded once per program. In the interpreter: small tiles and
+    four programs, so the tile loop runs several times.
     """
     lanes = 128 // rng_bits
     if interpreting():
         block_n = max(lanes, min(next_power_of_2(N), 64))
-        return max(1, min(next_power_of_2(M), 256 // block_n)), block_n, 1
+        return max(1, min(next_power_of_2(M), 256 // block_n)), block_n, 1, 1
     block_n = max(lanes, min(next_power_of_2(N), 8192))
     block_m = max(1, min(next_power_of_2(M), 8192 // block_n))
-    return block_m, block_n, 8
+    return block_m, block_n, 8, 0
+
+
+_sm_counts: dict = {}
+
+
+def _num_programs(device: torch.device, tiles: int, per_sm: int) -> int:
+    if per_sm == 0:
+        return tiles
+    if interpreting() or device.type != "cuda":
+        return min(tiles, 4)
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(tiles, per_sm * _sm_counts[device])
 
 
 def _gelu_mode(approximate: str) -> int:
@@ -211,12 +247,13 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
     if M == 0 or N == 0:
         return y
-    block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
+    block_m, block_n, warps, per_sm = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
-    _bias_gelu_dropout_kernel[grid](
-        x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p),
-        BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits, HAS_DROPOUT=threshold > 0,
+    programs = _num_programs(x.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n), per_sm)
+    _bias_gelu_dropout_kernel[(programs,)](
+        x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p), programs,
+        BLOCK_M=block_m, BLOCK_N=block_n, ONE_COL_TILE=block_n >= N, RNG_BITS=rng_bits,
+        HAS_DROPOUT=threshold > 0,
         GELU_MODE=_gelu_mode(approximate) if gelu_mode is None else gelu_mode,
         WIDE=(M * triton.cdiv(N, 128 // rng_bits) >= 2**31) if wide is None else wide,
         N_ROUNDS=rounds, num_warps=warps,
@@ -235,7 +272,7 @@ def dropout_mask(shape, p: float, seed: int, device="cuda", rng_bits: int = RNG_
     mask = torch.empty(shape, device=device, dtype=torch.uint8)
     M = mask.numel() // N if N else 0
     if mask.numel():
-        block_m, block_n, warps = _launch_config(M, N, rng_bits)
+        block_m, block_n, warps, _ = _launch_config(M, N, rng_bits)
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
         _dropout_mask_kernel[grid](
             mask, M, N, seed, _threshold(p, rng_bits),

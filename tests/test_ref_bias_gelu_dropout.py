@@ -99,8 +99,9 @@ def test_the_same_seed_gives_the_same_output_and_another_seed_another_mask():
 def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width():
     x, bias = inputs((37, 100), torch.float32)
     default = bgd.fused(x, bias, 0.5, seed=9)
-    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 16, 1)))
-    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(8, 32, 1)))
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 16, 1, 0)))  # a program per tile
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(8, 32, 1, 1)))  # programs loop over tiles
+    assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(2, 128, 1, 1)))  # a row in one tile
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, wide=True))  # int64 Philox counters
 
 

@@ -74,7 +74,7 @@ def test_each_kernel_writes_every_output_element(path):
 def test_the_split_epilogue_stores_both_column_halves_of_each_tile():
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
-    config = (32, 32, 16, 2, 2, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8)
+    config = (32, 32, 16, 2, 2, 1, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8, 1)
     M, N, K = (50, 48, 24) if interpreting() else (200, 400, 72)
     a, b, bias, residual = operands(M, N, K, torch.float16)
     out = poisoned(M, N, torch.float16)
