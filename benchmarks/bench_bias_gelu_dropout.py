@@ -3,7 +3,8 @@
 Bandwidth counts compulsory bytes only (read x and bias, write y); "% copy" is against a
 device-to-device copy of the same byte count measured in the same run. Times are medians
 with the L2 flushed between runs. ``--variants`` adds, for the notes, our kernel without
-the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with other tile sizes.
+the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with other tiles
+(BLOCK_M, BLOCK_N, num_warps).
 
     PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants]
 """
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--variants", action="store_true", help="also time kernel variants")
     parser.add_argument("--p", type=float, default=0.1)
     args = parser.parse_args()
-    rep = dict(warmup_ms=10, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
+    rep = dict(warmup_ms=25, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
     shapes = [((16384, 8192), torch.bfloat16)]
     if not args.quick:
         shapes += [((16384, 8192), torch.float16), ((8192, 8192), torch.float32), ((4096, 65536), torch.bfloat16)]

@@ -80,31 +80,31 @@ def backward_fns(x, w, b, dy, mean, rstd, impls) -> dict:
 
 
 def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tuple[str, layer_norm._Plan]]:
-    """Launch plans worth timing at this width (``--sweep``), the default among them."""
+    """Launch plans worth timing at this width (``--sweep``), the default first."""
     plans = [("default", layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm))]
     P = layer_norm._Plan
     if not backward:
         if n <= 1024:
-            for tile, warps in ((2048, 4), (8192, 8), (16384, 16)):
+            for tile, warps in ((2048, 4), (8192, 8)):
                 plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), next_power_of_2(n), warps)))
         elif n <= 16384:
-            for warps in (4, 16, 32):
-                if 4 <= n // (32 * warps) <= 32:
+            for warps in (4, 8, 16):
+                if 4 <= n // (32 * warps) <= 64:
                     plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
-        for chunk, warps in ((2048, 4), (4096, 4), (8192, 8), (8192, 16)):
-            if chunk < n and (chunk <= 2048 or n > 4096):
-                plans.append((f"one_pass chunk={chunk} w={warps}", P("one_pass", 1, chunk, warps)))
+        if n >= 16384:
+            for mode, chunk, warps in (("two_pass", 4096, 4), ("two_pass", 8192, 8), ("one_pass", 2048, 4), ("one_pass", 4096, 4)):
+                plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
         return plans
-    # Programs per multiprocessor only changes runtime arguments: one compile serves all three.
+    # Programs per multiprocessor only changes runtime arguments: one compile serves each row.
     for ppsm in (2, 4, 8):
         if n <= 4096:
-            for block_m, warps in ((1, 8), (2, 8)) if n > 1024 else ((1, 4), (4, 8)):
+            for block_m, warps in ((1, 4), (4096 // n, 8)):
                 groups = max(1, min(triton.cdiv(m, block_m), sm * ppsm))
                 plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, next_power_of_2(n), warps, groups)))
-        for chunk, warps in ((2048, 4), (4096, 8)):
-            if chunk < n:
+        else:
+            for mode, chunk, warps in (("one_pass", 4096, 8), ("two_pass", 4096, 8)):
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))
-                plans.append((f"one_pass chunk={chunk} w={warps} ppsm={ppsm}", P("one_pass", 1, chunk, warps, groups)))
+                plans.append((f"{mode} chunk={chunk} w={warps} ppsm={ppsm}", P(mode, 1, chunk, warps, groups)))
     return plans
 
 

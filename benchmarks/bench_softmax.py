@@ -46,19 +46,25 @@ def anchor_fns(x: torch.Tensor) -> dict:
 
 
 def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
-    """Launch plans worth timing at this width (``--sweep``), the default among them."""
+    """Launch plans worth timing at this width (``--sweep``), the default first."""
+    P = softmax._Plan
     plans = [("default", softmax._softmax_settings(m, n, size))]
     if n <= 1024:
-        for tile, warps in ((2048, 4), (8192, 8), (16384, 16)):
-            plans.append((f"rows tile={tile} w={warps}", softmax._Plan("rows", max(1, tile // n), next_power_of_2(n), warps)))
+        for tile, warps in ((2048, 4), (8192, 8)):
+            plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), next_power_of_2(n), warps)))
     elif n <= 16384:
-        for warps in (4, 16, 32):
+        for warps in (8, 16, 32):
             if 4 <= n // (32 * warps) <= 32:
-                plans.append((f"rows w={warps}", softmax._Plan("rows", 1, next_power_of_2(n), warps)))
-    if n > 2048:
-        for chunk, warps in ((2048, 4), (4096, 4), (8192, 8), (8192, 16), (16384, 16)):
-            if chunk < n and (chunk <= 2048 or n > 4096):
-                plans.append((f"one_pass chunk={chunk} w={warps}", softmax._Plan("one_pass", 1, chunk, warps)))
+                plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
+    if n >= 16384:
+        for mode, chunk, warps in (
+            ("two_pass", 4096, 8),
+            ("two_pass", 8192, 16),
+            ("one_pass", 2048, 4),
+            ("one_pass", 4096, 4),
+            ("one_pass", 8192, 8),
+        ):
+            plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
     return plans
 
 

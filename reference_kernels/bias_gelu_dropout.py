@@ -3,14 +3,16 @@
 One read of x (and bias), one write of y: the bias add, the GELU, the random draw, the
 keep/drop decision and the 1/(1-p) scaling all happen in registers. Eager PyTorch spends
 three to four passes on the same chain; even compiled, it draws one Philox call per
-element, which makes the chain arithmetic-bound.
+element, which makes the chain arithmetic-bound. So does ours, to a lesser degree: the
+draw is what separates it from the copy roofline (notes/gemm_dropout.md).
 
 The mask is a pure function of ``(seed, row, column)``: element (i, j) of the (rows, N)
 view of x uses 16-bit lane ``j % 8`` of Philox-4x32-10 counter ``i * ceil(N / 8) + j // 8``
-(``tl.randint4x``: 128 random bits per call, split into eight 16-bit draws). An element is
-dropped when its draw is below ``round(p * 65536)``, so the drop rate is p to within
-2**-17. ``dropout_mask`` materialises the same mask with the same helper, so
-``unfused`` reproduces ``fused`` exactly, whatever block sizes either launch uses.
+(the stream of ``tl.randint4x``, which ``_philox4x32`` reproduces bit for bit: 128 random
+bits per call, split into eight 16-bit draws). An element is dropped when its draw is below
+``round(p * 65536)``, so the drop rate is p to within 2**-17, while kept values are scaled
+by the nominal 1/(1-p). ``dropout_mask`` materialises the same mask with the same helper,
+so ``unfused`` reproduces ``fused`` exactly, whatever block sizes either launch uses.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import triton
 import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
-from reference_kernels._common import FLOAT_DTYPES, check_tensor, interpreting, next_power_of_2
+from reference_kernels._common import check_tensor, interpreting, next_power_of_2
 from reference_kernels.gemm_epilogue import _gelu
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
@@ -33,7 +35,11 @@ _APPROXIMATIONS = ("none", "tanh")
 
 
 def _launch_metadata(grid, kernel, args):
-    """What profilers (and pytest-fusioncheck's byte model) read off a launch."""
+    """What profilers (and pytest-fusioncheck's byte model) read off a launch.
+
+    "flops" is an estimate: ~30 fp32 operations an element for the bias add, the GELU and
+    the scaling; the integer work of the draw is not counted.
+    """
     M, N = args["M"], args["N"]
     elt = args["y_ptr"].element_size()
     return {"name": f"{kernel.name} [M={M}, N={N}]", "bytes": elt * (2 * M * N + N), "flops": 30 * M * N}
@@ -105,10 +111,8 @@ def _bias_gelu_dropout_kernel(
     seed,  # scalar Philox key
     threshold,  # drop where the 16-bit draw < threshold; round(p * 2**RNG_BITS)
     scale,  # 1 / (1 - p), or 0 when p == 1
-    num_programs,  # programs in the grid; each takes tiles pid, pid + num_programs, ...
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    ONE_COL_TILE: tl.constexpr,  # BLOCK_N >= N: bias is loaded and converted once per program
     RNG_BITS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,  # p > 0 (else no random numbers are drawn)
     GELU_MODE: tl.constexpr,  # see gemm_epilogue._gelu: 0/3 exact, 1 tanh, 2 libdevice erf
@@ -116,38 +120,19 @@ def _bias_gelu_dropout_kernel(
     N_ROUNDS: tl.constexpr,
 ):
     LANES: tl.constexpr = 128 // RNG_BITS
-    G: tl.constexpr = BLOCK_N // LANES
-    n_col_tiles = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.cdiv(M, BLOCK_M) * n_col_tiles
-    lanes = tl.arange(0, LANES)[None, None, :]
-    tile = tl.program_id(0)
-    if ONE_COL_TILE:
-        cols = tl.arange(0, G)[None, :, None] * LANES + lanes
-        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    # The next tile's x is loaded before this tile's arithmetic, so that its DRAM latency
-    # hides behind the GELU and the random draw (a one-deep software pipeline).
-    rows = (tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (tile % n_col_tiles) * BLOCK_N + tl.arange(0, G)[None, :, None] * LANES + lanes
-    x_next = tl.load(x_ptr + rows.to(tl.int64)[:, None, None] * stride_xm + cols,
-                     mask=(rows[:, None, None] < M) & (cols < N), other=0.0)
-    for tile in range(tile, num_tiles, num_programs):
-        x = x_next
-        rows = (tile // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-        groups = (tile % n_col_tiles) * G + tl.arange(0, G)
-        cols = groups[None, :, None] * LANES + lanes
-        mask = (rows[:, None, None] < M) & (cols < N)
-        nxt = tile + num_programs
-        rows_n = (nxt // n_col_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols_n = (nxt % n_col_tiles) * BLOCK_N + tl.arange(0, G)[None, :, None] * LANES + lanes
-        x_next = tl.load(x_ptr + rows_n.to(tl.int64)[:, None, None] * stride_xm + cols_n,
-                         mask=(rows_n[:, None, None] < M) & (cols_n < N), other=0.0)
-        if not ONE_COL_TILE:
-            bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = _gelu(x.to(tl.float32) + bias, GELU_MODE)
-        if HAS_DROPOUT:
-            keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
-            y = y * tl.where(keep, scale, 0.0)  # a multiply, so NaN/inf stay NaN when dropped, like torch
-        tl.store(y_ptr + rows.to(tl.int64)[:, None, None] * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    groups = tl.program_id(1) * (BLOCK_N // LANES) + tl.arange(0, BLOCK_N // LANES)
+    cols = groups[None, :, None] * LANES + tl.arange(0, LANES)[None, None, :]  # (1, G, LANES)
+    in_cols = cols < N
+    mask = (rows[:, None, None] < M) & in_cols
+    rows64 = rows.to(tl.int64)[:, None, None]
+    x = tl.load(x_ptr + rows64 * stride_xm + cols, mask=mask, other=0.0)
+    b = tl.load(bias_ptr + cols, mask=in_cols, other=0.0)
+    y = _gelu(x.to(tl.float32) + b.to(tl.float32), GELU_MODE)
+    if HAS_DROPOUT:
+        keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
+        y = y * tl.where(keep, scale, 0.0)  # a multiply, so NaN/inf stay NaN when dropped, like torch
+    tl.store(y_ptr + rows64 * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
@@ -175,34 +160,20 @@ def _dropout_mask_kernel(
 # --------------------------------------------------------------------------- launch heuristics
 
 
-def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs per SM; 0 = one program per tile).
+def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): 8K elements a program (32 a thread) on GPU, small tiles in the interpreter.
 
-    On GPU: 8K elements a tile (32 a thread); rows of 8K and wider take one row a tile,
-    so that bias shares the tile's layout (no shuffle through shared memory) and, when
-    a row fits one tile, is loaded once per program. In the interpreter: small tiles and
-    four programs, so the tile loop runs several times.
+    Rows of 8K and wider take one row a program, so that bias shares the tile's layout
+    and needs no shuffle through shared memory. On the H200 the tile shape barely
+    matters as long as a thread holds 16-32 elements (notes/gemm_dropout.md).
     """
     lanes = 128 // rng_bits
     if interpreting():
         block_n = max(lanes, min(next_power_of_2(N), 64))
-        return max(1, min(next_power_of_2(M), 256 // block_n)), block_n, 1, 1
+        return max(1, min(next_power_of_2(M), 256 // block_n)), block_n, 1
     block_n = max(lanes, min(next_power_of_2(N), 8192))
     block_m = max(1, min(next_power_of_2(M), 8192 // block_n))
-    return block_m, block_n, 8, 0
-
-
-_sm_counts: dict = {}
-
-
-def _num_programs(device: torch.device, tiles: int, per_sm: int) -> int:
-    if per_sm == 0:
-        return tiles
-    if interpreting() or device.type != "cuda":
-        return min(tiles, 4)
-    if device not in _sm_counts:
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(tiles, per_sm * _sm_counts[device])
+    return block_m, block_n, 8
 
 
 def _gelu_mode(approximate: str) -> int:
@@ -247,13 +218,12 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
     if M == 0 or N == 0:
         return y
-    block_m, block_n, warps, per_sm = config or _launch_config(M, N, rng_bits)
+    block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
-    programs = _num_programs(x.device, triton.cdiv(M, block_m) * triton.cdiv(N, block_n), per_sm)
-    _bias_gelu_dropout_kernel[(programs,)](
-        x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p), programs,
-        BLOCK_M=block_m, BLOCK_N=block_n, ONE_COL_TILE=block_n >= N, RNG_BITS=rng_bits,
-        HAS_DROPOUT=threshold > 0,
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    _bias_gelu_dropout_kernel[grid](
+        x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p),
+        BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits, HAS_DROPOUT=threshold > 0,
         GELU_MODE=_gelu_mode(approximate) if gelu_mode is None else gelu_mode,
         WIDE=(M * triton.cdiv(N, 128 // rng_bits) >= 2**31) if wide is None else wide,
         N_ROUNDS=rounds, num_warps=warps,
@@ -272,7 +242,7 @@ def dropout_mask(shape, p: float, seed: int, device="cuda", rng_bits: int = RNG_
     mask = torch.empty(shape, device=device, dtype=torch.uint8)
     M = mask.numel() // N if N else 0
     if mask.numel():
-        block_m, block_n, warps, _ = _launch_config(M, N, rng_bits)
+        block_m, block_n, warps = _launch_config(M, N, rng_bits)
         grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
         _dropout_mask_kernel[grid](
             mask, M, N, seed, _threshold(p, rng_bits),

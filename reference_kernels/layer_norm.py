@@ -6,12 +6,14 @@ reduces ``dweight``/``dbias`` deterministically: each program sums its fixed gro
 rows into its own row of a float32 buffer, and a second small kernel adds those rows in a
 fixed order. No atomics touch the results, so two runs give bitwise-identical gradients.
 
-As in ``softmax``, the launch plan is ``rows`` (whole rows in registers), ``one_pass``
-(a row cut into chunks held by co-resident programs that exchange partial statistics
-through a small workspace and wait for each other: one read of each input) or
-``two_pass`` (the fallback, also used under the Triton interpreter, which runs programs
-one at a time: a first launch writes the partial statistics, a second re-reads the
-inputs). ``softmax``'s docstring says why the wait of ``one_pass`` cannot deadlock.
+As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
+16384 wide, backward up to 4096), ``one_pass`` (a row cut into chunks held by co-resident
+programs that exchange partial statistics through a small workspace and wait for each
+other: one read of each input; the default for wide backward rows) or ``two_pass`` (a
+first launch writes the partial statistics, a second re-reads the inputs; the default for
+wide forward rows, and the only chunked plan under the Triton interpreter, which runs
+programs one at a time). ``softmax``'s docstring says why the wait of ``one_pass``
+cannot deadlock; ``_layer_norm_settings`` holds the measured choices.
 Statistics are float32: per-chunk mean and centred sum of squares, merged with Chan's
 formula, so wide rows lose no precision to cancellation.
 """
@@ -28,7 +30,16 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from ._common import check_tensor, interpreting, next_power_of_2
-from .softmax import _FROM_STATS, _ONE_PASS, _ROWS, _STATS, _output, _wait_for_peers
+from .softmax import (
+    _COUNTER_STRIDE,
+    _COUNTER_STRIDE_INTS,
+    _FROM_STATS,
+    _ONE_PASS,
+    _ROWS,
+    _STATS,
+    _output,
+    _wait_for_peers,
+)
 
 
 @triton.jit
@@ -46,7 +57,7 @@ def _layer_norm_fwd_kernel(
     mean_ptr,  # (M,) float32 row means
     rstd_ptr,  # (M,) float32 reciprocal row standard deviations
     part_ptr,  # (M, 2, n_chunks) float32 chunk (mean, centred sum of squares); unused in rows mode
-    count_ptr,  # (cdiv(M, BLOCK_M) + 1,) int32 zeros: arrivals per row block, then the tile counter
+    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -59,7 +70,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
 ):
     if MODE == _ONE_PASS:
-        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M), 1)
+        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
     else:
         tile = tl.program_id(0)
     row_block = tile // n_chunks
@@ -85,7 +96,7 @@ def _layer_norm_fwd_kernel(
             tl.store(part_mean_ptr + chunk, chunk_mean, mask=row_ok)
             tl.store(part_m2_ptr + chunk, tl.sum(centred * centred, axis=1), mask=row_ok)
         if MODE == _ONE_PASS:
-            _wait_for_peers(count_ptr + row_block, n_chunks)
+            _wait_for_peers(count_ptr + row_block * _COUNTER_STRIDE, n_chunks)
         if MODE != _STATS:
             c = tl.arange(0, BLOCK_C)
             pmask = row_ok[:, None] & (c < n_chunks)[None, :]
@@ -119,7 +130,7 @@ def _layer_norm_bwd_kernel(
     dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
     db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
     part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
-    count_ptr,  # (cdiv(M, BLOCK_M) + 1,) int32 zeros: arrivals per row block, then the tile counter
+    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -133,7 +144,7 @@ def _layer_norm_bwd_kernel(
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
 ):
     if MODE == _ONE_PASS:
-        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M), 1)
+        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
     else:
         tile = tl.program_id(0)
     group = tile // n_chunks
@@ -166,7 +177,7 @@ def _layer_norm_bwd_kernel(
                 tl.store(part_1_ptr + chunk, tl.sum(xhat * wdy, axis=1), mask=row_ok)
                 tl.store(part_2_ptr + chunk, tl.sum(wdy, axis=1), mask=row_ok)
             if MODE == _ONE_PASS:
-                _wait_for_peers(count_ptr + r0 // BLOCK_M, n_chunks)
+                _wait_for_peers(count_ptr + (r0 // BLOCK_M) * _COUNTER_STRIDE, n_chunks)
             if MODE != _STATS:
                 c = tl.arange(0, BLOCK_C)
                 pmask = row_ok[:, None] & (c < n_chunks)[None, :]
@@ -220,23 +231,33 @@ class _Plan(NamedTuple):
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
 
 
-# Widest row one program holds (forward; the backward holds x and dy), chunk width beyond it,
-# elements per program for narrow rows, by element size. Tuned on the H200 (notes/).
-_MAX_ROW = {4: 8192, 2: 8192}
-_CHUNK = {4: 4096, 2: 8192}
-_ROWS_TILE = {4: 4096, 2: 8192}
-_BWD_MAX_ROW = {4: 4096, 2: 4096}
-_BWD_CHUNK = {4: 4096, 2: 4096}
-_BWD_ROWS_TILE = {4: 4096, 2: 4096}
-# Backward programs per multiprocessor: row groups x chunks.
-_BWD_PROGRAMS_PER_SM = 4
+# The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
+# Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
+# rows, 32 per thread; wider rows in _CHUNK-wide chunks by _WIDE_ROWS_PLAN. "two_pass" is
+# the default there: "one_pass" measured 1.5-6% of copy at 16384-65536 before its counters
+# were spread to one cache line each (not yet re-measured); two_pass is predicted ~60%.
+_MAX_ROW = 16384
+_ROWS_TILE = 2048
+_CHUNK = 4096
+_CHUNK_WARPS = 8  # 80 registers a thread in the two-pass normalise launch: 3 programs an SM
+_WIDE_ROWS_PLAN = "two_pass"
+_ELEMS_PER_THREAD = 32
+# Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
+# _BWD_PROGRAMS_PER_SM row groups per multiprocessor, except narrow half-precision rows
+# (one row per step, 4 warps, 8 groups per SM: 69% against 56%). Wider rows: one_pass
+# chunks of _BWD_CHUNK (measured 46-57% of copy in fp32, the best of the plans timed).
+_BWD_MAX_ROW = 4096
+_BWD_ROWS_TILE = 4096
+_BWD_WARPS = 8
+_BWD_PROGRAMS_PER_SM = 2
+_BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
+_BWD_CHUNK = 4096
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
-_ELEMS_PER_THREAD = 16
 
 
 def _warps_for(elements: int) -> int:
-    return max(1, min(16, elements // (32 * _ELEMS_PER_THREAD)))
+    return max(4, min(16, elements // (32 * _ELEMS_PER_THREAD)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -262,26 +283,34 @@ def _layer_norm_settings(
     width), ``one_pass`` forces the one-pass (never under the interpreter) or two-pass
     chunked plan: tests use both to reach every code path with small shapes.
     """
-    widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)[elem_size]
+    widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     if n_cols <= widest:
-        mode, n_chunks = "rows", 1
         block_n = next_power_of_2(n_cols)
-        tile = (_BWD_ROWS_TILE if backward else _ROWS_TILE)[elem_size]
-        block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
+        if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
+            block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
+        else:
+            tile = _BWD_ROWS_TILE if backward else _ROWS_TILE
+            block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
+            warps = _BWD_WARPS if backward else _warps_for(block_m * block_n)
+            per_sm = _BWD_PROGRAMS_PER_SM
+        plan = _Plan("rows", block_m, block_n, warps)
+        n_chunks = 1
     else:
-        chunk = next_power_of_2(max_row) if max_row is not None else (_BWD_CHUNK if backward else _CHUNK)[elem_size]
+        chunk = next_power_of_2(max_row) if max_row is not None else (_BWD_CHUNK if backward else _CHUNK)
         block_n = max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
         n_chunks = triton.cdiv(n_cols, block_n)
-        if one_pass is None:
-            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-        mode, block_m = ("one_pass" if one_pass else "two_pass"), 1
-    n_groups = 1
+        if one_pass is None:
+            wanted = backward or _WIDE_ROWS_PLAN == "one_pass"
+            one_pass = wanted and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
+        warps = _BWD_WARPS if backward else _CHUNK_WARPS
+        plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, warps)
+        per_sm = _BWD_PROGRAMS_PER_SM
     if backward:
-        row_blocks = triton.cdiv(n_rows, block_m)
-        n_groups = max(1, min(row_blocks, (sm_count * _BWD_PROGRAMS_PER_SM) // n_chunks))
-    return _Plan(mode, block_m, block_n, _warps_for(block_m * block_n), n_groups)
+        row_blocks = triton.cdiv(n_rows, plan.block_m)
+        plan = plan._replace(n_groups=max(1, min(row_blocks, (sm_count * per_sm) // n_chunks)))
+    return plan
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -321,7 +350,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     scalars = (n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks, eps)
     block_c = next_power_of_2(n_chunks)
     if plan.mode == "one_pass":
-        count = torch.zeros(n_row_blocks + 1, dtype=torch.int32, device=x2.device)
+        count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
         _layer_norm_fwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
     else:
         _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
@@ -346,7 +375,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
         block_c = next_power_of_2(n_chunks)
         if plan.mode == "one_pass":
-            count = torch.zeros(n_row_blocks + 1, dtype=torch.int32, device=x2.device)
+            count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
             _layer_norm_bwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
         else:
             _layer_norm_bwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)

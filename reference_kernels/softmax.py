@@ -1,22 +1,24 @@
-"""Fused softmax over the last dimension, for any row width, at one HBM read and one write.
+"""Fused softmax over the last dimension, for any row width.
 
-Three launch plans share one kernel (``MODE`` picks the code path at compile time):
+Three launch plans share one kernel (``MODE`` picks the code path at compile time);
+``_softmax_settings`` chooses:
 
-* ``rows``: a row fits on chip. A program loads ``BLOCK_M`` whole rows, reduces max and
-  sum of exponentials in registers and writes the result: one read, one write.
-* ``one_pass``: a row is too wide for one program. It is cut into ``n_chunks`` chunks of
-  ``BLOCK_N`` columns, one program each. A program keeps its chunk in registers, publishes
-  the chunk's (max, sum of exp) to a small workspace, waits until every chunk of its rows
-  has published, combines the partials and normalises the chunk it still holds: one read,
-  one write, plus 8 bytes per chunk and row. The wait is safe because programs take their
-  tile numbers from an atomic counter in the order they start, so the tiles handed out
-  always form a prefix: every row but the last handed-out one has all its chunk programs
-  running, and a row needs only ``n_chunks`` co-resident programs (kept far below what a
-  GPU holds).
-* ``two_pass``: the fallback when waiting is impossible (the Triton interpreter runs
-  programs one after another) or a row needs more chunks than can be co-resident: one
-  launch writes the partials, a second combines them and re-reads ``x`` to normalise.
-  That is two reads and one write of ``x``.
+* ``rows`` (rows up to 16384 wide): a program loads ``BLOCK_M`` whole rows, reduces max and
+  sum of exponentials in registers and writes the result: one read, one write. Measured
+  92-100% of copy bandwidth on an H200.
+* ``two_pass`` (wider rows, by default; also the only chunked plan under the Triton
+  interpreter, which runs programs one after another): the row is cut into chunks, one
+  program each; a first launch writes each chunk's (max, sum of exp), a second combines a
+  row's partials and re-reads ``x`` to normalise: two reads and one write of ``x``.
+* ``one_pass`` (wider rows, opt-in: ``one_pass=True``): the chunk programs keep their chunk
+  in registers, publish their partials, wait until every chunk of the row has published,
+  then normalise what they hold: one read, one write, plus 8 bytes per chunk and row. The
+  wait is safe because programs take their tile numbers from an atomic counter in the
+  order they start, so the tiles handed out always form a prefix: every row but the last
+  handed-out one has all its chunk programs running, and a row needs only ``n_chunks``
+  co-resident programs (capped far below what a GPU holds). It is not the default because
+  its first H200 measurement was slow (notes/softmax_layer_norm.md says why and what
+  changed since).
 
 The max and sum are taken in float32 whatever the input dtype; the output has the input's
 dtype. Rows of ``-inf`` and rows holding ``nan`` or ``+inf`` come out as torch's do (all
@@ -39,6 +41,10 @@ _ROWS = tl.constexpr(0)  # whole rows per program
 _ONE_PASS = tl.constexpr(1)  # chunks, partials exchanged while the chunk stays in registers
 _STATS = tl.constexpr(2)  # two-pass fallback, pass 1: partials only
 _FROM_STATS = tl.constexpr(3)  # two-pass fallback, pass 2: combine partials, re-read x
+# Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
+# do not queue behind those spinning on the next (see notes/softmax_layer_norm.md).
+_COUNTER_STRIDE_INTS = 32
+_COUNTER_STRIDE = tl.constexpr(_COUNTER_STRIDE_INTS)
 
 
 @triton.jit
@@ -63,7 +69,7 @@ def _softmax_fwd_kernel(
     x_ptr,  # (M, N) input; row stride stride_x, column stride 1
     y_ptr,  # (M, N) output; row stride stride_y, column stride 1
     part_ptr,  # (M, 2, n_chunks) float32 partial (max, sum of exp) per row and chunk; unused in rows mode
-    count_ptr,  # (cdiv(M, BLOCK_M) + 1,) int32 zeros: arrivals per row block, then the tile counter
+    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -77,7 +83,7 @@ def _softmax_fwd_kernel(
     if MODE == _ONE_PASS:
         # Tile numbers in start order (see the module docstring: why waiting is safe).
         n_row_blocks = tl.cdiv(n_rows, BLOCK_M)
-        tile = tl.atomic_add(count_ptr + n_row_blocks, 1)
+        tile = tl.atomic_add(count_ptr + n_row_blocks * _COUNTER_STRIDE, 1)
     else:
         tile = tl.program_id(0)
     row_block = tile // n_chunks
@@ -104,7 +110,7 @@ def _softmax_fwd_kernel(
             tl.store(part_m_ptr + chunk, chunk_max, mask=row_ok)
             tl.store(part_s_ptr + chunk, chunk_sum, mask=row_ok)
         if MODE == _ONE_PASS:
-            _wait_for_peers(count_ptr + row_block, n_chunks)
+            _wait_for_peers(count_ptr + row_block * _COUNTER_STRIDE, n_chunks)
         if MODE != _STATS:
             c = tl.arange(0, BLOCK_C)
             pmask = row_ok[:, None] & (c < n_chunks)[None, :]
@@ -128,21 +134,28 @@ class _Plan(NamedTuple):
     num_warps: int
 
 
-# Widest row (elements) a single program holds in registers, by element size; wider rows
-# are split into chunks of _CHUNK columns.
-_MAX_ROW = {4: 8192, 2: 8192}
-_CHUNK = {4: 4096, 2: 8192}
-# Elements a program of the rows plan handles (several narrow rows per program).
-_ROWS_TILE = {4: 4096, 2: 8192}
+# The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md): rows up to
+# _MAX_ROW wide are held whole by one program, _ROWS_TILE elements per program for narrow
+# rows, 32 per thread (at least 4 warps); wider rows are cut into _CHUNK-wide chunks.
+_MAX_ROW = 16384
+_ROWS_TILE = 2048
+_CHUNK = 4096
+_ELEMS_PER_THREAD = 32
+# The plan for rows wider than _MAX_ROW. "one_pass" moves the fewest bytes but measured
+# 16-46% of copy on the H200 (the arrival counters' contention, fixed since but not yet
+# re-measured); "two_pass" moves 1.5x the bytes in two plain streaming launches, shaped
+# like the rows plan that measured 97%: predicted ~60% of copy, not yet measured. Flip
+# this after `bench_softmax.py --sweep --widths 65536,262144` says which is faster.
+_WIDE_ROWS_PLAN = "two_pass"
+_ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
 # Chunks a row may need before the one-pass plan (which needs them co-resident) gives way
 # to the two-pass fallback; far below the programs an H100/H200 holds at once.
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
-_ELEMS_PER_THREAD = 16
 
 
 def _warps_for(elements: int) -> int:
-    return max(1, min(16, elements // (32 * _ELEMS_PER_THREAD)))
+    return max(4, min(16, elements // (32 * _ELEMS_PER_THREAD)))
 
 
 def _softmax_settings(
@@ -153,22 +166,24 @@ def _softmax_settings(
     ``max_row`` overrides the widest row held by one program (tests force the chunked
     plans with a small value; it is then also the chunk width); ``one_pass=False`` forces
     the two-pass fallback, ``True`` the one-pass plan (never under the interpreter).
+    ``elem_size`` is accepted for dtype-specific tuning; the H200 sweep found none needed.
     """
-    widest = max_row if max_row is not None else _MAX_ROW[elem_size]
+    widest = max_row if max_row is not None else _MAX_ROW
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
-        tile = _ROWS_TILE[elem_size]
-        block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
+        block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, _warps_for(block_m * block_n))
-    chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK[elem_size]
+    chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
     # Beyond _MAX_CHUNKS chunks a row's partials would crowd one program: widen the chunks.
     chunk = max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
     n_chunks = triton.cdiv(n_cols, chunk)
-    if one_pass is None:
-        one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
     if one_pass and interpreting():
         raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-    return _Plan("one_pass" if one_pass else "two_pass", 1, chunk, _warps_for(chunk))
+    if one_pass is None:
+        one_pass = _WIDE_ROWS_PLAN == "one_pass" and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
+    if one_pass:
+        return _Plan("one_pass", 1, chunk, _ONE_PASS_WARPS)
+    return _Plan("two_pass", 1, chunk, _warps_for(chunk))
 
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
@@ -187,7 +202,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     args = (x2, y2, part)
     strides = (n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks)
     if plan.mode == "one_pass":
-        count = torch.zeros(n_row_blocks + 1, dtype=torch.int32, device=x2.device)
+        count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
         _softmax_fwd_kernel[grid](*args, count, *strides, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
     else:
         _softmax_fwd_kernel[grid](*args, part, *strides, MODE=_STATS, BLOCK_C=block_c, **common)

@@ -170,6 +170,10 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
 def test_settings_split_rows_into_groups_that_fill_the_gpu():
     plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, sm_count=132)
     assert plan.mode == "rows" and plan.n_groups == 132 * layer_norm._BWD_PROGRAMS_PER_SM
+    half = layer_norm._layer_norm_settings(131072, 1024, 2, backward=True, sm_count=132)
+    assert (half.block_m, half.n_groups) == (1, 132 * layer_norm._BWD_NARROW_HALF["programs_per_sm"])
+    wide = layer_norm._layer_norm_settings(2048, 65536, 4, backward=True, sm_count=132)
+    assert wide.n_groups * (65536 // wide.block_n) <= 132 * layer_norm._BWD_PROGRAMS_PER_SM
     narrow = layer_norm._layer_norm_settings(3, 16, 4, backward=True, sm_count=132)
     assert narrow.n_groups == 1  # never more groups than row blocks
 

@@ -121,6 +121,7 @@ def test_an_out_tensor_of_the_wrong_shape_is_refused():
 
 
 def test_settings_pick_the_waiting_plan_only_where_programs_run_concurrently(monkeypatch):
+    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "one_pass")
     monkeypatch.setattr(softmax, "interpreting", lambda: True)
     assert softmax._softmax_settings(512, 262144, 4).mode == "two_pass"
     with pytest.raises(ValueError, match="interpreter"):
@@ -128,7 +129,15 @@ def test_settings_pick_the_waiting_plan_only_where_programs_run_concurrently(mon
     monkeypatch.setattr(softmax, "interpreting", lambda: False)
     assert softmax._softmax_settings(512, 262144, 4).mode == "one_pass"
     assert softmax._softmax_settings(4, 1 << 30, 4).mode == "two_pass"  # too many chunks to be co-resident
-    assert softmax._softmax_settings(524288, 256, 2).mode == "rows"
+    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "two_pass")
+    assert softmax._softmax_settings(512, 262144, 4).mode == "two_pass"
+
+
+def test_settings_hold_rows_up_to_16384_wide_and_pack_narrow_rows():
+    assert softmax._softmax_settings(8192, 16384, 4) == softmax._Plan("rows", 1, 16384, 16)
+    assert softmax._softmax_settings(8192, 16385, 4).mode != "rows"
+    assert softmax._softmax_settings(524288, 256, 2) == softmax._Plan("rows", 8, 256, 4)
+    assert softmax._softmax_settings(3, 256, 2).block_m == 4  # never more rows per program than rows
 
 
 def _comment_terms(fn) -> list[tuple[str, str]]:
