@@ -96,13 +96,13 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
                 plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
         return plans
     # Programs per multiprocessor only changes runtime arguments: one compile serves each row.
-    for ppsm in (2, 4, 8):
+    for ppsm in (1, 2, 8):
         if n <= 4096:
-            for block_m, warps in ((1, 4), (4096 // n, 8)):
+            for block_m, warps in ((1, 4), (4096 // n, 8), (4096 // n, 16)):
                 groups = max(1, min(triton.cdiv(m, block_m), sm * ppsm))
                 plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, next_power_of_2(n), warps, groups)))
         else:
-            for mode, chunk, warps in (("one_pass", 4096, 8), ("two_pass", 4096, 8)):
+            for mode, chunk, warps in (("one_pass", 4096, 8), ("one_pass", 4096, 16), ("two_pass", 4096, 8)):
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))
                 plans.append((f"{mode} chunk={chunk} w={warps} ppsm={ppsm}", P(mode, 1, chunk, warps, groups)))
     return plans
