@@ -221,10 +221,60 @@ def _layer_norm_dwdb_kernel(
     tl.store(db_ptr + cols, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
 
 
+@triton.jit
+def _layer_norm_fwd_looped_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output, unit column stride
+    mean_ptr,  # (M,) float32 out: row means
+    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    eps,  # added to the variance
+    BLOCK_N: tl.constexpr,  # columns per step
+):
+    """One program a row, any width: a pass for the statistics, then a normalising pass.
+
+    The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
+    variance from cancelling when the mean is large against the spread); the second
+    re-reads the row, which the first has just brought into L2.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    cols = tl.arange(0, BLOCK_N)
+    shift = tl.load(x_row).to(tl.float32)
+    s1 = tl.zeros([BLOCK_N], tl.float32)
+    s2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    mean_d = tl.sum(s1, axis=0) / n_cols
+    var = tl.sum(s2, axis=0) / n_cols - mean_d * mean_d
+    var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+    mean = shift + mean_d
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 class _Plan(NamedTuple):
     """How one layer-norm pass is launched; ``_layer_norm_settings`` makes it."""
 
-    mode: str  # "rows", "one_pass" or "two_pass"
+    mode: str  # "rows", "looped" (forward only), "one_pass" or "two_pass"
     block_m: int
     block_n: int
     num_warps: int
@@ -233,14 +283,16 @@ class _Plan(NamedTuple):
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
 # Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
-# rows, 32 per thread; wider rows in _CHUNK-wide chunks by _WIDE_ROWS_PLAN. "two_pass" is
-# the default there: "one_pass" measured 1.5-6% of copy at 16384-65536 before its counters
-# were spread to one cache line each (not yet re-measured); two_pass is predicted ~60%.
+# rows, 32 per thread; wider rows in _CHUNK-wide chunks by _WIDE_ROWS_PLAN. "looped" (one
+# program a row, statistics pass then normalising pass from L2) is the default there: the
+# chunked plans measured 2-6% ("two_pass") and 1.5-6% ("one_pass") of copy at 65536 on the
+# H200 (2026-11-29 sweep, notes/softmax_layer_norm.md).
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _CHUNK_WARPS = 8  # 80 registers a thread in the two-pass normalise launch: 3 programs an SM
-_WIDE_ROWS_PLAN = "two_pass"
+_WIDE_ROWS_PLAN = "looped"
+_LOOPED_WARPS = 16
 _ELEMS_PER_THREAD = 32
 # Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
 # _BWD_PROGRAMS_PER_SM row groups per multiprocessor, except narrow half-precision rows
@@ -301,6 +353,8 @@ def _layer_norm_settings(
         n_chunks = triton.cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
+        if one_pass is None and not backward and _WIDE_ROWS_PLAN == "looped":
+            return _Plan("looped", 1, block_n, _LOOPED_WARPS)
         if one_pass is None:
             wanted = backward or _WIDE_ROWS_PLAN == "one_pass"
             one_pass = wanted and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
@@ -339,6 +393,11 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     n_row_blocks = triton.cdiv(n_rows, plan.block_m)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     tensors = (x2, weight, bias, y2, mean, rstd)
+    if plan.mode == "looped":
+        _layer_norm_fwd_looped_kernel[(n_rows,)](
+            *tensors, n_cols, x2.stride(0), y2.stride(0), eps, BLOCK_N=plan.block_n, num_warps=plan.num_warps
+        )
+        return
     if plan.mode == "rows":
         _layer_norm_fwd_kernel[(n_row_blocks,)](
             *tensors, x2, x2, n_rows, n_cols, x2.stride(0), y2.stride(0), 1, eps, MODE=_ROWS, BLOCK_C=1, **common

@@ -1,13 +1,15 @@
 """Fused softmax over the last dimension, for any row width.
 
-Three launch plans share one kernel (``MODE`` picks the code path at compile time);
+Four launch plans (three share one kernel) (``MODE`` picks the code path at compile time);
 ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): a program loads ``BLOCK_M`` whole rows, reduces max and
   sum of exponentials in registers and writes the result: one read, one write. Measured
   92-100% of copy bandwidth on an H200.
-* ``two_pass`` (wider rows, by default; also the only chunked plan under the Triton
-  interpreter, which runs programs one after another): the row is cut into chunks, one
+* ``looped`` (wider rows, the default): one program a row walks it in ``_CHUNK`` steps
+  twice, first for the running max and sum of exponentials (kept per lane, combined at the
+  end), then to normalise; the second read comes from L2 while the rows in flight fit there.
+* ``two_pass`` (wider rows, ``one_pass=False``): the row is cut into chunks, one
   program each; a first launch writes each chunk's (max, sum of exp), a second combines a
   row's partials and re-reads ``x`` to normalise: two reads and one write of ``x``.
 * ``one_pass`` (wider rows, opt-in: ``one_pass=True``): the chunk programs keep their chunk
@@ -125,10 +127,54 @@ def _softmax_fwd_kernel(
         tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_looped_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    y_ptr,  # (M, N) output, unit column stride
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    BLOCK_N: tl.constexpr,  # columns per step
+):
+    """One program a row, any width: an online pass for (max, sum of exp), then a normalising pass.
+
+    The running max and sum are kept per lane (no reduction inside the loop) and combined
+    once at the end. The second pass re-reads the row, which the first has just brought
+    into L2: one HBM read and one write while the rows in flight fit in the L2, at most two
+    reads and a write when they do not.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    cols = tl.arange(0, BLOCK_N)
+    run_max = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_N], tl.float32)
+    nan_seen = tl.zeros([BLOCK_N], tl.int32)  # max/where drop nan: track it, the row is then nan
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=-float("inf")).to(tl.float32)
+        nan_seen = nan_seen | (x != x).to(tl.int32)
+        new_max = tl.maximum(run_max, x)
+        empty = new_max == -float("inf")  # nothing but -inf on this lane so far
+        rescale = tl.where(empty, 0.0, tl.exp(run_max - new_max))
+        run_sum = run_sum * rescale + tl.where(empty, 0.0, tl.exp(x - new_max))
+        run_max = new_max
+    row_max = tl.max(run_max, axis=0)
+    lane_sum = tl.where(run_max == -float("inf"), 0.0, run_sum * tl.exp(run_max - row_max))
+    inv_sum = 1.0 / tl.sum(lane_sum, axis=0)
+    row_max = tl.where(tl.max(nan_seen, axis=0) > 0, float("nan"), row_max)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.exp(x - row_max) * inv_sum
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 class _Plan(NamedTuple):
     """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
 
-    mode: str  # "rows", "one_pass" or "two_pass"
+    mode: str  # "rows", "looped", "one_pass" or "two_pass"
     block_m: int
     block_n: int
     num_warps: int
@@ -141,12 +187,12 @@ _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _ELEMS_PER_THREAD = 32
-# The plan for rows wider than _MAX_ROW. "one_pass" moves the fewest bytes but measured
-# 16-46% of copy on the H200 (the arrival counters' contention, fixed since but not yet
-# re-measured); "two_pass" moves 1.5x the bytes in two plain streaming launches, shaped
-# like the rows plan that measured 97%: predicted ~60% of copy, not yet measured. Flip
-# this after `bench_softmax.py --sweep --widths 65536,262144` says which is faster.
-_WIDE_ROWS_PLAN = "two_pass"
+# The plan for rows wider than _MAX_ROW. "looped" (one program a row, two passes over it,
+# the second from L2) is the default: on the H200 "one_pass" measured 13-58% of copy and
+# "two_pass" 7-20% at 65536-262144 (2026-11-29 sweep, notes/softmax_layer_norm.md), below
+# the 62-64% Liger and torch.compile reach with a looped kernel of this shape.
+_WIDE_ROWS_PLAN = "looped"
+_LOOPED_WARPS = 16
 _ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
 # Chunks a row may need before the one-pass plan (which needs them co-resident) gives way
 # to the two-pass fallback; far below the programs an H100/H200 holds at once.
@@ -179,6 +225,8 @@ def _softmax_settings(
     n_chunks = triton.cdiv(n_cols, chunk)
     if one_pass and interpreting():
         raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
+    if one_pass is None and _WIDE_ROWS_PLAN == "looped":
+        return _Plan("looped", 1, chunk, _LOOPED_WARPS)
     if one_pass is None:
         one_pass = _WIDE_ROWS_PLAN == "one_pass" and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
     if one_pass:
@@ -190,6 +238,11 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     n_row_blocks = triton.cdiv(n_rows, plan.block_m)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+    if plan.mode == "looped":
+        _softmax_looped_kernel[(n_rows,)](
+            x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=plan.block_n, num_warps=plan.num_warps
+        )
+        return
     if plan.mode == "rows":
         _softmax_fwd_kernel[(n_row_blocks,)](
             x2, y2, x2, x2, n_rows, n_cols, x2.stride(0), y2.stride(0), 1, MODE=_ROWS, BLOCK_C=1, **common
@@ -227,7 +280,7 @@ def fused(
     max_row: int | None = None,
     one_pass: bool | None = None,
 ) -> torch.Tensor:
-    """Softmax of ``x`` over its last dimension in one Triton pass (see the module docstring).
+    """Softmax of ``x`` over its last dimension by the fused kernel (plans: the module docstring).
 
     ``x``: float32, float16 or bfloat16, at least one dimension, any strides (a last
     dimension that is not contiguous, or leading dims that do not flatten to one, cost a

@@ -257,3 +257,13 @@ def test_two_pass_fallback_matches_on_the_gpu_too():
     ours = fused_with_grads(x, weight, bias, dy, one_pass=False)
     for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
         assert_close(a, e, torch.float32, what)
+
+
+@pytest.mark.parametrize("one_pass", [None, False], ids=["looped (the wide default)", "two_pass"])
+def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass):
+    x, weight, bias = inputs((5, 333), torch.float32)
+    x += 100.0  # a large mean against the spread: the shifted sums must not cancel
+    expected_mode = "looped" if one_pass is None else "two_pass"
+    assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
+    y = layer_norm.fused(x, weight, bias, max_row=64, one_pass=one_pass)
+    torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)

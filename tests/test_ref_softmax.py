@@ -209,3 +209,11 @@ def test_default_plans_match_torch_softmax_across_widths(n):
 def test_two_pass_fallback_matches_on_the_gpu_too():
     x = torch.randn(50, 70000, device="cuda")
     torch.testing.assert_close(softmax.fused(x, one_pass=False), reference(x), **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("one_pass", [None, False], ids=["looped (the wide default)", "two_pass"])
+def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass):
+    x = torch.randn(5, 333, device=DEVICE)  # max_row=64: six steps, the last one ragged
+    expected_mode = "looped" if one_pass is None else "two_pass"
+    assert softmax._softmax_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
+    torch.testing.assert_close(softmax.fused(x, max_row=64, one_pass=one_pass), reference(x), **TOLERANCES[torch.float32])
