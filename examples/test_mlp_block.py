@@ -26,7 +26,8 @@ def x(fusion):
     return torch.randn(64, 256, device=fusion.device)
 
 
-@pytest.mark.max_kernels(5)
+# On the H200, cuBLAS runs the second GEMM (64x256x1024) as split-K: a GEMM plus a reduce.
+@pytest.mark.max_kernels(cpu=5, cuda=6)
 def test_eager_mlp_launches_norm_gemm_gelu_gemm_add(fusion, block, x):
     report = fusion.profile(block, x)
     assert [k.op for k in report.kernels] == [
@@ -35,7 +36,9 @@ def test_eager_mlp_launches_norm_gemm_gelu_gemm_add(fusion, block, x):
 
 
 @pytest.mark.no_graph_breaks
-@pytest.mark.max_kernels(cpu=5, cuda=6)  # cuBLAS may split K into a GEMM plus a reduce
+# Compiled, the bias adds fuse into the Triton kernels after each GEMM; on the H200 the
+# first mm runs as two cuBLAS kernels and the second as split-K (GEMM + reduce).
+@pytest.mark.max_kernels(cpu=5, cuda=7)
 def test_compiled_mlp_fuses_the_elementwise_work_around_the_gemms(fusion, block, x):
     compiled = torch.compile(block)
     with torch.no_grad():

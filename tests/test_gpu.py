@@ -134,4 +134,5 @@ def test_softmax_bytes(fusion):
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *PLUGIN_ARGS, "--fusion-counters=ncu", "--fusion-report", timeout=400)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*ncu measured 1 kernels in 1 test(s)*", "*measured*"])
+    result.stdout.fnmatch_lines(["*1 kernel, 1.0 GiB modelled, * measured, budget 1.0 GiB*"])
+    result.stdout.fnmatch_lines(["*fusioncheck: ncu measured 1 kernels in 1 test(s)*"])
