@@ -48,3 +48,30 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+ANCHORS = ("torch", "compile", "liger")
+
+
+def bandwidth_headers(impls: list[str]) -> list[str]:
+    """Columns of a bandwidth table: GB/s and % of copy per implementation, then ours/best anchor."""
+    cols = ["dtype", "shape", "copy GB/s"]
+    for name in impls:
+        cols += [f"{name} GB/s", f"{name} %copy"]
+    if "ours" in impls and any(a in impls for a in ANCHORS):
+        cols.append("ours / best anchor")
+    return cols
+
+
+def bandwidth_row(rec: dict, impls: list[str]) -> list[object]:
+    """One row from a record ``{"dtype", "shape", "copy_gbps", "gbps": {impl: GB/s}}``."""
+    copy = rec["copy_gbps"]
+    row: list[object] = [rec["dtype"], rec["shape"], f"{copy:.0f}"]
+    for name in impls:
+        rate = rec["gbps"].get(name)
+        row += ["n/a", "n/a"] if rate is None else [f"{rate:.0f}", f"{100 * rate / copy:.0f}%"]
+    anchors = [rec["gbps"][a] for a in ANCHORS if rec["gbps"].get(a)]
+    if "ours" in impls and anchors:
+        ours = rec["gbps"].get("ours")
+        row.append("n/a" if ours is None else f"{ours / max(anchors):.2f}x")
+    return row

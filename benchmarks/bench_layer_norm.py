@@ -26,12 +26,13 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
+from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-ANCHORS = ("torch", "compile", "liger")
 EPS = 1e-5
 
 
@@ -190,27 +191,6 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header(), "records": records}, indent=1))
 
-
-def table_headers(impls: list[str]) -> list[str]:
-    cols = ["dtype", "shape", "copy GB/s"]
-    for name in impls:
-        cols += [f"{name} GB/s", f"{name} %copy"]
-    if "ours" in impls and any(a in impls for a in ANCHORS):
-        cols.append("ours / best anchor")
-    return cols
-
-
-def table_row(rec: dict, impls: list[str]) -> list[object]:
-    copy = rec["copy_gbps"]
-    row: list[object] = [rec["dtype"], rec["shape"], f"{copy:.0f}"]
-    for name in impls:
-        rate = rec["gbps"].get(name)
-        row += ["n/a", "n/a"] if rate is None else [f"{rate:.0f}", f"{100 * rate / copy:.0f}%"]
-    anchors = [rec["gbps"][a] for a in ANCHORS if rec["gbps"].get(a)]
-    if "ours" in impls and anchors:
-        ours = rec["gbps"].get("ours")
-        row.append("n/a" if ours is None else f"{ours / max(anchors):.2f}x")
-    return row
 
 
 if __name__ == "__main__":

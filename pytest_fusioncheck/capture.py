@@ -231,7 +231,6 @@ class _Recorders:
                 self.observer.paused -= 1
 
     def __enter__(self) -> "_Recorders":
-        import torch
         from torch.profiler import ProfilerActivity, profile
 
         _check_profiler_free()
