@@ -280,3 +280,14 @@ def test_python_number_outputs_are_compared_as_float64():
     result = assert_matches_reference(lambda: 1.0 + 1e-12, lambda: 1.0)
     assert math.isclose(result.max_abs_error, 1e-12, rel_tol=1e-3)
     assert result.outputs[0].dtype == "float64"
+
+
+def test_a_module_reference_runs_in_float64_with_its_parameters_copied():
+    import torch
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    x = torch.randn(4, 8)
+    result = assert_matches_reference(block, block, x)
+    assert block[0].weight.dtype == torch.float32  # the user's module is left as it was
+    assert result.max_abs_error < 1e-5
