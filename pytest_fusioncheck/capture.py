@@ -433,7 +433,10 @@ def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionRepo
     report.time_s = report.kernel_time_s
     report.time_source = "kernels"
     report.seq = rec.seq
-    report._prof = rec.prof  # type: ignore[attr-defined]  # for --fusion-trace-dir
+    from .api import settings
+
+    if settings.trace_dir:  # the profiler's events are large: keep them only to export traces
+        report._prof = rec.prof  # type: ignore[attr-defined]
     return report
 
 

@@ -202,21 +202,18 @@ def test_context(item: pytest.Function, state: ItemState) -> Iterator[None]:
             return None
 
         item.obj = profiled_test
+    recorder = None
     try:
         with GraphBreakRecorder() as recorder:
             yield
     finally:
         item.obj = original
-        state.log.graph_breaks = list(getattr(recorder, "breaks", []))
+        state.log.graph_breaks = list(getattr(recorder, "breaks", None) or [])
 
 
 def _item_location(item: pytest.Item) -> str:
     path, line, _ = item.location
     return f"{path}:{(line or 0) + 1}"
-
-
-def _where(report: FusionReport) -> str:
-    return report.label
 
 
 def check_item(item: pytest.Item, state: ItemState) -> None:
@@ -324,9 +321,6 @@ class Fusion:
         from .capture import Region
 
         return Region(self._label(label), device=self.device, on_report=api.record_report)
-
-    def _report(self, report: FusionReport | None) -> FusionReport | None:
-        return report
 
     def assert_max_kernels(self, n: int, report: FusionReport | None = None) -> FusionReport:
         __tracebackhide__ = True
