@@ -4,7 +4,9 @@ Bandwidth counts compulsory bytes only (read x and bias, write y); "% copy" is a
 device-to-device copy of the same byte count measured in the same run. Times are medians
 with the L2 flushed between runs. ``--variants`` adds, for the notes, our kernel without
 the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with other tiles
-(BLOCK_M, BLOCK_N, num_warps).
+(BLOCK_M, BLOCK_N, num_warps); then the lean kernel (``bgd._KERNEL_VARIANT = "lean"``: same
+mask, fewer instructions an element) with its tiles and programs per SM. ``--kernel lean``
+makes the lean kernel the "ours (fused)" row.
 
     PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants]
 """
@@ -29,7 +31,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one shape, shorter timings")
     parser.add_argument("--variants", action="store_true", help="also time kernel variants")
     parser.add_argument("--p", type=float, default=0.1)
+    parser.add_argument("--kernel", choices=bgd._VARIANTS, default=bgd._KERNEL_VARIANT,
+                        help="kernel variant behind bgd.fused (default: the module's)")
     args = parser.parse_args()
+    bgd._KERNEL_VARIANT = args.kernel
     rep = dict(warmup_ms=25, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
     shapes = [((16384, 8192), torch.bfloat16)]
     if not args.quick:
@@ -68,15 +73,29 @@ def main() -> None:
         if args.variants and dtype == torch.bfloat16:
             M, N = x.numel() // shape[-1], shape[-1]
             extra = {
-                "ours, p=0 (no random draw)": lambda: bgd.fused(x, bias, 0.0, seed=1),
-                "ours, 7 Philox rounds": lambda: bgd._launch(x, bias, p, 1, rounds=7),
+                "ours, p=0 (no random draw)": lambda: bgd._launch(x, bias, 0.0, 1, variant="measured"),
+                "ours, 7 Philox rounds": lambda: bgd._launch(x, bias, p, 1, rounds=7, variant="measured"),
                 "ours, gelu via libdevice erf": lambda: bgd._launch(x, bias, p, 1, gelu_mode=2),
                 "ours, gelu without fast-math": lambda: bgd._launch(x, bias, p, 1, gelu_mode=0),
                 "ours, tanh gelu": lambda: bgd.fused(x, bias, p, seed=1, approximate="tanh"),
             }
             for cfg in [(1, 4096, 4), (1, 4096, 8), (1, 8192, 4), (2, 8192, 16), (1, 2048, 2), (4, 2048, 8)]:
                 if cfg != bgd._launch_config(M, N):
-                    extra[f"ours, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg)
+                    extra[f"ours, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg, variant="measured")
+            # The lean kernel: same mask, fewer instructions an element (notes/gemm_dropout.md).
+            lean = bgd._launch(x, bias, p, 1, variant="lean")
+            measured = bgd._launch(x, bias, p, 1, variant="measured")
+            print(f"{label}: lean drops the same elements={torch.equal(lean != 0, measured != 0)}, "
+                  f"max |lean - measured|={(lean.float() - measured.float()).abs().max().item():.3g}", flush=True)
+            sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+            extra["lean"] = lambda: bgd._launch(x, bias, p, 1, variant="lean")
+            extra["lean, p=0"] = lambda: bgd._launch(x, bias, 0.0, 1, variant="lean")
+            for per_sm in (1, 2, 3, 8):
+                extra[f"lean, {per_sm} programs/SM"] = lambda k=per_sm: bgd._launch(x, bias, p, 1, variant="lean",
+                                                                                   programs=k * sms)
+            extra["lean, one program a row (no loop)"] = lambda: bgd._launch(x, bias, p, 1, variant="lean", programs=M)
+            for cfg in [(1, 4096, 8), (1, 8192, 16), (1, 4096, 4), (2, 4096, 8)]:
+                extra[f"lean, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, variant="lean", config=cfg)
             for name, fn in extra.items():
                 row(variant_rows, name, bench_ms(fn, **rep))
 

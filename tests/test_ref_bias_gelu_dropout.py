@@ -48,9 +48,16 @@ def poisoned_like(x):
     return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
 
 
+@pytest.fixture(params=bgd._VARIANTS)
+def variant(request, monkeypatch):
+    """Run the test with each kernel variant as the module default (the lean one is not yet timed)."""
+    monkeypatch.setattr(bgd, "_KERNEL_VARIANT", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fused_matches_the_unfused_chain_and_writes_every_element(shape, dtype):
+def test_fused_matches_the_unfused_chain_and_writes_every_element(shape, dtype, variant):
     x, bias = inputs(shape, dtype)
     out = poisoned_like(x)
     y = bgd.fused(x, bias, 0.1, seed=7, out=out)
@@ -60,19 +67,19 @@ def test_fused_matches_the_unfused_chain_and_writes_every_element(shape, dtype):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
-def test_fused_matches_the_unfused_chain_at_the_edge_probabilities(p):
+def test_fused_matches_the_unfused_chain_at_the_edge_probabilities(p, variant):
     x, bias = inputs((37, 100), torch.float16)
     torch.testing.assert_close(bgd.fused(x, bias, p, seed=3), bgd.unfused(x, bias, p, seed=3),
                                **TOLERANCES[torch.float16])
 
 
-def test_p_zero_is_plain_bias_gelu_and_p_one_zeroes_everything():
+def test_p_zero_is_plain_bias_gelu_and_p_one_zeroes_everything(variant):
     x, bias = inputs((37, 100), torch.float32)
     torch.testing.assert_close(bgd.fused(x, bias, 0.0, seed=1), F.gelu(x + bias), **TOLERANCES[torch.float32])
     assert torch.equal(bgd.fused(x, bias, 1.0, seed=1), torch.zeros_like(x))
 
 
-def test_exact_gelu_is_float32_accurate_into_the_far_tails():
+def test_exact_gelu_is_float32_accurate_into_the_far_tails(variant):
     x = torch.linspace(-10, 10, 4001, device=DEVICE).view(1, -1)
     y = bgd.fused(x, torch.zeros(x.shape[-1], device=DEVICE), 0.0)
     exact = x.double() * 0.5 * torch.special.erfc(-x.double() / 2**0.5)  # no cancellation in the tails
@@ -80,7 +87,7 @@ def test_exact_gelu_is_float32_accurate_into_the_far_tails():
     torch.testing.assert_close(y.double(), exact, atol=1e-30, rtol=2e-5)
 
 
-def test_dropped_elements_are_exactly_zero_and_kept_ones_are_scaled_by_one_over_one_minus_p():
+def test_dropped_elements_are_exactly_zero_and_kept_ones_are_scaled_by_one_over_one_minus_p(variant):
     x = torch.rand(37, 100, device=DEVICE) + 0.5  # gelu(x + 0) > 0 everywhere: a zero means dropped
     bias = torch.zeros(100, device=DEVICE)
     y = bgd.fused(x, bias, 0.25, seed=11)
@@ -89,7 +96,7 @@ def test_dropped_elements_are_exactly_zero_and_kept_ones_are_scaled_by_one_over_
     torch.testing.assert_close(y[keep], F.gelu(x)[keep] / 0.75, **TOLERANCES[torch.float32])
 
 
-def test_the_same_seed_gives_the_same_output_and_another_seed_another_mask():
+def test_the_same_seed_gives_the_same_output_and_another_seed_another_mask(variant):
     x, bias = inputs((37, 100), torch.bfloat16)
     first, again = bgd.fused(x, bias, 0.3, seed=5), bgd.fused(x, bias, 0.3, seed=5)
     assert torch.equal(first, again)
@@ -97,30 +104,57 @@ def test_the_same_seed_gives_the_same_output_and_another_seed_another_mask():
     assert not torch.equal(first == 0, other == 0)
 
 
-def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width():
+def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width(variant):
     x, bias = inputs((37, 100), torch.float32)
     default = bgd.fused(x, bias, 0.5, seed=9)
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 16, 1)))
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(8, 32, 1)))
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(2, 128, 1)))  # a whole row in one tile
     assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, wide=True))  # int64 Philox counters
+    if variant == "lean":  # one program walking all 37 row tiles, and one program a row tile
+        assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(1, 64, 1), programs=1))
+        assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(4, 64, 1), programs=10))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("p", [0.1, 0.7, 1 - 2**-18])  # the last one rounds to "drop everything"
+def test_the_lean_kernel_drops_exactly_the_elements_the_measured_one_drops(dtype, p):
+    x = torch.rand(37, 100, device=DEVICE).add_(0.5).to(dtype)  # gelu(x + 0) > 0: a zero means dropped
+    bias = torch.zeros(100, device=DEVICE, dtype=dtype)
+    measured = bgd._launch(x, bias, p, 13, variant="measured")
+    lean = bgd._launch(x, bias, p, 13, variant="lean")
+    assert torch.equal(lean != 0, measured != 0)
+    assert torch.equal(lean != 0, bgd.dropout_mask(x.shape, p, 13, device=DEVICE))
+    torch.testing.assert_close(lean, measured, **TOLERANCES[dtype])
+
+
+def test_an_unknown_kernel_variant_is_refused():
+    x, bias = inputs((4, 16), torch.float32)
+    with pytest.raises(ValueError, match="unknown kernel variant"):
+        bgd._launch(x, bias, 0.1, 0, variant="fastest")
 
 
 @triton.jit
-def _philox_pair_kernel(out_ptr, seed, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+def _philox_pair_kernel(out_ptr, seed, BLOCK: tl.constexpr, WIDE: tl.constexpr, LEAN: tl.constexpr,
+                        FAST: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     counter = offs.to(tl.int64) * 0x1_0000_0001 + 7 if WIDE else offs * 977 + 13
-    ours = bgd._philox4x32(seed, counter, 10)
+    if LEAN:
+        ours = bgd._philox4x32_lean(seed, counter, 10, FAST)
+    else:
+        ours = bgd._philox4x32(seed, counter, 10)
     theirs = tl.randint4x(seed, counter, 10)
     for i in tl.static_range(4):
         tl.store(out_ptr + i * BLOCK + offs, ours[i].to(tl.int64))
         tl.store(out_ptr + (4 + i) * BLOCK + offs, theirs[i].to(tl.int64))
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["measured", "lean"])
 @pytest.mark.parametrize("wide", [False, True], ids=["int32-counters", "int64-counters"])
-def test_our_philox_draws_the_same_bits_as_triton_randint4x(wide):
+def test_our_philox_draws_the_same_bits_as_triton_randint4x(wide, lean):
     out = torch.empty(8, 64, dtype=torch.int64, device=DEVICE)
-    _philox_pair_kernel[(1,)](out, 2**40 + 12345, BLOCK=64, WIDE=wide)
+    # FAST (the lean kernel's inline-PTX products) only compiles for CUDA.
+    _philox_pair_kernel[(1,)](out, 2**40 + 12345, BLOCK=64, WIDE=wide, LEAN=lean, FAST=lean and DEVICE == "cuda")
     assert torch.equal(out[:4], out[4:])
     assert out[:4].unique().numel() > 250
 
@@ -137,7 +171,7 @@ def test_keep_rate_is_one_minus_p_in_every_column_lane_and_neighbours_are_indepe
     assert abs(torch.corrcoef(torch.stack([left, right]))[0, 1].item()) < 0.03
 
 
-def test_rows_with_a_stride_are_read_in_place_and_layouts_without_a_rows_view_are_refused():
+def test_rows_with_a_stride_are_read_in_place_and_layouts_without_a_rows_view_are_refused(variant):
     big, bias = inputs((20, 64), torch.float16)
     x = big[:, :40]  # row stride 64
     torch.testing.assert_close(bgd.fused(x, bias[:40], 0.2, seed=2), bgd.fused(x.contiguous(), bias[:40], 0.2, seed=2))
@@ -152,7 +186,7 @@ def test_empty_input_gives_an_empty_output():
     assert bgd.fused(x, bias, 0.1).shape == (0, 16)
 
 
-def test_nan_and_minus_inf_come_out_nan_whether_kept_or_dropped_as_in_torch():
+def test_nan_and_minus_inf_come_out_nan_whether_kept_or_dropped_as_in_torch(variant):
     x, bias = inputs((8, 64), torch.float32)
     x[0, :] = float("nan")
     x[1, :] = -float("inf")  # gelu(-inf) = -inf * 0 = nan in torch
@@ -162,7 +196,7 @@ def test_nan_and_minus_inf_come_out_nan_whether_kept_or_dropped_as_in_torch():
 
 
 @pytest.mark.gpu
-def test_plus_inf_stays_inf_when_kept_as_torch_cuda_gives():
+def test_plus_inf_stays_inf_when_kept_as_torch_cuda_gives(variant):
     # torch's CPU GELU returns nan for +inf; its CUDA kernel and ours return +inf.
     x, bias = inputs((8, 64), torch.float32)
     x[2, :] = float("inf")
@@ -171,7 +205,7 @@ def test_plus_inf_stays_inf_when_kept_as_torch_cuda_gives():
 
 
 @pytest.mark.gpu
-def test_a_large_bf16_input_matches_with_the_gpu_tiles():
+def test_a_large_bf16_input_matches_with_the_gpu_tiles(variant):
     x, bias = inputs((1024, 8192), torch.bfloat16)
     torch.testing.assert_close(bgd.fused(x, bias, 0.1, seed=42), bgd.unfused(x, bias, 0.1, seed=42),
                                **TOLERANCES[torch.bfloat16])
