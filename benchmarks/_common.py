@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+from typing import Callable
 
 import torch
 
@@ -75,3 +76,22 @@ def bandwidth_row(rec: dict, impls: list[str]) -> list[object]:
         ours = rec["gbps"].get("ours")
         row.append("n/a" if ours is None else f"{ours / max(anchors):.2f}x")
     return row
+
+
+def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], None] | None" = None):
+    """Options shared by the bandwidth benchmarks; returns (args, widths, impls, timing)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="shorter timing runs")
+    parser.add_argument("--widths", default="", help="comma-separated row widths to keep (default: all)")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    if extra is not None:
+        extra(parser)
+    parser.add_argument("--impls", default="ours,torch,compile,liger")
+    parser.add_argument("--sweep", action="store_true", help="also time launch-plan variants of ours")
+    parser.add_argument("--json", default="", help="write every figure to this file")
+    args = parser.parse_args()
+    widths = {int(w) for w in args.widths.split(",") if w}
+    timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
+    return args, widths, args.impls.split(","), timing

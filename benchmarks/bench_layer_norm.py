@@ -14,7 +14,6 @@ Liger-Kernel is optional (``pip install liger-kernel``); without it its column r
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
@@ -110,18 +109,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter timing runs")
-    parser.add_argument("--widths", default="", help="comma-separated row widths to keep (default: all)")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--passes", default="forward,backward")
-    parser.add_argument("--impls", default="ours,torch,compile,liger")
-    parser.add_argument("--sweep", action="store_true", help="also time launch-plan variants of ours")
-    parser.add_argument("--json", default="", help="write every figure to this file")
-    args = parser.parse_args()
-    widths = {int(w) for w in args.widths.split(",") if w}
-    impls = args.impls.split(",")
-    timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
+    args, widths, impls, timing = bandwidth_cli(__doc__.splitlines()[0], lambda p: p.add_argument("--passes", default="forward,backward"))
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     print(header(), flush=True)
     records, tables = [], {}
