@@ -259,9 +259,17 @@ def assert_bandwidth_bound_within(fraction: float, report: FusionReport | None =
 def assert_matches_reference(fused_fn: Callable[..., Any], reference_fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None, **kwargs: Any) -> Any:
     """Outputs of ``fused_fn`` match ``reference_fn`` run on float64 copies of the inputs."""
     __tracebackhide__ = True
+    from .numerics import NumericsMismatch
     from .numerics import assert_matches_reference as _impl
 
-    return _impl(fused_fn, reference_fn, *args, rtol=rtol, atol=atol, **kwargs)
+    try:
+        return _impl(fused_fn, reference_fn, *args, rtol=rtol, atol=atol, **kwargs)
+    except NumericsMismatch as exc:
+        log = current_log()
+        if not log.reports:
+            raise
+        message = f"{exc}\nlatest fusion report of this test:\n{log.reports[-1]}"
+    raise FusionAssertionError(message)
 
 
 def assert_no_graph_breaks(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -291,3 +291,22 @@ def test_a_module_reference_runs_in_float64_with_its_parameters_copied():
     result = assert_matches_reference(block, block, x)
     assert block[0].weight.dtype == torch.float32  # the user's module is left as it was
     assert result.max_abs_error < 1e-5
+
+
+def test_a_numerics_failure_in_a_profiled_test_carries_the_kernel_table(run_pytest, pytester):
+    pytester.makepyfile(
+        """
+import torch
+
+def wrong_softmax(x):
+    return torch.softmax(x, -1) * 1.01
+
+def test_wrong(fusion):
+    x = torch.randn(8, 16)
+    fusion.profile(wrong_softmax, x)
+    fusion.assert_matches_reference(wrong_softmax, lambda t: torch.softmax(t, -1), x)
+"""
+    )
+    result = run_pytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*max abs error*", "*latest fusion report of this test:*", "*aten::_softmax*", "*aten::mul*"])
