@@ -496,6 +496,12 @@ def profile_call(
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
     report.budget = budget if budget is not None else default_budget(args, kwargs, output)
+    arg_devices = {t.device.type for t in iter_tensors((args, kwargs))}
+    if arg_devices and dev not in arg_devices:
+        report.warnings.append(
+            f"profiled on {dev} but the tensor arguments are on {', '.join(sorted(arg_devices))}: "
+            f"work on other devices is not counted (move the inputs to {dev}, e.g. fusion.device)"
+        )
     from .roofline import attach_timer
 
     attach_timer(report, fn, args, kwargs)

@@ -81,3 +81,11 @@ def test_a_triton_kernel_under_the_interpreter_counts_as_one_kernel_with_its_dec
     report = profile(double, x)
     assert [(k.name, k.op, k.bytes) for k in report.kernels] == [("_double_kernel", "triton", 1234)]
     assert torch.equal(report.output, 2 * x)
+
+
+def test_profiling_a_device_the_arguments_are_not_on_is_noted_on_the_report():
+    from pytest_fusioncheck.capture import profile_call
+
+    x = torch.empty(4, device="meta")  # an argument on a device other than the profiled one
+    report = profile_call(lambda t: torch.ones(2).neg(), (x,), {}, warmup=0, device="cpu")
+    assert any("the tensor arguments are on meta" in w for w in report.warnings)
