@@ -9,6 +9,9 @@ in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --passes backward --widths 65536
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --sweep --impls ours  # launch-plan variants too
 
+``--sweep`` times, for the backward, the measured plans and the register-lean kernel
+(``layer_norm._BWD_VARIANT = "lean"``) with a few of its neighbours, in the same run.
+
 Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
 """
 
@@ -105,6 +108,20 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for mode, chunk, warps in (("one_pass", 4096, 8), ("one_pass", 4096, 16), ("two_pass", 4096, 8)):
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))
                 plans.append((f"{mode} chunk={chunk} w={warps} ppsm={ppsm}", P(mode, 1, chunk, warps, groups)))
+    # The register-lean kernel (layer_norm._BWD_VARIANT = "lean"): its own plan, then the
+    # neighbours worth a look: the other register cap, the other chunk, one program fewer an SM.
+    lean = layer_norm._layer_norm_settings(m, n, size, backward=True, sm_count=sm, variant="lean")
+    plans.append((f"lean {lean.mode} bn={lean.block_n} w={lean.num_warps} regs={lean.max_regs} groups={lean.n_groups}", lean))
+    chunks = triton.cdiv(n, lean.block_n)
+    other_cap = 80 if lean.max_regs == 64 else 64
+    if other_cap * 32 * lean.num_warps <= 65536:
+        plans.append((f"lean regs={other_cap}", lean._replace(max_regs=other_cap)))
+    plans.append(("lean half the groups", lean._replace(n_groups=max(1, lean.n_groups // 2))))
+    if lean.mode != "rows":
+        for chunk in (1024, 4096):
+            warps = min(32, chunk * size // 512)
+            groups = max(1, min(m, sm * max(1, 32 // warps) // triton.cdiv(n, chunk)))
+            plans.append((f"lean one_pass bn={chunk} w={warps}", lean._replace(block_n=chunk, num_warps=warps, n_groups=groups)))
     return plans
 
 

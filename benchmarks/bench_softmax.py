@@ -7,6 +7,7 @@ it with a device-to-device copy of the same size timed in the same run. Inputs a
     PYTHONPATH=. python3 benchmarks/bench_softmax.py                  # full table
     PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --widths 65536,262144 --dtypes bfloat16
     PYTHONPATH=. python3 benchmarks/bench_softmax.py --sweep --impls ours   # time launch-plan variants too
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --sweep --widths 65536,262144 --impls ours,liger  # wide-row candidates
 
 Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
 """
@@ -65,6 +66,26 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
             ("one_pass", 8192, 8),
         ):
             plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
+    if n > softmax._MAX_ROW:
+        # The L2-resident candidates (notes/softmax_layer_norm.md, "Wide rows from L2"): the
+        # heuristic's pick first, then neighbours in chunk bytes, warps, programs an SM, slices.
+        looped = P("looped", 1, softmax._CHUNK, softmax._LOOPED_WARPS)
+        plans.append((f"looped chunk={looped.block_n} w={looped.num_warps}", looped))
+        for wide in ("persistent", "split"):
+            plans.append((wide, softmax._softmax_settings(m, n, size, wide=wide)))
+        for chunk_bytes, warps, per_sm in ((16384, 8, 2), (32768, 32, 1), (65536, 16, 1)):
+            chunk = chunk_bytes // size
+            plans.append((f"persistent chunk={chunk} w={warps} per_sm={per_sm}", P("persistent", 1, chunk, warps, 1, per_sm)))
+        split = softmax._softmax_settings(m, n, size, wide="split")
+        for group, chunk_bytes, warps, per_sm in (
+            (split.group * 2, 16384, 8, 2),
+            (max(2, split.group // 2), 16384, 8, 2),
+            (split.group, 16384, 8, 3),
+            (split.group, 32768, 16, 1),
+            (split.group, 8192, 4, 4),
+        ):
+            chunk = chunk_bytes // size
+            plans.append((f"split group={group} chunk={chunk} w={warps} per_sm={per_sm}", P("split", 1, chunk, warps, group, per_sm)))
     return plans
 
 

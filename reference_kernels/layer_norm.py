@@ -197,6 +197,97 @@ def _layer_norm_bwd_kernel(
 
 
 @triton.jit
+def _layer_norm_bwd_lean_kernel(
+    x_ptr,  # (M, N) forward input; row stride stride_x
+    dy_ptr,  # (M, N) gradient of y; row stride stride_dy
+    w_ptr,  # (N,) weight
+    mean_ptr,  # (M,) float32 row means from the forward
+    rstd_ptr,  # (M,) float32 reciprocal standard deviations from the forward
+    dx_ptr,  # (M, N) gradient of x; row stride stride_dx
+    dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
+    db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
+    part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
+    count_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the tile counter
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_dy,  # elements between rows of dy
+    stride_dx,  # elements between rows of dx
+    rows_per_group,  # rows a program walks through
+    n_chunks,  # chunks per row: cdiv(N, BLOCK_N); 1 in rows mode
+    MODE: tl.constexpr,  # _ROWS, _ONE_PASS, _STATS or _FROM_STATS
+    BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
+    BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+):
+    """The register-lean backward: one row a step, the next row's loads in flight meanwhile.
+
+    Each step holds one row (or chunk of a row) of ``BLOCK_N`` elements, a few a thread;
+    before working on row ``r`` it issues the loads of row ``r + 1`` (in the input dtype:
+    packed, half the registers for 16-bit inputs), so the memory system always has one
+    row per program in flight, including while a chunk waits for its peers. dweight and
+    dbias only need the saved statistics, so they are accumulated as soon as a row
+    arrives and ``x``/``dy`` die before the row reductions. Addresses are 32-bit column
+    offsets from a 64-bit row pointer formed once a row.
+    """
+    if MODE == _ONE_PASS:
+        tile = tl.atomic_add(count_ptr + n_rows * _COUNTER_STRIDE, 1)
+    else:
+        tile = tl.program_id(0)
+    group = tile // n_chunks
+    chunk = tile % n_chunks
+    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    row_start = group * rows_per_group
+    row_end = tl.minimum(row_start + rows_per_group, n_rows)
+    w_in = tl.load(w_ptr + cols, mask=col_ok, other=0.0)  # widened where used: fewer registers
+    dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    x_next = tl.load(x_ptr + row_start.to(tl.int64) * stride_x + cols, mask=col_ok, other=0.0)
+    dy_next = tl.load(dy_ptr + row_start.to(tl.int64) * stride_dy + cols, mask=col_ok, other=0.0)
+    mean_next = tl.load(mean_ptr + row_start)
+    rstd_next = tl.load(rstd_ptr + row_start)
+    for row in range(row_start, row_end):
+        row64 = tl.cast(row, tl.int64)
+        x = x_next
+        dy_in = dy_next
+        mean = mean_next
+        rstd = rstd_next
+        ahead = tl.minimum(row + 1, row_end - 1).to(tl.int64)  # the last row reloads itself
+        x_next = tl.load(x_ptr + ahead * stride_x + cols, mask=col_ok, other=0.0)
+        dy_next = tl.load(dy_ptr + ahead * stride_dy + cols, mask=col_ok, other=0.0)
+        mean_next = tl.load(mean_ptr + ahead)
+        rstd_next = tl.load(rstd_ptr + ahead)
+        dy = dy_in.to(tl.float32)
+        xhat = (x.to(tl.float32) - mean) * rstd  # off the row it meets dy = w = 0: no mask needed
+        if MODE != _STATS:
+            dw_acc += dy * xhat
+            db_acc += dy
+        wdy = w_in.to(tl.float32) * dy
+        if MODE == _ROWS:
+            c1 = tl.sum(xhat * wdy, axis=0) / n_cols
+            c2 = tl.sum(wdy, axis=0) / n_cols
+        else:
+            part_1_ptr = part_ptr + row64 * (2 * n_chunks)
+            part_2_ptr = part_1_ptr + n_chunks
+            if MODE != _FROM_STATS:
+                tl.store(part_1_ptr + chunk, tl.sum(xhat * wdy, axis=0))
+                tl.store(part_2_ptr + chunk, tl.sum(wdy, axis=0))
+            if MODE == _ONE_PASS:
+                _wait_for_peers(count_ptr + row * _COUNTER_STRIDE, n_chunks)
+            if MODE != _STATS:
+                c = tl.arange(0, BLOCK_C)
+                c1 = tl.sum(tl.load(part_1_ptr + c, mask=c < n_chunks, other=0.0, volatile=True), axis=0) / n_cols
+                c2 = tl.sum(tl.load(part_2_ptr + c, mask=c < n_chunks, other=0.0, volatile=True), axis=0) / n_cols
+        if MODE != _STATS:
+            dx = (wdy - (xhat * c1 + c2)) * rstd
+            tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_ok)
+    if MODE != _STATS:
+        group64 = group.to(tl.int64)
+        tl.store(dw_part_ptr + group64 * n_cols + cols, dw_acc, mask=col_ok)
+        tl.store(db_part_ptr + group64 * n_cols + cols, db_acc, mask=col_ok)
+
+
+@triton.jit
 def _layer_norm_dwdb_kernel(
     dw_part_ptr,  # (n_groups, N) float32 per-group shares of dweight
     db_part_ptr,  # (n_groups, N) float32 per-group shares of dbias
@@ -279,6 +370,8 @@ class _Plan(NamedTuple):
     block_n: int
     num_warps: int
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
+    variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
+    max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
@@ -304,6 +397,20 @@ _BWD_WARPS = 8
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
 _BWD_CHUNK = 4096
+# Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
+# step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
+# registers; compiled for sm_90 but not yet timed, notes/softmax_layer_norm.md). "lean" takes
+# over where the measured plans missed 75% of copy: 16-bit inputs at every width, any dtype
+# wider than _BWD_MAX_ROW; fp32 rows up to _BWD_MAX_ROW keep the measured plan (83-91%).
+_BWD_VARIANT = "measured"
+_BWD_VARIANTS = ("measured", "lean")
+_LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
+_LEAN_CHUNK = 2048
+_LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
+# ptxas register caps: 64 gives 32 resident warps an SM. fp32 needs 62 anyway; 16-bit rows
+# reload 4 loop-invariant words from L1 at 64 (16 bytes of stack, nothing stored in the
+# loop), chunks spill more there and get 80 (no spills, 3 eight-warp programs an SM).
+_LEAN_MAX_REGS = {("rows", 4): 64, ("rows", 2): 64, ("chunks", 4): 64, ("chunks", 2): 80}
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
 
@@ -328,13 +435,21 @@ def _layer_norm_settings(
     sm_count: int = 4,
     max_row: int | None = None,
     one_pass: bool | None = None,
+    variant: str | None = None,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
     ``max_row`` overrides the widest row held by one program (and is then the chunk
     width), ``one_pass`` forces the one-pass (never under the interpreter) or two-pass
-    chunked plan: tests use both to reach every code path with small shapes.
+    chunked plan: tests use both to reach every code path with small shapes. ``variant``
+    ("measured" or "lean") forces the backward kernel at every shape; left out,
+    ``_BWD_VARIANT`` decides, "lean" only where the measured plans missed.
     """
+    if variant is not None and variant not in _BWD_VARIANTS:
+        raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
+    if backward and (variant or _BWD_VARIANT) == "lean":
+        if variant == "lean" or elem_size < 4 or n_cols > _BWD_MAX_ROW:
+            return _lean_backward_plan(n_rows, n_cols, elem_size, sm_count, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
@@ -365,6 +480,32 @@ def _layer_norm_settings(
         row_blocks = triton.cdiv(n_rows, plan.block_m)
         plan = plan._replace(n_groups=max(1, min(row_blocks, (sm_count * per_sm) // n_chunks)))
     return plan
+
+
+def _lean_backward_plan(
+    n_rows: int, n_cols: int, elem_size: int, sm_count: int, max_row: int | None, one_pass: bool | None
+) -> _Plan:
+    """The plan of ``_layer_norm_bwd_lean_kernel``: one 16-byte vector per tensor a thread."""
+    vector = 16 // elem_size
+    size = 4 if elem_size >= 4 else 2
+    widest = max_row if max_row is not None else _LEAN_MAX_ROW
+    if n_cols <= widest:
+        mode, block_n, n_chunks = "rows", next_power_of_2(n_cols), 1
+        max_regs = _LEAN_MAX_REGS[("rows", size)]
+    else:
+        block_n = next_power_of_2(max_row) if max_row is not None else _LEAN_CHUNK
+        block_n = max(block_n, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
+        n_chunks = triton.cdiv(n_cols, block_n)
+        if one_pass and interpreting():
+            raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
+        if one_pass is None:
+            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
+        mode = "one_pass" if one_pass else "two_pass"
+        max_regs = _LEAN_MAX_REGS[("chunks", size)]
+    warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
+    resident = max(1, min(64 // warps, 65536 // (max_regs * 32 * warps)))
+    n_groups = max(1, min(n_rows, (sm_count * resident) // n_chunks))
+    return _Plan(mode, 1, block_n, warps, n_groups, "lean", max_regs)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
@@ -428,17 +569,24 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     grid = (n_groups * n_chunks,)
     tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
     scalars = (n_rows, n_cols, x2.stride(0), dy2.stride(0), dx2.stride(0), rows_per_group, n_chunks)
+    if plan.variant == "lean":
+        kernel = _layer_norm_bwd_lean_kernel
+        common = dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
+        if plan.max_regs is not None and not interpreting():
+            common["maxnreg"] = plan.max_regs
+    else:
+        kernel = _layer_norm_bwd_kernel
     if plan.mode == "rows":
-        _layer_norm_bwd_kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
+        kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
         part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
         block_c = next_power_of_2(n_chunks)
         if plan.mode == "one_pass":
             count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-            _layer_norm_bwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
+            kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
         else:
-            _layer_norm_bwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
-            _layer_norm_bwd_kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+            kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
+            kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
     block_n = min(256, next_power_of_2(n_cols))
     _layer_norm_dwdb_kernel[(triton.cdiv(n_cols, block_n),)](
         dw_part, db_part, dw, db, n_groups, n_cols, BLOCK_G=16, BLOCK_N=block_n, num_warps=4
@@ -486,8 +634,12 @@ def backward(
     bias_dtype: torch.dtype | None = None,
     max_row: int | None = None,
     one_pass: bool | None = None,
+    variant: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dx, dweight, dbias)`` of layer norm, given ``dy`` and the forward's saved values."""
+    """Gradients ``(dx, dweight, dbias)`` of layer norm, given ``dy`` and the forward's saved values.
+
+    ``max_row``/``one_pass``/``variant`` override the launch plan (``_layer_norm_settings``).
+    """
     check_tensor(dy, "dy", min_ndim=1)
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
@@ -499,7 +651,13 @@ def backward(
         return dx, dw, db
     x2, dy2 = _as_rows(x), _as_rows(dy)
     plan = _layer_norm_settings(
-        *x2.shape, x.element_size(), backward=True, sm_count=_sm_count(x.device), max_row=max_row, one_pass=one_pass
+        *x2.shape,
+        x.element_size(),
+        backward=True,
+        sm_count=_sm_count(x.device),
+        max_row=max_row,
+        one_pass=one_pass,
+        variant=variant,
     )
     _backward_launch(
         dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx.view(x2.shape), dw, db, plan
@@ -509,18 +667,18 @@ def backward(
 
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, max_row, one_pass):
+    def forward(ctx, x, weight, bias, eps, max_row, one_pass, variant):
         y, mean, rstd = forward(x, weight, bias, eps, max_row=max_row, one_pass=one_pass)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.bias_dtype = bias.dtype
-        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass)
+        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass, variant=variant)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = backward(dy, x, weight, mean, rstd, bias_dtype=ctx.bias_dtype, **ctx.plan_overrides)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def fused(
@@ -531,9 +689,13 @@ def fused(
     *,
     max_row: int | None = None,
     one_pass: bool | None = None,
+    bwd_variant: str | None = None,
 ) -> torch.Tensor:
-    """Differentiable fused layer norm: ``forward`` now, ``backward`` under autograd."""
-    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass)
+    """Differentiable fused layer norm: ``forward`` now, ``backward`` under autograd.
+
+    ``bwd_variant`` ("measured" or "lean") picks the backward kernel, for tests and benchmarks.
+    """
+    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

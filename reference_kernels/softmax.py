@@ -1,6 +1,6 @@
 """Fused softmax over the last dimension, for any row width.
 
-Four launch plans (three share one kernel) (``MODE`` picks the code path at compile time);
+Six launch plans (three share one kernel) (``MODE`` picks the code path at compile time);
 ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): a program loads ``BLOCK_M`` whole rows, reduces max and
@@ -9,6 +9,11 @@ Four launch plans (three share one kernel) (``MODE`` picks the code path at comp
 * ``looped`` (wider rows, the default): one program a row walks it in ``_CHUNK`` steps
   twice, first for the running max and sum of exponentials (kept per lane, combined at the
   end), then to normalise; the second read comes from L2 while the rows in flight fit there.
+* ``persistent`` and ``split`` (wider rows, candidates not yet timed, picked by
+  ``_WIDE_ROWS_PLAN`` or ``wide=``): ``_softmax_split_kernel``, a few programs an SM walking
+  tiles (a whole row, or one of a row's slices whose programs exchange (max, sum)) twice,
+  sized so that the tiles in flight fit in L2 and the second read comes from there
+  (notes/softmax_layer_norm.md, "Wide rows from L2").
 * ``two_pass`` (wider rows, ``one_pass=False``): the row is cut into chunks, one
   program each; a first launch writes each chunk's (max, sum of exp), a second combines a
   row's partials and re-reads ``x`` to normalise: two reads and one write of ``x``.
@@ -171,13 +176,156 @@ def _softmax_looped_kernel(
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+# Spin until the int32 at $1 is >= $2: an acquire load a try (every thread: each then holds
+# its own acquire), with a nanosleep back-off from 32 to 256 ns between tries so that the
+# waiters of a row cost its counter's line a few requests a microsecond, not one a clock.
+_SPIN_ASM = tl.constexpr("""{
+.reg .pred %p_done;
+.reg .u32 %ns;
+mov.u32 %ns, 32;
+SPIN_TRY:
+ld.acquire.gpu.global.u32 $0, [$1];
+setp.ge.s32 %p_done, $0, $2;
+@%p_done bra SPIN_DONE;
+nanosleep.u32 %ns;
+shl.b32 %ns, %ns, 1;
+min.u32 %ns, %ns, 256;
+bra SPIN_TRY;
+SPIN_DONE:
+}""")
+
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp(x, FAST_EXP: tl.constexpr):
+    """exp(x) as 2^(x log2 e); ``FAST_EXP``: one ``ex2.approx.ftz`` (tl.exp2 adds three instructions for
+    subnormal results, which a softmax flushes to 0 anyway); off under the interpreter, which runs no PTX."""
+    if FAST_EXP:
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * _LOG2E], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.exp2(x * _LOG2E)
+
+
+@triton.jit
+def _arrive_and_wait(count_ptr, n_peers):
+    """Arrive at ``count_ptr`` (release) and wait, with back-off, until ``n_peers`` have arrived (acquire)."""
+    tl.debug_barrier()  # every thread's partial stores precede the release
+    tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    tl.inline_asm_elementwise(_SPIN_ASM, "=r,l,r", [count_ptr, n_peers], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _softmax_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    y_ptr,  # (M, N) output, unit column stride
+    part_ptr,  # (M, GROUP, 2) float32 partial (max, sum of exp) per row and slice; unused when GROUP == 1
+    sync_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
+    n_programs,  # programs launched (persistent: a few an SM)
+    GROUP: tl.constexpr,  # slices (programs) per row
+    BLOCK_N: tl.constexpr,  # columns per step
+    BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
+    FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
+    SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
+):
+    """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
+
+    The grid is a few programs an SM, so that the slices in flight (programs x slice bytes)
+    stay far below the L2 and the second pass re-reads from it. Each step prefetches the
+    next step's chunk (the next slice chunk, the slice's first chunk again for the second
+    pass, the next tile's first chunk at the end) into registers before working on the
+    current one, so a program always has one chunk of loads in flight. GROUP == 1: a tile
+    is a whole row, tiles go round robin, nothing waits (runs under the interpreter).
+    GROUP > 1: the programs of a row publish their partials and wait for each other; tiles
+    come from an atomic ticket taken only after a program's wait, so the tiles handed out
+    form a prefix and a program never holds a tile it cannot finish without waiting on
+    itself (deadlock-free while GROUP programs fit on the GPU at once).
+    The online step is taken once per SUB neighbouring elements (a thread's vector load),
+    which keeps the running (max, sum) at BLOCK_N / SUB lanes: few registers. Maxima start
+    at -FLT_MAX, not -inf, so a run of -inf adds exp(-inf) = 0 instead of nan, and one
+    exponential a step, exp(min(m, m') - max(m, m')), rescales whichever sum is behind.
+    """
+    n_tiles = n_rows * GROUP
+    if GROUP == 1:
+        tile = tl.program_id(0)
+    else:
+        tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+    cols = tl.arange(0, BLOCK_N)
+    row = tl.minimum(tile // GROUP, n_rows - 1)  # past the last tile: a harmless in-bounds load, not used
+    lo = (tile % GROUP) * slice_cols
+    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=-float("inf"))
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
+        x_row = x_ptr + row.to(tl.int64) * stride_x
+        y_row = y_ptr + row.to(tl.int64) * stride_y
+        run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
+        run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            x = tl.reshape(x_next.to(tl.float32), (BLOCK_N // SUB, SUB))
+            nxt = start + BLOCK_N
+            nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
+            x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=-float("inf"))
+            # A thread's SUB neighbours first (no exchange), then one online step per SUB.
+            sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
+            sub_sum = tl.sum(_exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
+            new_max = tl.maximum(run_max, sub_max)
+            e = _exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
+            run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
+            run_max = new_max
+        tile_max = tl.max(run_max, axis=0)
+        tile_sum = tl.sum(run_sum * _exp(run_max - tile_max, FAST_EXP), axis=0)
+        if GROUP == 1:
+            row_max = tile_max
+            row_sum = tile_sum
+            next_tile = tile + n_programs
+        else:
+            part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
+            tl.store(part_row + 2 * (tile % GROUP), tile_max)
+            tl.store(part_row + 2 * (tile % GROUP) + 1, tile_sum)
+            _arrive_and_wait(sync_ptr + row.to(tl.int64) * _COUNTER_STRIDE, GROUP)
+            g = tl.arange(0, BLOCK_G)
+            p_max = tl.load(part_row + 2 * g, mask=g < GROUP, other=-_FLT_MAX, volatile=True)
+            p_sum = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=0.0, volatile=True)
+            row_max = tl.max(p_max, axis=0)
+            row_sum = tl.sum(p_sum * _exp(p_max - row_max, FAST_EXP), axis=0)
+            next_tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")  # after the wait: see the docstring
+        inv_sum = 1.0 / row_sum
+        next_row = tl.minimum(next_tile // GROUP, n_rows - 1)
+        next_lo = (next_tile % GROUP) * slice_cols
+        for start in range(lo, hi, BLOCK_N):
+            x = x_next.to(tl.float32)
+            nxt = start + BLOCK_N
+            last = nxt >= hi
+            pre_row = tl.where(last, next_row, row)
+            pre_col = tl.where(last, next_lo, nxt)
+            pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
+            x_next = tl.load(pre_ptr, mask=pre_col + cols < n_cols, other=-float("inf"))
+            y = _exp(x - row_max, FAST_EXP) * inv_sum
+            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
+        tile = next_tile
+
+
 class _Plan(NamedTuple):
     """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
 
-    mode: str  # "rows", "looped", "one_pass" or "two_pass"
+    mode: str  # "rows", "looped", "persistent", "split", "one_pass" or "two_pass"
     block_m: int
     block_n: int
     num_warps: int
+    group: int = 1  # "split": programs (slices) per row; "persistent" is "split" with 1
+    per_sm: int = 0  # "persistent", "split": programs launched per SM
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md): rows up to
@@ -191,8 +339,20 @@ _ELEMS_PER_THREAD = 32
 # the second from L2) is the default: on the H200 "one_pass" measured 13-58% of copy and
 # "two_pass" 7-20% at 65536-262144 (2026-11-29 sweep, notes/softmax_layer_norm.md), below
 # the 62-64% Liger and torch.compile reach with a looped kernel of this shape.
+# Offline candidates, not yet timed (notes/softmax_layer_norm.md, "Wide rows from L2"):
+# "persistent" (one program an SM walks whole rows, 32 KB of loads in flight; the 132 rows
+# in flight fit the L2 up to 256 KiB rows) and "split" (two programs an SM, a row cut into
+# slices of at most 64 KiB, one program each, exchanging (max, sum) with a back-off wait).
 _WIDE_ROWS_PLAN = "looped"
 _LOOPED_WARPS = 16
+_PERSISTENT_CHUNK_BYTES = 32768  # one chunk of loads in flight per program, per SM
+_PERSISTENT_WARPS = 16
+_SPLIT_CHUNK_BYTES = 16384  # two programs an SM: 32 KB in flight
+_SPLIT_WARPS = 8
+_SPLIT_PER_SM = 2
+_SPLIT_SLICE_BYTES = 65536  # 2 x 132 slices in flight = 17 MB, under a third of the L2
+_MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
+_INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
 # Chunks a row may need before the one-pass plan (which needs them co-resident) gives way
 # to the two-pass fallback; far below the programs an H100/H200 holds at once.
@@ -204,15 +364,31 @@ def _warps_for(elements: int) -> int:
     return max(4, min(16, elements // (32 * _ELEMS_PER_THREAD)))
 
 
+def _split_group(n_cols: int, block_n: int, group: int) -> tuple[int, int]:
+    """(programs per row, columns per slice) for ``group`` slices asked: whole chunks a slice, none empty."""
+    n_steps = triton.cdiv(n_cols, block_n)
+    steps = triton.cdiv(n_steps, max(1, min(group, n_steps)))
+    return triton.cdiv(n_steps, steps), steps * block_n
+
+
 def _softmax_settings(
-    n_rows: int, n_cols: int, elem_size: int, *, max_row: int | None = None, one_pass: bool | None = None
+    n_rows: int,
+    n_cols: int,
+    elem_size: int,
+    *,
+    max_row: int | None = None,
+    one_pass: bool | None = None,
+    wide: str | None = None,
 ) -> _Plan:
     """The launch plan for an (n_rows, n_cols) softmax: the one place its heuristics live.
 
     ``max_row`` overrides the widest row held by one program (tests force the chunked
     plans with a small value; it is then also the chunk width); ``one_pass=False`` forces
     the two-pass fallback, ``True`` the one-pass plan (never under the interpreter).
-    ``elem_size`` is accepted for dtype-specific tuning; the H200 sweep found none needed.
+    ``wide`` names the plan for wide rows instead of ``_WIDE_ROWS_PLAN``; "split" with more
+    than one program a row waits on other programs, so under the interpreter an explicit
+    ``wide="split"`` is refused and the ``_WIDE_ROWS_PLAN`` choice runs one program a row.
+    ``elem_size`` sizes the persistent and split chunks (bytes in flight).
     """
     widest = max_row if max_row is not None else _MAX_ROW
     if n_cols <= widest:
@@ -225,7 +401,21 @@ def _softmax_settings(
     n_chunks = triton.cdiv(n_cols, chunk)
     if one_pass and interpreting():
         raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-    if one_pass is None and _WIDE_ROWS_PLAN == "looped":
+    wide_plan = wide or _WIDE_ROWS_PLAN
+    if one_pass is None and wide_plan in ("persistent", "split"):
+        split = wide_plan == "split"
+        if max_row is None:
+            chunk = (_SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES) // elem_size
+        group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
+        group = _split_group(n_cols, chunk, group)[0]
+        if group > 1 and interpreting():
+            if wide == "split":
+                raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+            group = 1
+        if split:
+            return _Plan("split", 1, chunk, _SPLIT_WARPS, group, _SPLIT_PER_SM)
+        return _Plan("persistent", 1, chunk, _PERSISTENT_WARPS, 1, 1)
+    if one_pass is None and wide_plan == "looped":
         return _Plan("looped", 1, chunk, _LOOPED_WARPS)
     if one_pass is None:
         one_pass = _WIDE_ROWS_PLAN == "one_pass" and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
@@ -242,6 +432,9 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         _softmax_looped_kernel[(n_rows,)](
             x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK_N=plan.block_n, num_warps=plan.num_warps
         )
+        return
+    if plan.mode in ("persistent", "split"):
+        _launch_split(x2, y2, plan)
         return
     if plan.mode == "rows":
         _softmax_fwd_kernel[(n_row_blocks,)](
@@ -260,6 +453,30 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     else:
         _softmax_fwd_kernel[grid](*args, part, *strides, MODE=_STATS, BLOCK_C=block_c, **common)
         _softmax_fwd_kernel[grid](*args, part, *strides, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
+    if group > 1 and interpreting():
+        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+    n_programs = max(1, min(n_rows * group, max(1, plan.per_sm) * _sm_count(x2.device)))
+    if group > 1:
+        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=x2.device)
+        sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
+    else:
+        part, sync = x2, x2  # not read
+    _softmax_split_kernel[(n_programs,)](
+        x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
+        GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
+        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), num_warps=plan.num_warps,
+    )
 
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:

@@ -217,3 +217,100 @@ def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass):
     expected_mode = "looped" if one_pass is None else "two_pass"
     assert softmax._softmax_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
     torch.testing.assert_close(softmax.fused(x, max_row=64, one_pass=one_pass), reference(x), **TOLERANCES[torch.float32])
+
+
+# The wide-row candidates of notes/softmax_layer_norm.md ("Wide rows from L2"): "persistent"
+# (one program walks whole rows) runs anywhere; "split" with several programs a row waits on
+# its peers, so under the interpreter it runs one program a row and its waiting form is
+# tested on the GPU only. _INTERPRETER_SMS = 3 programs walk several rows each.
+WIDE_SHAPES = [
+    ((7, 333), 64),  # six steps a row, the last one 13 wide; 7 rows over 3 programs
+    ((5, 128), 32),  # steps fill the row exactly
+    ((1, 70), 16),  # one row: programs without a tile
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape, max_row", WIDE_SHAPES, ids=str)
+def test_persistent_wide_row_plan_matches_the_reference_on_ragged_rows(shape, max_row, dtype):
+    x = torch.randn(shape, device=DEVICE).mul_(4).to(dtype)
+    plan = softmax._softmax_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")
+    assert (plan.mode, plan.group) == ("persistent", 1)
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(out, reference(x), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("wide", ["persistent", "split"])
+def test_wide_row_candidates_give_nan_and_inf_rows_as_torch_softmax_does(wide, monkeypatch):
+    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", wide)
+    x = torch.randn(6, 40, device=DEVICE)
+    x[0] = -float("inf")  # all -inf: nan
+    x[1, 3] = float("nan")  # a nan: the row is nan
+    x[2, 5] = float("inf")  # a +inf: the row is nan
+    x[3, :20] = -float("inf")  # whole steps of -inf: zeros there, no nan
+    x[4, 10] = -float("inf")
+    assert softmax._softmax_settings(6, 40, 4, max_row=8).mode == wide
+    y = softmax.fused(x, max_row=8)
+    torch.testing.assert_close(y, torch.softmax(x, dim=-1), equal_nan=True, **TOLERANCES[torch.float32])
+
+
+def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
+    monkeypatch.setattr(softmax, "interpreting", lambda: False)
+    assert softmax._softmax_settings(2048, 65536, 4, wide="persistent") == softmax._Plan("persistent", 1, 8192, 16, 1, 1)
+    assert softmax._softmax_settings(2048, 65536, 2, wide="persistent").block_n == 16384  # 32 KB of loads either way
+    # split: slices of at most 64 KiB, 16 KB steps, two programs an SM
+    assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 4, 2)
+    assert softmax._softmax_settings(2048, 65536, 2, wide="split").group == 2
+    assert softmax._softmax_settings(512, 262144, 4, wide="split").group == 16
+    assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
+    assert softmax._softmax_settings(4, 1 << 24, 4, wide="split").group == 16  # capped: a row waits on 16 at most
+    assert softmax._softmax_settings(100, 20000, 4, wide="split").group == 2  # 80 KB: two slices of 3 and 2 steps
+    assert softmax._split_group(20000, 4096, 2) == (2, 3 * 4096)
+    assert softmax._split_group(5 * 4096, 4096, 4) == (3, 2 * 4096)  # never an empty slice
+    monkeypatch.setattr(softmax, "interpreting", lambda: True)
+    assert softmax._softmax_settings(2048, 65536, 4, wide="persistent").mode == "persistent"
+    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "split")
+    assert softmax._softmax_settings(2048, 65536, 4).group == 1  # nothing to wait for under the interpreter
+    with pytest.raises(ValueError, match="interpreter"):
+        softmax._softmax_settings(2048, 65536, 4, wide="split")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, block_n, group",
+    [
+        ((3000, 1000), 128, 4),  # 8 steps a row in 4 slices, thousands of waiting rows
+        ((64, 4099), 64, 3),  # 65 steps: slices of 22, 22 and 21, the last step 3 wide
+        ((33, 70000), 4096, 16),  # 18 steps: 9 slices of 2, ragged last step
+        ((2048, 65536), None, None),  # the split heuristic at an anchor shape
+        ((3, 262144 + 5), None, None),  # the split heuristic past the widest anchor, ragged
+    ],
+    ids=str,
+)
+def test_split_plan_waiting_on_its_peers_matches_the_reference_every_time(shape, block_n, group, dtype):
+    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
+    x[1, 7] = float("nan")
+    x[2, : shape[1] // 2] = -float("inf")
+    expected = torch.softmax(x.float(), dim=-1).to(dtype)
+    plan = softmax._softmax_settings(*shape, x.element_size(), wide="split")
+    if block_n is not None:
+        plan = plan._replace(block_n=block_n, group=group)
+    for _ in range(3):  # a missing wait or fence shows up as a result that changes
+        out = poisoned_like(x)
+        softmax._launch(x, out, plan)
+        assert not out[0].isnan().any() and out[1].isnan().all()
+        torch.testing.assert_close(out, expected, equal_nan=True, **TOLERANCES[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wide", ["persistent", "split"])
+@pytest.mark.parametrize("n", [16385, 65536, 100000, 262144])
+def test_wide_row_candidates_match_torch_softmax_across_widths(wide, n):
+    x = torch.randn(max(1, 2**22 // n), n, device="cuda", dtype=torch.bfloat16)
+    plan = softmax._softmax_settings(*x.shape, 2, wide=wide)
+    y = torch.empty_like(x)
+    softmax._launch(x, y, plan)
+    torch.testing.assert_close(y, torch.softmax(x.float(), -1).bfloat16(), **TOLERANCES[torch.bfloat16])
