@@ -11,7 +11,7 @@ echo "== plugin GPU tests"
 timeout 300 python3 -m pytest -p pytest_fusioncheck.plugin -p no:cacheprovider -m gpu -q -rs \
     tests/test_gpu.py 2>&1 | grep -v USDT > "$OUT/gpu_plugin_tests.log"; tail -3 "$OUT/gpu_plugin_tests.log"
 echo "== reference kernel GPU tests"
-timeout 200 python3 -m pytest -p pytest_fusioncheck.plugin -p no:cacheprovider -q -n 4 \
+timeout 240 python3 -m pytest -p pytest_fusioncheck.plugin -p no:cacheprovider -q -n 4 --timeout 90 \
     tests/test_ref_softmax.py tests/test_ref_layer_norm.py tests/test_ref_gemm_epilogue.py tests/test_ref_bias_gelu_dropout.py \
     2>&1 | grep -v USDT > "$OUT/gpu_kernel_tests.log"; tail -3 "$OUT/gpu_kernel_tests.log"
 echo "== examples on the GPU (xfail demos shown as failures with --runxfail)"
