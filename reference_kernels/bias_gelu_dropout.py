@@ -54,10 +54,27 @@ def _launch_metadata(grid, kernel, args):
 
 
 @triton.jit
-def _philox4x32(seed, counter, N_ROUNDS: tl.constexpr):
+def _philox_products(c0, c2, FAST: tl.constexpr):
+    """The two 32x32 -> 64-bit products of a Philox round as (hi, lo) words: c2 * 0xCD9E8D57 and
+    c0 * 0xD2511F53, one IMAD.WIDE each on CUDA. Left to itself, LLVM merges the rounds'
+    truncations and XORs into 64-bit operations, and ptxas then pays extra IMADs and IADD3s."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b64 pb, pa; mul.wide.u32 pb, $5, 0xCD9E8D57; mul.wide.u32 pa, $4, 0xD2511F53; "
+            "mov.b64 {$1, $0}, pb; mov.b64 {$3, $2}, pa; }",
+            "=r,=r,=r,=r,r,r", [c0, c2], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1)
+    else:
+        prod_b = c2.to(tl.uint64) * 0xCD9E8D57
+        prod_a = c0.to(tl.uint64) * 0xD2511F53
+        return (prod_b >> 32).to(tl.uint32), prod_b.to(tl.uint32), (prod_a >> 32).to(tl.uint32), prod_a.to(tl.uint32)
+
+
+@triton.jit
+def _philox4x32(seed, counter, N_ROUNDS: tl.constexpr, FAST: tl.constexpr = False):
     """``tl.randint4x(seed, counter, N_ROUNDS)``, bit for bit, with each 32x32-bit product
     taken as one 64-bit multiply (one IMAD.WIDE, high and low halves at once) instead of
-    separate high and low multiplies: a third fewer instructions for the draw."""
+    separate high and low multiplies: a third fewer instructions for the draw. ``FAST``
+    (CUDA only) issues the products as inline PTX: 4 instructions a round."""
     seed = seed.to(tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -70,12 +87,11 @@ def _philox4x32(seed, counter, N_ROUNDS: tl.constexpr):
     c2 = zero
     c3 = zero
     for _ in tl.static_range(N_ROUNDS):
-        prod_b = c2.to(tl.uint64) * 0xCD9E8D57
-        prod_a = c0.to(tl.uint64) * 0xD2511F53
-        c0 = (prod_b >> 32).to(tl.uint32) ^ c1 ^ k0
-        c2 = (prod_a >> 32).to(tl.uint32) ^ c3 ^ k1
-        c1 = prod_b.to(tl.uint32)
-        c3 = prod_a.to(tl.uint32)
+        hi_b, lo_b, hi_a, lo_a = _philox_products(c0, c2, FAST)
+        c0 = hi_b ^ c1 ^ k0
+        c2 = hi_a ^ c3 ^ k1
+        c1 = lo_b
+        c3 = lo_a
         k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
         k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
     return c0, c1, c2, c3
@@ -224,47 +240,6 @@ def _load_f32(ptrs, mask, FAST: tl.constexpr):
         return v.to(tl.float32)
 
 
-@triton.jit
-def _philox_products(c0, c2, FAST: tl.constexpr):
-    """The two 32x32 -> 64-bit products of a Philox round as (hi, lo) words: c2 * 0xCD9E8D57 and
-    c0 * 0xD2511F53, one IMAD.WIDE each on CUDA. Left to itself, LLVM merges the rounds'
-    truncations and XORs into 64-bit operations, and ptxas then pays extra IMADs and IADD3s."""
-    if FAST:
-        return tl.inline_asm_elementwise(
-            "{ .reg .b64 pb, pa; mul.wide.u32 pb, $5, 0xCD9E8D57; mul.wide.u32 pa, $4, 0xD2511F53; "
-            "mov.b64 {$1, $0}, pb; mov.b64 {$3, $2}, pa; }",
-            "=r,=r,=r,=r,r,r", [c0, c2], dtype=(tl.uint32, tl.uint32, tl.uint32, tl.uint32), is_pure=True, pack=1)
-    else:
-        prod_b = c2.to(tl.uint64) * 0xCD9E8D57
-        prod_a = c0.to(tl.uint64) * 0xD2511F53
-        return (prod_b >> 32).to(tl.uint32), prod_b.to(tl.uint32), (prod_a >> 32).to(tl.uint32), prod_a.to(tl.uint32)
-
-
-@triton.jit
-def _philox4x32_lean(seed, counter, N_ROUNDS: tl.constexpr, FAST: tl.constexpr):
-    """``_philox4x32`` (so ``tl.randint4x``) bit for bit, through ``_philox_products``: 4 instructions a round."""
-    seed = seed.to(tl.uint64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = counter.to(tl.uint32)
-    zero = c0 * 0
-    if counter.dtype.primitive_bitwidth > 32:
-        c1 = (counter >> 32).to(tl.uint32)
-    else:
-        c1 = zero
-    c2 = zero
-    c3 = zero
-    for _ in tl.static_range(N_ROUNDS):
-        hi_b, lo_b, hi_a, lo_a = _philox_products(c0, c2, FAST)
-        c0 = hi_b ^ c1 ^ k0
-        c2 = hi_a ^ c3 ^ k1
-        c1 = lo_b
-        c3 = lo_a
-        k0 = tl.add(k0, 0x9E3779B9, sanitize_overflow=False)
-        k1 = tl.add(k1, 0xBB67AE85, sanitize_overflow=False)
-    return c0, c1, c2, c3
-
-
 @triton.jit(launch_metadata=_launch_metadata, do_not_specialize=["seed", "threshold16", "scale", "log2_scale"])
 def _bias_gelu_dropout_lean_kernel(
     x_ptr,  # (M, N), row stride stride_xm, unit column stride
@@ -327,7 +302,7 @@ def _bias_gelu_dropout_lean_kernel(
                 counter = rows.to(tl.int64)[:, None] * groups_per_row + groups[None, :]
             else:
                 counter = rows[:, None] * groups_per_row + groups[None, :]
-            r0, r1, r2, r3 = _philox4x32_lean(seed, counter, N_ROUNDS, FAST)
+            r0, r1, r2, r3 = _philox4x32(seed, counter, N_ROUNDS, FAST)
             word = lane // 2
             r = tl.where(word == 0, r0[:, :, None],
                          tl.where(word == 1, r1[:, :, None], tl.where(word == 2, r2[:, :, None], r3[:, :, None])))
