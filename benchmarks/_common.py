@@ -95,3 +95,19 @@ def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], 
     widths = {int(w) for w in args.widths.split(",") if w}
     timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
     return args, widths, args.impls.split(","), timing
+
+
+def time_impls(rec: dict, fns: dict, impls: list[str], nbytes: int, timing: dict, where: str) -> None:
+    """Fill ``rec["gbps"][name]`` for each implementation: GB/s, or None when absent or failing.
+
+    An anchor failing at a shape is a result (n/a in the table), not a crash.
+    """
+    for name in impls:
+        if name not in fns:
+            rec["gbps"][name] = None
+            continue
+        try:
+            rec["gbps"][name] = gbps(nbytes, bench_ms(fns[name], **timing))
+        except Exception as exc:
+            print(f"  {name} failed at {where}: {type(exc).__name__}: {exc}"[:300], flush=True)
+            rec["gbps"][name] = None

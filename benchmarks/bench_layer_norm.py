@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
@@ -112,7 +112,6 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
     # neighbours worth a look: the other register cap, the other chunk, one program fewer an SM.
     lean = layer_norm._layer_norm_settings(m, n, size, backward=True, sm_count=sm, variant="lean")
     plans.append((f"lean {lean.mode} bn={lean.block_n} w={lean.num_warps} regs={lean.max_regs} groups={lean.n_groups}", lean))
-    chunks = triton.cdiv(n, lean.block_n)
     other_cap = 80 if lean.max_regs == 64 else 64
     if other_cap * 32 * lean.num_warps <= 65536:
         plans.append((f"lean regs={other_cap}", lean._replace(max_regs=other_cap)))
@@ -166,15 +165,7 @@ def main() -> None:
                         x, w, b, y2, torch.empty_like(mean), torch.empty_like(rstd), EPS, plan
                     )
                 rec["plan"] = layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm)._asdict()
-                for name in impls:
-                    if name not in fns:
-                        rec["gbps"][name] = None
-                        continue
-                    try:
-                        rec["gbps"][name] = gbps(nbytes, bench_ms(fns[name], **timing))
-                    except Exception as exc:  # an anchor failing at a shape is a result (n/a), not a crash
-                        print(f"  {name} failed at {m}x{n} {dtype_name} {direction}: {type(exc).__name__}: {exc}"[:300], flush=True)
-                        rec["gbps"][name] = None
+                time_impls(rec, fns, impls, nbytes, timing, f"{m}x{n} {dtype_name} {direction}")
                 if args.sweep:
                     rec["sweep"] = {}
                     for label, plan in plan_variants(m, n, size, backward, sm):

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks._common import ANCHORS, bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table  # noqa: E402
+from benchmarks._common import ANCHORS, bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import softmax  # noqa: E402
@@ -107,15 +107,7 @@ def main() -> None:
                 fns["ours"] = lambda: softmax.fused(x)
                 rec["max_abs_err"] = (softmax.fused(x).float() - expected).abs().max().item()
                 rec["plan"] = softmax._softmax_settings(m, n, x.element_size())._asdict()
-            for name in impls:
-                if name not in fns:
-                    rec["gbps"][name] = None
-                    continue
-                try:
-                    rec["gbps"][name] = gbps(nbytes, bench_ms(fns[name], **timing))
-                except Exception as exc:  # an anchor failing at a shape is a result (n/a), not a crash
-                    print(f"  {name} failed at {m}x{n} {dtype_name}: {type(exc).__name__}: {exc}"[:300], flush=True)
-                    rec["gbps"][name] = None
+            time_impls(rec, fns, impls, nbytes, timing, f"{m}x{n} {dtype_name}")
             if args.sweep:
                 x2, y2 = x, torch.empty_like(x)
                 rec["sweep"] = {}
