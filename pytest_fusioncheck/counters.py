@@ -3,10 +3,12 @@
 torch.profiler's CUPTI-metrics path gives no counters on CUDA 13, so measured bytes come
 from ``ncu``. Before the tests run, the plugin re-runs the selected fusion tests once in a
 child pytest under ``ncu`` (``--clock-control none``: the clocks are left alone), keeping
-only kernels inside the plugin's NVTX ranges (``fusioncheck:<label>``), and reads DRAM
-bytes read + written per kernel from its CSV. The child also writes its reports as JSON;
-ncu's kernels, in launch order, are matched to those reports' kernels one for one, and
-the parent fills ``Kernel.bytes_measured`` when the same report is built during the test.
+only kernels inside the plugin's NVTX ranges (``fusioncheck:<seq>:<label>``, one per
+profiled call), and reads DRAM bytes read + written per kernel from its CSV, which names
+each kernel's range. The child also writes its reports as JSON, each with its ``seq``: a
+report gets the kernels of its own range, and the parent fills ``Kernel.bytes_measured``
+when the same report (same test, same index) is built during the test, provided ncu saw
+as many kernels in the range as the profiler did.
 
 Writes still in L2 when a kernel ends are not counted by DRAM counters (and ncu flushes
 caches before each kernel, so every read is cold): compare on tensors several times the
@@ -16,6 +18,7 @@ caches before each kernel, so every read is cold): compare on tensors several ti
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import os
@@ -26,9 +29,10 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from .capture import NVTX_PREFIX
+
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-NVTX_PREFIX = "fusioncheck:"
-NVTX_FILTER = "regex:^fusioncheck:.*/"
+NVTX_FILTER = f"regex:^{NVTX_PREFIX}.*/"
 CHILD_ENV = "FUSIONCHECK_NCU_CHILD"
 _UNIT_SCALE = {
     "": 1, "byte": 1, "bytes": 1, "b": 1,
@@ -141,7 +145,7 @@ def find_ncu() -> str:
     """Path of the ``ncu`` executable, or a ``CountersError`` saying where it was looked for."""
     candidates = [os.environ.get("FUSIONCHECK_NCU"), shutil.which("ncu")]
     candidates += sorted(
-        (os.path.join(root, "ncu") for root in _glob("/opt/nvidia/nsight-compute/*")), reverse=True
+        (os.path.join(root, "ncu") for root in glob.glob("/opt/nvidia/nsight-compute/*")), reverse=True
     )
     candidates += ["/usr/local/cuda/bin/ncu"]
     for c in candidates:
@@ -151,12 +155,6 @@ def find_ncu() -> str:
         "--fusion-counters=ncu needs Nsight Compute's `ncu`: not on PATH, not in /opt/nvidia/nsight-compute "
         "or /usr/local/cuda/bin (set FUSIONCHECK_NCU=/path/to/ncu)"
     )
-
-
-def _glob(pattern: str) -> list[str]:
-    import glob
-
-    return glob.glob(pattern)
 
 
 def ncu_command(ncu: str, log_file: str, child_argv: list[str]) -> list[str]:
