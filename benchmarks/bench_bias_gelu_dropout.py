@@ -90,12 +90,12 @@ def main() -> None:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
             extra["lean"] = lambda: bgd._launch(x, bias, p, 1, variant="lean")
             extra["lean, p=0"] = lambda: bgd._launch(x, bias, 0.0, 1, variant="lean")
-            for per_sm in (1, 2, 3, 8):
-                extra[f"lean, {per_sm} programs/SM"] = lambda k=per_sm: bgd._launch(x, bias, p, 1, variant="lean",
-                                                                                   programs=k * sms)
-            extra["lean, one program a row (no loop)"] = lambda: bgd._launch(x, bias, p, 1, variant="lean", programs=M)
-            for cfg in [(1, 4096, 8), (1, 8192, 16), (1, 4096, 4), (2, 4096, 8)]:
-                extra[f"lean, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, variant="lean", config=cfg)
+            extra["lean, no prefetch"] = lambda: bgd._launch(x, bias, p, 1, variant="lean", prefetch=False)
+            for cfg in [(1, 8192, 8), (1, 8192, 16), (1, 4096, 8), (1, 4096, 4), (2, 4096, 8), (1, 16384, 16)]:
+                col_tiles = -(-N // cfg[1])  # the grid's second axis
+                for per_sm in (1, 2, 3, 4):
+                    extra[f"lean, tiles {cfg}, {per_sm} programs/SM"] = lambda cfg=cfg, k=per_sm * sms // col_tiles: (
+                        bgd._launch(x, bias, p, 1, variant="lean", config=cfg, programs=k))
             for name, fn in extra.items():
                 row(variant_rows, name, bench_ms(fn, **rep))
 

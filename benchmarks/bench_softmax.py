@@ -73,19 +73,25 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
         plans.append((f"looped chunk={looped.block_n} w={looped.num_warps}", looped))
         for wide in ("persistent", "split"):
             plans.append((wide, softmax._softmax_settings(m, n, size, wide=wide)))
-        for chunk_bytes, warps, per_sm in ((16384, 8, 2), (32768, 32, 1), (65536, 16, 1)):
+        for chunk_bytes, warps, per_sm in ((32768, 16, 1), (65536, 32, 1), (131072, 32, 1)):
             chunk = chunk_bytes // size
             plans.append((f"persistent chunk={chunk} w={warps} per_sm={per_sm}", P("persistent", 1, chunk, warps, 1, per_sm)))
         split = softmax._softmax_settings(m, n, size, wide="split")
         for group, chunk_bytes, warps, per_sm in (
-            (split.group * 2, 16384, 8, 2),
-            (max(2, split.group // 2), 16384, 8, 2),
-            (split.group, 16384, 8, 3),
-            (split.group, 32768, 16, 1),
+            (split.group, 16384, 8, 2),
+            (split.group, 16384, 8, 4),
             (split.group, 8192, 4, 4),
         ):
             chunk = chunk_bytes // size
             plans.append((f"split group={group} chunk={chunk} w={warps} per_sm={per_sm}", P("split", 1, chunk, warps, group, per_sm)))
+        # A slice of one step stays in registers for pass two (HOLD): one HBM read, one write.
+        for slice_bytes, warps, per_sm in ((65536, 16, 1), (65536, 32, 1), (32768, 8, 2), (32768, 16, 1),
+                                           (16384, 4, 4), (16384, 8, 3)):
+            chunk = slice_bytes // size
+            group = -(-n // chunk)
+            if 1 < group <= 64:  # every program of a row must be resident at once
+                plans.append((f"split hold group={group} chunk={chunk} w={warps} per_sm={per_sm}",
+                              P("split", 1, chunk, warps, group, per_sm)))
     return plans
 
 

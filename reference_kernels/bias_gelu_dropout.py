@@ -37,6 +37,10 @@ _APPROXIMATIONS = ("none", "tanh")
 _VARIANTS = ("measured", "lean")
 _KERNEL_VARIANT = "measured"
 _LEAN_PROGRAMS_PER_SM = 2  # lean kernel: programs per SM, each walking row tiles (104 registers: 2 fit an SM)
+# Lean kernel: load the next row tile before computing this one. Without it the lean kernel ran
+# at 63% of copy on the H200 with p = 0 too (2026-11-29, notes/gemm_dropout.md): two programs an
+# SM, each with nothing in flight while it computes, not the arithmetic, set its pace.
+_LEAN_PREFETCH = True
 
 
 # --------------------------------------------------------------------------- kernels
@@ -227,17 +231,33 @@ def _phi_scaled(x, s, log2_s, FAST: tl.constexpr):
 
 
 @triton.jit
-def _load_f32(ptrs, mask, FAST: tl.constexpr):
-    """Load and widen to fp32. On CUDA, bf16 pairs are widened straight from the loaded 32-bit
-    register, one shift or AND each (the compiler's own conversion spends a PRMT, a MOV and a
-    shift on the odd element)."""
-    v = tl.load(ptrs) if mask is None else tl.load(ptrs, mask=mask, other=0.0)
-    if FAST and ptrs.dtype.element_ty == tl.bfloat16:
+def _widen_f32(v, FAST: tl.constexpr):
+    """Widen a loaded tile to fp32. On CUDA, bf16 pairs are widened straight from the loaded
+    32-bit register, one shift or AND each (the compiler's own conversion spends a PRMT, a MOV
+    and a shift on the odd element)."""
+    if FAST and v.dtype == tl.bfloat16:
         bits = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r",
                                          [v.to(tl.uint16, bitcast=True)], dtype=tl.uint32, is_pure=True, pack=2)
         return bits.to(tl.float32, bitcast=True)
     else:
         return v.to(tl.float32)
+
+
+@triton.jit
+def _load_f32(ptrs, mask, FAST: tl.constexpr):
+    """Load and widen to fp32 (``_widen_f32``)."""
+    v = tl.load(ptrs) if mask is None else tl.load(ptrs, mask=mask, other=0.0)
+    return _widen_f32(v, FAST)
+
+
+@triton.jit
+def _load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN: tl.constexpr):
+    """The raw x tile of BLOCK_M rows from ``row0`` (masked unless EVEN)."""
+    ptrs = x_ptr + tl.cast(row0, tl.int64) * stride_xm + x_offs
+    if EVEN:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=(row0 + local < M) & col_mask, other=0.0)
 
 
 @triton.jit(launch_metadata=_launch_metadata, do_not_specialize=["seed", "threshold16", "scale", "log2_scale"])
@@ -259,6 +279,7 @@ def _bias_gelu_dropout_lean_kernel(
     EVEN: tl.constexpr,  # M % BLOCK_M == 0 and N % BLOCK_N == 0: no bounds masks
     WIDE: tl.constexpr,  # Philox counters may pass 2**31: compute them in int64
     N_ROUNDS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load the program's next row tile before working on this one
 ):
     """The measured kernel's outputs and mask with fewer instructions an element (notes/gemm_dropout.md).
 
@@ -281,20 +302,27 @@ def _bias_gelu_dropout_lean_kernel(
     b = _load_f32(bias_ptr + cols, col_mask, FAST)
     if HAS_DROPOUT:
         thr = tl.cast(threshold16, tl.uint32, bitcast=True)
-    for row0 in tl.range(tl.program_id(0) * BLOCK_M, M, tl.num_programs(0) * BLOCK_M):
-        if BLOCK_M == 1:
-            x_offs = cols
-            y_offs = cols
-        else:
-            x_offs = local.to(tl.int64) * stride_xm + cols
-            y_offs = local.to(tl.int64) * N + cols
+    if BLOCK_M == 1:
+        x_offs = cols
+        y_offs = cols
+    else:
+        x_offs = local.to(tl.int64) * stride_xm + cols
+        y_offs = local.to(tl.int64) * N + cols
+    step = tl.num_programs(0) * BLOCK_M
+    last0 = (M - 1) // BLOCK_M * BLOCK_M  # the last row tile: prefetches past it reload it (in bounds, unused)
+    if PREFETCH:
+        x_next = _load_tile(x_ptr, tl.program_id(0) * BLOCK_M, x_offs, local, col_mask, M, stride_xm, EVEN)
+    for row0 in tl.range(tl.program_id(0) * BLOCK_M, M, step):
         if EVEN:
             mask = None
         else:
             mask = (row0 + local < M) & col_mask
-        x_row = x_ptr + tl.cast(row0, tl.int64) * stride_xm
         y_row = y_ptr + tl.cast(row0, tl.int64) * N
-        x = _load_f32(x_row + x_offs, mask, FAST)
+        if PREFETCH:  # the next tile's loads stay in flight while this one is computed
+            x = _widen_f32(x_next, FAST)
+            x_next = _load_tile(x_ptr, tl.minimum(row0 + step, last0), x_offs, local, col_mask, M, stride_xm, EVEN)
+        else:
+            x = _widen_f32(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
         sel = _phi_scaled(x + b, scale, log2_scale, FAST)
         if HAS_DROPOUT:
             rows = row0 + tl.arange(0, BLOCK_M)
@@ -379,7 +407,7 @@ def _scale(p: float) -> float:
 
 
 def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, config=None, wide=None,
-            gelu_mode=None, rounds=PHILOX_ROUNDS, variant=None, programs=None):
+            gelu_mode=None, rounds=PHILOX_ROUNDS, variant=None, programs=None, prefetch=None):
     """Launch the fused kernel; the keywords after ``out`` override defaults (tests, benchmarks)."""
     x2 = _rows_view(x)
     M, N = x2.shape
@@ -390,7 +418,7 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     if variant not in _VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; choose one of {_VARIANTS}")
     if variant == "lean" and approximate == "none" and rng_bits == 16 and gelu_mode is None:
-        return _launch_lean(x2, bias, y, p, seed, config, wide, rounds, programs)
+        return _launch_lean(x2, bias, y, p, seed, config, wide, rounds, programs, prefetch)
     block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
@@ -404,7 +432,7 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     return y
 
 
-def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROUNDS, programs=None):
+def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROUNDS, programs=None, prefetch=None):
     """The lean kernel on the measured kernel's tiles; same mask, scale folded into the GELU fit."""
     M, N = x2.shape
     block_m, block_n, warps = config or _launch_config(M, N)
@@ -418,7 +446,8 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
         math.log2(scale) if scale > 0 else -math.inf,
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_DROPOUT=0 < threshold < 1 << RNG_BITS, FAST=not interpreting(),
         EVEN=M % block_m == 0 and N % block_n == 0,
-        WIDE=(M * triton.cdiv(N, 8) >= 2**31) if wide is None else wide, N_ROUNDS=rounds, num_warps=warps,
+        WIDE=(M * triton.cdiv(N, 8) >= 2**31) if wide is None else wide, N_ROUNDS=rounds,
+        PREFETCH=_LEAN_PREFETCH if prefetch is None else prefetch, num_warps=warps,
     )
     return y
 

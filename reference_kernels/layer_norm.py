@@ -399,10 +399,12 @@ _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=
 _BWD_CHUNK = 4096
 # Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
 # step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
-# registers; compiled for sm_90 but not yet timed, notes/softmax_layer_norm.md). "lean" takes
-# over where the measured plans missed 75% of copy: 16-bit inputs at every width, any dtype
-# wider than _BWD_MAX_ROW; fp32 rows up to _BWD_MAX_ROW keep the measured plan (83-91%).
-_BWD_VARIANT = "measured"
+# registers). "lean" (the default) takes over where it measured faster on the H200
+# (2026-11-29 sweep, notes/softmax_layer_norm.md): rows wider than _BWD_MAX_ROW, bf16 34% -> 51%
+# at 16384 and 15% -> 43% at 65536, fp32 56% -> 63% at 16384; not fp32 rows wider than
+# _LEAN_FP32_MAX_ROW (40% against 46%) nor rows up to _BWD_MAX_ROW (bf16 60% against 69-72%).
+_BWD_VARIANT = "lean"
+_LEAN_FP32_MAX_ROW = 16384
 _BWD_VARIANTS = ("measured", "lean")
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
@@ -443,12 +445,12 @@ def _layer_norm_settings(
     width), ``one_pass`` forces the one-pass (never under the interpreter) or two-pass
     chunked plan: tests use both to reach every code path with small shapes. ``variant``
     ("measured" or "lean") forces the backward kernel at every shape; left out,
-    ``_BWD_VARIANT`` decides, "lean" only where the measured plans missed.
+    ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
     if backward and (variant or _BWD_VARIANT) == "lean":
-        if variant == "lean" or elem_size < 4 or n_cols > _BWD_MAX_ROW:
+        if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
             return _lean_backward_plan(n_rows, n_cols, elem_size, sm_count, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     if n_cols <= widest:

@@ -6,14 +6,16 @@ Six launch plans (three share one kernel) (``MODE`` picks the code path at compi
 * ``rows`` (rows up to 16384 wide): a program loads ``BLOCK_M`` whole rows, reduces max and
   sum of exponentials in registers and writes the result: one read, one write. Measured
   92-100% of copy bandwidth on an H200.
-* ``looped`` (wider rows, the default): one program a row walks it in ``_CHUNK`` steps
+* ``persistent`` and ``split`` (wider rows, the default: ``_WIDE_ROWS_PLAN = "auto"`` takes
+  ``persistent`` up to 128 KiB a row, ``split`` beyond): ``_softmax_split_kernel``, a few
+  programs an SM walking tiles (a whole row, or one of a row's slices whose programs
+  exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
+  read comes from there; a tile of one step is held in registers instead (no second read).
+  Measured 70-80% of copy at 65536 and 63-73% at 262144 (notes/softmax_layer_norm.md,
+  "Wide rows from L2"): short of the 90% target, above every anchor.
+* ``looped`` (wider rows, by name): one program a row walks it in ``_CHUNK`` steps
   twice, first for the running max and sum of exponentials (kept per lane, combined at the
   end), then to normalise; the second read comes from L2 while the rows in flight fit there.
-* ``persistent`` and ``split`` (wider rows, candidates not yet timed, picked by
-  ``_WIDE_ROWS_PLAN`` or ``wide=``): ``_softmax_split_kernel``, a few programs an SM walking
-  tiles (a whole row, or one of a row's slices whose programs exchange (max, sum)) twice,
-  sized so that the tiles in flight fit in L2 and the second read comes from there
-  (notes/softmax_layer_norm.md, "Wide rows from L2").
 * ``two_pass`` (wider rows, ``one_pass=False``): the row is cut into chunks, one
   program each; a first launch writes each chunk's (max, sum of exp), a second combines a
   row's partials and re-reads ``x`` to normalise: two reads and one write of ``x``.
@@ -237,6 +239,7 @@ def _softmax_split_kernel(
     BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
     SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
+    HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -274,9 +277,10 @@ def _softmax_split_kernel(
         run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             x = tl.reshape(x_next.to(tl.float32), (BLOCK_N // SUB, SUB))
-            nxt = start + BLOCK_N
-            nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-            x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=-float("inf"))
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
+                nxt = start + BLOCK_N
+                nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
+                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=-float("inf"))
             # A thread's SUB neighbours first (no exchange), then one online step per SUB.
             sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
             sub_sum = tl.sum(_exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
@@ -335,21 +339,21 @@ _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _ELEMS_PER_THREAD = 32
-# The plan for rows wider than _MAX_ROW. "looped" (one program a row, two passes over it,
-# the second from L2) is the default: on the H200 "one_pass" measured 13-58% of copy and
-# "two_pass" 7-20% at 65536-262144 (2026-11-29 sweep, notes/softmax_layer_norm.md), below
-# the 62-64% Liger and torch.compile reach with a looped kernel of this shape.
-# Offline candidates, not yet timed (notes/softmax_layer_norm.md, "Wide rows from L2"):
-# "persistent" (one program an SM walks whole rows, 32 KB of loads in flight; the 132 rows
-# in flight fit the L2 up to 256 KiB rows) and "split" (two programs an SM, a row cut into
-# slices of at most 64 KiB, one program each, exchanging (max, sum) with a back-off wait).
-_WIDE_ROWS_PLAN = "looped"
+# The plan for rows wider than _MAX_ROW, from the H200 sweeps of 2026-11-29 (notes/softmax_layer_norm.md,
+# "Wide rows from L2"). "auto": "persistent" (a program an SM walks whole rows twice, the
+# second time from L2, the next chunk always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
+# "split" (a row cut into slices, programs exchanging (max, sum) with a back-off wait) wider.
+# Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73%,
+# against "looped" 51-57% / 47-58% and Liger 62-64% (65536; it refuses 262144). "looped",
+# "one_pass" (13-66%) and "two_pass" (7-36%) stay selectable by name.
+_WIDE_ROWS_PLAN = "auto"
+_PERSISTENT_MAX_ROW_BYTES = 131072
 _LOOPED_WARPS = 16
-_PERSISTENT_CHUNK_BYTES = 32768  # one chunk of loads in flight per program, per SM
+_PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
 _PERSISTENT_WARPS = 16
-_SPLIT_CHUNK_BYTES = 16384  # two programs an SM: 32 KB in flight
+_SPLIT_CHUNK_BYTES = 16384  # three programs an SM: 48 KB in flight
 _SPLIT_WARPS = 8
-_SPLIT_PER_SM = 2
+_SPLIT_PER_SM = 3
 _SPLIT_SLICE_BYTES = 65536  # 2 x 132 slices in flight = 17 MB, under a third of the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
 _INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
@@ -402,6 +406,8 @@ def _softmax_settings(
     if one_pass and interpreting():
         raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
     wide_plan = wide or _WIDE_ROWS_PLAN
+    if wide_plan == "auto":
+        wide_plan = "persistent" if n_cols * elem_size <= _PERSISTENT_MAX_ROW_BYTES else "split"
     if one_pass is None and wide_plan in ("persistent", "split"):
         split = wide_plan == "split"
         if max_row is None:
@@ -475,7 +481,8 @@ def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     _softmax_split_kernel[(n_programs,)](
         x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
-        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), num_warps=plan.num_warps,
+        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
+        num_warps=plan.num_warps,
     )
 
 

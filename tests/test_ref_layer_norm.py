@@ -203,17 +203,14 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
     assert sm * resident - chunks < plan.n_groups * chunks <= sm * resident  # one wave, all co-resident
 
 
-def test_the_lean_switch_takes_over_only_where_the_measured_plans_missed(monkeypatch):
+def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
     settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132)  # noqa: E731
-    assert all(settings(n, s).variant == "measured" for n in (1024, 65536) for s in (2, 4))
-    monkeypatch.setattr(layer_norm, "_BWD_VARIANT", "lean")
-    assert [settings(n, s).variant for n, s in ((1024, 4), (4096, 4), (1024, 2), (4096, 2), (16384, 4))] == [
-        "measured",
-        "measured",
-        "lean",
-        "lean",
-        "lean",
+    widths = [(1024, 4), (4096, 4), (1024, 2), (4096, 2), (4097, 4), (16384, 4), (16385, 4), (65536, 4), (16384, 2), (65536, 2)]
+    assert [settings(n, s).variant for n, s in widths] == [
+        "measured", "measured", "measured", "measured", "lean", "lean", "measured", "measured", "lean", "lean",
     ]
+    monkeypatch.setattr(layer_norm, "_BWD_VARIANT", "measured")
+    assert all(settings(n, s).variant == "measured" for n, s in widths)
     assert layer_norm._layer_norm_settings(8192, 128, 4, sm_count=132).variant == "measured"  # forward untouched
     with pytest.raises(ValueError, match="unknown backward variant 'fast'"):
         layer_norm._layer_norm_settings(8192, 128, 4, backward=True, variant="fast")

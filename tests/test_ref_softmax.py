@@ -211,10 +211,15 @@ def test_two_pass_fallback_matches_on_the_gpu_too():
     torch.testing.assert_close(softmax.fused(x, one_pass=False), reference(x), **TOLERANCES[torch.float32])
 
 
-@pytest.mark.parametrize("one_pass", [None, False], ids=["looped (the wide default)", "two_pass"])
-def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass):
+@pytest.mark.parametrize(
+    "one_pass, wide, expected_mode",
+    [(None, None, "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
+    ids=["persistent (the default for these narrow rows)", "looped", "two_pass"],
+)
+def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass, wide, expected_mode, monkeypatch):
     x = torch.randn(5, 333, device=DEVICE)  # max_row=64: six steps, the last one ragged
-    expected_mode = "looped" if one_pass is None else "two_pass"
+    if wide is not None:
+        monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", wide)
     assert softmax._softmax_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
     torch.testing.assert_close(softmax.fused(x, max_row=64, one_pass=one_pass), reference(x), **TOLERANCES[torch.float32])
 
@@ -227,6 +232,7 @@ WIDE_SHAPES = [
     ((7, 333), 64),  # six steps a row, the last one 13 wide; 7 rows over 3 programs
     ((5, 128), 32),  # steps fill the row exactly
     ((1, 70), 16),  # one row: programs without a tile
+    ((4, 60), 48),  # one 64-wide step a row: held in registers for pass two (HOLD), no re-read
 ]
 
 
@@ -258,10 +264,15 @@ def test_wide_row_candidates_give_nan_and_inf_rows_as_torch_softmax_does(wide, m
 
 def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     monkeypatch.setattr(softmax, "interpreting", lambda: False)
-    assert softmax._softmax_settings(2048, 65536, 4, wide="persistent") == softmax._Plan("persistent", 1, 8192, 16, 1, 1)
-    assert softmax._softmax_settings(2048, 65536, 2, wide="persistent").block_n == 16384  # 32 KB of loads either way
-    # split: slices of at most 64 KiB, 16 KB steps, two programs an SM
-    assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 4, 2)
+    assert softmax._softmax_settings(2048, 65536, 4, wide="persistent") == softmax._Plan("persistent", 1, 16384, 16, 1, 1)
+    assert softmax._softmax_settings(2048, 65536, 2, wide="persistent").block_n == 32768  # 64 KB of loads either way
+    # split: slices of at most 64 KiB, 16 KB steps, three programs an SM
+    assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 4, 3)
+    # auto: persistent up to 128 KiB rows, split wider
+    assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
+    assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
+    assert softmax._softmax_settings(2048, 65536, 4).mode == "split"
+    assert softmax._softmax_settings(2048, 16385, 4).mode == "persistent"
     assert softmax._softmax_settings(2048, 65536, 2, wide="split").group == 2
     assert softmax._softmax_settings(512, 262144, 4, wide="split").group == 16
     assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
@@ -285,6 +296,7 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
         ((3000, 1000), 128, 4),  # 8 steps a row in 4 slices, thousands of waiting rows
         ((64, 4099), 64, 3),  # 65 steps: slices of 22, 22 and 21, the last step 3 wide
         ((33, 70000), 4096, 16),  # 18 steps: 9 slices of 2, ragged last step
+        ((40, 9000), 1024, 9),  # one step a slice (held in registers), the last step 808 wide
         ((2048, 65536), None, None),  # the split heuristic at an anchor shape
         ((3, 262144 + 5), None, None),  # the split heuristic past the widest anchor, ragged
     ],
@@ -295,9 +307,11 @@ def test_split_plan_waiting_on_its_peers_matches_the_reference_every_time(shape,
     x[1, 7] = float("nan")
     x[2, : shape[1] // 2] = -float("inf")
     expected = torch.softmax(x.float(), dim=-1).to(dtype)
-    plan = softmax._softmax_settings(*shape, x.element_size(), wide="split")
-    if block_n is not None:
-        plan = plan._replace(block_n=block_n, group=group)
+    if block_n is None:
+        plan = softmax._softmax_settings(*shape, x.element_size(), wide="split")
+    else:  # max_row: chunks of block_n even where the row would fit one program
+        plan = softmax._softmax_settings(*shape, x.element_size(), max_row=block_n, wide="split")._replace(group=group)
+    assert (plan.mode, plan.block_n) == ("split", block_n or plan.block_n)
     for _ in range(3):  # a missing wait or fence shows up as a result that changes
         out = poisoned_like(x)
         softmax._launch(x, out, plan)

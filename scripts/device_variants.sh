@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Times the reference-kernel variants prepared offline (softmax wide-row plans, layer-norm
+# backward `lean`, dropout `lean`) in one device call, after their GPU tests:
+#   bash scripts/device_variants.sh            (the device tool runs it from the repo root)
+# Needs the Liger wheel under .whl/ (carry [".whl"]). Each stage has its own time limit so a
+# hang in one cannot eat the call; logs and JSON go to $OUT.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+stage() {  # stage NAME SECONDS CMD...: run CMD with a limit, log to $OUT/NAME.txt, show its tail
+    local name=$1 limit=$2; shift 2
+    echo "== $name"; local t0=$SECONDS
+    timeout "$limit" "$@" 2>&1 | grep -v USDT > "$OUT/$name.txt"
+    echo "rc=${PIPESTATUS[0]} ${name} took $((SECONDS - t0)) s" | tee -a "$OUT/$name.txt"
+    tail -4 "$OUT/$name.txt"
+}
+stage kernel_tests 200 python3 -m pytest -p pytest_fusioncheck.plugin -p no:cacheprovider -q -n 8 --timeout 90 \
+    tests/test_ref_softmax.py tests/test_ref_layer_norm.py tests/test_ref_bias_gelu_dropout.py
+stage dropout 80 python3 benchmarks/bench_bias_gelu_dropout.py --quick --variants
+stage ln_bwd 120 python3 benchmarks/bench_layer_norm.py --quick --sweep --passes backward --impls ours,torch,compile --json "$OUT/ln_bwd.json"
+stage softmax_wide 150 python3 benchmarks/bench_softmax.py --quick --sweep --widths 65536,262144 --impls ours,liger --json "$OUT/softmax_wide.json"
