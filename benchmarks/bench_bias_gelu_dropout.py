@@ -2,11 +2,11 @@
 
 Bandwidth counts compulsory bytes only (read x and bias, write y); "% copy" is against a
 device-to-device copy of the same byte count measured in the same run. Times are medians
-with the L2 flushed between runs. ``--variants`` adds, for the notes, our kernel without
-the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with other tiles
-(BLOCK_M, BLOCK_N, num_warps); then the lean kernel (``bgd._KERNEL_VARIANT = "lean"``: same
-mask, fewer instructions an element) with its tiles and programs per SM. ``--kernel lean``
-makes the lean kernel the "ours (fused)" row.
+with the L2 flushed between runs. ``--variants`` adds, for the notes, the first ("measured")
+kernel without the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with
+other tiles (BLOCK_M, BLOCK_N, num_warps); then the lean kernel (the default: same mask, fewer
+instructions an element) with its tiles and programs per SM. ``--kernel measured`` makes the
+first kernel the "ours (fused)" row.
 
     PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants]
 """
@@ -73,15 +73,15 @@ def main() -> None:
         if args.variants and dtype == torch.bfloat16:
             M, N = x.numel() // shape[-1], shape[-1]
             extra = {
-                "ours, p=0 (no random draw)": lambda: bgd._launch(x, bias, 0.0, 1, variant="measured"),
-                "ours, 7 Philox rounds": lambda: bgd._launch(x, bias, p, 1, rounds=7, variant="measured"),
-                "ours, gelu via libdevice erf": lambda: bgd._launch(x, bias, p, 1, gelu_mode=2),
-                "ours, gelu without fast-math": lambda: bgd._launch(x, bias, p, 1, gelu_mode=0),
-                "ours, tanh gelu": lambda: bgd.fused(x, bias, p, seed=1, approximate="tanh"),
+                "measured, p=0 (no random draw)": lambda: bgd._launch(x, bias, 0.0, 1, variant="measured"),
+                "measured, 7 Philox rounds": lambda: bgd._launch(x, bias, p, 1, rounds=7, variant="measured"),
+                "measured, gelu via libdevice erf": lambda: bgd._launch(x, bias, p, 1, gelu_mode=2),
+                "measured, gelu without fast-math": lambda: bgd._launch(x, bias, p, 1, gelu_mode=0),
+                "measured, tanh gelu": lambda: bgd.fused(x, bias, p, seed=1, approximate="tanh"),
             }
             for cfg in [(1, 4096, 4), (1, 4096, 8), (1, 8192, 4), (2, 8192, 16), (1, 2048, 2), (4, 2048, 8)]:
                 if cfg != bgd._launch_config(M, N):
-                    extra[f"ours, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg, variant="measured")
+                    extra[f"measured, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg, variant="measured")
             # The lean kernel: same mask, fewer instructions an element (notes/gemm_dropout.md).
             lean = bgd._launch(x, bias, p, 1, variant="lean")
             measured = bgd._launch(x, bias, p, 1, variant="measured")

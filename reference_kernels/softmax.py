@@ -354,7 +354,12 @@ _PERSISTENT_WARPS = 16
 _SPLIT_CHUNK_BYTES = 16384  # three programs an SM: 48 KB in flight
 _SPLIT_WARPS = 8
 _SPLIT_PER_SM = 3
-_SPLIT_SLICE_BYTES = 65536  # 2 x 132 slices in flight = 17 MB, under a third of the L2
+# fp32 rows up to _MAX_SPLIT_GROUP slices: one 64 KiB step a slice, held in registers for pass
+# two (HOLD), one 16-warp program an SM: 76-80% of copy against 73-74% re-reading from L2. 16-bit
+# slices held so measured 48-63% (2026-11-29 sweep): they keep the 16 KB steps.
+_SPLIT_HOLD_MIN_ELEM_SIZE = 4
+_SPLIT_HOLD_WARPS = 16
+_SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
 _INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
@@ -410,17 +415,19 @@ def _softmax_settings(
         wide_plan = "persistent" if n_cols * elem_size <= _PERSISTENT_MAX_ROW_BYTES else "split"
     if one_pass is None and wide_plan in ("persistent", "split"):
         split = wide_plan == "split"
-        if max_row is None:
-            chunk = (_SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES) // elem_size
         group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
+        hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
+                and n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
+        warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
+        if max_row is None:
+            chunk_bytes = _SPLIT_SLICE_BYTES if hold else _SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES
+            chunk = chunk_bytes // elem_size
         group = _split_group(n_cols, chunk, group)[0]
         if group > 1 and interpreting():
             if wide == "split":
                 raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
             group = 1
-        if split:
-            return _Plan("split", 1, chunk, _SPLIT_WARPS, group, _SPLIT_PER_SM)
-        return _Plan("persistent", 1, chunk, _PERSISTENT_WARPS, 1, 1)
+        return _Plan(wide_plan, 1, chunk, warps, group, per_sm)
     if one_pass is None and wide_plan == "looped":
         return _Plan("looped", 1, chunk, _LOOPED_WARPS)
     if one_pass is None:

@@ -50,7 +50,7 @@ def poisoned_like(x):
 
 @pytest.fixture(params=bgd._VARIANTS)
 def variant(request, monkeypatch):
-    """Run the test with each kernel variant as the module default (the lean one is not yet timed)."""
+    """Run the test with each kernel variant as the module default (lean, the default, and the first, measured one)."""
     monkeypatch.setattr(bgd, "_KERNEL_VARIANT", request.param)
     return request.param
 

@@ -266,8 +266,12 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     monkeypatch.setattr(softmax, "interpreting", lambda: False)
     assert softmax._softmax_settings(2048, 65536, 4, wide="persistent") == softmax._Plan("persistent", 1, 16384, 16, 1, 1)
     assert softmax._softmax_settings(2048, 65536, 2, wide="persistent").block_n == 32768  # 64 KB of loads either way
-    # split: slices of at most 64 KiB, 16 KB steps, three programs an SM
-    assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 4, 3)
+    # split: slices of at most 64 KiB; fp32 slices are one 64 KiB step held in registers by one
+    # 16-warp program an SM, 16-bit ones (and fp32 rows past 16 slices) 16 KB steps, three an SM
+    assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 16384, 16, 4, 1)
+    assert softmax._softmax_settings(512, 262144, 4, wide="split") == softmax._Plan("split", 1, 16384, 16, 16, 1)
+    assert softmax._softmax_settings(4, 262145, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 13, 3)  # 65 steps, 13 x 5
+    assert softmax._softmax_settings(2048, 65536, 2, wide="split") == softmax._Plan("split", 1, 8192, 8, 2, 3)
     # auto: persistent up to 128 KiB rows, split wider
     assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
     assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
@@ -277,7 +281,7 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(512, 262144, 4, wide="split").group == 16
     assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
     assert softmax._softmax_settings(4, 1 << 24, 4, wide="split").group == 16  # capped: a row waits on 16 at most
-    assert softmax._softmax_settings(100, 20000, 4, wide="split").group == 2  # 80 KB: two slices of 3 and 2 steps
+    assert softmax._softmax_settings(100, 40000, 2, wide="split").group == 2  # 80 KB: two slices of 3 and 2 steps
     assert softmax._split_group(20000, 4096, 2) == (2, 3 * 4096)
     assert softmax._split_group(5 * 4096, 4096, 4) == (3, 2 * 4096)  # never an empty slice
     monkeypatch.setattr(softmax, "interpreting", lambda: True)
