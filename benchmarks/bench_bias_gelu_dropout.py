@@ -96,6 +96,9 @@ def main() -> None:
                 for per_sm in (1, 2, 3, 4):
                     extra[f"lean, tiles {cfg}, {per_sm} programs/SM"] = lambda cfg=cfg, k=per_sm * sms // col_tiles: (
                         bgd._launch(x, bias, p, 1, variant="lean", config=cfg, programs=k))
+            for cfg in [(1, 8192, 16), (1, 4096, 8)]:  # no loop: the hardware schedules one program a tile
+                extra[f"lean, tiles {cfg}, one program a tile"] = lambda cfg=cfg: bgd._launch(
+                    x, bias, p, 1, variant="lean", config=cfg, programs=M)
             for name, fn in extra.items():
                 row(variant_rows, name, bench_ms(fn, **rep))
 

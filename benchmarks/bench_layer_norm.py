@@ -94,9 +94,23 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for warps in (4, 8, 16):
                 if 4 <= n // (32 * warps) <= 64:
                     plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
+        if n > layer_norm._MAX_ROW:
+            plans.append((f"looped chunk={layer_norm._CHUNK} w={layer_norm._LOOPED_WARPS}",
+                          P("looped", 1, layer_norm._CHUNK, layer_norm._LOOPED_WARPS)))
         if n >= 16384:
-            for mode, chunk, warps in (("two_pass", 4096, 4), ("two_pass", 8192, 8), ("one_pass", 2048, 4), ("one_pass", 4096, 4)):
-                plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
+            # softmax's wide-row walk (notes/softmax_layer_norm.md, "Wide rows from L2"): persistent
+            # programs, chunk bytes x warps; split slices of 16 KB steps; fp32 slices held in registers.
+            for chunk_bytes, warps in ((32768, 16), (65536, 16), (65536, 32)):
+                chunk = chunk_bytes // size
+                plans.append((f"persistent chunk={chunk} w={warps}", P("persistent", 1, chunk, warps, group=1, per_sm=1)))
+            for slice_bytes, chunk_bytes, warps, per_sm in ((65536, 16384, 8, 3), (65536, 65536, 16, 1),
+                                                             (32768, 32768, 8, 2), (16384, 16384, 4, 4)):
+                chunk = chunk_bytes // size
+                group = -(-n * size // slice_bytes)
+                if 1 < group <= 64:  # every program of a row must be resident at once
+                    held = " hold" if slice_bytes == chunk_bytes else ""
+                    plans.append((f"split{held} group={group} chunk={chunk} w={warps} per_sm={per_sm}",
+                                  P("split", 1, chunk, warps, group=group, per_sm=per_sm)))
         return plans
     # Programs per multiprocessor only changes runtime arguments: one compile serves each row.
     for ppsm in (1, 2, 8):
@@ -171,9 +185,11 @@ def main() -> None:
                     for label, plan in plan_variants(m, n, size, backward, sm):
                         try:
                             run_plan(plan)
+                            err = float("nan") if backward else (y2.float() - ref).abs().max().item()
                             rate = gbps(nbytes, bench_ms(lambda: run_plan(plan), **timing))
-                            rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate}
-                            print(f"  sweep {direction} {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s {100 * rate / rec['copy_gbps']:.0f}%", flush=True)
+                            rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate, "max_abs_err": err}
+                            print(f"  sweep {direction} {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s "
+                                  f"{100 * rate / rec['copy_gbps']:.0f}% err {err:.2e}", flush=True)
                         except Exception as exc:
                             print(f"  sweep {label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                 records.append(rec)

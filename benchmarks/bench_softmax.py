@@ -85,7 +85,7 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
             chunk = chunk_bytes // size
             plans.append((f"split group={group} chunk={chunk} w={warps} per_sm={per_sm}", P("split", 1, chunk, warps, group, per_sm)))
         # A slice of one step stays in registers for pass two (HOLD): one HBM read, one write.
-        for slice_bytes, warps, per_sm in ((65536, 16, 1), (65536, 32, 1), (32768, 8, 2), (32768, 16, 1),
+        for slice_bytes, warps, per_sm in ((65536, 16, 1), (65536, 16, 2), (32768, 8, 2), (32768, 16, 1),
                                            (16384, 4, 4), (16384, 8, 3)):
             chunk = slice_bytes // size
             group = -(-n // chunk)

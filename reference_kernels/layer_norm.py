@@ -37,7 +37,9 @@ from .softmax import (
     _ONE_PASS,
     _ROWS,
     _STATS,
+    _arrive_and_wait,
     _output,
+    _split_group,
     _wait_for_peers,
 )
 
@@ -362,6 +364,106 @@ def _layer_norm_fwd_looped_kernel(
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _layer_norm_fwd_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output, unit column stride
+    mean_ptr,  # (M,) float32 out: row means
+    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
+    part_ptr,  # (M, GROUP, 2) float32 per-slice (sum, sum of squares) of x - x[row, 0]; unused when GROUP == 1
+    sync_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
+    n_programs,  # programs launched (a few an SM)
+    eps,  # added to the variance
+    GROUP: tl.constexpr,  # slices (programs) per row
+    BLOCK_N: tl.constexpr,  # columns per step
+    BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
+    SUB: tl.constexpr,  # neighbouring elements summed in-thread before the running sums (16 bytes' worth)
+    HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
+):
+    """``softmax._softmax_split_kernel``'s walk for layer norm: persistent programs, each
+    taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
+    with the next step's chunk always in flight and the second pass read from L2 (or
+    held in registers when a tile is one step). Every slice of a row sums ``x - x[row, 0]``
+    and its square, so the slices' sums simply add (the shift keeps the variance from
+    cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
+    the softmax kernel's ticketed, deadlock-free wait, adding them in slice order (the
+    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
+    """
+    n_tiles = n_rows * GROUP
+    if GROUP == 1:
+        tile = tl.program_id(0)
+    else:
+        tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+    cols = tl.arange(0, BLOCK_N)
+    row = tl.minimum(tile // GROUP, n_rows - 1)  # past the last tile: a harmless in-bounds load, not used
+    lo = (tile % GROUP) * slice_cols
+    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
+    shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
+        x_row = x_ptr + row.to(tl.int64) * stride_x
+        y_row = y_ptr + row.to(tl.int64) * stride_y
+        shift = shift_next
+        s1 = tl.zeros([BLOCK_N // SUB], tl.float32)
+        s2 = tl.zeros([BLOCK_N // SUB], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            d = tl.where(start + cols < n_cols, x_next.to(tl.float32) - shift, 0.0)
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
+                nxt = start + BLOCK_N
+                nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
+                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=0.0)
+            d = tl.reshape(d, (BLOCK_N // SUB, SUB))
+            s1 += tl.sum(d, axis=1)
+            s2 += tl.sum(d * d, axis=1)
+        t1 = tl.sum(s1, axis=0)
+        t2 = tl.sum(s2, axis=0)
+        if GROUP == 1:
+            next_tile = tile + n_programs
+        else:
+            part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
+            tl.store(part_row + 2 * (tile % GROUP), t1)
+            tl.store(part_row + 2 * (tile % GROUP) + 1, t2)
+            _arrive_and_wait(sync_ptr + row.to(tl.int64) * _COUNTER_STRIDE, GROUP)
+            g = tl.arange(0, BLOCK_G)
+            t1 = tl.sum(tl.load(part_row + 2 * g, mask=g < GROUP, other=0.0, volatile=True), axis=0)
+            t2 = tl.sum(tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=0.0, volatile=True), axis=0)
+            next_tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")  # after the wait
+        mean_d = t1 / n_cols
+        var = t2 / n_cols - mean_d * mean_d
+        var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+        mean = shift + mean_d
+        rstd = 1.0 / tl.sqrt(var + eps)
+        if tile % GROUP == 0:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+        next_row = tl.minimum(next_tile // GROUP, n_rows - 1)
+        next_lo = (next_tile % GROUP) * slice_cols
+        shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            x = x_next.to(tl.float32)
+            nxt = start + BLOCK_N
+            last = nxt >= hi
+            pre_row = tl.where(last, next_row, row)
+            pre_col = tl.where(last, next_lo, nxt)
+            x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols, mask=pre_col + cols < n_cols,
+                             other=0.0)
+            mask = start + cols < n_cols
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean) * rstd * w + b
+            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tile = next_tile
+
+
 class _Plan(NamedTuple):
     """How one layer-norm pass is launched; ``_layer_norm_settings`` makes it."""
 
@@ -372,19 +474,34 @@ class _Plan(NamedTuple):
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
     max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
+    group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
+    per_sm: int = 0  # forward "persistent", "split": programs launched per SM
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
 # Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
-# rows, 32 per thread; wider rows in _CHUNK-wide chunks by _WIDE_ROWS_PLAN. "looped" (one
-# program a row, statistics pass then normalising pass from L2) is the default there: the
-# chunked plans measured 2-6% ("two_pass") and 1.5-6% ("one_pass") of copy at 65536 on the
-# H200 (2026-11-29 sweep, notes/softmax_layer_norm.md).
+# rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto" follows softmax's measured wide-row
+# plans (notes/softmax_layer_norm.md, "Wide rows from L2"): "persistent" (a program an SM walks
+# whole rows twice, the second pass from L2, the next chunk in flight) up to
+# _PERSISTENT_MAX_ROW_BYTES a row, "split" wider (fp32: one 64 KiB slice a program, held in
+# registers). "looped" (one program a row, 61-63% of copy at 65536 on the H200), "two_pass"
+# (2-6%) and "one_pass" (1.5-6%) stay selectable by name.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _CHUNK_WARPS = 8  # 80 registers a thread in the two-pass normalise launch: 3 programs an SM
-_WIDE_ROWS_PLAN = "looped"
+_WIDE_ROWS_PLAN = "auto"
+_PERSISTENT_MAX_ROW_BYTES = 131072
+_PERSISTENT_CHUNK_BYTES = 65536
+_PERSISTENT_WARPS = 16
+_SPLIT_CHUNK_BYTES = 16384
+_SPLIT_WARPS = 8
+_SPLIT_PER_SM = 3
+_SPLIT_HOLD_MIN_ELEM_SIZE = 4
+_SPLIT_HOLD_WARPS = 16
+_SPLIT_SLICE_BYTES = 65536
+_MAX_SPLIT_GROUP = 16
+_INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _LOOPED_WARPS = 16
 _ELEMS_PER_THREAD = 32
 # Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
@@ -439,6 +556,7 @@ def _layer_norm_settings(
     max_row: int | None = None,
     one_pass: bool | None = None,
     variant: str | None = None,
+    wide: str | None = None,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
@@ -447,6 +565,8 @@ def _layer_norm_settings(
     chunked plan: tests use both to reach every code path with small shapes. ``variant``
     ("measured" or "lean") forces the backward kernel at every shape; left out,
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
+    ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
+    ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
@@ -473,7 +593,12 @@ def _layer_norm_settings(
         n_chunks = triton.cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-        if one_pass is None and not backward and _WIDE_ROWS_PLAN == "looped":
+        wide_plan = wide or _WIDE_ROWS_PLAN
+        if wide_plan == "auto":
+            wide_plan = "persistent" if n_cols * elem_size <= _PERSISTENT_MAX_ROW_BYTES else "split"
+        if one_pass is None and not backward and wide_plan in ("persistent", "split"):
+            return _wide_forward_plan(n_cols, elem_size, wide_plan, max_row, explicit=wide == "split")
+        if one_pass is None and not backward and wide_plan == "looped":
             return _Plan("looped", 1, block_n, _LOOPED_WARPS)
         if one_pass is None:
             wanted = backward or _WIDE_ROWS_PLAN == "one_pass"
@@ -485,6 +610,25 @@ def _layer_norm_settings(
         row_blocks = triton.cdiv(n_rows, plan.block_m)
         plan = plan._replace(n_groups=max(1, min(row_blocks, (sm_count * per_sm) // n_chunks)))
     return plan
+
+
+def _wide_forward_plan(n_cols: int, elem_size: int, plan: str, max_row: int | None, explicit: bool) -> _Plan:
+    """``_layer_norm_fwd_split_kernel``'s plan: softmax's wide-row sizes (notes/softmax_layer_norm.md)."""
+    split = plan == "split"
+    group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
+    hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
+            and n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
+    warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
+    if max_row is not None:
+        chunk = next_power_of_2(max_row)
+    else:
+        chunk = (_SPLIT_SLICE_BYTES if hold else _SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES) // elem_size
+    group = _split_group(n_cols, chunk, group)[0]
+    if group > 1 and interpreting():
+        if explicit:
+            raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+        group = 1
+    return _Plan(plan, 1, chunk, warps, group=group, per_sm=per_sm)
 
 
 def _lean_backward_plan(
@@ -544,6 +688,9 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             *tensors, n_cols, x2.stride(0), y2.stride(0), eps, BLOCK_N=plan.block_n, num_warps=plan.num_warps
         )
         return
+    if plan.mode in ("persistent", "split"):
+        _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps, plan)
+        return
     if plan.mode == "rows":
         _layer_norm_fwd_kernel[(n_row_blocks,)](
             *tensors, x2, x2, n_rows, n_cols, x2.stride(0), y2.stride(0), 1, eps, MODE=_ROWS, BLOCK_C=1, **common
@@ -560,6 +707,26 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     else:
         _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
         _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+
+
+def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
+    if group > 1 and interpreting():
+        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+    sms = _sm_count(x2.device) if not interpreting() else _INTERPRETER_SMS
+    n_programs = max(1, min(n_rows * group, max(1, plan.per_sm) * sms))
+    if group > 1:
+        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=x2.device)
+        sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
+    else:
+        part, sync = mean, mean  # not read
+    _layer_norm_fwd_split_kernel[(n_programs,)](
+        x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
+        n_programs, eps, GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
+        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
+        num_warps=plan.num_warps,
+    )
 
 
 def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:

@@ -300,11 +300,107 @@ def test_two_pass_fallback_matches_on_the_gpu_too():
         assert_close(a, e, torch.float32, what)
 
 
-@pytest.mark.parametrize("one_pass", [None, False], ids=["looped (the wide default)", "two_pass"])
-def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass):
+@pytest.mark.parametrize(
+    "one_pass, wide, expected_mode",
+    [(None, None, "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
+    ids=["persistent (the default for these narrow rows)", "looped", "two_pass"],
+)
+def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass, wide, expected_mode, monkeypatch):
+    if wide is not None:
+        monkeypatch.setattr(layer_norm, "_WIDE_ROWS_PLAN", wide)
     x, weight, bias = inputs((5, 333), torch.float32)
     x += 100.0  # a large mean against the spread: the shifted sums must not cancel
-    expected_mode = "looped" if one_pass is None else "two_pass"
     assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
     y = layer_norm.fused(x, weight, bias, max_row=64, one_pass=one_pass)
     torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
+
+
+# The persistent / split forward (the wide-row default, softmax's walk): under the
+# interpreter 3 programs walk several rows each; split with programs waiting on each other
+# runs on the GPU only.
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, max_row",
+    [
+        ((7, 333), 64),  # six steps a row, the last one 13 wide; 7 rows over 3 programs
+        ((1, 70), 16),  # one row: programs without a tile
+        ((4, 60), 48),  # one 64-wide step a row: held in registers for pass two (HOLD)
+    ],
+    ids=str,
+)
+def test_persistent_forward_writes_every_output_and_matches_torch(shape, max_row, dtype):
+    x, weight, bias = inputs(shape, dtype)
+    x += 50.0
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")
+    assert (plan.mode, plan.group) == ("persistent", 1)
+    y = torch.full_like(x, float("nan"))
+    mean = torch.full(shape[:1], float("nan"), device=DEVICE)
+    rstd = torch.full_like(mean, float("nan"))
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+    assert not (y.isnan().any() or mean.isnan().any() or rstd.isnan().any()), "an output was left unwritten"
+    expected, _, _, _ = torch_reference(x, weight, bias, torch.zeros_like(x))
+    assert_close(y, expected, dtype, "y")
+    x64 = x.double()
+    torch.testing.assert_close(mean.double(), x64.mean(-1), atol=1e-6 * 50, rtol=1e-6)
+    torch.testing.assert_close(rstd.double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
+
+
+def test_wide_forward_gives_nan_rows_as_torch_does():
+    x, weight, bias = inputs((4, 40), torch.float32)
+    x[0, 0] = float("nan")  # the shift itself
+    x[1, 30] = float("nan")
+    x[2, 5] = float("inf")
+    y = layer_norm.fused(x, weight, bias, max_row=8)
+    assert layer_norm._layer_norm_settings(4, 40, 4, max_row=8).mode == "persistent"
+    expected = F.layer_norm(x, (40,), weight, bias, 1e-5)
+    torch.testing.assert_close(y, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
+    assert y[:3].isnan().all() and not y[3].isnan().any()
+
+
+def test_settings_size_the_wide_forward_like_softmax(monkeypatch):
+    monkeypatch.setattr(layer_norm, "interpreting", lambda: False)
+    P = layer_norm._Plan
+    settings = layer_norm._layer_norm_settings
+    assert settings(2048, 65536, 2) == P("persistent", 1, 32768, 16, group=1, per_sm=1)  # 128 KiB rows
+    assert settings(2048, 65536, 4) == P("split", 1, 16384, 16, group=4, per_sm=1)  # fp32: 64 KiB slices held
+    assert settings(512, 262144, 4) == P("split", 1, 16384, 16, group=16, per_sm=1)
+    assert settings(512, 262144, 2) == P("split", 1, 8192, 8, group=8, per_sm=3)  # 16-bit: 16 KB steps
+    assert settings(4, 1 << 24, 4).group == 16  # capped: a row waits on 16 at most
+    assert settings(2048, 16384, 4).mode == "rows"  # up to _MAX_ROW: whole rows
+    monkeypatch.setattr(layer_norm, "interpreting", lambda: True)
+    assert settings(2048, 65536, 4).group == 1  # nothing to wait for under the interpreter
+    with pytest.raises(ValueError, match="interpreter"):
+        settings(2048, 65536, 4, wide="split")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, block_n, group",
+    [
+        ((3000, 1000), 128, 4),  # 8 steps a row in 4 slices, thousands of waiting rows
+        ((64, 4099), 64, 3),  # 65 steps: slices of 22, 22 and 21, the last step 3 wide
+        ((40, 9000), 1024, 9),  # one step a slice (held in registers), the last step 808 wide
+        ((2048, 65536), None, None),  # the default at the widest anchor
+        ((3, 262144 + 5), None, None),  # past it, ragged
+    ],
+    ids=str,
+)
+def test_split_forward_waiting_on_its_peers_matches_torch_every_time(shape, block_n, group, dtype):
+    x, weight, bias = inputs(shape, dtype)
+    x[1, 7] = float("nan")
+    if block_n is None:
+        plan = layer_norm._layer_norm_settings(*shape, x.element_size(), wide="split")
+    else:
+        plan = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=block_n, wide="split")._replace(group=group)
+    assert plan.mode == "split" and plan.group > 1
+    expected = F.layer_norm(x.double(), (shape[1],), weight.double(), bias.double(), 1e-5)
+    for _ in range(3):  # a missing wait or fence shows up as a result that changes
+        y = torch.full_like(x, float("nan"))
+        mean = torch.empty(shape[0], device=DEVICE)
+        rstd = torch.empty_like(mean)
+        layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+        assert y[1].isnan().all() and not y[0].isnan().any() and not y[2:].isnan().any()
+        keep = torch.ones(shape[0], dtype=torch.bool, device=DEVICE)
+        keep[1] = False
+        assert_close(y[keep], expected[keep], dtype, "y")
