@@ -480,26 +480,25 @@ class _Plan(NamedTuple):
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
 # Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
-# rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto" follows softmax's measured wide-row
-# plans (notes/softmax_layer_norm.md, "Wide rows from L2"): "persistent" (a program an SM walks
-# whole rows twice, the second pass from L2, the next chunk in flight) up to
-# _PERSISTENT_MAX_ROW_BYTES a row, "split" wider (fp32: one 64 KiB slice a program, held in
-# registers). "looped" (one program a row, 61-63% of copy at 65536 on the H200), "two_pass"
-# (2-6%) and "one_pass" (1.5-6%) stay selectable by name.
+# rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto": fp32 rows take "split" with each
+# slice held in registers (32 elements a thread, 16 KiB slices at 65536: 73% of copy against 61%
+# for "looped", H200 sweep of 2026-11-29); 16-bit rows keep "looped" (63%: "persistent", softmax's
+# best plan there, measured 61%, the held splits 44-60%). "persistent", "split" (softmax's walk,
+# notes/softmax_layer_norm.md, "Wide rows from L2"), "two_pass" (2-6%) and "one_pass" (1.5-6%)
+# stay selectable by name.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _CHUNK_WARPS = 8  # 80 registers a thread in the two-pass normalise launch: 3 programs an SM
 _WIDE_ROWS_PLAN = "auto"
-_PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536
 _PERSISTENT_WARPS = 16
-_SPLIT_CHUNK_BYTES = 16384
+_SPLIT_CHUNK_BYTES = 16384  # steps of a slice that is not held
 _SPLIT_WARPS = 8
 _SPLIT_PER_SM = 3
-_SPLIT_HOLD_MIN_ELEM_SIZE = 4
-_SPLIT_HOLD_WARPS = 16
-_SPLIT_SLICE_BYTES = 65536
+_SPLIT_HOLD_MIN_ELEM_SIZE = 4  # 16-bit held slices measured 44-60%
+_SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
+_SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
 _MAX_SPLIT_GROUP = 16
 _INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _LOOPED_WARPS = 16
@@ -595,7 +594,7 @@ def _layer_norm_settings(
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
         wide_plan = wide or _WIDE_ROWS_PLAN
         if wide_plan == "auto":
-            wide_plan = "persistent" if n_cols * elem_size <= _PERSISTENT_MAX_ROW_BYTES else "split"
+            wide_plan = "split" if elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE else "looped"
         if one_pass is None and not backward and wide_plan in ("persistent", "split"):
             return _wide_forward_plan(n_cols, elem_size, wide_plan, max_row, explicit=wide == "split")
         if one_pass is None and not backward and wide_plan == "looped":
@@ -613,17 +612,23 @@ def _layer_norm_settings(
 
 
 def _wide_forward_plan(n_cols: int, elem_size: int, plan: str, max_row: int | None, explicit: bool) -> _Plan:
-    """``_layer_norm_fwd_split_kernel``'s plan: softmax's wide-row sizes (notes/softmax_layer_norm.md)."""
-    split = plan == "split"
-    group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
-    hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
-            and n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
-    warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
+    """``_layer_norm_fwd_split_kernel``'s plan. "split": fp32 slices of one step held in
+    registers (32 elements a thread, a few programs an SM) while they fit, else 16 KB steps."""
+    row_bytes = n_cols * elem_size
+    if plan == "persistent":
+        chunk = next_power_of_2(max_row) if max_row is not None else _PERSISTENT_CHUNK_BYTES // elem_size
+        return _Plan(plan, 1, chunk, _PERSISTENT_WARPS, group=1, per_sm=1)
+    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, triton.cdiv(row_bytes, _MAX_SPLIT_GROUP)))
+    hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
     if max_row is not None:
-        chunk = next_power_of_2(max_row)
+        chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, _SPLIT_PER_SM
+    elif hold:
+        chunk = slice_bytes // elem_size
+        warps = max(4, min(16, chunk // (32 * _ELEMS_PER_THREAD)))
+        per_sm = max(1, 16 // warps)
     else:
-        chunk = (_SPLIT_SLICE_BYTES if hold else _SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES) // elem_size
-    group = _split_group(n_cols, chunk, group)[0]
+        chunk, warps, per_sm = _SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, _SPLIT_PER_SM
+    group = _split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, triton.cdiv(row_bytes, slice_bytes)))[0]
     if group > 1 and interpreting():
         if explicit:
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")

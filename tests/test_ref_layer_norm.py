@@ -302,8 +302,8 @@ def test_two_pass_fallback_matches_on_the_gpu_too():
 
 @pytest.mark.parametrize(
     "one_pass, wide, expected_mode",
-    [(None, None, "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
-    ids=["persistent (the default for these narrow rows)", "looped", "two_pass"],
+    [(None, None, "split"), (None, "persistent", "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
+    ids=["split (the fp32 default)", "persistent", "looped", "two_pass"],
 )
 def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass, wide, expected_mode, monkeypatch):
     if wide is not None:
@@ -351,21 +351,24 @@ def test_wide_forward_gives_nan_rows_as_torch_does():
     x[1, 30] = float("nan")
     x[2, 5] = float("inf")
     y = layer_norm.fused(x, weight, bias, max_row=8)
-    assert layer_norm._layer_norm_settings(4, 40, 4, max_row=8).mode == "persistent"
+    assert layer_norm._layer_norm_settings(4, 40, 4, max_row=8).mode == "split"
     expected = F.layer_norm(x, (40,), weight, bias, 1e-5)
     torch.testing.assert_close(y, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
     assert y[:3].isnan().all() and not y[3].isnan().any()
 
 
-def test_settings_size_the_wide_forward_like_softmax(monkeypatch):
+def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     monkeypatch.setattr(layer_norm, "interpreting", lambda: False)
     P = layer_norm._Plan
     settings = layer_norm._layer_norm_settings
-    assert settings(2048, 65536, 2) == P("persistent", 1, 32768, 16, group=1, per_sm=1)  # 128 KiB rows
-    assert settings(2048, 65536, 4) == P("split", 1, 16384, 16, group=4, per_sm=1)  # fp32: 64 KiB slices held
-    assert settings(512, 262144, 4) == P("split", 1, 16384, 16, group=16, per_sm=1)
-    assert settings(512, 262144, 2) == P("split", 1, 8192, 8, group=8, per_sm=3)  # 16-bit: 16 KB steps
-    assert settings(4, 1 << 24, 4).group == 16  # capped: a row waits on 16 at most
+    # fp32: split, each slice one step held in registers, 32 elements a thread
+    assert settings(2048, 65536, 4) == P("split", 1, 4096, 4, group=16, per_sm=4)  # 16 KiB slices
+    assert settings(512, 262144, 4) == P("split", 1, 16384, 16, group=16, per_sm=1)  # 64 KiB: 16 a row at most
+    assert settings(100, 20000, 4) == P("split", 1, 4096, 4, group=5, per_sm=4)  # the last slice ragged
+    assert settings(4, 1 << 22, 4) == P("split", 1, 4096, 8, group=16, per_sm=3)  # slices too big to hold
+    assert settings(2048, 65536, 2).mode == "looped"  # 16-bit rows
+    assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
+    assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
     assert settings(2048, 16384, 4).mode == "rows"  # up to _MAX_ROW: whole rows
     monkeypatch.setattr(layer_norm, "interpreting", lambda: True)
     assert settings(2048, 65536, 4).group == 1  # nothing to wait for under the interpreter
