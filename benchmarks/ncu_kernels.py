@@ -1,0 +1,87 @@
+"""Run chosen reference kernels once each inside a cudaProfilerStart/Stop range, for Nsight Compute.
+
+Each case is compiled and warmed up outside the range, then launched once inside it, inside
+an NVTX range named after the case, so that ncu's ``--profile-from-start off`` profiles just
+that launch (and ``--nvtx`` names it). Used for the stall and occupancy figures in
+notes/softmax_layer_norm.md and notes/gemm_dropout.md:
+
+    ncu --clock-control none --profile-from-start off --nvtx \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/ncu_kernels.py [CASE ...]        (default: every case)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from reference_kernels import bias_gelu_dropout as bgd  # noqa: E402
+from reference_kernels import layer_norm, softmax  # noqa: E402
+
+
+def _inputs(m, n, dtype):
+    return torch.randn(m, n, device="cuda", dtype=dtype)
+
+
+def _ln_backward(m, n, dtype):
+    x = _inputs(m, n, dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    _, mean, rstd = layer_norm.forward(x, w, b)
+    dy = torch.randn_like(x)
+    return lambda: layer_norm.backward(dy, x, w, mean, rstd)
+
+
+def _ln_forward(m, n, dtype):
+    x = _inputs(m, n, dtype)
+    w = torch.randn(n, device="cuda", dtype=dtype)
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    return lambda: layer_norm.forward(x, w, b)
+
+
+def _dropout(p, variant):
+    x = _inputs(16384, 8192, torch.bfloat16)
+    bias = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    return lambda: bgd._launch(x, bias, p, 1, variant=variant)
+
+
+CASES = {
+    "dropout_lean": lambda: _dropout(0.1, "lean"),
+    "dropout_lean_p0": lambda: _dropout(0.0, "lean"),
+    "dropout_measured_p0": lambda: _dropout(0.0, "measured"),
+    "softmax_fp32_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.float32)),
+    "softmax_bf16_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.bfloat16)),
+    "softmax_fp32_16384": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(8192, 16384, torch.float32)),
+    "ln_bwd_bf16_1024": lambda: _ln_backward(131072, 1024, torch.bfloat16),
+    "ln_bwd_bf16_4096": lambda: _ln_backward(32768, 4096, torch.bfloat16),
+    "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
+    "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
+}
+
+
+def main(names: list[str]) -> None:
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; choose from {sorted(CASES)}")
+    for name in names or list(CASES):
+        fn = CASES[name]()
+        fn()  # compile and warm up outside the profiled range
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        torch.cuda.nvtx.range_push(name)
+        fn()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        print(f"ran {name}", flush=True)
+        del fn
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
