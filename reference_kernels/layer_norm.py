@@ -291,27 +291,57 @@ def _layer_norm_bwd_lean_kernel(
 
 @triton.jit
 def _layer_norm_dwdb_kernel(
-    dw_part_ptr,  # (n_groups, N) float32 per-group shares of dweight
-    db_part_ptr,  # (n_groups, N) float32 per-group shares of dbias
-    dw_ptr,  # (N,) dweight, in the weight's dtype
-    db_ptr,  # (N,) dbias, in the bias's dtype
+    dw_part_ptr,  # (n_groups, N) float32 shares of dweight
+    db_part_ptr,  # (n_groups, N) float32 shares of dbias
+    dw_ptr,  # (n_splits, N) out: sums of each split's shares (float32), or (N,) dweight when n_splits == 1
+    db_ptr,  # (n_splits, N) out: as dw_ptr, for dbias
     n_groups,  # rows of the share buffers
     n_cols,  # N
+    groups_per_split,  # share rows summed by one program: program (c, s) sums rows [s * it, (s + 1) * it)
     BLOCK_G: tl.constexpr,  # share rows added per step (fixed order: deterministic)
     BLOCK_N: tl.constexpr,  # columns per program
 ):
+    """Sum fixed row ranges of the shares, column block by column block, in a fixed order.
+
+    Launched twice: (column blocks, splits) programs write per-split sums, then one split
+    adds those. Two levels keep hundreds of programs reading the shares (a single level
+    left 4-16 programs reading 8.6 MB: 21-75 us of a 230-300 us backward on the H200, ncu,
+    2026-11-29); the fixed ranges and order keep the result bitwise identical run to run.
+    """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
+    split = tl.program_id(1)
+    g_end = tl.minimum(n_groups, (split + 1) * groups_per_split)
     dw = tl.zeros((BLOCK_G, BLOCK_N), dtype=tl.float32)
     db = tl.zeros((BLOCK_G, BLOCK_N), dtype=tl.float32)
-    for g0 in range(0, n_groups, BLOCK_G):
+    for g0 in range(split * groups_per_split, g_end, BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
-        mask = (g < n_groups)[:, None] & col_ok[None, :]
+        mask = (g < g_end)[:, None] & col_ok[None, :]
         offs = g.to(tl.int64)[:, None] * n_cols + cols[None, :]
         dw += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
         db += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
-    tl.store(db_ptr + cols, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+    out = split.to(tl.int64) * n_cols + cols
+    tl.store(dw_ptr + out, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(db_ptr + out, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:
+    """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
+    n_groups, n_cols = dw_part.shape
+    block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
+    col_blocks = triton.cdiv(n_cols, block_n)
+    if n_groups > _DWDB_GROUPS_PER_SPLIT:
+        n_splits = triton.cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
+        dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
+        db_mid = torch.empty_like(dw_mid)
+        _layer_norm_dwdb_kernel[(col_blocks, n_splits)](
+            dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
+            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
+        )
+        dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
+    _layer_norm_dwdb_kernel[(col_blocks, 1)](
+        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
+    )
 
 
 @triton.jit
@@ -326,15 +356,25 @@ def _layer_norm_fwd_looped_kernel(
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     eps,  # added to the variance
+    n_rows,  # M
     BLOCK_N: tl.constexpr,  # columns per step
 ):
-    """One program a row, any width: a pass for the statistics, then a normalising pass.
+    """A row at a time, any width: a pass for the statistics, then a normalising pass.
 
     The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
     variance from cancelling when the mean is large against the spread); the second
-    re-reads the row, which the first has just brought into L2.
+    re-reads the row, which the first has just brought into L2. Program p takes rows p,
+    p + grid, ...: a grid smaller than M bounds the rows in flight (their bytes against the L2).
     """
-    row = tl.program_id(0).to(tl.int64)
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
+                               stride_x, stride_y, eps, BLOCK_N)
+
+
+@triton.jit
+def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, stride_x, stride_y, eps,
+                           BLOCK_N: tl.constexpr):
+    """``_layer_norm_fwd_looped_kernel``'s two passes over one row."""
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     cols = tl.arange(0, BLOCK_N)
@@ -475,7 +515,7 @@ class _Plan(NamedTuple):
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
     max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # forward "persistent", "split": programs launched per SM
+    per_sm: int = 0  # forward "persistent", "split", "looped": programs launched per SM (looped: 0 = one a row)
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
@@ -514,6 +554,10 @@ _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy aga
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
 _BWD_CHUNK = 4096
+# dweight/dbias: share rows summed per program of the first level (the second adds the splits)
+_DWDB_GROUPS_PER_SPLIT = 32
+_DWDB_BLOCK_G = 16
+_DWDB_BLOCK_N = 256
 # Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
 # step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
 # registers). "lean" (the default) takes over where it measured faster on the H200
@@ -689,8 +733,9 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     tensors = (x2, weight, bias, y2, mean, rstd)
     if plan.mode == "looped":
-        _layer_norm_fwd_looped_kernel[(n_rows,)](
-            *tensors, n_cols, x2.stride(0), y2.stride(0), eps, BLOCK_N=plan.block_n, num_warps=plan.num_warps
+        grid = n_rows if plan.per_sm <= 0 else min(n_rows, plan.per_sm * _sm_count(x2.device))
+        _layer_norm_fwd_looped_kernel[(grid,)](
+            *tensors, n_cols, x2.stride(0), y2.stride(0), eps, n_rows, BLOCK_N=plan.block_n, num_warps=plan.num_warps
         )
         return
     if plan.mode in ("persistent", "split"):
@@ -764,10 +809,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         else:
             kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
             kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
-    block_n = min(256, next_power_of_2(n_cols))
-    _layer_norm_dwdb_kernel[(triton.cdiv(n_cols, block_n),)](
-        dw_part, db_part, dw, db, n_groups, n_cols, BLOCK_G=16, BLOCK_N=block_n, num_warps=4
-    )
+    _sum_shares(dw_part, db_part, dw, db)
 
 
 def forward(
@@ -822,10 +864,11 @@ def backward(
         raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
     n_cols = x.shape[-1]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw = torch.zeros(n_cols, dtype=weight.dtype, device=x.device)
-    db = torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
-    if x.numel() == 0:
-        return dx, dw, db
+    if x.numel() == 0:  # no rows: zero gradients for the parameters
+        dw = torch.zeros(n_cols, dtype=weight.dtype, device=x.device)
+        return dx, dw, torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
+    dw = torch.empty(n_cols, dtype=weight.dtype, device=x.device)  # every column is written
+    db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
     x2, dy2 = _as_rows(x), _as_rows(dy)
     plan = _layer_norm_settings(
         *x2.shape,

@@ -106,6 +106,20 @@ def test_dweight_and_dbias_are_bitwise_identical_run_to_run(shape, max_row, vari
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("groups_per_split", [1, 3, 1000], ids=["one share a split", "ragged splits", "one level"])
+def test_the_share_sums_are_right_and_bitwise_identical_with_either_level_count(groups_per_split, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_DWDB_GROUPS_PER_SPLIT", groups_per_split)
+    shares = torch.randn(2, 11, 300, device=DEVICE)  # 11 shares of 300 columns: two column blocks of 256
+    outs = []
+    for _ in range(2):
+        dw, db = torch.full((2, 300), float("nan"), device=DEVICE).unbind(0)
+        layer_norm._sum_shares(shares[0], shares[1], dw, db)
+        outs.append((dw, db))
+    for got, part in zip(outs[0], shares):
+        torch.testing.assert_close(got, part.double().sum(0).float(), atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "chunked"])
 def test_nan_and_inf_rows_come_out_as_torch_layer_norm_gives_them(max_row, variant):
@@ -313,6 +327,16 @@ def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass, wide,
     assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
     y = layer_norm.fused(x, weight, bias, max_row=64, one_pass=one_pass)
     torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
+
+
+def test_looped_forward_with_fewer_programs_than_rows_walks_them_all():
+    x, weight, bias = inputs((11, 333), torch.float32)
+    plan = layer_norm._Plan("looped", 1, 64, 4, per_sm=1)  # 4 "SMs" off the GPU: 4 programs, 11 rows
+    y = torch.full_like(x, float("nan"))
+    mean, rstd = torch.full((2, 11), float("nan"), device=DEVICE).unbind(0)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+    torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(mean, x.mean(-1), atol=1e-5, rtol=1e-5)
 
 
 # The persistent / split forward (the wide-row default, softmax's walk): under the
