@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The BENCHMARKS.md tables of the reference kernels in one device call (the commands that
 # BENCHMARKS.md names), each with its own time limit; tables and JSON go to $OUT:
-#   bash scripts/device_bench.sh            (needs the Liger wheel under .whl/: carry [".whl"])
+#   bash scripts/device_bench.sh [STAGE...]   (default: softmax layer_norm dropout gemm;
+#                                              needs the Liger wheel under .whl/: carry [".whl"])
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -14,7 +15,14 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a limit, log to $OUT/NAME.t
     echo "rc=${PIPESTATUS[0]} ${name} took $((SECONDS - t0)) s" | tee -a "$OUT/$name.txt"
     tail -3 "$OUT/$name.txt"
 }
-stage softmax 170 python3 benchmarks/bench_softmax.py --quick --impls ours,torch,compile,liger --json "$OUT/softmax.json"
-stage layer_norm 200 python3 benchmarks/bench_layer_norm.py --quick --impls ours,torch,compile,liger --json "$OUT/layer_norm.json"
-stage dropout 60 python3 benchmarks/bench_bias_gelu_dropout.py --quick
-stage gemm 140 python3 benchmarks/bench_gemm_epilogue.py --quick
+run_stage() {
+    case $1 in
+    softmax) stage softmax 170 python3 benchmarks/bench_softmax.py --quick --impls ours,torch,compile,liger --json "$OUT/softmax.json" ;;
+    layer_norm) stage layer_norm 200 python3 benchmarks/bench_layer_norm.py --quick --impls ours,torch,compile,liger \
+        --json "$OUT/layer_norm.json" ;;
+    dropout) stage dropout 60 python3 benchmarks/bench_bias_gelu_dropout.py --quick ;;
+    gemm) stage gemm 140 python3 benchmarks/bench_gemm_epilogue.py --quick ;;
+    *) echo "unknown stage $1" >&2; return 2 ;;
+    esac
+}
+for name in ${@:-softmax layer_norm dropout gemm}; do run_stage "$name"; done

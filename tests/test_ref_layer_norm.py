@@ -294,15 +294,16 @@ def test_one_pass_chunked_plan_matches_torch_and_is_deterministic(shape, max_row
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("n", [1, 255, 1024, 4096, 4097, 8192, 16384, 65536])
-def test_default_plans_match_torch_across_widths(n, variant):
+@pytest.mark.parametrize("n", [1, 255, 1024, 4096, 4097, 8192, 16384, 65536, 100003])
+def test_default_plans_match_torch_across_widths(n, variant, dtype):
     shape = (max(1, 2**20 // n), n)
-    x, weight, bias = inputs(shape, torch.bfloat16)
-    dy = torch.randn(shape, device=DEVICE).to(torch.bfloat16)
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
     ours = fused_with_grads(x, weight, bias, dy, bwd_variant=variant)
     for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
-        assert_close(a, e, torch.bfloat16, what)
+        assert_close(a, e, dtype, what)
 
 
 @pytest.mark.gpu
@@ -431,3 +432,6 @@ def test_split_forward_waiting_on_its_peers_matches_torch_every_time(shape, bloc
         keep = torch.ones(shape[0], dtype=torch.bool, device=DEVICE)
         keep[1] = False
         assert_close(y[keep], expected[keep], dtype, "y")
+        x64 = x[keep].double()
+        torch.testing.assert_close(mean[keep].double(), x64.mean(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rstd[keep].double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
