@@ -11,8 +11,8 @@ Six launch plans (three share one kernel) (``MODE`` picks the code path at compi
   programs an SM walking tiles (a whole row, or one of a row's slices whose programs
   exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
   read comes from there; a tile of one step is held in registers instead (no second read).
-  Measured 70-80% of copy at 65536 and 63-73% at 262144 (notes/softmax_layer_norm.md,
-  "Wide rows from L2"): short of the 90% target, above every anchor.
+  Measured 78-80% of copy at 65536 and 70-75% at 262144 (notes/softmax_layer_norm.md,
+  "Wide rows from L2" and "Second session"): short of the 90% target, above every anchor.
 * ``looped`` (wider rows, by name): one program a row walks it in ``_CHUNK`` steps
   twice, first for the running max and sum of exponentials (kept per lane, combined at the
   end), then to normalise; the second read comes from L2 while the rows in flight fit there.
@@ -343,8 +343,9 @@ _ELEMS_PER_THREAD = 32
 # "Wide rows from L2"). "auto": "persistent" (a program an SM walks whole rows twice, the
 # second time from L2, the next chunk always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
 # "split" (a row cut into slices, programs exchanging (max, sum) with a back-off wait) wider.
-# Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73%,
-# against "looped" 51-57% / 47-58% and Liger 62-64% (65536; it refuses 262144). "looped",
+# Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73% (fp32
+# slices held in registers 80% / 75%), against "looped" 51-57% / 47-58% and Liger 62-64%
+# (65536; it refuses 262144). "looped",
 # "one_pass" (13-66%) and "two_pass" (7-36%) stay selectable by name.
 _WIDE_ROWS_PLAN = "auto"
 _PERSISTENT_MAX_ROW_BYTES = 131072
