@@ -7,6 +7,7 @@ the same size measured in the same run, counting bytes read plus bytes written.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import platform
 from typing import Callable
@@ -80,8 +81,6 @@ def bandwidth_row(rec: dict, impls: list[str]) -> list[object]:
 
 def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], None] | None" = None):
     """Options shared by the bandwidth benchmarks; returns (args, widths, impls, timing)."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="shorter timing runs")
     parser.add_argument("--widths", default="", help="comma-separated row widths to keep (default: all)")
