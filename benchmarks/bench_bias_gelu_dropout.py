@@ -91,6 +91,9 @@ def main() -> None:
             extra["lean"] = lambda: bgd._launch(x, bias, p, 1, variant="lean")
             extra["lean, p=0"] = lambda: bgd._launch(x, bias, 0.0, 1, variant="lean")
             extra["lean, no prefetch"] = lambda: bgd._launch(x, bias, p, 1, variant="lean", prefetch=False)
+            for degree in (5, 7):  # the GELU fit's degree for 16-bit outputs (scripts/gelu_fit.py)
+                extra[f"lean, GELU degree {degree}"] = lambda d=degree: bgd._launch(x, bias, p, 1, variant="lean",
+                                                                                   gelu_degree=d)
             for cfg in [(1, 8192, 8), (1, 8192, 16), (1, 4096, 8), (1, 4096, 4), (2, 4096, 8), (1, 16384, 16)]:
                 col_tiles = -(-N // cfg[1])  # the grid's second axis
                 for per_sm in (1, 2, 3, 4):

@@ -131,6 +131,38 @@ def test_the_lean_kernel_drops_exactly_the_elements_the_measured_one_drops(dtype
     torch.testing.assert_close(lean, measured, **TOLERANCES[dtype])
 
 
+def ulps_apart(a, b):
+    """Distance in representable 16-bit values (sign-magnitude bits mapped to an ordered integer)."""
+    def ordered(t):
+        bits = t.view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)  # -0 and +0 both 0
+    return (ordered(a) - ordered(b)).abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_the_degree_5_gelu_fit_stays_within_one_ulp_of_the_exact_gelu_for_16_bit_outputs(dtype):
+    x = torch.linspace(-10, 10, 40001, device=DEVICE).to(dtype).view(1, -1)  # the fit's range, one row
+    bias = torch.zeros(x.shape[-1], device=DEVICE, dtype=dtype)
+    x64 = x.double()
+    exact = (0.5 * x64 * torch.special.erfc(-x64 / 2**0.5)).to(dtype)  # erfc keeps the far tail (1 + erf loses it)
+    for degree in (5, 7):
+        y = bgd._launch(x, bias, 0.0, 0, variant="lean", gelu_degree=degree)
+        apart = ulps_apart(y, exact)
+        assert apart.max().item() <= 1, f"degree {degree}: {apart.max().item()} ulps from the exact GELU"
+
+
+def test_the_gelu_degree_applies_to_16_bit_outputs_only_and_is_checked():
+    x, bias = inputs((8, 64), torch.float32)
+    assert torch.equal(bgd._launch(x, bias, 0.3, 5, variant="lean", gelu_degree=5),
+                       bgd._launch(x, bias, 0.3, 5, variant="lean", gelu_degree=7))  # fp32: always 7
+    xh, bh = x.abs().add(0.5).bfloat16(), bias.abs().bfloat16()  # gelu > 0: a zero means dropped
+    y5 = bgd._launch(xh, bh, 0.3, 5, variant="lean", gelu_degree=5)
+    assert torch.equal(y5 != 0, bgd.dropout_mask(x.shape, 0.3, 5, device=DEVICE))  # the same mask
+    torch.testing.assert_close(y5, bgd.unfused(xh, bh, 0.3, seed=5), **TOLERANCES[torch.bfloat16])
+    with pytest.raises(ValueError, match="degree 6"):
+        bgd._launch(x, bias, 0.3, 5, variant="lean", gelu_degree=6)
+
+
 def test_an_unknown_kernel_variant_is_refused():
     x, bias = inputs((4, 16), torch.float32)
     with pytest.raises(ValueError, match="unknown kernel variant"):
