@@ -3,19 +3,25 @@
 Forward reads ``x`` once and writes ``y`` once (plus float32 ``mean`` and ``rstd`` per
 row, kept for the backward). Backward reads ``x`` and ``dy`` once, writes ``dx`` once and
 reduces ``dweight``/``dbias`` deterministically: each program sums its fixed group of
-rows into its own row of a float32 buffer, and a second small kernel adds those rows in a
-fixed order. No atomics touch the results, so two runs give bitwise-identical gradients.
+rows into its own row of a float32 buffer, and a small kernel adds those rows in a fixed
+order (in two levels when there are many). No atomics touch the results, so two runs give
+bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
-16384 wide, backward up to 4096), ``one_pass`` (a row cut into chunks held by co-resident
-programs that exchange partial statistics through a small workspace and wait for each
-other: one read of each input; the default for wide backward rows) or ``two_pass`` (a
-first launch writes the partial statistics, a second re-reads the inputs; the default for
-wide forward rows, and the only chunked plan under the Triton interpreter, which runs
-programs one at a time). ``softmax``'s docstring says why the wait of ``one_pass``
-cannot deadlock; ``_layer_norm_settings`` holds the measured choices.
-Statistics are float32: per-chunk mean and centred sum of squares, merged with Chan's
-formula, so wide rows lose no precision to cancellation.
+16384 wide, backward up to 4096), ``split`` / ``persistent`` (forward, wider rows: softmax's
+walk, a few programs an SM taking rows or row slices twice with the next chunk in flight; fp32
+slices of one step stay in registers, slices exchange their sums through a ticketed wait; the
+default for wide fp32 rows), ``looped`` (forward, one program a row, statistics then
+normalising pass from L2; the default for wide 16-bit rows), ``one_pass`` (a row cut into
+chunks held by co-resident programs that exchange partial statistics through a small
+workspace and wait for each other: one read of each input; the default for wide backward
+rows) or ``two_pass`` (a first launch writes the partial statistics, a second re-reads the
+inputs; the only chunked backward plan under the Triton interpreter, which runs programs one
+at a time). ``softmax``'s docstring says why the waits cannot deadlock;
+``_layer_norm_settings`` holds the measured choices (notes/softmax_layer_norm.md).
+Statistics are float32: the chunked plans merge per-chunk means and centred sums of squares
+with Chan's formula; the looped and split plans sum x - x[row, 0] and its square (the shift
+keeps the variance from cancelling when the mean is large against the spread).
 """
 
 from __future__ import annotations
