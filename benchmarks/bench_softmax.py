@@ -73,6 +73,7 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
         plans.append((f"looped chunk={looped.block_n} w={looped.num_warps}", looped))
         for wide in ("persistent", "split"):
             plans.append((wide, softmax._softmax_settings(m, n, size, wide=wide)))
+            plans.append((f"{wide} even (no column masks)", softmax._softmax_settings(m, n, size, wide=wide)._replace(even=True)))
         for chunk_bytes, warps, per_sm in ((32768, 16, 1), (65536, 32, 1), (131072, 32, 1)):
             chunk = chunk_bytes // size
             plans.append((f"persistent chunk={chunk} w={warps} per_sm={per_sm}", P("persistent", 1, chunk, warps, 1, per_sm)))

@@ -214,6 +214,15 @@ def _exp(x, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
+def _load_chunk(ptrs, in_row, EVEN: tl.constexpr):
+    """A chunk of x: unmasked when EVEN, else masked to the row with -inf beyond it (exp gives 0)."""
+    if EVEN:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=in_row, other=-float("inf"))
+
+
+@triton.jit
 def _arrive_and_wait(count_ptr, n_peers):
     """Arrive at ``count_ptr`` (release) and wait, with back-off, until ``n_peers`` have arrived (acquire)."""
     tl.debug_barrier()  # every thread's partial stores precede the release
@@ -240,6 +249,7 @@ def _softmax_split_kernel(
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
     SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
+    EVEN: tl.constexpr,  # n_cols % BLOCK_N == 0: no column masks
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -266,7 +276,7 @@ def _softmax_split_kernel(
     cols = tl.arange(0, BLOCK_N)
     row = tl.minimum(tile // GROUP, n_rows - 1)  # past the last tile: a harmless in-bounds load, not used
     lo = (tile % GROUP) * slice_cols
-    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=-float("inf"))
+    x_next = _load_chunk(x_ptr + row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
@@ -280,7 +290,7 @@ def _softmax_split_kernel(
             if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=-float("inf"))
+                x_next = _load_chunk(x_row + nxt + cols, nxt + cols < n_cols, EVEN)
             # A thread's SUB neighbours first (no exchange), then one online step per SUB.
             sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
             sub_sum = tl.sum(_exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
@@ -315,9 +325,12 @@ def _softmax_split_kernel(
             pre_row = tl.where(last, next_row, row)
             pre_col = tl.where(last, next_lo, nxt)
             pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
-            x_next = tl.load(pre_ptr, mask=pre_col + cols < n_cols, other=-float("inf"))
+            x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
             y = _exp(x - row_max, FAST_EXP) * inv_sum
-            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
+            if EVEN:
+                tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty))
+            else:
+                tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
         tile = next_tile
 
 
@@ -330,6 +343,7 @@ class _Plan(NamedTuple):
     num_warps: int
     group: int = 1  # "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # "persistent", "split": programs launched per SM
+    even: bool = False  # "persistent", "split": no column masks where the chunks divide the row
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md): rows up to
@@ -362,6 +376,9 @@ _SPLIT_HOLD_MIN_ELEM_SIZE = 4
 _SPLIT_HOLD_WARPS = 16
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
+# Drop the column masks of the split kernel when the chunks divide the row: 10-15% fewer
+# instructions in its loops (sm_90 SASS, notes/softmax_layer_norm.md); not yet timed, so off.
+_SPLIT_EVEN = False
 _INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
 # Chunks a row may need before the one-pass plan (which needs them co-resident) gives way
@@ -428,7 +445,7 @@ def _softmax_settings(
             if wide == "split":
                 raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
             group = 1
-        return _Plan(wide_plan, 1, chunk, warps, group, per_sm)
+        return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _SPLIT_EVEN)
     if one_pass is None and wide_plan == "looped":
         return _Plan("looped", 1, chunk, _LOOPED_WARPS)
     if one_pass is None:
@@ -490,7 +507,7 @@ def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        num_warps=plan.num_warps,
+        EVEN=plan.even and n_cols % plan.block_n == 0, num_warps=plan.num_warps,
     )
 
 

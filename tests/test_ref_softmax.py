@@ -236,11 +236,12 @@ WIDE_SHAPES = [
 ]
 
 
+@pytest.mark.parametrize("even", [False, True], ids=["masked", "even"])  # even: unmasked where the chunks divide the row
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape, max_row", WIDE_SHAPES, ids=str)
-def test_persistent_wide_row_plan_matches_the_reference_on_ragged_rows(shape, max_row, dtype):
+def test_persistent_wide_row_plan_matches_the_reference_on_ragged_rows(shape, max_row, dtype, even):
     x = torch.randn(shape, device=DEVICE).mul_(4).to(dtype)
-    plan = softmax._softmax_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")
+    plan = softmax._softmax_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")._replace(even=even)
     assert (plan.mode, plan.group) == ("persistent", 1)
     out = poisoned_like(x)
     softmax._launch(x, out, plan)
@@ -321,6 +322,20 @@ def test_split_plan_waiting_on_its_peers_matches_the_reference_every_time(shape,
         softmax._launch(x, out, plan)
         assert not out[0].isnan().any() and out[1].isnan().all()
         torch.testing.assert_close(out, expected, equal_nan=True, **TOLERANCES[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("wide", ["persistent", "split"])
+@pytest.mark.parametrize("shape", [(64, 65536), (8, 262144), (16, 65536 + 4096)], ids=str)
+def test_the_unmasked_even_split_kernel_matches_torch(shape, wide, dtype):
+    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
+    x[1, 7] = float("nan")
+    plan = softmax._softmax_settings(*shape, x.element_size(), wide=wide)._replace(even=True)
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    torch.testing.assert_close(out, torch.softmax(x.float(), -1).to(dtype), equal_nan=True, **TOLERANCES[dtype])
 
 
 @pytest.mark.gpu
