@@ -43,9 +43,13 @@ from .softmax import (
     _ONE_PASS,
     _ROWS,
     _STATS,
-    _arrive_and_wait,
+    _exchange_partials,
+    _first_tile,
     _output,
+    _prefetch_target,
     _split_group,
+    _split_launch,
+    _tile_start,
     _wait_for_peers,
 )
 
@@ -443,13 +447,9 @@ def _layer_norm_fwd_split_kernel(
     result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
     """
     n_tiles = n_rows * GROUP
-    if GROUP == 1:
-        tile = tl.program_id(0)
-    else:
-        tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+    tile = _first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
-    row = tl.minimum(tile // GROUP, n_rows - 1)  # past the last tile: a harmless in-bounds load, not used
-    lo = (tile % GROUP) * slice_cols
+    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
     x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
     shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
     while tile < n_tiles:
@@ -475,14 +475,10 @@ def _layer_norm_fwd_split_kernel(
         if GROUP == 1:
             next_tile = tile + n_programs
         else:
-            part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
-            tl.store(part_row + 2 * (tile % GROUP), t1)
-            tl.store(part_row + 2 * (tile % GROUP) + 1, t2)
-            _arrive_and_wait(sync_ptr + row.to(tl.int64) * _COUNTER_STRIDE, GROUP)
-            g = tl.arange(0, BLOCK_G)
-            t1 = tl.sum(tl.load(part_row + 2 * g, mask=g < GROUP, other=0.0, volatile=True), axis=0)
-            t2 = tl.sum(tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=0.0, volatile=True), axis=0)
-            next_tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")  # after the wait
+            p1, p2, next_tile = _exchange_partials(part_ptr, sync_ptr, row, tile % GROUP, t1, t2, n_rows, 0.0, 0.0,
+                                                   GROUP, BLOCK_G)
+            t1 = tl.sum(p1, axis=0)
+            t2 = tl.sum(p2, axis=0)
         mean_d = t1 / n_cols
         var = t2 / n_cols - mean_d * mean_d
         var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
@@ -491,15 +487,11 @@ def _layer_norm_fwd_split_kernel(
         if tile % GROUP == 0:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
-        next_row = tl.minimum(next_tile // GROUP, n_rows - 1)
-        next_lo = (next_tile % GROUP) * slice_cols
+        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
         shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
         for start in range(lo, hi, BLOCK_N):
             x = x_next.to(tl.float32)
-            nxt = start + BLOCK_N
-            last = nxt >= hi
-            pre_row = tl.where(last, next_row, row)
-            pre_col = tl.where(last, next_lo, nxt)
+            pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
             x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols, mask=pre_col + cols < n_cols,
                              other=0.0)
             mask = start + cols < n_cols
@@ -546,7 +538,6 @@ _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # 16-bit held slices measured 44-60%
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
 _MAX_SPLIT_GROUP = 16
-_INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _LOOPED_WARPS = 16
 _ELEMS_PER_THREAD = 32
 # Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
@@ -768,15 +759,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
-    if group > 1 and interpreting():
-        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-    sms = _sm_count(x2.device) if not interpreting() else _INTERPRETER_SMS
-    n_programs = max(1, min(n_rows * group, max(1, plan.per_sm) * sms))
-    if group > 1:
-        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=x2.device)
-        sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-    else:
-        part, sync = mean, mean  # not read
+    n_programs, part, sync = _split_launch(n_rows, group, plan.per_sm, x2.device, mean)
     _layer_norm_fwd_split_kernel[(n_programs,)](
         x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
         n_programs, eps, GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),

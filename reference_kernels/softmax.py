@@ -214,6 +214,49 @@ def _exp(x, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
+def _first_tile(sync_ptr, n_rows, GROUP: tl.constexpr):
+    """A split-walk program's first tile: its program id (round robin) when GROUP == 1, else a ticket."""
+    if GROUP == 1:
+        return tl.program_id(0)
+    else:
+        return tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+
+
+@triton.jit
+def _tile_start(tile, n_rows, slice_cols, GROUP: tl.constexpr):
+    """(row, first column) of ``tile``; past the last tile the last row: a harmless in-bounds prefetch."""
+    return tl.minimum(tile // GROUP, n_rows - 1), (tile % GROUP) * slice_cols
+
+
+@triton.jit
+def _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N: tl.constexpr):
+    """(row, column) that pass two prefetches at step ``start``: the slice's next step, or after the
+    slice's last step [.., hi) the next tile's first."""
+    nxt = start + BLOCK_N
+    last = nxt >= hi
+    return tl.where(last, next_row, row), tl.where(last, next_lo, nxt)
+
+
+@triton.jit
+def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, n_rows, a_other, b_other,
+                       GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Publish this slice's partials (a, b) in part[row, slot], wait for the row's GROUP slices, then
+    take the next ticket: (every slice's a, every slice's b, next tile), lanes past GROUP a_other, b_other.
+
+    The ticket comes only after the wait, so the tiles handed out form a prefix and no program holds
+    two tiles of one row (``_softmax_split_kernel``'s docstring: why that cannot deadlock).
+    """
+    part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
+    tl.store(part_row + 2 * slot, a)
+    tl.store(part_row + 2 * slot + 1, b)
+    _arrive_and_wait(sync_ptr + row.to(tl.int64) * _COUNTER_STRIDE, GROUP)
+    g = tl.arange(0, BLOCK_G)
+    all_a = tl.load(part_row + 2 * g, mask=g < GROUP, other=a_other, volatile=True)
+    all_b = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=b_other, volatile=True)
+    return all_a, all_b, tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+
+
+@triton.jit
 def _load_chunk(ptrs, in_row, EVEN: tl.constexpr):
     """A chunk of x: unmasked when EVEN, else masked to the row with -inf beyond it (exp gives 0)."""
     if EVEN:
@@ -269,13 +312,9 @@ def _softmax_split_kernel(
     exponential a step, exp(min(m, m') - max(m, m')), rescales whichever sum is behind.
     """
     n_tiles = n_rows * GROUP
-    if GROUP == 1:
-        tile = tl.program_id(0)
-    else:
-        tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
+    tile = _first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
-    row = tl.minimum(tile // GROUP, n_rows - 1)  # past the last tile: a harmless in-bounds load, not used
-    lo = (tile % GROUP) * slice_cols
+    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
     x_next = _load_chunk(x_ptr + row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
     while tile < n_tiles:
         row = tile // GROUP
@@ -305,25 +344,16 @@ def _softmax_split_kernel(
             row_sum = tile_sum
             next_tile = tile + n_programs
         else:
-            part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
-            tl.store(part_row + 2 * (tile % GROUP), tile_max)
-            tl.store(part_row + 2 * (tile % GROUP) + 1, tile_sum)
-            _arrive_and_wait(sync_ptr + row.to(tl.int64) * _COUNTER_STRIDE, GROUP)
-            g = tl.arange(0, BLOCK_G)
-            p_max = tl.load(part_row + 2 * g, mask=g < GROUP, other=-_FLT_MAX, volatile=True)
-            p_sum = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=0.0, volatile=True)
+            p_max, p_sum, next_tile = _exchange_partials(
+                part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
+            )
             row_max = tl.max(p_max, axis=0)
             row_sum = tl.sum(p_sum * _exp(p_max - row_max, FAST_EXP), axis=0)
-            next_tile = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")  # after the wait: see the docstring
         inv_sum = 1.0 / row_sum
-        next_row = tl.minimum(next_tile // GROUP, n_rows - 1)
-        next_lo = (next_tile % GROUP) * slice_cols
+        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
         for start in range(lo, hi, BLOCK_N):
             x = x_next.to(tl.float32)
-            nxt = start + BLOCK_N
-            last = nxt >= hi
-            pre_row = tl.where(last, next_row, row)
-            pre_col = tl.where(last, next_lo, nxt)
+            pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
             pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
             x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
             y = _exp(x - row_max, FAST_EXP) * inv_sum
@@ -492,17 +522,24 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor):
+    """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
+    and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
+    never read)."""
+    if group > 1 and interpreting():
+        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+    n_programs = max(1, min(n_rows * group, max(1, per_sm) * _sm_count(device)))
+    if group == 1:
+        return n_programs, unused, unused
+    part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
+    sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
+    return n_programs, part, sync
+
+
 def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
-    if group > 1 and interpreting():
-        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-    n_programs = max(1, min(n_rows * group, max(1, plan.per_sm) * _sm_count(x2.device)))
-    if group > 1:
-        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=x2.device)
-        sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-    else:
-        part, sync = x2, x2  # not read
+    n_programs, part, sync = _split_launch(n_rows, group, plan.per_sm, x2.device, x2)
     _softmax_split_kernel[(n_programs,)](
         x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
