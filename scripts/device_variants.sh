@@ -6,18 +6,7 @@
 # Stages: tests, dropout, ln_fwd, ln_bwd, softmax_wide.
 # Needs the Liger wheel under .whl/ (carry [".whl"]). Each stage has its own time limit so a
 # hang in one cannot eat the call; logs and JSON go to $OUT.
-set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
-stage() {  # stage NAME SECONDS CMD...: run CMD with a limit, log to $OUT/NAME.txt, show its tail
-    local name=$1 limit=$2; shift 2
-    echo "== $name"; local t0=$SECONDS
-    timeout "$limit" "$@" 2>&1 | grep -v USDT > "$OUT/$name.txt"
-    echo "rc=${PIPESTATUS[0]} ${name} took $((SECONDS - t0)) s" | tee -a "$OUT/$name.txt"
-    tail -4 "$OUT/$name.txt"
-}
+source "$(dirname "$0")/_device_env.sh"
 run_stage() {
     case $1 in
     tests) stage kernel_tests 200 python3 -m pytest -p pytest_fusioncheck.plugin -p no:cacheprovider -q -n 8 --timeout 90 \
