@@ -5,7 +5,8 @@ runs) and the percentage of torch.mm's TFLOPS measured in the same run for: torc
 alone, our fused kernel (exact GELU), the eager chain mm + bias + gelu,
 ``torch._addmm_activation`` (cuBLASLt's own bias+GELU epilogue, which uses the tanh
 GELU), and torch.compile of the chain. ``--variants`` adds our kernel without an
-epilogue, with the tanh GELU, with the PTX fast-math GELU, and each candidate config, for
+epilogue, with the tanh GELU, with the PTX fast-math GELU, and each candidate config with each
+exact-GELU fit (degree 9, 7, 5), for
 the notes.
 
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--quick] [--variants]
@@ -74,10 +75,13 @@ def main() -> None:
                                                          path=path, config=config),
                 "ours, bias+gelu(PTX fast-math)": lambda: ge._run(a, b, out, bias, None, 4, path=path, config=config),
             }
+            gelu = ge._activation_code("gelu")
             for cfg in ge._gemm_configs(key[0], n, n, n):
-                extra[f"ours cfg {cfg}"] = (
-                    lambda cfg=cfg: ge._run(a, b, out, bias, None, ge._activation_code("gelu"), path=path, config=cfg)
-                )
+                for degree in (9, 7, 5):  # the exact GELU's fit (_gelu): erfcc's 9, then 2 and 4 FMAs fewer
+                    extra[f"ours cfg {cfg}, GELU degree {degree}"] = (
+                        lambda cfg=cfg, d=degree: ge._run(a, b, out, bias, None, gelu, path=path, config=cfg,
+                                                          gelu_degree=d)
+                    )
             for name, fn in extra.items():
                 ms = bench_ms(fn, **rep)
                 tflops = flops / (ms * 1e-3) / 1e12

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 from reference_kernels._common import check_tensor, interpreting, next_power_of_2
-from reference_kernels.gemm_epilogue import _gelu
+from reference_kernels.gemm_epilogue import _gelu, _phi_scaled
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
 PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
@@ -44,9 +44,9 @@ _LEAN_WARPS = 16  # lean tiles of 8K elements on 16 warps: 75% of copy against 7
 # SM, each with nothing in flight while it computes, not the arithmetic, set its pace.
 _LEAN_PREFETCH = True
 # Degree of the GELU fit for 16-bit outputs in the lean kernel (fp32 outputs always take 7). 5 saves
-# 2 of ~27 instructions an element and stays within 1 bf16/fp16 ulp of the correctly rounded
-# GELU (scripts/gelu_fit.py); not yet timed on a GPU, so the measured 7 stays the default.
-_LEAN_GELU_DEGREE_16BIT = 7
+# 2 of ~29 instructions an element and stays within 1 bf16/fp16 ulp of the correctly rounded
+# GELU (scripts/gelu_fit.py); on the H200 79% of copy against 75% for 7 (2026-11-29, third session).
+_LEAN_GELU_DEGREE_16BIT = 5
 
 
 # --------------------------------------------------------------------------- kernels
@@ -189,62 +189,6 @@ def _dropout_mask_kernel(
     keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
     ptrs = mask_ptr + rows.to(tl.int64)[:, None, None] * N + cols
     tl.store(ptrs, keep.to(tl.uint8), mask=(rows[:, None, None] < M) & (cols < N))
-
-
-@triton.jit
-def _rcp(x, FAST: tl.constexpr):
-    if FAST:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return 1.0 / x
-
-
-@triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
-def _phi_scaled(x, s, log2_s, FAST: tl.constexpr, DEGREE: tl.constexpr = 7):
-    """s * Phi(x), Phi the standard normal CDF, so that GELU(x) * s = x * _phi_scaled(x, s, log2(s)).
-
-    The form of gemm_epilogue._gelu's erfc fit (MODE 0/3: Phi(-|x|) = t * 2**(P(t) - w*w)) with the
-    dropout scale s moved into the exponent's constant term (s * Phi(-|x|) = t * 2**(P(t)
-    + log2(s) - w*w)) and into the reflection (s * Phi(|x|) = s - s * Phi(-|x|)): the scale
-    costs no instruction. s = 0 (log2 s = -inf) gives 0, as GELU * 0 does. ``scripts/gelu_fit.py``
-    fits P and checks it with the float32 pipeline emulated.
-    """
-    ax = tl.abs(x)
-    t = _rcp(1.0 + 0.35355339059327373 * ax, FAST)  # 1 / (1 + z/2), z = |x| / sqrt(2)
-    if DEGREE == 5:
-        # Unweighted minimax of P (scripts/gelu_fit.py "5 rel"), 2 FMAs fewer: max relative GELU
-        # error 1.42e-5 on [-10, 10]; bf16 / fp16 outputs within 1 ulp of the correctly rounded
-        # value everywhere checked, off it for 0.04% / 0.18% of inputs (degree 7: 0.01% / 0.02%).
-        p = 0.33007541298866272 * t - 1.0231484174728394
-        p = p * t + 0.68455159664154053
-        p = p * t + 0.36708247661590576
-        p = p * t + 1.4686834812164307
-        p = p * t + (log2_s - 2.8272335529327393)
-    else:
-        # Degree 7 instead of erfcc's 9: a minimax fit of log2(Phi(-|x|) / t) + w * w on z in [0, 10],
-        # weighted by 1 + 2z so the error goes where float32's rounding of w * w leaves room. Max
-        # relative (absolute) GELU error against float64, float32 emulated: 1.031e-5 (3.84e-7) on
-        # [-10, 10], 4.15e-6 on [-7, 7], equal to or below the degree-9 fit's 1.031e-5 and 4.18e-6.
-        p = -0.29061277366264743 * t + 1.1621854899929596
-        p = p * t - 1.5702150578606275
-        p = p * t + 0.6121152188998823
-        p = p * t - 0.10889426977729336
-        p = p * t + 0.5822939935845977
-        p = p * t + 1.4387150858074316
-        p = p * t + (log2_s - 2.825590018722917)
-    w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
-    h = t * _exp2(p - w * w, FAST)  # s * Phi(-|x|)
-    return tl.where(x >= 0.0, s - h, h)
 
 
 @triton.jit

@@ -51,11 +51,70 @@ def _launch_metadata(grid, kernel, args):
 
 
 @triton.jit
-def _gelu(x, MODE: tl.constexpr):
+def _rcp(x, FAST: tl.constexpr):
+    if FAST:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return 1.0 / x
+
+
+@triton.jit
+def _exp2(x, FAST: tl.constexpr):
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def _phi_scaled(x, s, log2_s, FAST: tl.constexpr, DEGREE: tl.constexpr = 7):
+    """s * Phi(x), Phi the standard normal CDF, so that GELU(x) * s = x * _phi_scaled(x, s, log2(s)).
+
+    The form of _gelu's degree-9 erfc fit (DEGREE 9: Phi(-|x|) = t * 2**(P(t) - w*w)) with the
+    dropout scale s moved into the exponent's constant term (s * Phi(-|x|) = t * 2**(P(t)
+    + log2(s) - w*w)) and into the reflection (s * Phi(|x|) = s - s * Phi(-|x|)): the scale
+    costs no instruction. s = 0 (log2 s = -inf) gives 0, as GELU * 0 does. ``scripts/gelu_fit.py``
+    fits P and checks it with the float32 pipeline emulated.
+    """
+    ax = tl.abs(x)
+    t = _rcp(1.0 + 0.35355339059327373 * ax, FAST)  # 1 / (1 + z/2), z = |x| / sqrt(2)
+    if DEGREE == 5:
+        # Unweighted minimax of P (scripts/gelu_fit.py "5 rel"), 2 FMAs fewer: max relative GELU
+        # error 1.42e-5 on [-10, 10]; bf16 / fp16 outputs within 1 ulp of the correctly rounded
+        # value everywhere checked, off it for 0.04% / 0.18% of inputs (degree 7: 0.01% / 0.02%).
+        p = 0.33007541298866272 * t - 1.0231484174728394
+        p = p * t + 0.68455159664154053
+        p = p * t + 0.36708247661590576
+        p = p * t + 1.4686834812164307
+        p = p * t + (log2_s - 2.8272335529327393)
+    else:
+        # Degree 7 instead of erfcc's 9: a minimax fit of log2(Phi(-|x|) / t) + w * w on z in [0, 10],
+        # weighted by 1 + 2z so the error goes where float32's rounding of w * w leaves room. Max
+        # relative (absolute) GELU error against float64, float32 emulated: 1.031e-5 (3.84e-7) on
+        # [-10, 10], 4.15e-6 on [-7, 7], equal to or below the degree-9 fit's 1.031e-5 and 4.18e-6.
+        p = -0.29061277366264743 * t + 1.1621854899929596
+        p = p * t - 1.5702150578606275
+        p = p * t + 0.6121152188998823
+        p = p * t - 0.10889426977729336
+        p = p * t + 0.5822939935845977
+        p = p * t + 1.4387150858074316
+        p = p * t + (log2_s - 2.825590018722917)
+    w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
+    h = t * _exp2(p - w * w, FAST)  # s * Phi(-|x|)
+    return tl.where(x >= 0.0, s - h, h)
+
+
+@triton.jit
+def _gelu(x, MODE: tl.constexpr, DEGREE: tl.constexpr = 9):
     """GELU of an fp32 tensor.
 
     MODE 0: exact (erf) form; 1: tanh approximation; 2: exact via libdevice's erff;
     3: MODE 0 with PTX fast-math (``rcp.approx.ftz``, ``ex2.approx.ftz``), CUDA only.
+    DEGREE (modes 0 and 3): 9, the erfcc polynomial below; 7, ``_phi_scaled``'s fit of the same
+    accuracy with two FMAs fewer; 5, two fewer again, for 16-bit outputs only (within one
+    bf16/fp16 ulp of the correctly rounded GELU; ``scripts/gelu_fit.py``).
 
     MODE 0 writes Phi(x) = 0.5 * erfc(-x / sqrt(2)) with the Chebyshev fit of erfc from
     Numerical Recipes (erfcc: erfc(z) = t * exp(-z*z + P(t)), t = 1 / (1 + z/2), P of
@@ -74,6 +133,8 @@ def _gelu(x, MODE: tl.constexpr):
         return x / (1.0 + tl.exp(-2.0 * u))
     elif MODE == 2:
         return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif DEGREE != 9:
+        return x * _phi_scaled(x, 1.0, 0.0, MODE == 3, DEGREE)
     else:
         ax = tl.abs(x)
         d = 1.0 + 0.35355339059327373 * ax  # 1 + z/2, z = |x| / sqrt(2)
@@ -104,15 +165,15 @@ def _gelu(x, MODE: tl.constexpr):
 
 
 @triton.jit
-def _activation(x, ACTIVATION: tl.constexpr):
+def _activation(x, ACTIVATION: tl.constexpr, GELU_DEGREE: tl.constexpr):
     if ACTIVATION == 1:
         x = tl.where(x < 0.0, 0.0, x)  # relu; NaN stays NaN like torch.relu
     elif ACTIVATION == 2:
-        x = _gelu(x, 0)
+        x = _gelu(x, 0, GELU_DEGREE)
     elif ACTIVATION == 3:
         x = _gelu(x, 1)
     elif ACTIVATION == 4:
-        x = _gelu(x, 3)
+        x = _gelu(x, 3, GELU_DEGREE)
     return x
 
 
@@ -130,11 +191,12 @@ def _epilogue(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    GELU_DEGREE: tl.constexpr,  # the exact GELU's fit: 9, 7 or (16-bit outputs) 5; see _gelu
 ):
     if HAS_BIAS:
         bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
         acc = acc + bias.to(tl.float32)[None, :]
-    acc = _activation(acc, ACTIVATION)
+    acc = _activation(acc, ACTIVATION, GELU_DEGREE)
     if HAS_RESIDUAL:
         res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :] * stride_rn
         res = tl.load(res_ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
@@ -175,6 +237,7 @@ def _gemm_epilogue_kernel(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    GELU_DEGREE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -197,7 +260,8 @@ def _gemm_epilogue_kernel(
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn, HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+    acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+                    HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
@@ -218,11 +282,12 @@ def _gemm_epilogue_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr,  # 1, or 2: store the tile in two column halves
-    NUM_SMS: tl.constexpr,  # programs in the persistent grid
+    NUM_PROGRAMS: tl.constexpr,  # the persistent grid's stride: programs an SM x SMs
     B_KMAJOR: tl.constexpr,  # b is a transposed view of a contiguous (N, K) tensor
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    GELU_DEGREE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
 ):
     start_pid = tl.program_id(0)
@@ -232,8 +297,8 @@ def _gemm_epilogue_tma_kernel(
     num_tiles = num_pid_m * num_pid_n
     # The epilogue recomputes its tile from its own counter, so the compiler can overlap
     # the next tile's first loads with this tile's epilogue (as tutorial 09 does).
-    tile_id_c = start_pid - NUM_SMS
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+    tile_id_c = start_pid - NUM_PROGRAMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -250,7 +315,7 @@ def _gemm_epilogue_tma_kernel(
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc)
 
-        tile_id_c += NUM_SMS
+        tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -260,35 +325,43 @@ def _gemm_epilogue_tma_kernel(
             acc0, acc1 = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
             cols = off_n + tl.arange(0, HALF)
             acc0 = _epilogue(acc0, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
-                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
             c_desc.store([off_m, off_n], acc0.to(c_desc.dtype))
             acc1 = _epilogue(acc1, rows, cols + HALF, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
-                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
             c_desc.store([off_m, off_n + HALF], acc1.to(c_desc.dtype))
         else:
             cols = off_n + tl.arange(0, BLOCK_N)
             acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
-                            HAS_BIAS, ACTIVATION, HAS_RESIDUAL)
+                            HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 # --------------------------------------------------------------------------- launch heuristics
 
 _TMA_CONFIGS = [
-    # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps): the four that
-    # came within 10% of the best at 4096^3 or 8192^3 on the H200 (notes/gemm_dropout.md).
-    (128, 256, 64, 8, 1, 3, 8),
-    (128, 256, 64, 8, 2, 3, 8),
-    (128, 256, 64, 8, 2, 4, 8),
-    (128, 128, 64, 8, 1, 4, 8),
+    # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps, programs an SM):
+    # the four that came within 10% of the best at 4096^3 or 8192^3 on the H200
+    # (notes/gemm_dropout.md), one program an SM ...
+    (128, 256, 64, 8, 1, 3, 8, 1),
+    (128, 256, 64, 8, 2, 3, 8, 1),
+    (128, 256, 64, 8, 2, 4, 8, 1),
+    (128, 128, 64, 8, 1, 4, 8, 1),
+    # ... and two programs an SM, so that one program's epilogue runs while the other's MMAs do
+    # (128x128 tiles, 96-112 KB of shared memory and at most 128 registers a thread each).
+    (128, 128, 64, 8, 2, 3, 8, 2),
+    (128, 128, 64, 8, 1, 2, 8, 2),
 ]
 _TILED_CONFIGS = [
-    (128, 256, 64, 8, 1, 3, 8),
-    (128, 128, 64, 8, 1, 4, 8),
-    (128, 128, 32, 8, 1, 4, 4),
+    (128, 256, 64, 8, 1, 3, 8, 1),
+    (128, 128, 64, 8, 1, 4, 8, 1),
+    (128, 128, 32, 8, 1, 4, 4, 1),
 ]
-_SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8)
-_INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1)
+_SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8, 1)
+_INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1)
+# The exact GELU's fit in the epilogue (see _gelu): 9 (erfcc), 7, or 5 (outputs are 16-bit here,
+# where 5 stays within one ulp of the correctly rounded GELU).
+_GELU_DEGREE = 9
 _SMALL_PROBLEM = 1 << 30  # M*N*K below this: one config, no tuning
 _tuned: dict = {}
 
@@ -323,12 +396,15 @@ def _gemm_configs(path: str, M: int, N: int, K: int) -> list[tuple]:
     return list(configs)
 
 
-def _launch(path, cfg, a, b, out, bias, residual, activation_code):
+def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
     M, K = a.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, SPLIT, stages, warps = cfg
+    BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm = cfg
+    degree = _GELU_DEGREE if gelu_degree is None else gelu_degree
+    if degree not in (5, 7, 9):
+        raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
     flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
-                 DOT_IN_FP32=interpreting())
+                 GELU_DEGREE=degree, DOT_IN_FP32=interpreting())
     rs = residual.stride() if residual is not None else (0, 0)
     if path == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -341,12 +417,12 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code):
         else:
             b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
-        num_sms = _num_sms(a.device)
-        grid = (min(num_sms, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
+        programs = per_sm * _num_sms(a.device)
+        grid = (min(programs, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
         _gemm_epilogue_tma_kernel[grid](
             a_desc, b_desc, c_desc, bias, residual, M, N, K, rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, EPILOGUE_SPLIT=SPLIT,
-            NUM_SMS=num_sms, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **flags,
+            NUM_PROGRAMS=programs, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **flags,
         )
     else:
         grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
@@ -368,10 +444,10 @@ def _num_sms(device: torch.device) -> int:
     return _sm_counts[device]
 
 
-def _run(a, b, out, bias, residual, activation_code, path=None, config=None):
+def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gelu_degree=None):
     """Pick the path and config (timing the candidates once per problem key), then launch.
 
-    ``path`` and ``config`` force a choice (tests and benchmarks use them).
+    ``path``, ``config`` and ``gelu_degree`` force a choice (tests and benchmarks use them).
     """
     M, K = a.shape
     N = b.shape[1]
@@ -379,17 +455,18 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None):
     configs = [config] if config else _gemm_configs(path, M, N, K)
     if len(configs) > 1:
         key = (path, M, N, K, a.dtype, bias is not None, activation_code, residual is not None,
-               a.stride(), b.stride(), a.device)
+               a.stride(), b.stride(), a.device, gelu_degree)
         if key not in _tuned:
             from triton.testing import do_bench
 
-            launches = [lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code) for c in configs]
+            launches = [lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code, gelu_degree)
+                        for c in configs]
             for launch in launches:  # compile them all first, so no timing follows an idle compile
                 launch()
             times = [do_bench(launch, warmup=25, rep=100, return_mode="median") for launch in launches]
             _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
         configs = [_tuned[key]]
-    _launch(path, configs[0], a, b, out, bias, residual, activation_code)
+    _launch(path, configs[0], a, b, out, bias, residual, activation_code, gelu_degree)
     return path, configs[0]
 
 

@@ -74,13 +74,53 @@ def test_each_kernel_writes_every_output_element(path):
 def test_the_split_epilogue_stores_both_column_halves_of_each_tile():
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
-    config = (32, 32, 16, 2, 2, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8)
+    config = (32, 32, 16, 2, 2, 1, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8, 1)
     M, N, K = (50, 48, 24) if interpreting() else (200, 400, 72)
     a, b, bias, residual = operands(M, N, K, torch.float16)
     out = poisoned(M, N, torch.float16)
     ge._run(a, b, out, bias, residual, ge._activation_code("relu"), path="tma", config=config)
     assert not out.isnan().any(), "an output element was left unwritten"
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "relu", residual), **TOLERANCES[torch.float16])
+
+
+@pytest.mark.parametrize("per_sm, split, stages", [(1, 1, 1), (2, 2, 3), (2, 1, 2)], ids=str)
+def test_a_persistent_grid_of_one_or_two_programs_an_sm_writes_every_tile(per_sm, split, stages):
+    """Each program walks tiles with a stride of programs-an-SM x SMs (the interpreter counts 4 SMs)."""
+    if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    if interpreting():
+        config, (M, N, K) = (32, 32, 16, 2, split, 1, 1, per_sm), (150, 136, 40)  # 25 tiles over 4 or 8 programs
+    else:
+        config, (M, N, K) = (128, 128, 64, 8, split, stages, 8, per_sm), (2200, 4100, 136)  # 561 tiles, ragged edges
+    a, b, bias, residual = operands(M, N, K, torch.bfloat16)
+    out = poisoned(M, N, torch.bfloat16)
+    ge._run(a, b, out, bias, residual, ge._activation_code("gelu"), path="tma", config=config)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("degree", [9, 7, 5])
+def test_every_exact_gelu_fit_stays_within_one_ulp_of_torch_gelu(degree, dtype):
+    """a @ I is exact in the fp32 accumulator, so the output is GELU(a + bias) rounded once: within
+    one ulp of the float64 GELU of the same values, from the far negative tail to large inputs."""
+    x = torch.linspace(-10, 10, 64 * 32, device=DEVICE).reshape(64, 32)
+    a, bias = x.to(dtype), (torch.rand(32, device=DEVICE) - 0.5).to(dtype)
+    eye = torch.eye(32, device=DEVICE, dtype=dtype)
+    out = poisoned(64, 32, dtype)
+    for path in ("tiled", "tma") if DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9 else ("tiled",):
+        ge._run(a, eye, out, bias, None, ge._activation_code("gelu"), path=path, gelu_degree=degree)
+        v = a.double() + bias.double()
+        want = (v * 0.5 * torch.special.erfc(-v / 2**0.5)).to(dtype)  # F.gelu's 1 + erf cancels to 0 below -8
+        ulp = want.float().abs().clamp_min(torch.finfo(dtype).tiny) * torch.finfo(dtype).eps
+        apart = ((out.float() - want.float()).abs() / ulp).round()
+        assert apart.max().item() <= 1, f"{path}: {apart.max().item()} ulps from the exact GELU"
+
+
+def test_an_unknown_gelu_fit_degree_is_refused():
+    a, b, bias, _ = operands(16, 16, 16, torch.bfloat16, residual=False)
+    with pytest.raises(ValueError, match="degree 6"):
+        ge._run(a, b, poisoned(16, 16, torch.bfloat16), bias, None, ge._activation_code("gelu"), gelu_degree=6)
 
 
 def test_a_transposed_weight_is_read_in_place_and_gives_the_same_result():
