@@ -76,7 +76,7 @@ def main() -> None:
                 "ours, bias+gelu(PTX fast-math)": lambda: ge._run(a, b, out, bias, None, 4, path=path, config=config),
             }
             gelu = ge._activation_code("gelu")
-            for cfg in ge._gemm_configs(key[0], n, n, n):
+            for cfg in ge._gemm_configs(key[0], n, n, n) + ([ge._TWO_PER_SM_CONFIG] if path == "tma" else []):
                 for degree in (9, 7, 5):  # the exact GELU's fit (_gelu): erfcc's 9, then 2 and 4 FMAs fewer
                     extra[f"ours cfg {cfg}, GELU degree {degree}"] = (
                         lambda cfg=cfg, d=degree: ge._run(a, b, out, bias, None, gelu, path=path, config=cfg,
