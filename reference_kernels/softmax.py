@@ -214,38 +214,38 @@ def _exp(x, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
-def _split_team(sync_ptr, n_rows, n_programs, GROUP: tl.constexpr):
-    """A split-walk program's place: (first row, slot, rows between its tiles).
-
-    GROUP == 1: the program id, round robin. GROUP > 1: a ticket, taken once; tickets k..k+GROUP-1
-    form a team that owns rows k // GROUP, + teams, + 2 teams, ... (teams = n_programs // GROUP,
-    launched as a multiple of GROUP), slot k % GROUP of each. Tickets go to programs as they start,
-    so at most one team is short of members at any time; the full teams finish their rows and exit
-    whatever the others do, which frees room for the last members: deadlock-free while GROUP
-    programs fit on the GPU at once. A program's next tile is known before it waits on this one,
-    so its loads can be in flight during the wait.
-    """
+def _first_tile(sync_ptr, n_rows, GROUP: tl.constexpr):
+    """A split-walk program's first tile: its program id (round robin) when GROUP == 1, else a ticket."""
     if GROUP == 1:
-        return tl.program_id(0), 0, n_programs
+        return tl.program_id(0)
     else:
-        ticket = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
-        return ticket // GROUP, ticket % GROUP, n_programs // GROUP
+        return tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
 
 
 @triton.jit
-def _prefetch_target(start, hi, row, next_row, lo, BLOCK_N: tl.constexpr):
+def _tile_start(tile, n_rows, slice_cols, GROUP: tl.constexpr):
+    """(row, first column) of ``tile``; past the last tile the last row: a harmless in-bounds prefetch."""
+    return tl.minimum(tile // GROUP, n_rows - 1), (tile % GROUP) * slice_cols
+
+
+@triton.jit
+def _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N: tl.constexpr):
     """(row, column) that pass two prefetches at step ``start``: the slice's next step, or after the
-    slice's last step [.., hi) the first step ``lo`` of the program's next row."""
+    slice's last step [.., hi) the next tile's first."""
     nxt = start + BLOCK_N
     last = nxt >= hi
-    return tl.where(last, next_row, row), tl.where(last, lo, nxt)
+    return tl.where(last, next_row, row), tl.where(last, next_lo, nxt)
 
 
 @triton.jit
-def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, a_other, b_other,
+def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, n_rows, a_other, b_other,
                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Publish this slice's partials (a, b) in part[row, slot] and wait for the row's GROUP slices:
-    (every slice's a, every slice's b) in slot order, lanes past GROUP a_other, b_other."""
+    """Publish this slice's partials (a, b) in part[row, slot], wait for the row's GROUP slices, then
+    take the next ticket: (every slice's a, every slice's b, next tile), lanes past GROUP a_other, b_other.
+
+    The ticket comes only after the wait, so the tiles handed out form a prefix and no program holds
+    two tiles of one row (``_softmax_split_kernel``'s docstring: why that cannot deadlock).
+    """
     part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
     tl.store(part_row + 2 * slot, a)
     tl.store(part_row + 2 * slot + 1, b)
@@ -253,7 +253,7 @@ def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, a_other, b_other,
     g = tl.arange(0, BLOCK_G)
     all_a = tl.load(part_row + 2 * g, mask=g < GROUP, other=a_other, volatile=True)
     all_b = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=b_other, volatile=True)
-    return all_a, all_b
+    return all_a, all_b, tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
 
 
 @triton.jit
@@ -285,7 +285,7 @@ def _softmax_split_kernel(
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
-    n_programs,  # programs launched (persistent: a few an SM; a multiple of GROUP)
+    n_programs,  # programs launched (persistent: a few an SM)
     GROUP: tl.constexpr,  # slices (programs) per row
     BLOCK_N: tl.constexpr,  # columns per step
     BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
@@ -300,32 +300,33 @@ def _softmax_split_kernel(
     stay far below the L2 and the second pass re-reads from it. Each step prefetches the
     next step's chunk (the next slice chunk, the slice's first chunk again for the second
     pass, the next tile's first chunk at the end) into registers before working on the
-    current one, so a program always has one chunk of loads in flight; with HOLD (a slice
-    of one step, kept in registers for pass two) the next tile's chunk is loaded before the
-    wait on this row's peers. GROUP == 1: a tile is a whole row, tiles go round robin,
-    nothing waits (runs under the interpreter). GROUP > 1: teams of GROUP programs own
-    rows and publish their slices' partials and wait for each other (``_split_team``: why
-    that cannot deadlock).
+    current one, so a program always has one chunk of loads in flight. GROUP == 1: a tile
+    is a whole row, tiles go round robin, nothing waits (runs under the interpreter).
+    GROUP > 1: the programs of a row publish their partials and wait for each other; tiles
+    come from an atomic ticket taken only after a program's wait, so the tiles handed out
+    form a prefix and a program never holds a tile it cannot finish without waiting on
+    itself (deadlock-free while GROUP programs fit on the GPU at once).
     The online step is taken once per SUB neighbouring elements (a thread's vector load),
     which keeps the running (max, sum) at BLOCK_N / SUB lanes: few registers. Maxima start
     at -FLT_MAX, not -inf, so a run of -inf adds exp(-inf) = 0 instead of nan, and one
     exponential a step, exp(min(m, m') - max(m, m')), rescales whichever sum is behind.
     """
-    row, slot, row_step = _split_team(sync_ptr, n_rows, n_programs, GROUP)
+    n_tiles = n_rows * GROUP
+    tile = _first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
-    lo = slot * slice_cols
-    hi = tl.minimum(lo + slice_cols, n_cols)
-    first = tl.minimum(row, n_rows - 1)
-    x_next = _load_chunk(x_ptr + first.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
-    while row < n_rows:
+    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
+    x_next = _load_chunk(x_ptr + row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         y_row = y_ptr + row.to(tl.int64) * stride_y
-        next_row = tl.minimum(row + row_step, n_rows - 1)  # past the last row: a harmless in-bounds prefetch
         run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
         run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             x = tl.reshape(x_next.to(tl.float32), (BLOCK_N // SUB, SUB))
-            if not HOLD:
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
                 x_next = _load_chunk(x_row + nxt + cols, nxt + cols < n_cols, EVEN)
@@ -336,35 +337,31 @@ def _softmax_split_kernel(
             e = _exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
             run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
             run_max = new_max
-        if HOLD:  # the slice stays in registers; the next tile's loads fly during the wait
-            x_held = x_next
-            x_next = _load_chunk(x_ptr + next_row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
         tile_max = tl.max(run_max, axis=0)
         tile_sum = tl.sum(run_sum * _exp(run_max - tile_max, FAST_EXP), axis=0)
         if GROUP == 1:
             row_max = tile_max
             row_sum = tile_sum
+            next_tile = tile + n_programs
         else:
-            p_max, p_sum = _exchange_partials(
-                part_ptr, sync_ptr, row, slot, tile_max, tile_sum, -_FLT_MAX, 0.0, GROUP, BLOCK_G
+            p_max, p_sum, next_tile = _exchange_partials(
+                part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
             )
             row_max = tl.max(p_max, axis=0)
             row_sum = tl.sum(p_sum * _exp(p_max - row_max, FAST_EXP), axis=0)
         inv_sum = 1.0 / row_sum
+        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
         for start in range(lo, hi, BLOCK_N):
-            if HOLD:
-                x = x_held.to(tl.float32)
-            else:
-                x = x_next.to(tl.float32)
-                pre_row, pre_col = _prefetch_target(start, hi, row, next_row, lo, BLOCK_N)
-                pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
-                x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
+            x = x_next.to(tl.float32)
+            pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
+            pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
+            x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
             y = _exp(x - row_max, FAST_EXP) * inv_sum
             if EVEN:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty))
             else:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
-        row += row_step
+        tile = next_tile
 
 
 class _Plan(NamedTuple):
@@ -525,66 +522,26 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _split_walk(kernel, head, scalars, tail, n_rows: int, group: int, per_sm: int, unused: torch.Tensor,
-                **kwargs) -> None:
-    """Launch a split-walk kernel as ``kernel[(n,)](*head, part, sync, *scalars, n, *tail, **kwargs)``:
-    ``per_sm`` programs an SM in whole teams of ``group`` (no more teams than rows) and, for
-    ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``, never
-    read). A team's programs wait on each other, so all of them must be resident at once to keep
-    pace (``_split_team``): ``per_sm`` drops to what the compiled kernel's registers and shared
-    memory allow."""
-    device = unused.device
+def _split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor):
+    """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
+    and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
+    never read)."""
     if group > 1 and interpreting():
         raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-
-    def programs(k: int) -> int:
-        return group * max(1, min(n_rows, max(1, k) * _sm_count(device) // group))
-
+    n_programs = max(1, min(n_rows * group, max(1, per_sm) * _sm_count(device)))
     if group == 1:
-        part = sync = unused
-    else:
-        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
-        sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
-        per_sm = _resident_per_sm(kernel, (*head, part, sync, *scalars, programs(per_sm), *tail), kwargs, per_sm)
-    n = programs(per_sm)
-    kernel[(n,)](*head, part, sync, *scalars, n, *tail, **kwargs)
-
-
-_resident: dict = {}
-
-
-def _resident_per_sm(kernel, args, kwargs, asked: int) -> int:
-    """``asked``, or fewer: the programs of ``kernel`` (compiled for ``args``) that one SM holds at once,
-    from the registers, threads and shared memory they use. Trusts ``asked`` when the compiled
-    kernel does not say (a Triton without ``warmup`` or ``n_regs``)."""
-    device = args[0].device
-    key = (kernel.fn.__name__, device, asked, tuple(sorted(kwargs.items())),
-           tuple(a.dtype if torch.is_tensor(a) else type(a) for a in args))
-    if key not in _resident:
-        try:
-            compiled = kernel.warmup(*args, grid=(1,), **kwargs)
-            compiled._init_handles()
-            warps, regs, smem = compiled.metadata.num_warps, compiled.n_regs, compiled.metadata.shared
-        except (AttributeError, TypeError):
-            _resident[key] = asked
-            return asked
-        props = torch.cuda.get_device_properties(device)
-        warp_regs = -(-max(1, regs) // 8) * 8 * 32  # allocated 256 registers at a time
-        fits = min(
-            getattr(props, "regs_per_multiprocessor", 65536) // (warp_regs * warps),
-            getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),
-            getattr(props, "shared_memory_per_multiprocessor", 233472) // (smem + 1024) if smem else asked,
-        )
-        _resident[key] = max(1, min(asked, fits))
-    return _resident[key]
+        return n_programs, unused, unused
+    part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
+    sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
+    return n_programs, part, sync
 
 
 def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
-    _split_walk(
-        _softmax_split_kernel, (x2, y2), (n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols), (),
-        n_rows, group, plan.per_sm, x2,
+    n_programs, part, sync = _split_launch(n_rows, group, plan.per_sm, x2.device, x2)
+    _softmax_split_kernel[(n_programs,)](
+        x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
         EVEN=plan.even and n_cols % plan.block_n == 0, num_warps=plan.num_warps,

@@ -325,30 +325,6 @@ def test_split_plan_waiting_on_its_peers_matches_the_reference_every_time(shape,
 
 
 @pytest.mark.gpu
-def test_a_split_walk_asking_more_programs_an_sm_than_fit_launches_only_those_that_fit():
-    """Teams wait on each other: all their programs must be resident, so the launch trims ``per_sm``
-    to what the compiled kernel's registers, threads and shared memory allow."""
-    x = torch.randn(300, 65536, device="cuda")
-    plan = softmax._softmax_settings(*x.shape, 4, wide="split")._replace(per_sm=8)  # 16 warps: 4 fit at most
-    softmax._resident.clear()
-    out = poisoned_like(x)
-    softmax._launch(x, out, plan)
-    torch.testing.assert_close(out, torch.softmax(x, -1), **TOLERANCES[torch.float32])
-    (key, fits), = softmax._resident.items()
-    kwargs = dict(key[3])
-    assert 1 <= fits <= 2048 // (32 * kwargs["num_warps"])
-    assert softmax._resident_per_sm(softmax._softmax_split_kernel, *_resident_args(x, kwargs), 1) == 1
-
-
-def _resident_args(x, kwargs):
-    group = kwargs["GROUP"]
-    part = torch.empty(x.shape[0], group, 2, device="cuda")
-    sync = torch.zeros((x.shape[0] + 1) * softmax._COUNTER_STRIDE_INTS, dtype=torch.int32, device="cuda")
-    args = (x, torch.empty_like(x), part, sync, x.shape[0], x.shape[1], x.stride(0), x.stride(0), x.shape[1] // group, group)
-    return args, kwargs
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("wide", ["persistent", "split"])
 @pytest.mark.parametrize("shape", [(64, 65536), (8, 262144), (16, 65536 + 4096)], ids=str)
