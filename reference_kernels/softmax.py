@@ -293,6 +293,7 @@ def _softmax_split_kernel(
     SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EVEN: tl.constexpr,  # n_cols % BLOCK_N == 0: no column masks
+    EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -300,7 +301,9 @@ def _softmax_split_kernel(
     stay far below the L2 and the second pass re-reads from it. Each step prefetches the
     next step's chunk (the next slice chunk, the slice's first chunk again for the second
     pass, the next tile's first chunk at the end) into registers before working on the
-    current one, so a program always has one chunk of loads in flight. GROUP == 1: a tile
+    current one, so a program always has one chunk of loads in flight (a tile of one step
+    held for pass two with GROUP == 1, ``EARLY``: the next tile's chunk is loaded before this
+    tile's cross-warp reductions, not after them). GROUP == 1: a tile
     is a whole row, tiles go round robin, nothing waits (runs under the interpreter).
     GROUP > 1: the programs of a row publish their partials and wait for each other; tiles
     come from an atomic ticket taken only after a program's wait, so the tiles handed out
@@ -337,6 +340,11 @@ def _softmax_split_kernel(
             e = _exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
             run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
             run_max = new_max
+        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
+            x_held = x_next
+            early_row, early_lo = _tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
+            early_ptr = x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols
+            x_next = _load_chunk(early_ptr, early_lo + cols < n_cols, EVEN)
         tile_max = tl.max(run_max, axis=0)
         tile_sum = tl.sum(run_sum * _exp(run_max - tile_max, FAST_EXP), axis=0)
         if GROUP == 1:
@@ -352,10 +360,13 @@ def _softmax_split_kernel(
         inv_sum = 1.0 / row_sum
         next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
         for start in range(lo, hi, BLOCK_N):
-            x = x_next.to(tl.float32)
-            pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
-            pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
-            x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
+            if EARLY:
+                x = x_held.to(tl.float32)
+            else:
+                x = x_next.to(tl.float32)
+                pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
+                pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
+                x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
             y = _exp(x - row_max, FAST_EXP) * inv_sum
             if EVEN:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty))
@@ -544,7 +555,8 @@ def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        EVEN=plan.even and n_cols % plan.block_n == 0, num_warps=plan.num_warps,
+        EVEN=plan.even and n_cols % plan.block_n == 0, EARLY=group == 1 and slice_cols == plan.block_n,
+        num_warps=plan.num_warps,
     )
 
 

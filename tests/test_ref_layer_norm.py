@@ -357,6 +357,7 @@ def test_looped_forward_with_fewer_programs_than_rows_walks_them_all():
         ((7, 333), 64),  # six steps a row, the last one 13 wide; 7 rows over 3 programs
         ((1, 70), 16),  # one row: programs without a tile
         ((4, 60), 48),  # one 64-wide step a row: held in registers for pass two (HOLD)
+        ((11, 60), 48),  # held, 11 rows over 3 programs: each loads its next row before its reductions (EARLY)
     ],
     ids=str,
 )
@@ -401,7 +402,13 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(2048, 65536, 2).mode == "looped"  # 16-bit rows
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
     assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
-    assert settings(2048, 16384, 4).mode == "rows"  # up to _MAX_ROW: whole rows
+    # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows,
+    # 16-bit ones there 64 elements a thread
+    assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert settings(2048, 8193, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert settings(2048, 8192, 4) == P("rows", 1, 8192, 8)
+    assert settings(2048, 16384, 2) == P("rows", 1, 16384, 8)
+    assert settings(2048, 16384, 4, max_row=16384).mode == "rows"  # tests' max_row keeps the rows plan
     monkeypatch.setattr(layer_norm, "interpreting", lambda: True)
     assert settings(2048, 65536, 4).group == 1  # nothing to wait for under the interpreter
     with pytest.raises(ValueError, match="interpreter"):

@@ -233,6 +233,7 @@ WIDE_SHAPES = [
     ((5, 128), 32),  # steps fill the row exactly
     ((1, 70), 16),  # one row: programs without a tile
     ((4, 60), 48),  # one 64-wide step a row: held in registers for pass two (HOLD), no re-read
+    ((11, 60), 48),  # held, 11 rows over 3 programs: each loads its next row before its reductions (EARLY)
 ]
 
 
