@@ -114,9 +114,6 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
                     held = " hold" if slice_bytes == chunk_bytes else ""
                     plans.append((f"split{held} group={group} chunk={chunk} w={warps} per_sm={per_sm}",
                                   P("split", 1, chunk, warps, group=group, per_sm=per_sm)))
-                    if held and per_sm == 4:  # 4 programs of 4 warps an SM need 128 registers a thread at most
-                        plans.append((f"split hold group={group} chunk={chunk} w={warps} per_sm={per_sm} regs=128",
-                                      P("split", 1, chunk, warps, group=group, per_sm=per_sm, max_regs=128)))
         return plans
     # Programs per multiprocessor only changes runtime arguments: one compile serves each row.
     for ppsm in (1, 2, 8):

@@ -10,7 +10,7 @@ bitwise-identical gradients.
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096), ``split`` / ``persistent`` (forward, wider rows: softmax's
 walk, a few programs an SM taking rows or row slices twice with the next chunk in flight; fp32
-slices of one step stay in registers, slices exchange their sums through a counted wait; the
+slices of one step stay in registers, slices exchange their sums through a ticketed wait; the
 default for wide fp32 rows), ``looped`` (forward, one program a row, statistics then
 normalising pass from L2; the default for wide 16-bit rows), ``one_pass`` (a row cut into
 chunks held by co-resident programs that exchange partial statistics through a small
@@ -44,12 +44,12 @@ from .softmax import (
     _ROWS,
     _STATS,
     _exchange_partials,
+    _first_tile,
     _output,
     _prefetch_target,
     _split_group,
     _split_launch,
-    _split_next_row,
-    _split_start,
+    _tile_start,
     _wait_for_peers,
 )
 
@@ -423,8 +423,7 @@ def _layer_norm_fwd_split_kernel(
     mean_ptr,  # (M,) float32 out: row means
     rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
     part_ptr,  # (M, GROUP, 2) float32 per-slice (sum, sum of squares) of x - x[row, 0]; unused when GROUP == 1
-    sync_ptr,  # ((M + 1 + GROUP) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, the start ticket, a row
-              # counter per slot; unused when GROUP == 1
+    sync_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -437,26 +436,28 @@ def _layer_norm_fwd_split_kernel(
     BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
     SUB: tl.constexpr,  # neighbouring elements summed in-thread before the running sums (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
+    EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
 ):
     """``softmax._softmax_split_kernel``'s walk for layer norm: persistent programs, each
     taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
     with the next step's chunk always in flight and the second pass read from L2 (or
-    held in registers when a tile is one step, the next tile's chunk then loaded before
-    this tile's reductions and wait). Every slice of a row sums ``x - x[row, 0]`` and its
-    square, so the slices' sums simply add (the shift keeps the variance from cancelling,
-    as in the looped kernel); GROUP > 1 exchanges them through ``part`` with the softmax
-    kernel's per-slot row counters and deadlock-free wait (``softmax._split_next_row``),
-    adding them in slice order (the result does not depend on arrival order). Slice 0
-    writes the row's mean and rstd.
+    held in registers when a tile is one step; with GROUP == 1 the next tile's chunk is
+    then loaded before this tile's reductions, ``EARLY``). Every slice of a row sums ``x - x[row, 0]``
+    and its square, so the slices' sums simply add (the shift keeps the variance from
+    cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
+    the softmax kernel's ticketed, deadlock-free wait, adding them in slice order (the
+    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
     """
-    slot, row = _split_start(sync_ptr, n_rows, GROUP)
+    n_tiles = n_rows * GROUP
+    tile = _first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
-    lo = slot * slice_cols
-    hi = tl.minimum(lo + slice_cols, n_cols)
-    first = tl.minimum(row, n_rows - 1)
-    x_next = tl.load(x_ptr + first.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
-    shift_next = tl.load(x_ptr + first.to(tl.int64) * stride_x).to(tl.float32)
-    while row < n_rows:
+    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
+    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
+    shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         y_row = y_ptr + row.to(tl.int64) * stride_y
         shift = shift_next
@@ -464,23 +465,25 @@ def _layer_norm_fwd_split_kernel(
         s2 = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             d = tl.where(start + cols < n_cols, x_next.to(tl.float32) - shift, 0.0)
-            if not HOLD:
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
                 x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=0.0)
             d = tl.reshape(d, (BLOCK_N // SUB, SUB))
             s1 += tl.sum(d, axis=1)
             s2 += tl.sum(d * d, axis=1)
-        next_row = _split_next_row(sync_ptr, n_rows, slot, row, n_programs, GROUP)
-        pre_row = tl.minimum(next_row, n_rows - 1)  # past the last row: a harmless in-bounds prefetch
-        shift_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x).to(tl.float32)
-        if HOLD:  # the slice stays in registers; the next tile's loads fly during the reductions and wait
+        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
-            x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
+            early_row, early_lo = _tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
+            x_next = tl.load(x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols,
+                             mask=early_lo + cols < n_cols, other=0.0)
         t1 = tl.sum(s1, axis=0)
         t2 = tl.sum(s2, axis=0)
-        if GROUP > 1:
-            p1, p2 = _exchange_partials(part_ptr, sync_ptr, row, slot, t1, t2, 0.0, 0.0, GROUP, BLOCK_G)
+        if GROUP == 1:
+            next_tile = tile + n_programs
+        else:
+            p1, p2, next_tile = _exchange_partials(part_ptr, sync_ptr, row, tile % GROUP, t1, t2, n_rows, 0.0, 0.0,
+                                                   GROUP, BLOCK_G)
             t1 = tl.sum(p1, axis=0)
             t2 = tl.sum(p2, axis=0)
         mean_d = t1 / n_cols
@@ -488,23 +491,25 @@ def _layer_norm_fwd_split_kernel(
         var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
         mean = shift + mean_d
         rstd = 1.0 / tl.sqrt(var + eps)
-        if slot == 0:
+        if tile % GROUP == 0:
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
+        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
+        shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
         for start in range(lo, hi, BLOCK_N):
-            if HOLD:
+            if EARLY:
                 x = x_held.to(tl.float32)
             else:
                 x = x_next.to(tl.float32)
-                pre_r, pre_c = _prefetch_target(start, hi, row, pre_row, lo, BLOCK_N)
-                x_next = tl.load(x_ptr + pre_r.to(tl.int64) * stride_x + pre_c + cols, mask=pre_c + cols < n_cols,
-                                 other=0.0)
+                pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
+                x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols,
+                                 mask=pre_col + cols < n_cols, other=0.0)
             mask = start + cols < n_cols
             w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
             b = tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
             y = (x - mean) * rstd * w + b
             tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        row = next_row
+        tile = next_tile
 
 
 class _Plan(NamedTuple):
@@ -516,7 +521,7 @@ class _Plan(NamedTuple):
     num_warps: int
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
-    max_regs: int | None = None  # backward lean and forward split: ptxas register cap (maxnreg), None for ptxas's choice
+    max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split", "looped": programs launched per SM (looped: 0 = one a row)
 
@@ -781,7 +786,7 @@ def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _P
         x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
         n_programs, eps, GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        num_warps=plan.num_warps, **({} if plan.max_regs is None or interpreting() else {"maxnreg": plan.max_regs}),
+        EARLY=group == 1 and slice_cols == plan.block_n, num_warps=plan.num_warps,
     )
 
 

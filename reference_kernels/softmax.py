@@ -214,49 +214,38 @@ def _exp(x, FAST_EXP: tl.constexpr):
 
 
 @triton.jit
-def _split_start(sync_ptr, n_rows, GROUP: tl.constexpr):
-    """A split-walk program's (slot, first row). GROUP == 1: slot 0, rows round robin from the
-    program id. GROUP > 1: the slot from a start ticket (k-th program to start: slot k % GROUP),
-    rows from that slot's own counter (``_split_next_row``)."""
+def _first_tile(sync_ptr, n_rows, GROUP: tl.constexpr):
+    """A split-walk program's first tile: its program id (round robin) when GROUP == 1, else a ticket."""
     if GROUP == 1:
-        return 0, tl.program_id(0)
+        return tl.program_id(0)
     else:
-        slot = tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed") % GROUP
-        return slot, tl.atomic_add(sync_ptr + (n_rows + 1 + slot) * _COUNTER_STRIDE, 1, sem="relaxed")
+        return tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
 
 
 @triton.jit
-def _split_next_row(sync_ptr, n_rows, slot, row, n_programs, GROUP: tl.constexpr):
-    """The row a program takes after ``row``: GROUP == 1 round robin, else the next row its slot's
-    counter hands out, so a program's rows differ and it can ask before it waits on this one.
-
-    Why the waits cannot deadlock: take the lowest row r that some program waits on. Its
-    slot-s tile, for every slot s, is held by a program waiting on r (it has arrived), or as
-    a next row by a program waiting on a row below r (none: r is the lowest), or not yet
-    handed out; then every slot-s program holds only rows below r (none waits there), so it
-    is running and will take r. This needs one program of each slot resident: the first
-    GROUP programs to start cover every slot, so GROUP co-resident programs suffice.
-    """
-    if GROUP == 1:
-        return row + n_programs
-    else:
-        return tl.atomic_add(sync_ptr + (n_rows + 1 + slot) * _COUNTER_STRIDE, 1, sem="relaxed")
+def _tile_start(tile, n_rows, slice_cols, GROUP: tl.constexpr):
+    """(row, first column) of ``tile``; past the last tile the last row: a harmless in-bounds prefetch."""
+    return tl.minimum(tile // GROUP, n_rows - 1), (tile % GROUP) * slice_cols
 
 
 @triton.jit
-def _prefetch_target(start, hi, row, next_row, lo, BLOCK_N: tl.constexpr):
+def _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N: tl.constexpr):
     """(row, column) that pass two prefetches at step ``start``: the slice's next step, or after the
-    slice's last step [.., hi) the first step ``lo`` of the program's next row."""
+    slice's last step [.., hi) the next tile's first."""
     nxt = start + BLOCK_N
     last = nxt >= hi
-    return tl.where(last, next_row, row), tl.where(last, lo, nxt)
+    return tl.where(last, next_row, row), tl.where(last, next_lo, nxt)
 
 
 @triton.jit
-def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, a_other, b_other,
+def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, n_rows, a_other, b_other,
                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
-    """Publish this slice's partials (a, b) in part[row, slot] and wait for the row's GROUP slices:
-    (every slice's a, every slice's b) in slot order, lanes past GROUP a_other, b_other."""
+    """Publish this slice's partials (a, b) in part[row, slot], wait for the row's GROUP slices, then
+    take the next ticket: (every slice's a, every slice's b, next tile), lanes past GROUP a_other, b_other.
+
+    The ticket comes only after the wait, so the tiles handed out form a prefix and no program holds
+    two tiles of one row (``_softmax_split_kernel``'s docstring: why that cannot deadlock).
+    """
     part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
     tl.store(part_row + 2 * slot, a)
     tl.store(part_row + 2 * slot + 1, b)
@@ -264,7 +253,7 @@ def _exchange_partials(part_ptr, sync_ptr, row, slot, a, b, a_other, b_other,
     g = tl.arange(0, BLOCK_G)
     all_a = tl.load(part_row + 2 * g, mask=g < GROUP, other=a_other, volatile=True)
     all_b = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=b_other, volatile=True)
-    return all_a, all_b
+    return all_a, all_b, tl.atomic_add(sync_ptr + n_rows * _COUNTER_STRIDE, 1, sem="relaxed")
 
 
 @triton.jit
@@ -290,8 +279,7 @@ def _softmax_split_kernel(
     x_ptr,  # (M, N) input, unit column stride
     y_ptr,  # (M, N) output, unit column stride
     part_ptr,  # (M, GROUP, 2) float32 partial (max, sum of exp) per row and slice; unused when GROUP == 1
-    sync_ptr,  # ((M + 1 + GROUP) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, the start ticket, a row
-              # counter per slot; unused when GROUP == 1
+    sync_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -305,6 +293,7 @@ def _softmax_split_kernel(
     SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EVEN: tl.constexpr,  # n_cols % BLOCK_N == 0: no column masks
+    EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -312,31 +301,35 @@ def _softmax_split_kernel(
     stay far below the L2 and the second pass re-reads from it. Each step prefetches the
     next step's chunk (the next slice chunk, the slice's first chunk again for the second
     pass, the next tile's first chunk at the end) into registers before working on the
-    current one, so a program always has one chunk of loads in flight; a tile of one step
-    (HOLD) stays in registers for pass two and the next tile's chunk is loaded before this
-    tile's reductions and wait. GROUP == 1: a tile is a whole row, rows go round robin,
-    nothing waits (runs under the interpreter). GROUP > 1: each program keeps one slot
-    (slice position) and takes rows from that slot's counter, publishes its partials and
-    waits for the row's other slots (``_split_next_row``: why that cannot deadlock).
+    current one, so a program always has one chunk of loads in flight (a tile of one step
+    held for pass two with GROUP == 1, ``EARLY``: the next tile's chunk is loaded before this
+    tile's cross-warp reductions, not after them). GROUP == 1: a tile
+    is a whole row, tiles go round robin, nothing waits (runs under the interpreter).
+    GROUP > 1: the programs of a row publish their partials and wait for each other; tiles
+    come from an atomic ticket taken only after a program's wait, so the tiles handed out
+    form a prefix and a program never holds a tile it cannot finish without waiting on
+    itself (deadlock-free while GROUP programs fit on the GPU at once).
     The online step is taken once per SUB neighbouring elements (a thread's vector load),
     which keeps the running (max, sum) at BLOCK_N / SUB lanes: few registers. Maxima start
     at -FLT_MAX, not -inf, so a run of -inf adds exp(-inf) = 0 instead of nan, and one
     exponential a step, exp(min(m, m') - max(m, m')), rescales whichever sum is behind.
     """
-    slot, row = _split_start(sync_ptr, n_rows, GROUP)
+    n_tiles = n_rows * GROUP
+    tile = _first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
-    lo = slot * slice_cols
-    hi = tl.minimum(lo + slice_cols, n_cols)
-    first = tl.minimum(row, n_rows - 1)
-    x_next = _load_chunk(x_ptr + first.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
-    while row < n_rows:
+    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
+    x_next = _load_chunk(x_ptr + row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
         x_row = x_ptr + row.to(tl.int64) * stride_x
         y_row = y_ptr + row.to(tl.int64) * stride_y
         run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
         run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
             x = tl.reshape(x_next.to(tl.float32), (BLOCK_N // SUB, SUB))
-            if not HOLD:
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
                 x_next = _load_chunk(x_row + nxt + cols, nxt + cols < n_cols, EVEN)
@@ -347,36 +340,39 @@ def _softmax_split_kernel(
             e = _exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
             run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
             run_max = new_max
-        next_row = _split_next_row(sync_ptr, n_rows, slot, row, n_programs, GROUP)
-        pre_row = tl.minimum(next_row, n_rows - 1)  # past the last row: a harmless in-bounds prefetch
-        if HOLD:  # the slice stays in registers; the next tile's loads fly during the reductions and wait
+        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
-            x_next = _load_chunk(x_ptr + pre_row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols, EVEN)
+            early_row, early_lo = _tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
+            early_ptr = x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols
+            x_next = _load_chunk(early_ptr, early_lo + cols < n_cols, EVEN)
         tile_max = tl.max(run_max, axis=0)
         tile_sum = tl.sum(run_sum * _exp(run_max - tile_max, FAST_EXP), axis=0)
         if GROUP == 1:
             row_max = tile_max
             row_sum = tile_sum
+            next_tile = tile + n_programs
         else:
-            p_max, p_sum = _exchange_partials(
-                part_ptr, sync_ptr, row, slot, tile_max, tile_sum, -_FLT_MAX, 0.0, GROUP, BLOCK_G
+            p_max, p_sum, next_tile = _exchange_partials(
+                part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
             )
             row_max = tl.max(p_max, axis=0)
             row_sum = tl.sum(p_sum * _exp(p_max - row_max, FAST_EXP), axis=0)
         inv_sum = 1.0 / row_sum
+        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
         for start in range(lo, hi, BLOCK_N):
-            if HOLD:
+            if EARLY:
                 x = x_held.to(tl.float32)
             else:
                 x = x_next.to(tl.float32)
-                pre_r, pre_c = _prefetch_target(start, hi, row, pre_row, lo, BLOCK_N)
-                x_next = _load_chunk(x_ptr + pre_r.to(tl.int64) * stride_x + pre_c + cols, pre_c + cols < n_cols, EVEN)
+                pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
+                pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
+                x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols, EVEN)
             y = _exp(x - row_max, FAST_EXP) * inv_sum
             if EVEN:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty))
             else:
                 tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
-        row = next_row
+        tile = next_tile
 
 
 class _Plan(NamedTuple):
@@ -538,16 +534,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor):
-    """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles,
-    at least one a slot) and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
+    """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
+    and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
     never read)."""
     if group > 1 and interpreting():
         raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-    n_programs = max(group, min(n_rows * group, max(1, per_sm) * _sm_count(device)))  # every slot a program
+    n_programs = max(1, min(n_rows * group, max(1, per_sm) * _sm_count(device)))
     if group == 1:
         return n_programs, unused, unused
     part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
-    sync = torch.zeros((n_rows + 1 + group) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
+    sync = torch.zeros((n_rows + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
     return n_programs, part, sync
 
 
@@ -559,7 +555,8 @@ def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        EVEN=plan.even and n_cols % plan.block_n == 0, num_warps=plan.num_warps,
+        EVEN=plan.even and n_cols % plan.block_n == 0, EARLY=group == 1 and slice_cols == plan.block_n,
+        num_warps=plan.num_warps,
     )
 
 
