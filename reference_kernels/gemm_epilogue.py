@@ -361,8 +361,10 @@ _TILED_CONFIGS = [
 _SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8, 1)
 _INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1)
 # The exact GELU's fit in the epilogue (see _gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
-# (within one 16-bit ulp). On the H200 at 4096^3, 7 ran at 91-93% of torch.mm against 84-86% for 9
-# and 88-90% for 5 (same configs, one run; at 8192^3 all three within 2%): 7 it is.
+# (within one 16-bit ulp). Timed on the H200 in two runs (2026-11-29, notes/gemm_dropout.md): at
+# 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
+# configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
+# degree 9's accuracy.
 _GELU_DEGREE = 7
 _SMALL_PROBLEM = 1 << 30  # M*N*K below this: one config, no tuning
 _tuned: dict = {}
