@@ -32,20 +32,22 @@ RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
 PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
 _APPROXIMATIONS = ("none", "tanh")
 # "lean" (the default): the same mask, GELU fit folded with the scale, fewer instructions an
-# element, persistent programs prefetching their next row tile: 70-76% of copy on the H200
+# element, persistent programs prefetching their next row tile: 78-79% of copy on the H200
 # (2026-11-29, notes/gemm_dropout.md); exact GELU and 16-bit draws only, the rest takes
 # "measured" (the first kernel, 65% of copy; one program a tile, nothing hoisted).
 _VARIANTS = ("measured", "lean")
 _KERNEL_VARIANT = "lean"
-_LEAN_PROGRAMS_PER_SM = 2  # lean kernel: programs per SM, each walking row tiles
-_LEAN_WARPS = 16  # lean tiles of 8K elements on 16 warps: 75% of copy against 70% on 8
+# Lean kernel: programs per SM, each walking row tiles. More, smaller programs (4-8 elements a
+# thread, 39 registers: 48 warps an SM instead of 32) measured the same 78-79% (third session).
+_LEAN_PROGRAMS_PER_SM = 2
+_LEAN_WARPS = 16  # lean tiles of 8K elements on 16 warps: 75% of copy against 70% on 8 (GELU degree 7)
 # Lean kernel: load the next row tile before computing this one. Without it the lean kernel ran
 # at 63% of copy on the H200 with p = 0 too (2026-11-29, notes/gemm_dropout.md): two programs an
 # SM, each with nothing in flight while it computes, not the arithmetic, set its pace.
 _LEAN_PREFETCH = True
 # Degree of the GELU fit for 16-bit outputs in the lean kernel (fp32 outputs always take 7). 5 saves
 # 2 of ~29 instructions an element and stays within 1 bf16/fp16 ulp of the correctly rounded
-# GELU (scripts/gelu_fit.py); on the H200 79% of copy against 75% for 7 (2026-11-29, third session).
+# GELU (scripts/gelu_fit.py); on the H200 78-79% of copy against 74-75% for 7 (2026-11-29, two runs).
 _LEAN_GELU_DEGREE_16BIT = 5
 
 
