@@ -85,6 +85,8 @@ def backward_fns(x, w, b, dy, mean, rstd, impls) -> dict:
 def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tuple[str, layer_norm._Plan]]:
     """Launch plans worth timing at this width (``--sweep``), the default first."""
     plans = [("default", layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm))]
+    if backward and plans[0][1].mode == "rows" and plans[0][1].variant == "measured":
+        plans.append(("default, prefetch", plans[0][1]._replace(prefetch=True)))
     P = layer_norm._Plan
     if not backward:
         if n <= 1024:
@@ -94,6 +96,12 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for warps in (4, 8, 16):
                 if 4 <= n // (32 * warps) <= 64:
                     plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
+            if n < 16384:  # a row held by a persistent program that loads its next row before the reductions
+                warps = max(1, next_power_of_2(n) // (32 * 16))
+                for per_sm in (2, 4, 8):
+                    if warps * per_sm <= 64:
+                        plans.append((f"persistent held w={warps} per_sm={per_sm}",
+                                      P("persistent", 1, next_power_of_2(n), warps, group=1, per_sm=per_sm)))
         if n > layer_norm._MAX_ROW:
             plans.append((f"looped chunk={layer_norm._CHUNK} w={layer_norm._LOOPED_WARPS}",
                           P("looped", 1, layer_norm._CHUNK, layer_norm._LOOPED_WARPS)))
@@ -121,6 +129,9 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for block_m, warps in ((1, 4), (4096 // n, 8), (4096 // n, 16)):
                 groups = max(1, min(triton.cdiv(m, block_m), sm * ppsm))
                 plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm}", P("rows", block_m, next_power_of_2(n), warps, groups)))
+                if ppsm == 2:  # the next row block in flight while this one is worked on
+                    plans.append((f"rows bm={block_m} w={warps} ppsm={ppsm} prefetch",
+                                  P("rows", block_m, next_power_of_2(n), warps, groups, prefetch=True)))
         else:
             for mode, chunk, warps in (("one_pass", 4096, 8), ("one_pass", 4096, 16), ("two_pass", 4096, 8)):
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))

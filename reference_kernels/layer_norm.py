@@ -80,6 +80,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+    PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
 ):
     if MODE == _ONE_PASS:
         tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
@@ -132,6 +133,17 @@ def _layer_norm_fwd_kernel(
 
 
 @triton.jit
+def _load_row_block(x_ptr, dy_ptr, r0, row_end, cols, col_ok, stride_x, stride_dy, BLOCK_M: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_M) of x and dy as stored, masked to rows below ``row_end``."""
+    rows = r0 + tl.arange(0, BLOCK_M)
+    mask = (rows < row_end)[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    return x, dy
+
+
+@triton.jit
 def _layer_norm_bwd_kernel(
     x_ptr,  # (M, N) forward input; row stride stride_x
     dy_ptr,  # (M, N) gradient of y; row stride stride_dy
@@ -154,6 +166,7 @@ def _layer_norm_bwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per step of the walk
     BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+    PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
 ):
     if MODE == _ONE_PASS:
         tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
@@ -168,13 +181,21 @@ def _layer_norm_bwd_kernel(
     db_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     row_start = group * rows_per_group
     row_end = tl.minimum(row_start + rows_per_group, n_rows)
+    if PREFETCH:  # in the input dtype (16-bit: packed); past row_end masked off, no traffic
+        x_next, dy_next = _load_row_block(x_ptr, dy_ptr, row_start, row_end, cols, col_ok, stride_x, stride_dy, BLOCK_M)
     for r0 in range(row_start, row_end, BLOCK_M):
         rows = r0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_end
         mask = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            x = x_next.to(tl.float32)
+            dy = dy_next.to(tl.float32)
+            x_next, dy_next = _load_row_block(x_ptr, dy_ptr, r0 + BLOCK_M, row_end, cols, col_ok, stride_x, stride_dy,
+                                              BLOCK_M)
+        else:
+            x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -524,6 +545,7 @@ class _Plan(NamedTuple):
     max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split", "looped": programs launched per SM (looped: 0 = one a row)
+    prefetch: bool | None = None  # backward "rows" (measured kernel): next row block in flight; None: _BWD_PREFETCH
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
@@ -564,6 +586,9 @@ _ELEMS_PER_THREAD = 32
 _BWD_MAX_ROW = 4096
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
+# Backward rows (measured kernel): load each program's next row block before working on this one,
+# as the forward's held rows do (not yet timed: off).
+_BWD_PREFETCH = False
 _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy against 83-84% at 8 warps (H200, twice)
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
@@ -809,6 +834,8 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
             common["maxnreg"] = plan.max_regs
     else:
         kernel = _layer_norm_bwd_kernel
+        if plan.mode == "rows":
+            common["PREFETCH"] = _BWD_PREFETCH if plan.prefetch is None else plan.prefetch
     if plan.mode == "rows":
         kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:

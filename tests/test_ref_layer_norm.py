@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from reference_kernels import layer_norm
 
@@ -203,6 +204,28 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
     x, weight, bias = inputs((2, 3), torch.float32, device="cpu")
     with pytest.raises(ValueError, match="CUDA"):
         layer_norm.fused(x, weight, bias)
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["loads in step", "next block prefetched"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "shape, block_m, n_groups",
+    [((37, 3), 8, 3), ((50, 100), 1, 4), ((64, 256), 4, 16), ((5, 4096), 1, 2)],
+    ids=str,  # groups of 16, 16, 5 rows; 13 a group, the last ragged; one block a group; wide rows
+)
+def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, block_m, n_groups, dtype, prefetch):
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._Plan("rows", block_m, triton.next_power_of_2(shape[1]), 4, n_groups, prefetch=prefetch)
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full_like(weight, float("nan"))
+    db = torch.full_like(bias, float("nan"))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert not a.isnan().any(), f"{what} left unwritten"
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
 def test_settings_split_rows_into_groups_that_fill_the_gpu():
