@@ -545,7 +545,7 @@ class _Plan(NamedTuple):
     max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split", "looped": programs launched per SM (looped: 0 = one a row)
-    prefetch: bool | None = None  # backward "rows" (measured kernel): next row block in flight; None: _BWD_PREFETCH
+    prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
 
 
 # The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
@@ -586,9 +586,11 @@ _ELEMS_PER_THREAD = 32
 _BWD_MAX_ROW = 4096
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
-# Backward rows (measured kernel): load each program's next row block before working on this one,
-# as the forward's held rows do (not yet timed: off).
-_BWD_PREFETCH = False
+# Backward rows (measured kernel), 16-bit rows wider than this: load each program's next row before
+# working on this one. bf16 4096: 87% of copy against 74% (8 warps, 164 registers: one program an SM
+# with nothing else in flight); it lost at fp32 1024 / 4096 (92 -> 77%, 93 -> 90%) and bf16 1024
+# (81 -> 68%), so those stay as they were (H200, 2026-11-29, third session, call 9).
+_BWD_PREFETCH_16BIT_MIN = 2048
 _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy against 83-84% at 8 warps (H200, twice)
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
@@ -672,7 +674,8 @@ def _layer_norm_settings(
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
                 warps = _BWD_FP32_ROW_WARPS
             per_sm = _BWD_PROGRAMS_PER_SM
-        plan = _Plan("rows", block_m, block_n, warps)
+        prefetch = backward and elem_size == 2 and max_row is None and n_cols > _BWD_PREFETCH_16BIT_MIN
+        plan = _Plan("rows", block_m, block_n, warps, prefetch=prefetch)
         n_chunks = 1
     else:
         chunk = next_power_of_2(max_row) if max_row is not None else (_BWD_CHUNK if backward else _CHUNK)
@@ -835,7 +838,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     else:
         kernel = _layer_norm_bwd_kernel
         if plan.mode == "rows":
-            common["PREFETCH"] = _BWD_PREFETCH if plan.prefetch is None else plan.prefetch
+            common["PREFETCH"] = plan.prefetch
     if plan.mode == "rows":
         kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:

@@ -228,6 +228,17 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
+def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
+    settings = layer_norm._layer_norm_settings
+    assert settings(32768, 4096, 2, backward=True, sm_count=132).prefetch  # bf16 4096: 87% against 74%
+    assert settings(32768, 2049, 2, backward=True, sm_count=132).prefetch
+    assert not settings(32768, 2048, 2, backward=True, sm_count=132).prefetch
+    assert not settings(131072, 1024, 2, backward=True, sm_count=132).prefetch  # 68% against 81%
+    assert not settings(32768, 4096, 4, backward=True, sm_count=132).prefetch  # fp32: 90% against 93%
+    assert not settings(32768, 4096, 2, sm_count=132).prefetch  # forward plans never do
+    assert not settings(32768, 4096, 2, backward=True, sm_count=132, max_row=4096).prefetch  # tests' plans
+
+
 def test_settings_split_rows_into_groups_that_fill_the_gpu():
     plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, sm_count=132)
     assert plan.mode == "rows" and plan.n_groups == 132 * layer_norm._BWD_PROGRAMS_PER_SM
