@@ -80,7 +80,6 @@ def _layer_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
-    PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
 ):
     if MODE == _ONE_PASS:
         tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
