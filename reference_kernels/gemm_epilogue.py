@@ -349,9 +349,9 @@ _TMA_CONFIGS = [
     (128, 128, 64, 8, 1, 4, 8, 1),
 ]
 # Two programs an SM, so that one program's epilogue can run while the other's MMAs do (128x128
-# tiles, 112 KB of shared memory and 128 registers a thread each): measured 87-90% of torch.mm
-# against 91-93% for the list above (2026-11-29, notes/gemm_dropout.md), so not in the list; the
-# benchmark's --variants times it.
+# tiles, 112 KB of shared memory and 128 registers a thread each): 84-90% of torch.mm at 4096^3 and
+# 79-92% at 8192^3 in two H200 runs, never the best config (2026-11-29, notes/gemm_dropout.md), so
+# not in the list; the benchmark's --variants times it.
 _TWO_PER_SM_CONFIG = (128, 128, 64, 8, 2, 3, 8, 2)
 _TILED_CONFIGS = [
     (128, 256, 64, 8, 1, 3, 8, 1),
