@@ -1,4 +1,4 @@
-"""Fit and check the polynomial of the exact (erf) GELU in reference_kernels/bias_gelu_dropout.py.
+"""Fit and check the polynomial of the exact (erf) GELU in reference_kernels/gemm_epilogue.py (``_phi_scaled``).
 
 `_phi_scaled` writes Phi(-|x|) = t * 2**(P(t) - w*w), t = 1 / (1 + z/2), z = |x| / sqrt(2),
 w*w = z*z*log2(e), so P fits f(t) = log2(Phi(-|x|) / t) + w*w = log2(erfcx(z)) - 1 - log2(t)
