@@ -137,12 +137,7 @@ def _gelu(x, MODE: tl.constexpr, DEGREE: tl.constexpr = 9):
         return x * _phi_scaled(x, 1.0, 0.0, MODE == 3, DEGREE)
     else:
         ax = tl.abs(x)
-        d = 1.0 + 0.35355339059327373 * ax  # 1 + z/2, z = |x| / sqrt(2)
-        if MODE == 3:
-            t = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32,
-                                          is_pure=True, pack=1)
-        else:
-            t = 1.0 / d
+        t = _rcp(1.0 + 0.35355339059327373 * ax, MODE == 3)  # 1 / (1 + z/2), z = |x| / sqrt(2)
         # log2(e) * erfcc's polynomial, minus 1 for the 0.5 in Phi = 0.5 * erfc.
         p = 0.246517298 * t - 1.18611495
         p = p * t + 2.14747446
@@ -154,13 +149,7 @@ def _gelu(x, MODE: tl.constexpr, DEGREE: tl.constexpr = 9):
         p = p * t + 1.4427292
         p = p * t - 2.82574822
         w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
-        e = p - w * w
-        if MODE == 3:
-            e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [e], dtype=tl.float32,
-                                          is_pure=True, pack=1)
-        else:
-            e = tl.exp2(e)
-        h = t * e  # Phi(-|x|)
+        h = t * _exp2(p - w * w, MODE == 3)  # Phi(-|x|)
         return x * tl.where(x >= 0.0, 1.0 - h, h)
 
 
