@@ -187,14 +187,15 @@ def _layer_norm_bwd_kernel(
         row_ok = rows < row_end
         mask = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        if PREFETCH:
+        if PREFETCH:  # widen this block, then send the next one's loads
             x = x_next.to(tl.float32)
             dy = dy_next.to(tl.float32)
             x_next, dy_next = _load_row_block(x_ptr, dy_ptr, r0 + BLOCK_M, row_end, cols, col_ok, stride_x, stride_dy,
                                               BLOCK_M)
         else:
-            x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x, dy = _load_row_block(x_ptr, dy_ptr, r0, row_end, cols, col_ok, stride_x, stride_dy, BLOCK_M)
+            x = x.to(tl.float32)
+            dy = dy.to(tl.float32)
         mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
         xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
