@@ -110,6 +110,30 @@ def _philox4x32(seed, counter, N_ROUNDS: tl.constexpr, FAST: tl.constexpr = Fals
 
 
 @triton.jit
+def _lane_words(
+    seed,  # scalar Philox key
+    rows,  # (BLOCK_M,) row indices
+    groups,  # (G,) column-group indices: columns LANES*g .. LANES*g + LANES-1
+    groups_per_row,  # ceil(N / LANES): counters per row
+    LANES: tl.constexpr,  # draws per counter: 128 // bits a draw
+    WIDE: tl.constexpr,  # counters may pass 2**31: compute them in int64
+    N_ROUNDS: tl.constexpr,  # Philox rounds
+    FAST: tl.constexpr = False,  # Philox products as inline PTX (CUDA)
+):
+    """(BLOCK_M, G, LANES) uint32: for each draw, the 32-bit Philox word that holds it. The mask's
+    definition, shared by every kernel that draws it: lane l of group g in row i is in word
+    l // (LANES // 4) of the Philox-4x32 output for counter i * groups_per_row + g."""
+    if WIDE:
+        counter = rows.to(tl.int64)[:, None] * groups_per_row + groups[None, :]
+    else:
+        counter = rows[:, None] * groups_per_row + groups[None, :]
+    r0, r1, r2, r3 = _philox4x32(seed, counter, N_ROUNDS, FAST)
+    word = tl.arange(0, LANES)[None, None, :] // (LANES // 4)
+    return tl.where(word == 0, r0[:, :, None],
+                    tl.where(word == 1, r1[:, :, None], tl.where(word == 2, r2[:, :, None], r3[:, :, None])))
+
+
+@triton.jit
 def _keep(
     seed,  # scalar Philox key
     rows,  # (BLOCK_M,) row indices
@@ -123,15 +147,8 @@ def _keep(
     """(BLOCK_M, BLOCK_N // LANES, LANES) keep-mask, LANES = 128 // RNG_BITS draws per counter."""
     LANES: tl.constexpr = 128 // RNG_BITS
     PER_WORD: tl.constexpr = 32 // RNG_BITS
-    if WIDE:
-        counter = rows.to(tl.int64)[:, None] * groups_per_row + groups[None, :]
-    else:
-        counter = rows[:, None] * groups_per_row + groups[None, :]
-    r0, r1, r2, r3 = _philox4x32(seed, counter, N_ROUNDS)
+    r = _lane_words(seed, rows, groups, groups_per_row, LANES, WIDE, N_ROUNDS)
     lane = tl.arange(0, LANES)[None, None, :]
-    word = lane // PER_WORD
-    r = tl.where(word == 0, r0[:, :, None],
-                 tl.where(word == 1, r1[:, :, None], tl.where(word == 2, r2[:, :, None], r3[:, :, None])))
     draw = (r >> ((lane % PER_WORD) * RNG_BITS).to(tl.uint32)) & ((1 << RNG_BITS) - 1)
     return draw.to(tl.int32) >= threshold
 
@@ -289,15 +306,7 @@ def _bias_gelu_dropout_lean_kernel(
             x = _widen_f32(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
         sel = _phi_scaled(x + b, scale, log2_scale, FAST, GELU_DEGREE)
         if HAS_DROPOUT:
-            rows = row0 + tl.arange(0, BLOCK_M)
-            if WIDE:
-                counter = rows.to(tl.int64)[:, None] * groups_per_row + groups[None, :]
-            else:
-                counter = rows[:, None] * groups_per_row + groups[None, :]
-            r0, r1, r2, r3 = _philox4x32(seed, counter, N_ROUNDS, FAST)
-            word = lane // 2
-            r = tl.where(word == 0, r0[:, :, None],
-                         tl.where(word == 1, r1[:, :, None], tl.where(word == 2, r2[:, :, None], r3[:, :, None])))
+            r = _lane_words(seed, row0 + tl.arange(0, BLOCK_M), groups, groups_per_row, LANES, WIDE, N_ROUNDS, FAST)
             r = tl.where(lane % 2 == 0, r << 16, r)  # the lane's 16-bit draw in the top half
             sel = tl.where(r >= thr, sel, 0.0)  # then x * 0: NaN/inf stay NaN when dropped, like torch
         y = (x + b) * sel
