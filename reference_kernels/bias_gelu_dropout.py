@@ -4,7 +4,7 @@ One read of x (and bias), one write of y: the bias add, the GELU, the random dra
 keep/drop decision and the 1/(1-p) scaling all happen in registers. Eager PyTorch spends
 three to four passes on the same chain; even compiled, it draws one Philox call per
 element, which makes the chain arithmetic-bound. So does ours, to a lesser degree: the
-draw is what separates it from the copy roofline (notes/gemm_dropout.md).
+draw is what separates it from the copy roofline (docs/kernels.md, "bias_gelu_dropout").
 
 The mask is a pure function of ``(seed, row, column)``: element (i, j) of the (rows, N)
 view of x uses 16-bit lane ``j % 8`` of Philox-4x32-10 counter ``i * ceil(N / 8) + j // 8``
@@ -33,21 +33,21 @@ PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
 _APPROXIMATIONS = ("none", "tanh")
 # "lean" (the default): the same mask, GELU fit folded with the scale, fewer instructions an
 # element, persistent programs prefetching their next row tile: 78-79% of copy on the H200
-# (2026-11-29, notes/gemm_dropout.md); exact GELU and 16-bit draws only, the rest takes
+# (docs/kernels.md, "bias_gelu_dropout"); exact GELU and 16-bit draws only, the rest takes
 # "measured" (the first kernel, 65% of copy; one program a tile, nothing hoisted).
 _VARIANTS = ("measured", "lean")
 _KERNEL_VARIANT = "lean"
 # Lean kernel: programs per SM, each walking row tiles. More, smaller programs (4-8 elements a
-# thread, 39 registers: 48 warps an SM instead of 32) measured the same 78-79% (third session).
+# thread, 39 registers: 48 warps an SM instead of 32) measured no better: 73-79% against 78%.
 _LEAN_PROGRAMS_PER_SM = 2
 _LEAN_WARPS = 16  # lean tiles of 8K elements on 16 warps: 75% of copy against 70% on 8 (GELU degree 7)
 # Lean kernel: load the next row tile before computing this one. Without it the lean kernel ran
-# at 63% of copy on the H200 with p = 0 too (2026-11-29, notes/gemm_dropout.md): two programs an
+# at 63% of copy on the H200 with p = 0 too (docs/kernels.md, "bias_gelu_dropout"): two programs an
 # SM, each with nothing in flight while it computes, not the arithmetic, set its pace.
 _LEAN_PREFETCH = True
 # Degree of the GELU fit for 16-bit outputs in the lean kernel (fp32 outputs always take 7). 5 saves
 # 2 of ~29 instructions an element and stays within 1 bf16/fp16 ulp of the correctly rounded
-# GELU (scripts/gelu_fit.py); on the H200 78-79% of copy against 74-75% for 7 (2026-11-29, two runs).
+# GELU (scripts/gelu_fit.py); on the H200 78-79% of copy against 74-75% for 7 (two runs).
 _LEAN_GELU_DEGREE_16BIT = 5
 
 
@@ -262,7 +262,7 @@ def _bias_gelu_dropout_lean_kernel(
     PREFETCH: tl.constexpr,  # load the program's next row tile before working on this one
     GELU_DEGREE: tl.constexpr,  # 7, or 5 for 16-bit outputs (see _phi_scaled)
 ):
-    """The first ("measured") kernel's outputs and mask with fewer instructions an element (notes/gemm_dropout.md).
+    """The first ("measured") kernel's outputs and mask with fewer instructions an element (docs/kernels.md).
 
     A grid of (programs over rows, column tiles): each program loads and widens its bias
     tile once and walks row tiles with a stride, so the key schedule, the bias and the
@@ -321,7 +321,7 @@ def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, 
 
     Rows of 8K and wider take one row a program, so that bias shares the tile's layout
     and needs no shuffle through shared memory. On the H200 the tile shape barely
-    matters as long as a thread holds 16-32 elements (notes/gemm_dropout.md).
+    matters as long as a thread holds 16-32 elements (docs/kernels.md, "bias_gelu_dropout").
     """
     lanes = 128 // rng_bits
     if interpreting():

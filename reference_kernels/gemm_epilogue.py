@@ -331,7 +331,7 @@ def _gemm_epilogue_tma_kernel(
 _TMA_CONFIGS = [
     # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps, programs an SM;
     # the last is read by the TMA kernel only): the four that came within 10% of the best at
-    # 4096^3 or 8192^3 on the H200 (notes/gemm_dropout.md).
+    # 4096^3 or 8192^3 on the H200 (docs/kernels.md, "gemm_epilogue").
     (128, 256, 64, 8, 1, 3, 8, 1),
     (128, 256, 64, 8, 2, 3, 8, 1),
     (128, 256, 64, 8, 2, 4, 8, 1),
@@ -339,7 +339,7 @@ _TMA_CONFIGS = [
 ]
 # Two programs an SM, so that one program's epilogue can run while the other's MMAs do (128x128
 # tiles, 112 KB of shared memory and 128 registers a thread each): 84-90% of torch.mm at 4096^3 and
-# 79-92% at 8192^3 in two H200 runs, never the best config (2026-11-29, notes/gemm_dropout.md), so
+# 79-92% at 8192^3 in two H200 runs, never the best config (docs/kernels.md, "gemm_epilogue"), so
 # not in the list; the benchmark's --variants times it.
 _TWO_PER_SM_CONFIG = (128, 128, 64, 8, 2, 3, 8, 2)
 _TILED_CONFIGS = [
@@ -350,7 +350,7 @@ _TILED_CONFIGS = [
 _SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8, 1)
 _INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1)
 # The exact GELU's fit in the epilogue (see _gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
-# (within one 16-bit ulp). Timed on the H200 in two runs (2026-11-29, notes/gemm_dropout.md): at
+# (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
 # configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
 # degree 9's accuracy.
@@ -498,7 +498,7 @@ def _activation_code(activation, approximate="none") -> int:
     """The kernels' ACTIVATION code for a user's activation and GELU approximation.
 
     Exact GELU uses the portable form (2): in the matmul epilogue the PTX fast-math form
-    (4) measured slower on the H200 (661 against 688 TFLOPS at 4096^3; notes/gemm_dropout.md).
+    (4) measured slower on the H200 (661 against 688 TFLOPS at 4096^3; docs/kernels.md, "gemm_epilogue").
     """
     if activation == "gelu":
         return 3 if approximate == "tanh" else 2

@@ -18,7 +18,8 @@ workspace and wait for each other: one read of each input; the default for wide 
 rows) or ``two_pass`` (a first launch writes the partial statistics, a second re-reads the
 inputs; the only chunked backward plan under the Triton interpreter, which runs programs one
 at a time). ``softmax``'s docstring says why the waits cannot deadlock;
-``_layer_norm_settings`` holds the measured choices (notes/softmax_layer_norm.md).
+``_layer_norm_settings`` holds the measured choices (docs/kernels.md, "layer_norm: forward"
+and "layer_norm: backward").
 Statistics are float32: the chunked plans merge per-chunk means and centred sums of squares
 with Chan's formula; the looped and split plans sum x - x[row, 0] and its square (the shift
 keeps the variance from cancelling when the mean is large against the spread).
@@ -336,8 +337,9 @@ def _layer_norm_dwdb_kernel(
 
     Launched twice: (column blocks, splits) programs write per-split sums, then one split
     adds those. Two levels keep hundreds of programs reading the shares (a single level
-    left 4-16 programs reading 8.6 MB: 21-75 us of a 230-300 us backward on the H200, ncu,
-    2026-11-29); the fixed ranges and order keep the result bitwise identical run to run.
+    left 4-16 programs reading 8.6 MB: 21-75 us of a 230-300 us backward on the H200, ncu;
+    docs/kernels.md, "layer_norm: backward"); the fixed ranges and order keep the result
+    bitwise identical run to run.
     """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -548,20 +550,19 @@ class _Plan(NamedTuple):
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
 
 
-# The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md).
+# The heuristics, from the H200 sweeps (docs/kernels.md, "layer_norm: forward" / "backward").
 # Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
 # rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto": fp32 rows take "split" with each
 # slice held in registers (32 elements a thread, 16 KiB slices at 65536: 73% of copy against 61%
-# for "looped", H200 sweep of 2026-11-29); 16-bit rows keep "looped" (63%: "persistent", softmax's
-# best plan there, measured 61%, the held splits 44-60%). "persistent", "split" (softmax's walk,
-# notes/softmax_layer_norm.md, "Wide rows from L2"), "two_pass" (2-6%) and "one_pass" (1.5-6%)
-# stay selectable by name.
+# for "looped"); 16-bit rows keep "looped" (63%: "persistent", softmax's best plan there,
+# measured 61%, the held splits 44-60%). "persistent", "split" (softmax's walk: docs/kernels.md,
+# "The split walk"), "two_pass" (2-6%) and "one_pass" (1.5-6%) stay selectable by name.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
 # whole row held (one 32-warp program an SM loading its next row before this row's reductions):
 # 91% of copy at 16384 against 87% for "rows"; 16-bit rows stay "rows" with 64 elements a
-# thread (8 warps at 16384): 92-93% against 90% with 16 (H200, 2026-11-29, twice each).
+# thread (8 warps at 16384): 92-93% against 90% with 16 (H200, twice each).
 _HELD_ROWS_MIN = 8192
 _HELD_ROWS_WARPS = 32
 _HELD_ROWS_ELEMS_16BIT = 64
@@ -589,7 +590,7 @@ _BWD_WARPS = 8
 # Backward rows (measured kernel), 16-bit rows wider than this: load each program's next row before
 # working on this one. bf16 4096: 87% of copy against 74% (8 warps, 164 registers: one program an SM
 # with nothing else in flight); it lost at fp32 1024 / 4096 (92 -> 77%, 93 -> 90%) and bf16 1024
-# (81 -> 68%), so those stay as they were (H200, 2026-11-29, third session, call 9).
+# (81 -> 68%), so those stay as they were (docs/kernels.md, "layer_norm: backward").
 _BWD_PREFETCH_16BIT_MIN = 2048
 _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy against 83-84% at 8 warps (H200, twice)
 _BWD_PROGRAMS_PER_SM = 2
@@ -602,7 +603,7 @@ _DWDB_BLOCK_N = 256
 # Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
 # step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
 # registers). "lean" (the default) takes over where it measured faster on the H200
-# (2026-11-29 sweep, notes/softmax_layer_norm.md): rows wider than _BWD_MAX_ROW, bf16 34% -> 51%
+# (docs/kernels.md, "layer_norm: backward"): rows wider than _BWD_MAX_ROW, bf16 34% -> 51%
 # at 16384 and 15% -> 43% at 65536, fp32 56% -> 63% at 16384; not fp32 rows wider than
 # _LEAN_FP32_MAX_ROW (40% against 46%) nor rows up to _BWD_MAX_ROW (bf16 60% against 69-72%).
 _BWD_VARIANT = "lean"

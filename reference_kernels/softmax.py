@@ -11,8 +11,8 @@ Six launch plans (three share one kernel) (``MODE`` picks the code path at compi
   programs an SM walking tiles (a whole row, or one of a row's slices whose programs
   exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
   read comes from there; a tile of one step is held in registers instead (no second read).
-  Measured 78-80% of copy at 65536 and 70-75% at 262144 (notes/softmax_layer_norm.md,
-  "Wide rows from L2" and "Second session"): short of the 90% target, above every anchor.
+  Measured 81% of copy at 65536 and 71-75% at 262144 (docs/kernels.md, "The split walk"
+  and "softmax"): short of the 90% target, above every anchor.
 * ``looped`` (wider rows, by name): one program a row walks it in ``_CHUNK`` steps
   twice, first for the running max and sum of exponentials (kept per lane, combined at the
   end), then to normalise; the second read comes from L2 while the rows in flight fit there.
@@ -26,8 +26,8 @@ Six launch plans (three share one kernel) (``MODE`` picks the code path at compi
   order they start, so the tiles handed out always form a prefix: every row but the last
   handed-out one has all its chunk programs running, and a row needs only ``n_chunks``
   co-resident programs (capped far below what a GPU holds). It is not the default because
-  its first H200 measurement was slow (notes/softmax_layer_norm.md says why and what
-  changed since).
+  it measured slow on the H200 (13-66% of copy; docs/kernels.md, "The split walk", says
+  why).
 
 The max and sum are taken in float32 whatever the input dtype; the output has the input's
 dtype. Rows of ``-inf`` and rows holding ``nan`` or ``+inf`` come out as torch's do (all
@@ -51,7 +51,7 @@ _ONE_PASS = tl.constexpr(1)  # chunks, partials exchanged while the chunk stays 
 _STATS = tl.constexpr(2)  # two-pass fallback, pass 1: partials only
 _FROM_STATS = tl.constexpr(3)  # two-pass fallback, pass 2: combine partials, re-read x
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
-# do not queue behind those spinning on the next (see notes/softmax_layer_norm.md).
+# do not queue behind those spinning on the next (docs/kernels.md, "The split walk").
 _COUNTER_STRIDE_INTS = 32
 _COUNTER_STRIDE = tl.constexpr(_COUNTER_STRIDE_INTS)
 
@@ -387,16 +387,16 @@ class _Plan(NamedTuple):
     even: bool = False  # "persistent", "split": no column masks where the chunks divide the row
 
 
-# The heuristics, from the H200 sweep of 2026-11-29 (notes/softmax_layer_norm.md): rows up to
+# The heuristics, from the H200 sweeps (docs/kernels.md, "softmax"): rows up to
 # _MAX_ROW wide are held whole by one program, _ROWS_TILE elements per program for narrow
 # rows, 32 per thread (at least 4 warps); wider rows are cut into _CHUNK-wide chunks.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 _CHUNK = 4096
 _ELEMS_PER_THREAD = 32
-# The plan for rows wider than _MAX_ROW, from the H200 sweeps of 2026-11-29 (notes/softmax_layer_norm.md,
-# "Wide rows from L2"). "auto": "persistent" (a program an SM walks whole rows twice, the
-# second time from L2, the next chunk always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
+# The plan for rows wider than _MAX_ROW, from the H200 sweeps (docs/kernels.md, "softmax"). "auto":
+# "persistent" (a program an SM walks whole rows twice, the second time from L2, the next chunk
+# always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
 # "split" (a row cut into slices, programs exchanging (max, sum) with a back-off wait) wider.
 # Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73% (fp32
 # slices held in registers 80% / 75%), against "looped" 51-57% / 47-58% and Liger 62-64%
@@ -412,13 +412,14 @@ _SPLIT_WARPS = 8
 _SPLIT_PER_SM = 3
 # fp32 rows up to _MAX_SPLIT_GROUP slices: one 64 KiB step a slice, held in registers for pass
 # two (HOLD), one 16-warp program an SM: 76-80% of copy against 73-74% re-reading from L2. 16-bit
-# slices held so measured 48-63% (2026-11-29 sweep): they keep the 16 KB steps.
+# slices held so measured 48-63%: they keep the 16 KB steps (docs/kernels.md, "softmax").
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4
 _SPLIT_HOLD_WARPS = 16
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
 # Drop the column masks of the split kernel when the chunks divide the row: 10-15% fewer
-# instructions in its loops (sm_90 SASS, notes/softmax_layer_norm.md); not yet timed, so off.
+# instructions in its loops (sm_90 SASS), but timed within 1-3 points of the masked kernel, so off
+# (docs/kernels.md, "The split walk").
 _SPLIT_EVEN = False
 _INTERPRETER_SMS = 3  # "SMs" under the interpreter: few, so programs walk several tiles
 _ONE_PASS_WARPS = 4  # measured best for one_pass chunks of 2048-4096
