@@ -1,8 +1,9 @@
-"""Timing and table helpers shared by the benchmark scripts (GPU only).
+"""Timing, table and output helpers shared by the benchmark scripts (GPU only).
 
 Times are medians of CUDA-event timings with the L2 flushed between runs
 (``triton.testing.do_bench``); bandwidth is compared with a device-to-device copy of
 the same size measured in the same run, counting bytes read plus bytes written.
+Every script takes ``--out DIR``: what it prints also goes to ``DIR/<script>.txt``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-from typing import Callable
+import sys
+from pathlib import Path
+from typing import Callable, TextIO
 
 import torch
 
@@ -79,6 +82,52 @@ def bandwidth_row(rec: dict, impls: list[str]) -> list[object]:
     return row
 
 
+OUT_HELP = "also write what this script prints (and its JSON, where it has one) under DIR, created if missing"
+
+
+def add_out_option(parser: argparse.ArgumentParser, default: str = "") -> None:
+    parser.add_argument("--out", metavar="DIR", default=default, help=OUT_HELP)
+
+
+class _Tee:
+    """A text stream that writes to several streams (the terminal and a log file)."""
+
+    def __init__(self, *streams: TextIO):
+        self._streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding, ...: the terminal's
+        return getattr(self._streams[0], name)
+
+
+def write_output_to(out_dir: str, script: str) -> Path | None:
+    """With ``--out DIR``: from now on, copy stdout and stderr to ``DIR/<script's stem>.txt``.
+
+    Returns DIR (created if missing), or None when ``out_dir`` is empty.
+    """
+    if not out_dir:
+        return None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / f"{Path(script).stem}.txt", "w", buffering=1)
+    sys.stdout = _Tee(sys.stdout, log)
+    sys.stderr = _Tee(sys.stderr, log)
+    return out
+
+
+def json_path(args: argparse.Namespace, out: Path | None, script: str) -> str:
+    """Where a bandwidth benchmark writes its JSON: ``--json``, else ``DIR/<script>.json`` with ``--out``."""
+    return args.json or (str(out / f"{Path(script).stem}.json") if out else "")
+
+
 def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], None] | None" = None):
     """Options shared by the bandwidth benchmarks; returns (args, widths, impls, timing)."""
     parser = argparse.ArgumentParser(description=description)
@@ -89,7 +138,8 @@ def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], 
         extra(parser)
     parser.add_argument("--impls", default="ours,torch,compile,liger")
     parser.add_argument("--sweep", action="store_true", help="also time launch-plan variants of ours")
-    parser.add_argument("--json", default="", help="write every figure to this file")
+    parser.add_argument("--json", default="", help="write every figure to this file (default with --out: DIR/<script>.json)")
+    add_out_option(parser)
     args = parser.parse_args()
     widths = {int(w) for w in args.widths.split(",") if w}
     timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)

@@ -2,13 +2,13 @@
 
 Bandwidth counts compulsory bytes only (read x and bias, write y); "% copy" is against a
 device-to-device copy of the same byte count measured in the same run. Times are medians
-with the L2 flushed between runs. ``--variants`` adds, for the notes, the first ("measured")
-kernel without the random draw (p=0), with 7 Philox rounds, with other GELU forms, and with
-other tiles (BLOCK_M, BLOCK_N, num_warps); then the lean kernel (the default: same mask, fewer
-instructions an element) with its tiles and programs per SM. ``--kernel measured`` makes the
-first kernel the "ours (fused)" row.
+with the L2 flushed between runs. ``--variants`` adds the sweep behind docs/kernels.md
+("bias_gelu_dropout"): the first ("measured") kernel without the random draw (p=0), with 7
+Philox rounds, with other GELU forms, and with other tiles (BLOCK_M, BLOCK_N, num_warps); then
+the lean kernel (the default: same mask, fewer instructions an element) with its tiles and
+programs per SM. ``--kernel measured`` makes the first kernel the "ours (fused)" row.
 
-    PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants]
+    PYTHONPATH=. python3 benchmarks/bench_bias_gelu_dropout.py [--quick] [--variants] [--out DIR]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks._common import bench_ms, copy_gbps, gbps, header, markdown_table
+from benchmarks._common import add_out_option, bench_ms, copy_gbps, gbps, header, markdown_table, write_output_to
 from reference_kernels import bias_gelu_dropout as bgd
 
 
@@ -33,7 +33,9 @@ def main() -> None:
     parser.add_argument("--p", type=float, default=0.1)
     parser.add_argument("--kernel", choices=bgd._VARIANTS, default=bgd._KERNEL_VARIANT,
                         help="kernel variant behind bgd.fused (default: the module's)")
+    add_out_option(parser)
     args = parser.parse_args()
+    write_output_to(args.out, __file__)
     bgd._KERNEL_VARIANT = args.kernel
     rep = dict(warmup_ms=25, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
     shapes = [((16384, 8192), torch.bfloat16)]
@@ -82,7 +84,7 @@ def main() -> None:
             for cfg in [(1, 4096, 4), (1, 4096, 8), (1, 8192, 4), (2, 8192, 16), (1, 2048, 2), (4, 2048, 8)]:
                 if cfg != bgd._launch_config(M, N):
                     extra[f"measured, tiles {cfg}"] = lambda cfg=cfg: bgd._launch(x, bias, p, 1, config=cfg, variant="measured")
-            # The lean kernel: same mask, fewer instructions an element (notes/gemm_dropout.md).
+            # The lean kernel: same mask, fewer instructions an element (docs/kernels.md, "bias_gelu_dropout").
             lean = bgd._launch(x, bias, p, 1, variant="lean")
             measured = bgd._launch(x, bias, p, 1, variant="measured")
             print(f"{label}: lean drops the same elements={torch.equal(lean != 0, measured != 0)}, "

@@ -6,10 +6,9 @@ alone, our fused kernel (exact GELU), the eager chain mm + bias + gelu,
 ``torch._addmm_activation`` (cuBLASLt's own bias+GELU epilogue, which uses the tanh
 GELU), and torch.compile of the chain. ``--variants`` adds our kernel without an
 epilogue, with the tanh GELU, with the PTX fast-math GELU, and each candidate config with each
-exact-GELU fit (degree 9, 7, 5), for
-the notes.
+exact-GELU fit (degree 9, 7, 5): the sweep behind docs/kernels.md ("gemm_epilogue").
 
-    PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--quick] [--variants]
+    PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--quick] [--variants] [--out DIR]
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks._common import bench_ms, header, markdown_table
+from benchmarks._common import add_out_option, bench_ms, header, markdown_table, write_output_to
 from reference_kernels import gemm_epilogue as ge
 
 
@@ -29,10 +28,12 @@ def chain(a, b, bias):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter timings (fits one device call)")
+    parser.add_argument("--quick", action="store_true", help="shorter timings")
     parser.add_argument("--variants", action="store_true", help="also time epilogue variants and each config")
     parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192])
+    add_out_option(parser)
     args = parser.parse_args()
+    write_output_to(args.out, __file__)
     rep = dict(warmup_ms=25, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
     dtype = torch.bfloat16
     compiled = torch.compile(chain, dynamic=False)

@@ -1,6 +1,6 @@
 """Layer norm forward and backward on the GPU: ours against torch eager, torch.compile, Liger-Kernel.
 
-Bandwidth counts compulsory bytes as ANCHORS.md does (forward: read x + write y;
+Bandwidth counts compulsory bytes (forward: read x + write y;
 backward: read x, dy + write dx; the small weight, bias, mean, rstd, dweight and dbias
 are left out); ``%copy`` compares it with a device-to-device copy of the same size timed
 in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
@@ -8,6 +8,7 @@ in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py                 # forward and backward
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --passes backward --widths 65536
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --sweep --impls ours  # launch-plan variants too
+    PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --out gpu-results  # also gpu-results/bench_layer_norm.{txt,json}
 
 ``--sweep`` times, for the backward, the measured plans and the register-lean kernel
 (``layer_norm._BWD_VARIANT = "lean"``) with a few of its neighbours, in the same run.
@@ -29,6 +30,7 @@ import triton  # noqa: E402
 
 from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
+from benchmarks._common import json_path, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
@@ -109,7 +111,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
                 plans.append((f"looped chunk={layer_norm._CHUNK} w={warps} per_sm={per_sm}",
                               P("looped", 1, layer_norm._CHUNK, warps, per_sm=per_sm)))
         if n >= 16384:
-            # softmax's wide-row walk (notes/softmax_layer_norm.md, "Wide rows from L2"): persistent
+            # softmax's wide-row walk (docs/kernels.md, "The split walk"): persistent
             # programs, chunk bytes x warps; split slices of 16 KB steps; fp32 slices held in registers.
             for chunk_bytes, warps in ((32768, 16), (65536, 16), (65536, 32)):
                 chunk = chunk_bytes // size
@@ -154,6 +156,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
 
 def main() -> None:
     args, widths, impls, timing = bandwidth_cli(__doc__.splitlines()[0], lambda p: p.add_argument("--passes", default="forward,backward"))
+    json_file = json_path(args, write_output_to(args.out, __file__), __file__)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     print(header(), flush=True)
     records, tables = [], {}
@@ -216,8 +219,8 @@ def main() -> None:
     for direction, rows in tables.items():
         print(f"\nLayer norm {direction}")
         print(markdown_table(table_headers(impls), rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
 
 
 

@@ -5,7 +5,7 @@ For a few functions, times (median of N) of: the bare call, the call inside a pl
 ``pytest_fusioncheck``'s capture (profiler + op observer + report building, warm-up
 excluded). Prints a markdown table. Runs on CPU here; on a GPU with CUDA activities.
 
-    PYTHONPATH=. python3 benchmarks/bench_overhead.py [--device cpu|cuda]
+    PYTHONPATH=. python3 benchmarks/bench_overhead.py [--device cpu|cuda] [--out DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _common import add_out_option, write_output_to  # noqa: E402
 from corpus import EAGER  # noqa: E402
 
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
@@ -41,7 +42,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--reps", type=int, default=15)
+    add_out_option(parser)
     opts = parser.parse_args()
+    write_output_to(opts.out, __file__)
     device = opts.device
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":

@@ -1,6 +1,6 @@
 """Softmax forward on the GPU: ours against torch eager, torch.compile, Liger-Kernel and a copy.
 
-Bandwidth counts compulsory bytes (read x + write y, as in ANCHORS.md); ``%copy`` compares
+Bandwidth counts compulsory bytes (read x + write y); ``%copy`` compares
 it with a device-to-device copy of the same size timed in the same run. Inputs are
 64 to 512 MiB, well over the H200's 60 MB L2.
 
@@ -8,6 +8,7 @@ it with a device-to-device copy of the same size timed in the same run. Inputs a
     PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --widths 65536,262144 --dtypes bfloat16
     PYTHONPATH=. python3 benchmarks/bench_softmax.py --sweep --impls ours   # time launch-plan variants too
     PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --sweep --widths 65536,262144 --impls ours,liger  # wide-row candidates
+    PYTHONPATH=. python3 benchmarks/bench_softmax.py --quick --out gpu-results   # also gpu-results/bench_softmax.{txt,json}
 
 Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
 """
@@ -24,6 +25,7 @@ import torch  # noqa: E402
 
 from benchmarks._common import ANCHORS, bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
+from benchmarks._common import json_path, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import softmax  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
@@ -67,7 +69,7 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
         ):
             plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
     if n > softmax._MAX_ROW:
-        # The L2-resident candidates (notes/softmax_layer_norm.md, "Wide rows from L2"): the
+        # The L2-resident candidates (docs/kernels.md, "The split walk" and "softmax"): the
         # heuristic's pick first, then neighbours in chunk bytes, warps, programs an SM, slices.
         looped = P("looped", 1, softmax._CHUNK, softmax._LOOPED_WARPS)
         plans.append((f"looped chunk={looped.block_n} w={looped.num_warps}", looped))
@@ -98,6 +100,7 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
 
 def main() -> None:
     args, widths, impls, timing = bandwidth_cli(__doc__.splitlines()[0])
+    json_file = json_path(args, write_output_to(args.out, __file__), __file__)
     print(header(), flush=True)
     records, rows = [], []
     for dtype_name in args.dtypes.split(","):
@@ -134,8 +137,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     print()
     print(markdown_table(table_headers(impls), rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
 
 
 

@@ -3,22 +3,27 @@
 Runs every corpus case (eager and compiled) through ``pytest_fusioncheck.profile`` on
 CPU and on CUDA and compares kernel counts. Needs a GPU for the CUDA half.
 
-    PYTHONPATH=. python3 benchmarks/cpu_model_agreement.py
+    PYTHONPATH=. python3 benchmarks/cpu_model_agreement.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from _common import add_out_option, write_output_to  # noqa: E402
 from corpus import cases  # noqa: E402
 
 from pytest_fusioncheck import profile  # noqa: E402
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_out_option(parser)
+    write_output_to(parser.parse_args().out, __file__)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU for the comparison")
         return 1

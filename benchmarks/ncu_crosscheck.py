@@ -6,6 +6,9 @@ the reports the child built. Prints, per case: kernels counted by the plugin and
 modelled and measured bytes and their ratio. Inputs are several times the 60 MB L2.
 
     PYTHONPATH=. python3 benchmarks/ncu_crosscheck.py [--scale 128] [--out DIR]
+
+``--out DIR`` (default: the current directory) receives ncu's raw CSV, the child's reports,
+``ncu_crosscheck.json`` and a copy of the printed table (``ncu_crosscheck.txt``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import OUT_HELP, write_output_to  # noqa: E402
 from corpus import cases  # noqa: E402
 
 from pytest_fusioncheck import counters  # noqa: E402
@@ -41,13 +45,13 @@ def child(scale: int, json_path: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=int, default=1024)
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--out", metavar="DIR", default=".", help=OUT_HELP)
     parser.add_argument("--child", default=None)
     opts = parser.parse_args()
     if opts.child:
         child(opts.scale, opts.child)
         return 0
-    os.makedirs(opts.out, exist_ok=True)
+    write_output_to(opts.out, __file__)
     log = os.path.join(opts.out, "ncu_raw.csv")
     js = os.path.join(opts.out, "ncu_child_reports.json")
     cmd = counters.ncu_command(counters.find_ncu(), log, [sys.executable, __file__, "--scale", str(opts.scale), "--child", js])

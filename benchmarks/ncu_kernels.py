@@ -3,16 +3,17 @@
 Each case is compiled and warmed up outside the range, then launched once inside it, inside
 an NVTX range named after the case, so that ncu's ``--profile-from-start off`` profiles just
 that launch (and ``--nvtx`` names it). Used for the stall and occupancy figures in
-notes/softmax_layer_norm.md and notes/gemm_dropout.md:
+docs/kernels.md:
 
     ncu --clock-control none --profile-from-start off --nvtx \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis \
-        python3 benchmarks/ncu_kernels.py [CASE ...]        (default: every case)
+        python3 benchmarks/ncu_kernels.py [--out DIR] [CASE ...]        (default: every case)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from benchmarks._common import add_out_option, write_output_to  # noqa: E402
 from reference_kernels import bias_gelu_dropout as bgd  # noqa: E402
 from reference_kernels import layer_norm, softmax  # noqa: E402
 
@@ -64,7 +66,13 @@ CASES = {
 }
 
 
-def main(names: list[str]) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", metavar="CASE", help=f"default: every case; one of {', '.join(CASES)}")
+    add_out_option(parser)
+    args = parser.parse_args()
+    write_output_to(args.out, __file__)
+    names = args.cases
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; choose from {sorted(CASES)}")
@@ -84,4 +92,4 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
