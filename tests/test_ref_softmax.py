@@ -224,7 +224,7 @@ def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass, wide,
     torch.testing.assert_close(softmax.fused(x, max_row=64, one_pass=one_pass), reference(x), **TOLERANCES[torch.float32])
 
 
-# The wide-row candidates of notes/softmax_layer_norm.md ("Wide rows from L2"): "persistent"
+# The wide-row plans of docs/kernels.md ("The split walk"): "persistent"
 # (one program walks whole rows) runs anywhere; "split" with several programs a row waits on
 # its peers, so under the interpreter it runs one program a row and its waiting form is
 # tested on the GPU only. _INTERPRETER_SMS = 3 programs walk several rows each.
