@@ -26,6 +26,7 @@ _EXPORTS = {
     "assert_matches_reference": "api",
     "assert_no_graph_breaks": "api",
     "FusionAssertionError": "api",
+    "FusionCheckWarning": "api",
     "NoReportError": "api",
 }
 

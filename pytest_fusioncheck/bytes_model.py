@@ -3,16 +3,19 @@
 Eager ATen ops get their bytes from ``kernels.op_traffic`` (distinct input and output
 storages, observed as the op runs). Two other sources live here:
 
-* Inductor-generated kernels: Inductor's own per-kernel estimate, taken at code
-  generation. For Triton kernels that is ``estimate_kernel_num_bytes()`` (the figure
-  Inductor's own benchmark harness reports as ``kernel_num_gb``); for C++ kernels it is
-  the read/write buffer sizes of the fused scheduler nodes in the kernel (the figure
-  ``GraphLowering.count_bytes`` sums). Codegen is skipped when a graph comes from
-  Inductor's on-disk cache, so ``install_inductor_hooks`` also turns the FX graph and
-  AOTAutograd caches off for the process: recompiling costs time, but every kernel then
-  has a figure.
+* Inductor-generated kernels: their *compulsory* bytes, taken at code generation from the
+  kernel's argument table, the same rule for Triton (CUDA) and C++ (CPU) kernels: each
+  buffer the kernel reads counted once, each buffer it writes counted once, an in-place
+  buffer once each way. That is the DRAM traffic of a kernel whose re-reads stay on chip
+  (a looped reduction's second pass over a row is served by the cache), see
+  ``docs/bytes.md``. Inductor's own estimate (``estimate_kernel_num_bytes()``, what its
+  benchmark harness reports as ``kernel_num_gb``) is kept beside it as
+  ``Kernel.bytes_estimate``. Codegen is skipped when a graph comes from Inductor's
+  on-disk cache, so ``install_inductor_hooks`` also turns the FX graph and AOTAutograd
+  caches off for the process: recompiling costs time, but every kernel then has a figure.
 * Triton kernels launched directly: the ``"bytes"`` their ``launch_metadata`` declares,
-  else the distinct bytes of their tensor arguments.
+  else the distinct bytes of their tensor arguments and of the tensors behind their TMA
+  descriptors; a launch with neither is unmodelled (``None``).
 """
 
 from __future__ import annotations
@@ -23,14 +26,21 @@ from typing import Any
 
 _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
+_inductor_estimates: dict[str, int] = {}
 _inductor_origins: dict[str, list[str]] = {}
 _installed = False
 
 
 def inductor_kernel_bytes(name: str) -> int | None:
-    """Inductor's estimate for a generated kernel, by its name as the profiler shows it."""
+    """The compulsory bytes of a generated kernel, by its name as the profiler shows it."""
     with _lock:
         return _inductor_bytes.get(name)
+
+
+def inductor_kernel_estimate(name: str) -> int | None:
+    """Inductor's own byte estimate of a generated kernel (``None`` if it gave none)."""
+    with _lock:
+        return _inductor_estimates.get(name)
 
 
 def inductor_kernel_origins(name: str) -> list[str]:
@@ -39,12 +49,80 @@ def inductor_kernel_origins(name: str) -> list[str]:
         return list(_inductor_origins.get(name, []))
 
 
-def _record(names: list[str], nbytes: int, origins: list[str] | None = None) -> None:
+def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None) -> None:
     with _lock:
         for n in names:
-            _inductor_bytes[n] = int(nbytes)
+            if nbytes is not None:
+                _inductor_bytes[n] = int(nbytes)
+            if estimate is not None:
+                _inductor_estimates[n] = int(estimate)
             if origins:
                 _inductor_origins[n] = origins
+
+
+def compulsory_bytes(buffers: list[tuple[str, int]]) -> int:
+    """Sum of ``(access, nbytes)`` with access ``"r"``, ``"w"`` or ``"rw"``: each way once.
+
+    The pure arithmetic behind the compulsory rule (``docs/bytes.md``): a buffer read
+    counts its size once however often the kernel loads it, a written one once, an
+    in-place one twice (read, then written).
+    """
+    total = 0
+    for access, nbytes in buffers:
+        if access not in ("r", "w", "rw"):
+            raise ValueError(f"access must be 'r', 'w' or 'rw', got {access!r}")
+        total += nbytes * (2 if access == "rw" else 1)
+    return total
+
+
+def kernel_arg_buffers(args: Any) -> list[tuple[str, int]]:
+    """``(access, nbytes)`` of each buffer in an Inductor kernel's argument table.
+
+    ``args`` is a ``KernelArgs`` (``input_buffers``, ``output_buffers``,
+    ``inplace_buffers``); sizes come from the graph being lowered (``V.graph``), with
+    symbolic sizes at their hints. Removed arguments (buffers fused away) are skipped.
+    """
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+
+    def size(name: str) -> int:
+        numel = V.graph.sizevars.optimization_hint(V.graph.get_numel(name), fallback=0)
+        return int(numel) * get_dtype_size(V.graph.get_dtype(name))
+
+    return buffer_accesses(args, size)
+
+
+def buffer_accesses(args: Any, size: Any) -> list[tuple[str, int]]:
+    """The compulsory-rule reading of an argument table (see ``kernel_arg_buffers``).
+
+    An in-place buffer whose first name the kernel itself produces (Inductor stores a
+    value, then overwrites it with the next fused op's result: ``in_out_ptr``) is
+    written once; one that held data before the kernel is read once and written once.
+    A buffer both in the input and the output table (a mutated graph input) is read
+    once and written once.
+    """
+
+    def removed(value: Any) -> bool:
+        return type(value).__name__ == "RemovedArg" or str(value) == "REMOVED"
+
+    inputs = {k for k, v in (getattr(args, "input_buffers", {}) or {}).items() if not removed(v)}
+    outputs = {k for k, v in (getattr(args, "output_buffers", {}) or {}).items() if not removed(v)}
+    inplace = getattr(args, "inplace_buffers", {}) or {}
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for value in {id(v): v for v in inplace.values()}.values():
+        if removed(value):
+            continue
+        names = list(getattr(value, "other_names", []) or [])
+        if not names or names[-1] in seen:
+            continue
+        seen.update(names)
+        produced_here = names[0] in outputs and names[0] not in inputs
+        out.append(("w" if produced_here else "rw", size(names[-1])))
+    for name in sorted((inputs | outputs) - seen):
+        access = ("r" if name in inputs else "") + ("w" if name in outputs else "")
+        out.append((access, size(name)))
+    return out
 
 
 def _origins(nodes: Any) -> list[str]:
@@ -111,12 +189,26 @@ def install_inductor_hooks() -> None:
         try:
             from torch._inductor.virtualized import V
 
-            nbytes = _cpp_kernel_bytes(list(nodes))
+            kernel_args = args[0] if args else kwargs.get("kernel_args")
+            if kernel_args is None:
+                kernel_args = getattr(getattr(self, "kernel_group", None), "args", None)
             graph_id = getattr(V.graph, "graph_id", None)
             names = [name] + ([f"graph_{graph_id}_{name}"] if graph_id is not None else [])
-            _record(names, nbytes, _origins(nodes))
-        except Exception:  # the estimate is best effort; codegen must not break
-            pass
+        except Exception:  # codegen must not break
+            return name
+        try:
+            nbytes = compulsory_bytes(kernel_arg_buffers(kernel_args)) if kernel_args is not None else None
+        except Exception:  # no figure: the kernel is left unmodelled
+            nbytes = None
+        try:
+            estimate = _cpp_kernel_bytes(list(nodes))
+        except Exception:
+            estimate = None
+        try:
+            origins = _origins(nodes)
+        except Exception:
+            origins = None
+        _record(names, nbytes, origins, estimate=estimate)
         return name
 
     CppScheduling.define_kernel = cpp_define_kernel
@@ -132,21 +224,59 @@ def install_inductor_hooks() -> None:
         def triton_define_kernel(self, src_code, node_schedule, kernel, *args, **kwargs):
             name = original_triton(self, src_code, node_schedule, kernel, *args, **kwargs)
             try:
-                _record([name], int(kernel.estimate_kernel_num_bytes()), _origins(node_schedule))
+                nbytes = compulsory_bytes(kernel_arg_buffers(kernel.args))
+            except Exception:  # no figure: the kernel is left unmodelled
+                nbytes = None
+            try:
+                estimate = int(kernel.estimate_kernel_num_bytes())
             except Exception:
-                pass
+                estimate = None
+            try:
+                origins = _origins(node_schedule)
+            except Exception:
+                origins = None
+            _record([name], nbytes, origins, estimate=estimate)
             return name
 
         TritonScheduling.define_kernel = triton_define_kernel
     _installed = True
 
 
-def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> int:
-    """A directly launched Triton kernel's bytes: declared, else its tensor arguments."""
+def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> int | None:
+    """A directly launched Triton kernel's bytes: declared, else its tensors, else ``None``.
+
+    ``tensors`` are the launch's tensor arguments and the tensors behind its TMA
+    descriptors (``launch_tensors``). A launch that declares nothing and passes no
+    tensor has no model: ``None``, never 0.
+    """
     from .budget import distinct_bytes
 
     if metadata:
         declared = metadata.get("bytes")
-        if isinstance(declared, (int, float)) and declared >= 0:
+        if isinstance(declared, (int, float)) and not isinstance(declared, bool) and declared >= 0:
             return int(declared)
+    if not tensors:
+        return None
     return distinct_bytes(tensors)
+
+
+def launch_tensors(values: Any) -> list[Any]:
+    """Tensors among a Triton launch's argument values, TMA descriptors opened up.
+
+    A host-side ``TensorDescriptor`` (``triton.tools.tensor_descriptor``) and the older
+    ``TmaDescKernelParam`` wrappers carry the tensor they describe as ``base`` (or
+    ``tensor``); the kernel moves that tensor's bytes, not the descriptor's.
+    """
+    import torch
+
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+            continue
+        for attr in ("base", "tensor"):
+            inner = getattr(v, attr, None)
+            if isinstance(inner, torch.Tensor):
+                out.append(inner)
+                break
+    return out

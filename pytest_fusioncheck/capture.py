@@ -16,7 +16,6 @@ Triton autotunes there), synchronises, then calls it once more with every record
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -24,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .budget import Budget, iter_tensors
-from .bytes_model import inductor_kernel_bytes, install_inductor_hooks, triton_launch_bytes
+from .bytes_model import (
+    inductor_kernel_bytes,
+    inductor_kernel_estimate,
+    install_inductor_hooks,
+    launch_tensors,
+    triton_launch_bytes,
+)
 from .kernels import (
     OP_RANGE_PREFIX,
     Kernel,
@@ -80,7 +85,7 @@ class ProfilerBusyError(FusionCheckError):
 class TritonLaunch:
     index: int
     name: str
-    bytes: int
+    bytes: int | None
     source: str | None
     wall_ns: int = 0
     interpreted: bool = False
@@ -183,10 +188,46 @@ def _wrap_run(cls: Any, interpreted: bool) -> None:
     cls.run = run
 
 
+def bound_launch_args(jitfn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Argument name -> value of a Triton launch, defaults of unpassed parameters filled in
+    (what Triton hands a kernel's ``launch_metadata`` hook)."""
+    import inspect
+
+    arg_names = list(getattr(jitfn, "arg_names", []) or [])
+    bound = dict(zip(arg_names, args))
+    bound.update(kwargs)
+    for param in getattr(jitfn, "params", []) or []:
+        pname = getattr(param, "name", None)
+        default = getattr(param, "default", inspect.Parameter.empty)
+        if pname and pname not in bound and default is not inspect.Parameter.empty:
+            bound[pname] = default
+    return bound
+
+
+class _KernelStandIn:
+    """What a ``launch_metadata(grid, kernel, args)`` hook may read off ``kernel`` before
+    the launch: its name (Triton passes the compiled kernel; we call the hook earlier)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def declared_launch_metadata(jitfn: Any, name: str, grid: Any, bound: dict[str, Any]) -> dict[str, Any] | None:
+    """The dict a kernel's ``launch_metadata`` hook returns for this launch, or ``None``."""
+    meta_fn = getattr(jitfn, "launch_metadata", None) or (getattr(jitfn, "kwargs", None) or {}).get("launch_metadata")
+    if not callable(meta_fn):
+        return None
+    try:
+        metadata = meta_fn(grid, _KernelStandIn(name), bound)
+    except Exception:  # a hook that needs more than we have: fall back to the tensors
+        return None
+    return metadata if isinstance(metadata, dict) else None
+
+
 class _Recorders:
     """Everything switched on around the one profiled call."""
 
-    def __init__(self, device: str, label: str, record_shapes: bool = False) -> None:
+    def __init__(self, device: str, label: str) -> None:
         self.device = device
         self.label = label
         self.observer = None
@@ -195,22 +236,16 @@ class _Recorders:
         self._stack = contextlib.ExitStack()
         self._nvtx = False
         self.seq = 0
+        self._t0 = 0.0
+        self.wall_s: float | None = None
 
     def triton_launch(self, jitfn, original, args, kwargs, grid, warmup, interpreted):
         import torch
 
         name = getattr(jitfn, "__name__", None) or getattr(getattr(jitfn, "fn", None), "__name__", "triton_kernel")
-        arg_names = list(getattr(jitfn, "arg_names", []) or [])
-        bound = dict(zip(arg_names, args))
-        bound.update(kwargs)
-        metadata = None
-        meta_fn = getattr(jitfn, "launch_metadata", None) or getattr(jitfn, "kwargs", {}).get("launch_metadata")
-        if callable(meta_fn):
-            try:
-                metadata = meta_fn(grid, None, bound)
-            except Exception:
-                metadata = None
-        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        bound = bound_launch_args(jitfn, args, kwargs)
+        metadata = declared_launch_metadata(jitfn, name, grid, bound)
+        tensors = launch_tensors(list(args) + list(kwargs.values()))
         index = len(self.triton)
         launch = TritonLaunch(index, name, triton_launch_bytes(metadata, tensors), user_source(2), interpreted=interpreted)
         self.triton.append(launch)
@@ -233,9 +268,9 @@ class _Recorders:
     def __enter__(self) -> "_Recorders":
         from torch.profiler import ProfilerActivity, profile
 
-        _check_profiler_free()
         if _state.active is not None:
             raise FusionCheckError("fusioncheck captures cannot nest: a profiled region is already open")
+        _check_profiler_free()
         install_inductor_hooks()
         _patch_triton_launchers()
         activities = [ProfilerActivity.CPU]
@@ -256,6 +291,7 @@ class _Recorders:
             self._close()
             raise
         _state.active = self
+        self._t0 = time.perf_counter()
         return self
 
     def _close(self) -> None:
@@ -270,6 +306,7 @@ class _Recorders:
         _state.active = None
         try:
             synchronize(self.device)
+            self.wall_s = time.perf_counter() - self._t0
         finally:
             self._close()
 
@@ -288,13 +325,15 @@ def _cpu_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], li
         else:
             kname = inductor_cpu_kernel(name)
             if kname is not None:
+                nbytes = inductor_kernel_bytes(name)
                 kernels.append(
                     Kernel(
                         name=kname,
                         time_s=e.time_range.elapsed_us() * 1e-6,
-                        bytes=inductor_kernel_bytes(name) if inductor_kernel_bytes(name) is not None else inductor_kernel_bytes(kname),
+                        bytes=nbytes if nbytes is not None else inductor_kernel_bytes(kname),
                         op=generated_origin(kname),
                         source=None,
+                        bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
                         start_ns=int(e.time_range.start * 1000),
                     )
                 )
@@ -329,7 +368,62 @@ def _cpu_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], li
     return kernels, copies
 
 
+def _first_not_none(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
 _COPY_ACTIVITIES = {"gpu_memcpy", "gpu_memset"}
+
+
+def copy_traffic(name: str, nbytes: int | None) -> int | None:
+    """HBM bytes of a memcpy/memset activity of ``nbytes``: a device-to-device copy reads
+    and writes them, a memset or a host transfer touches device memory once."""
+    if nbytes is None:
+        return None
+    if "DtoD" in name or "Device -> Device" in name or "PtoP" in name:
+        return 2 * nbytes
+    return nbytes
+
+
+def _activity_bytes(e: Any) -> int | None:
+    """The size Kineto recorded for a memcpy/memset activity (``None`` if it has none)."""
+    import json
+
+    try:
+        value = e.nbytes()
+        if isinstance(value, int) and value > 0:
+            return value
+    except Exception:
+        pass
+    try:
+        meta = e.metadata_json()
+    except Exception:
+        return None
+    if not meta:
+        return None
+    try:
+        data = json.loads("{" + meta + "}") if not meta.lstrip().startswith("{") else json.loads(meta)
+    except ValueError:
+        import re
+
+        m = re.search(r'"bytes"\s*:\s*(\d+)', meta)
+        return int(m.group(1)) if m else None
+    value = data.get("bytes")
+    return int(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> None:
+    """Give one op's modelled traffic to the device activities it launched (the rule of
+    ``docs/bytes.md``): copies (memset/memcpy) keep their own size; the op's bytes go to
+    its longest compute kernel (the GEMM of a GEMM + memset, the main kernel of a split-K
+    GEMM + reduce); its other compute kernels carry 0, their traffic being inside that
+    figure. An op that could not be modelled leaves its kernels unmodelled (``None``)."""
+    compute = [k for k in activities if k.kind != "copy"]
+    if not compute:
+        return
+    main = max(compute, key=lambda k: k.time_s)
+    for k in compute:
+        k.bytes = op_bytes if k is main else (0 if op_bytes is not None else None)
 
 
 def _is_annotation(e: Any, activity: str) -> bool:
@@ -359,7 +453,6 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
             launches[e.correlation_id()] = e
     markers.sort()
     by_index = {op.index: op for op in ops}
-    op_has_bytes: set[int] = set()
     triton_queue: dict[str, list[TritonLaunch]] = {}
     for launch in rec.triton:
         triton_queue.setdefault(launch.name, []).append(launch)
@@ -378,6 +471,7 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
 
     kernels: list[Kernel] = []
     copies: list[Kernel] = []
+    by_op: dict[int, list[Kernel]] = {}
     for e in sorted(device_events, key=lambda ev: ev.start_ns()):
         activity = ""
         try:
@@ -392,28 +486,60 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
             continue  # sync events, overhead
         op = innermost_op(launches.get(e.linked_correlation_id()))
         k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
+        if is_copy:
+            k.bytes = copy_traffic(name, _activity_bytes(e))
         queue = triton_queue.get(name)
         if op is not None:
             k.op, k.source = op.op, op.source
-            if op.index not in op_has_bytes:  # an op's bytes go to its first launch
-                k.bytes = op.bytes
-                op_has_bytes.add(op.index)
-            else:
-                k.bytes = 0
-        elif queue:
+            by_op.setdefault(op.index, []).append(k)
+        elif queue and not is_copy:
             launch = queue.pop(0)
             k.op, k.source, k.bytes = "triton", launch.source, launch.bytes
-        else:
+        elif not is_copy:
             est = inductor_kernel_bytes(name)
             if est is not None or name.startswith("triton_"):
                 k.op, k.bytes = generated_origin(name), est
+                k.bytes_estimate = inductor_kernel_estimate(name)
         (copies if is_copy else kernels).append(k)
+    for index, group in by_op.items():
+        attribute_op_bytes(group, by_index[index].bytes)
     return kernels, copies
 
 
-def default_budget(args: Any, kwargs: Any, output: Any) -> Budget:
-    """Tensor arguments (and module parameters/buffers) read once, returned tensors written once."""
-    return Budget.from_tensors(reads=[args, kwargs], writes=[output], label="default: args read once, outputs written once")
+def callable_modules(fn: Any) -> list[Any]:
+    """The ``nn.Module`` objects a callable is or wraps: a module, a compiled module or
+    function (``_orig_mod``, ``_torchdynamo_orig_callable``), a bound method's
+    ``__self__``, a ``functools.partial``'s function and bound arguments."""
+    import functools
+
+    import torch
+
+    found: list[Any] = []
+    stack, seen = [fn], set()
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            found.append(obj)
+            continue
+        if isinstance(obj, functools.partial):
+            stack += [obj.func, *obj.args, *obj.keywords.values()]
+            continue
+        for attr in ("_orig_mod", "_torchdynamo_orig_callable", "__self__", "__wrapped__"):
+            inner = getattr(obj, attr, None)
+            if inner is not None and not isinstance(inner, type):
+                stack.append(inner)
+    return found
+
+
+def default_budget(args: Any, kwargs: Any, output: Any, fn: Any = None) -> Budget:
+    """Tensor arguments, and the parameters and buffers of the callable's modules and of
+    module arguments, read once; returned tensors written once."""
+    modules = callable_modules(fn) if fn is not None else []
+    label = "default: args" + (" and module weights" if modules else "") + " read once, outputs written once"
+    return Budget.from_tensors(reads=[args, kwargs, modules], writes=[output], label=label)
 
 
 def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionReport:
@@ -430,8 +556,13 @@ def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionRepo
         device_name=device_name(rec.device),
         source=source,
     )
-    report.time_s = report.kernel_time_s
-    report.time_source = "kernels"
+    report.wall_time_s = rec.wall_s
+    if rec.device == "cuda":
+        report.time_s = report.device_time_s
+        report.time_source = "device time of the profiled call"
+    else:
+        report.time_s = report.kernel_time_s
+        report.time_source = "wall time of the profiled call's kernels"
     report.seq = rec.seq
     from .api import settings
 
@@ -495,7 +626,7 @@ def profile_call(
         if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
-    report.budget = budget if budget is not None else default_budget(args, kwargs, output)
+    report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn)
     arg_devices = {t.device.type for t in iter_tensors((args, kwargs))}
     if arg_devices and dev not in arg_devices:
         report.warnings.append(
@@ -565,6 +696,3 @@ class Region:
         if self._on_report is not None:
             self._on_report(report)
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false", "False")

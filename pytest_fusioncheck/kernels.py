@@ -81,9 +81,11 @@ class Kernel:
     """One launch in a profiled region.
 
     ``time_s`` is device time on CUDA and wall time of the op on CPU; ``bytes`` is the
-    modelled HBM traffic (``None`` when nothing could be modelled); ``bytes_measured``
-    comes from hardware counters when they are on; ``op`` is the ATen op that launched
-    it or the origin of a generated kernel; ``source`` the user ``file:line``.
+    modelled HBM traffic (``None`` when nothing could be modelled: *unmodelled*, never
+    0); ``bytes_measured`` comes from hardware counters when they are on; ``op`` is the
+    ATen op that launched it or the origin of a generated kernel; ``source`` the user
+    ``file:line``; ``bytes_estimate`` is Inductor's own figure for a generated kernel,
+    kept where the compulsory model (``bytes``) differs from it (``docs/bytes.md``).
     """
 
     name: str
@@ -93,6 +95,7 @@ class Kernel:
     op: str = ""
     source: str | None = None
     kind: str = "kernel"  # "kernel" or "copy"
+    bytes_estimate: int | None = None  # Inductor's own estimate of a generated kernel
     start_ns: int = field(default=0, repr=False)
 
     @property
@@ -216,13 +219,15 @@ class OpRecord:
     index: int
     op: str
     kind: str  # "kernel", "copy" or "none"
-    read_bytes: int
-    write_bytes: int
+    read_bytes: int | None  # None: the op's traffic could not be modelled
+    write_bytes: int | None
     source: str | None
     wall_ns: int = 0
 
     @property
-    def bytes(self) -> int:
+    def bytes(self) -> int | None:
+        if self.read_bytes is None or self.write_bytes is None:
+            return None
         return self.read_bytes + self.write_bytes
 
 
@@ -351,8 +356,8 @@ def make_op_observer(record_ranges: bool = True):
             wall = time.perf_counter_ns() - t0
             try:
                 read_b, write_b = op_traffic(func, args, kwargs, out)
-            except Exception:  # exotic tensors (sparse, nested): bytes unknown, count kept
-                read_b, write_b = 0, 0
+            except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
+                read_b, write_b = None, None
             self.records.append(OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall))
             return out
 

@@ -30,6 +30,11 @@ def format_bandwidth(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / 1e9:.0f} GB/s"
 
 
+def _modelled(nbytes: int | None) -> str:
+    """A table cell for modelled bytes: ``?`` for an unmodelled kernel, never ``0 B``."""
+    return "?" if nbytes is None else format_bytes(nbytes)
+
+
 @dataclass
 class FusionReport:
     """One profiled call or region (see DESIGN.md, "Public API")."""
@@ -48,6 +53,7 @@ class FusionReport:
     source: str | None = None
     warnings: list[str] = field(default_factory=list)
     seq: int = 0
+    wall_time_s: float | None = None
     output: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -77,6 +83,23 @@ class FusionReport:
         return sum(k.time_s for k in self.kernels)
 
     @property
+    def device_time_s(self) -> float:
+        """Device time of the profiled call: its kernels' and copies' durations, summed."""
+        return sum(k.time_s for k in self.kernels) + sum(k.time_s for k in self.copies)
+
+    @property
+    def launch_overhead_s(self) -> float | None:
+        """Wall time not covered by device time (GPU only; ``None`` when unknown)."""
+        if self.device != "cuda" or self.wall_time_s is None or self.time_s is None:
+            return None
+        return max(0.0, self.wall_time_s - self.time_s)
+
+    @property
+    def unmodelled_kernels(self) -> list[int]:
+        """Indices of the kernels with no byte model."""
+        return [i for i, k in enumerate(self.kernels) if k.bytes is None]
+
+    @property
     def efficiency(self) -> float | None:
         """(budget bytes / peak bandwidth) / time: 1.0 is a kernel at the copy roofline."""
         if not self.budget or not self.time_s or not self.peak_bandwidth:
@@ -96,12 +119,12 @@ class FusionReport:
         headers = ["#", "kernel", "time", "bytes"] + (["measured"] if show_measured else []) + ["op", "source"]
         rows = []
         for i, k in enumerate(self.kernels):
-            row = [str(i), k.short_name, format_time(k.time_s), format_bytes(k.bytes)]
+            row = [str(i), k.short_name, format_time(k.time_s), _modelled(k.bytes)]
             if show_measured:
                 row.append(format_bytes(k.bytes_measured))
             rows.append(row + [k.op or "-", k.source or "-"])
         for k in self.copies:
-            row = ["copy", k.short_name, format_time(k.time_s), format_bytes(k.bytes)]
+            row = ["copy", k.short_name, format_time(k.time_s), _modelled(k.bytes)]
             if show_measured:
                 row.append(format_bytes(k.bytes_measured))
             rows.append(row + [k.op or "-", k.source or "-"])
@@ -134,15 +157,36 @@ class FusionReport:
         if self.budget is not None:
             parts.append(f"budget {format_bytes(self.budget.total)}")
         parts.append(f"time {format_time(self.time_s)}")
+        if self.device == "cuda" and self.wall_time_s is not None:
+            parts.append(f"wall {format_time(self.wall_time_s)}")
         if self.efficiency is not None:
             parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
         where = f"{self.device_kind}"
         return f"[{self.label}] on {where}: " + ", ".join(parts)
 
+    def notes(self) -> list[str]:
+        """Warnings, plus what a reader of the table needs: unmodelled kernels, and
+        generated kernels whose compulsory bytes differ from Inductor's estimate."""
+        out = list(self.warnings)
+        missing = self.unmodelled_kernels
+        if missing:
+            out.append(
+                f"{len(missing)} kernel(s) have no byte model (bytes '?': #{', #'.join(map(str, missing[:10]))}"
+                f"{', ...' if len(missing) > 10 else ''}); modelled bytes are a lower bound"
+            )
+        for i, k in enumerate(self.kernels):
+            if k.bytes_estimate is not None and k.bytes is not None and abs(k.bytes_estimate - k.bytes) > 0.05 * max(k.bytes, 1):
+                out.append(
+                    f"#{i} {k.short_name}: compulsory {format_bytes(k.bytes)}, Inductor's estimate "
+                    f"{format_bytes(k.bytes_estimate)} (counts in-kernel re-reads; docs/bytes.md)"
+                )
+        return out
+
     def __str__(self) -> str:
         text = self.summary() + "\n" + self.table()
-        if self.warnings:
-            text += "\n" + "\n".join(f"  note: {w}" for w in self.warnings)
+        notes = self.notes()
+        if notes:
+            text += "\n" + "\n".join(f"  note: {w}" for w in notes)
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,6 +208,8 @@ class FusionReport:
             "budget": self.budget.to_dict() if self.budget else None,
             "time_s": self.time_s,
             "time_source": self.time_source,
+            "wall_time_s": self.wall_time_s,
+            "launch_overhead_s": self.launch_overhead_s,
             "peak_bandwidth": self.peak_bandwidth,
             "efficiency": self.efficiency,
             "graph_breaks": [_gb(g) for g in self.graph_breaks],

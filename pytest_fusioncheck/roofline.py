@@ -4,9 +4,13 @@
   plus bytes written over the median time): device-to-device on a GPU, host memory on
   CPU. The figure is cached in pytest's cache keyed by the device name, and
   ``--fusion-peak-bandwidth`` overrides it.
-* The time of a ``fusion.profile`` call is the median of repeated CUDA-event timings
-  with the L2 flushed between runs (on CPU, the median wall time); a region's time is
-  its kernels' device time. Timing is lazy: it runs when an efficiency is asked for.
+* The time of a ``fusion.profile`` call on a GPU is its *device time*: the durations of
+  the kernels and copies it launched as the profiler (CUPTI) saw them, summed per call,
+  median over repeats with the L2 flushed between; never an event pair around the
+  Python call, which adds the launcher's host time. The median unprofiled wall time is
+  kept beside it (their gap is launch overhead). On CPU both are the median wall time.
+  A region's time is its kernels' device time in its one run. Timing is lazy: it runs
+  when an efficiency is asked for.
 * Efficiency = (budget bytes / peak bandwidth) / time.
 """
 
@@ -75,33 +79,117 @@ def peak_bandwidth(device: str, name: str = "") -> float:
     return value
 
 
-def median_time(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str, reps: int = 15, budget_s: float = 1.0) -> tuple[float, int]:
-    """Median seconds of ``fn(*args, **kwargs)``: CUDA events with the L2 flushed, or wall time."""
+REP_RANGE_PREFIX = "fusioncheck::rep#"
+
+
+def per_rep_device_time(
+    reps: list[tuple[int, int]],
+    launches: dict[int, int],
+    activities: list[tuple[int, int, int]],
+) -> list[float]:
+    """Seconds of device activity launched inside each repeat (pure logic).
+
+    ``reps`` are the host-side ``(start_ns, end_ns)`` of each repeat's range; ``launches``
+    maps a launch's correlation id to its host timestamp; ``activities`` are the device
+    activities as ``(correlation_id, start_ns, duration_ns)``. An activity belongs to the
+    repeat whose range holds its launch (its own start when the launch is unknown, e.g.
+    a CUDA-graph node). Repeats that launched nothing are dropped.
+    """
+    totals = [0] * len(reps)
+    seen = [False] * len(reps)
+    order = sorted(range(len(reps)), key=lambda i: reps[i][0])
+    for corr, start, duration in activities:
+        t = launches.get(corr, start)
+        for i in order:
+            lo, hi = reps[i]
+            if lo <= t <= hi:
+                totals[i] += duration
+                seen[i] = True
+                break
+    return [totals[i] * 1e-9 for i in range(len(reps)) if seen[i]]
+
+
+def _l2_flush_buffer(device: str) -> Any:
     import torch
 
-    times: list[float] = []
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
+    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
+
+
+def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 10, budget_s: float = 1.0) -> list[float]:
+    """Device time of each of ``reps`` calls, L2 flushed before each: the sum of the
+    durations of the kernels and copies each call launched, read from the profiler
+    (CUPTI), never an event pair around the Python call (which adds launch time)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    flush = _l2_flush_buffer("cuda")
     deadline = time.perf_counter() + budget_s
-    if device == "cuda":
-        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
-        flush = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(reps):
             flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(*args, **kwargs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
+            torch.cuda.synchronize()
+            with record_function(f"{REP_RANGE_PREFIX}{i}"):
+                fn(*args, **kwargs)
+                torch.cuda.synchronize()
             if i >= 2 and time.perf_counter() > deadline:
                 break
-    else:
-        for i in range(reps):
-            t0 = time.perf_counter()
-            fn(*args, **kwargs)
-            times.append(time.perf_counter() - t0)
-            if i >= 2 and time.perf_counter() > deadline:
-                break
-    return statistics.median(times), len(times)
+    ranges: dict[int, tuple[int, int]] = {}
+    launches: dict[int, int] = {}
+    activities: list[tuple[int, int, int]] = []
+    for e in prof.profiler.kineto_results.events():
+        name = e.name()
+        if e.device_type() == DeviceType.CUDA:
+            try:
+                activity = e.activity_type()
+            except Exception:
+                activity = ""
+            if name.startswith(("fusioncheck", "ProfilerStep")) or "annotation" in activity:
+                continue
+            if activity and activity not in ("kernel", "concurrent_kernel", "gpu_memcpy", "gpu_memset"):
+                continue
+            activities.append((e.linked_correlation_id(), e.start_ns(), e.duration_ns()))
+        elif name.startswith(REP_RANGE_PREFIX):
+            ranges[int(name[len(REP_RANGE_PREFIX):])] = (e.start_ns(), e.end_ns())
+        elif e.correlation_id():
+            launches[e.correlation_id()] = e.start_ns()
+    reps_ns = [ranges[i] for i in sorted(ranges)]
+    return per_rep_device_time(reps_ns, launches, activities)
+
+
+def wall_times(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str, reps: int = 10, budget_s: float = 1.0) -> list[float]:
+    """Wall time of each of ``reps`` calls, synchronised, unprofiled (L2 flushed first on a GPU)."""
+    import torch
+
+    flush = _l2_flush_buffer(device) if device == "cuda" else None
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+        if i >= 2 and time.perf_counter() > deadline:
+            break
+    return times
+
+
+def median_time(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str, reps: int = 10, budget_s: float = 1.0) -> tuple[float, int, float]:
+    """``(time, repeats, wall time)``: on a GPU the median device time with the L2 flushed
+    and the median unprofiled wall time; on CPU the median wall time for both."""
+    walls = wall_times(fn, args, kwargs, device, reps, budget_s)
+    wall = statistics.median(walls)
+    if device != "cuda":
+        return wall, len(walls), wall
+    dev = device_times(fn, args, kwargs, reps, budget_s)
+    if not dev:
+        return wall, len(walls), wall
+    return statistics.median(dev), len(dev), wall
 
 
 def attach_timer(report: FusionReport, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
@@ -116,9 +204,12 @@ def ensure_efficiency(report: FusionReport) -> None:
     retime = getattr(report, "_retime", None)
     if retime is not None:
         report._retime = None  # type: ignore[attr-defined]
-        seconds, n = retime()
+        seconds, n, wall = retime()
         report.time_s = seconds
-        report.time_source = f"median of {n} {'CUDA-event timings, L2 flushed' if report.device == 'cuda' else 'wall-clock runs'}"
+        report.wall_time_s = wall
+        report.time_source = (
+            f"median device time of {n} runs, L2 flushed" if report.device == "cuda" else f"median wall time of {n} runs"
+        )
     if report.device == "cuda" and report.budget is not None:
         import torch
 

@@ -88,8 +88,8 @@ def parse_limits(item: pytest.Item) -> Limits:
         if len(mark.args) != 1 or mark.kwargs:
             raise fail("bandwidth_bound", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
         fraction = mark.args[0]
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1.5:
-            raise fail("bandwidth_bound", f"fraction must be a number in (0, 1.5], got {fraction!r}")
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise fail("bandwidth_bound", f"fraction must be a number in (0, 1] (a share of peak bandwidth), got {fraction!r}")
         limits.bandwidth_fraction = float(fraction)
     mark = item.get_closest_marker("no_graph_breaks")
     if mark is not None:

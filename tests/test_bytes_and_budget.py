@@ -125,7 +125,7 @@ def test_bandwidth_on_cpu_is_reported_not_enforced(square):
     assert_bandwidth_bound_within(0.9)
     assert report.efficiency is not None and report.efficiency < 0.9
     assert any("reported, not enforced" in w for w in report.warnings)
-    assert "median of" in report.time_source
+    assert "median wall time of" in report.time_source
 
 
 MARKED = """

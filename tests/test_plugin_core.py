@@ -150,7 +150,7 @@ def test_no_cpu_value_is_unchecked_on_cpu(fusion):
         ("max_kernels(1, gpu=2)", "*@pytest.mark.max_kernels: unknown keyword(s) gpu; accepted: cpu=, cuda=*"),
         ("max_kernels()", "*@pytest.mark.max_kernels: needs a count*"),
         ("max_hbm_bytes('12 parsecs')", "*@pytest.mark.max_hbm_bytes: cannot read '12 parsecs' as a byte count*"),
-        ("bandwidth_bound(2)", "*@pytest.mark.bandwidth_bound: fraction must be a number in (0, 1.5], got 2*"),
+        ("bandwidth_bound(2)", "*@pytest.mark.bandwidth_bound: fraction must be a number in (0, 1] (a share of peak bandwidth), got 2*"),
         ("no_graph_breaks(True)", "*@pytest.mark.no_graph_breaks: takes no arguments*"),
     ],
 )
