@@ -93,16 +93,39 @@ def _storage_key(t: Any) -> tuple[str, int]:
     return (str(t.device), storage.data_ptr() or id(storage))
 
 
+_SPARSE_PARTS = {
+    "sparse_coo": ("_indices", "_values"),
+    "sparse_csr": ("crow_indices", "col_indices", "values"),
+    "sparse_bsr": ("crow_indices", "col_indices", "values"),
+    "sparse_csc": ("ccol_indices", "row_indices", "values"),
+    "sparse_bsc": ("ccol_indices", "row_indices", "values"),
+}
+
+
+def _strided_parts(t: Any) -> list[Any]:
+    """The dense tensors that hold ``t``'s data: ``t`` itself, or a sparse tensor's index
+    and value tensors (a sparse tensor has no storage of its own)."""
+    layout = str(getattr(t, "layout", "torch.strided")).replace("torch.", "")
+    if layout == "strided":
+        return [t]
+    parts = _SPARSE_PARTS.get(layout)
+    if parts is None:
+        return []
+    return [getattr(t, name)() for name in parts]
+
+
 def distinct_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of ``tensors`` with each storage region counted once.
 
     Tensors on different storages add up. Tensors sharing a storage count the union of
     their byte intervals, but never more than the sum of their own logical sizes (so
-    strided slices with gaps are not charged for the gaps).
+    strided slices with gaps are not charged for the gaps). A sparse tensor counts its
+    index and value tensors.
     """
     by_storage: dict[tuple[str, int], list[tuple[tuple[int, int], int]]] = {}
-    for t in tensors:
-        by_storage.setdefault(_storage_key(t), []).append(_tensor_extent(t))
+    for tensor in tensors:
+        for t in _strided_parts(tensor):
+            by_storage.setdefault(_storage_key(t), []).append(_tensor_extent(t))
     total = 0
     for extents in by_storage.values():
         intervals = sorted(iv for iv, _ in extents if iv[1] > iv[0])

@@ -196,7 +196,13 @@ def bound_launch_args(jitfn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     arg_names = list(getattr(jitfn, "arg_names", []) or [])
     bound = dict(zip(arg_names, args))
     bound.update(kwargs)
-    for param in getattr(jitfn, "params", []) or []:
+    params = getattr(jitfn, "params", None)
+    if params is None:  # the interpreter's InterpretedFunction: read the Python signature
+        try:
+            params = list(inspect.signature(jitfn.fn).parameters.values())
+        except (AttributeError, TypeError, ValueError):
+            params = []
+    for param in params:
         pname = getattr(param, "name", None)
         default = getattr(param, "default", inspect.Parameter.empty)
         if pname and pname not in bound and default is not inspect.Parameter.empty:

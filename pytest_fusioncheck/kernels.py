@@ -305,12 +305,42 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
     else:
         reads = _flat_tensors(args) + _flat_tensors(kwargs)
     returned = _flat_tensors(out)
+    name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+    if name in _GATHER_OPS and returned:
+        reads = _gather_reads(name, args, kwargs, returned)
     if writes:
         written_keys = {_storage_id(t) for t in writes}
         writes += [t for t in returned if _storage_id(t) not in written_keys]
     else:
         writes = returned
     return distinct_bytes(reads), distinct_bytes(writes)
+
+
+# Ops that read only the rows/elements they gather from their source, not the whole
+# source: an embedding lookup touches len(indices) rows of a vocab-sized table.
+_GATHER_OPS = frozenset({"embedding", "index_select", "gather", "take", "index"})
+
+
+def _gather_reads(name: str, args: tuple, kwargs: dict, returned: list) -> list:
+    """Reads of a gather: its index tensors plus, from the source, no more than it returns.
+
+    Returned as tensors for ``distinct_bytes``: the index tensors themselves, and a stand-in
+    with the returned tensors' size for the gathered part of the source (capped by the
+    source's size, so a gather that returns more than the source holds reads the source).
+    """
+    import torch
+
+    tensors = _flat_tensors(args) + _flat_tensors(kwargs)
+    if not tensors:
+        return []
+    source = tensors[0]  # every op in _GATHER_OPS takes its source first
+    indices = [t for t in tensors[1:] if not t.is_floating_point() and not t.is_complex()]
+    gathered = sum(t.numel() * t.element_size() for t in returned)
+    source_bytes = source.numel() * source.element_size()
+    if gathered >= source_bytes:
+        return [source] + indices
+    stand_in = torch.empty(gathered, dtype=torch.uint8, device="meta")
+    return indices + [stand_in]
 
 
 def _storage_id(t: Any) -> tuple:

@@ -6,7 +6,7 @@ Run on the device: ``PYTHONPATH=$PWD python3 -m pytest -p pytest_fusioncheck.plu
 import pytest
 import torch
 
-from pytest_fusioncheck import Budget, assert_bandwidth_bound_within, profile
+from pytest_fusioncheck import Budget, FusionAssertionError, assert_bandwidth_bound_within, assert_hbm_bytes_within, profile
 
 pytestmark = pytest.mark.gpu
 
@@ -76,12 +76,14 @@ def test_modelled_bytes_of_a_4096_square_softmax_are_512_mib_unfused_and_128_mib
     assert fused.budget.total == 128 * MiB
 
 
-def test_a_large_copy_is_bandwidth_bound_and_the_five_op_softmax_is_not():
+def test_a_large_copy_is_bandwidth_bound_against_an_independently_set_peak_and_the_five_op_softmax_is_not():
     x = torch.randn(64 * MiB, device="cuda")  # 256 MiB, several times the L2
     y = torch.empty_like(x)
     report = profile(torch.Tensor.copy_, y, x)
     report.budget = Budget.from_tensors(reads=[x], writes=[y])
+    report.peak_bandwidth = 4.8e12  # the H200 datasheet's HBM3e figure, not the plugin's own copy
     assert_bandwidth_bound_within(0.8, report=report)
+    assert 0.8 <= report.efficiency < 1.0, str(report)
 
     s = torch.randn(8192, 8192, device="cuda")
     unfused = profile(five_op_softmax, s)  # default budget: the fused one (read x, write y)
@@ -136,3 +138,229 @@ def test_softmax_bytes(fusion):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*1 kernel, 1.0 GiB modelled, * measured, budget 1.0 GiB*"])
     result.stdout.fnmatch_lines(["*fusioncheck: ncu measured 1 kernels in 1 test(s)*"])
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_device_time_is_the_kernels_durations_not_the_launchers_host_time():
+    x = torch.randn(8192, 8192, device="cuda")  # 256 MiB
+    report = profile(lambda t: torch.softmax(t, -1), x)
+    assert_bandwidth_bound_within(0.5, report=report)  # runs the timing
+    assert "median device time" in report.time_source
+    kernel = report.kernels[0].time_s
+    assert 0.7 * kernel < report.time_s < 1.5 * kernel, str(report)
+    assert report.wall_time_s is not None and report.wall_time_s >= report.time_s
+    assert report.launch_overhead_s is not None and report.launch_overhead_s >= 0
+    d = report.to_dict()
+    assert d["wall_time_s"] == report.wall_time_s and d["launch_overhead_s"] is not None
+
+
+def test_a_launch_bound_chain_has_device_time_far_below_its_wall_time():
+    x = torch.randn(64, device="cuda")
+
+    def many_small(t):
+        for _ in range(50):
+            t = t * 1.0001
+        return t
+
+    report = profile(many_small, x)
+    report.budget = Budget(read_bytes=256, write_bytes=256)
+    report.peak_bandwidth = 4e12
+    from pytest_fusioncheck.roofline import ensure_efficiency
+
+    ensure_efficiency(report)
+    assert report.kernel_count == 50
+    assert report.time_s < 0.5 * report.wall_time_s, str(report)
+    assert any("under 4x" in w for w in report.warnings), report.warnings  # the L2 warning
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_the_reference_softmax_at_copy_speed_passes_bandwidth_bound_and_torch_at_65536_fails(run):
+    from reference_kernels import softmax
+
+    x = torch.randn(8192, 8192, device="cuda")
+    fused = profile(softmax.fused, x)
+    fused.budget = softmax.budget(x)
+    assert_bandwidth_bound_within(0.9, report=fused)
+
+    wide = torch.randn(4096, 65536, device="cuda")
+    eager = profile(lambda t: torch.softmax(t, -1), wide)
+    with pytest.raises(FusionAssertionError, match="of peak bandwidth < required 90%"):
+        assert_bandwidth_bound_within(0.9, report=eager)
+    unfused = profile(five_op_softmax, x)
+    with pytest.raises(FusionAssertionError, match="of peak bandwidth < required 90%"):
+        assert_bandwidth_bound_within(0.9, report=unfused)
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_the_reference_layer_norm_forward_passes_bandwidth_bound(run):
+    from reference_kernels import layer_norm
+
+    x = torch.randn(32768, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    report = profile(layer_norm.fused, x, w, b)
+    report.budget = layer_norm.budget(x, w, b)
+    assert_bandwidth_bound_within(0.9, report=report)
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def test_a_bf16_linear_puts_its_bytes_on_the_gemm_kernel_and_memsets_carry_their_own_size():
+    lin = torch.nn.Linear(4096, 8192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    report = profile(lin, x)
+    expected = 2 * (8192 * 4096 + 4096 * 8192 + 8192 + 8192 * 8192)  # x, W, bias read; out written
+    assert report.bytes_unmodelled == 0, str(report)
+    gemm = max(report.kernels, key=lambda k: k.time_s)
+    assert gemm.bytes == expected, str(report)
+    assert report.bytes == expected, str(report)
+    for c in report.copies:
+        assert c.bytes is not None and c.bytes < 1 * MiB, str(report)  # a workspace memset, not the GEMM's traffic
+    assert report.budget.total == expected  # the default budget holds the module's weights
+
+
+def test_a_split_k_shape_keeps_the_ops_bytes_on_its_longest_kernel():
+    a = torch.randn(64, 16384, device="cuda")
+    b = torch.randn(16384, 16384, device="cuda")
+    report = profile(torch.mm, a, b)
+    expected = 4 * (64 * 16384 + 16384 * 16384 + 64 * 16384)
+    longest = max(report.kernels, key=lambda k: k.time_s)
+    assert longest.bytes == expected, str(report)
+    assert all(k.bytes == 0 for k in report.kernels if k is not longest), str(report)
+
+
+def test_a_triton_kernel_launched_for_real_gets_its_declared_or_tensor_bytes():
+    import triton
+    import triton.language as tl
+
+    def meta(grid, kernel, args):
+        return {"name": f"{kernel.name}[n={args['n']}]", "bytes": 3 * 4 * args["n"]}
+
+    @triton.jit(launch_metadata=meta)
+    def _declared(x_ptr, y_ptr, n, BLOCK: tl.constexpr = 1024):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    @triton.jit
+    def _plain(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+
+    def both(x, y):
+        _declared[(1024,)](x, y, x.numel())
+        _plain[(1024,)](x, y, x.numel(), BLOCK=1024)
+
+    report = profile(both, x, y)
+    assert [k.name for k in report.kernels] == ["_declared", "_plain"], str(report)
+    assert report.kernels[0].bytes == 3 * 4 * (1 << 20), str(report)  # launch_metadata read kernel.name
+    assert report.kernels[1].bytes == 2 * 4 * (1 << 20), str(report)  # x and y
+    assert all(k.op == "triton" and k.source for k in report.kernels)
+
+
+def test_the_tma_gemm_epilogue_is_modelled_at_its_declared_bytes_not_its_descriptors():
+    from reference_kernels import gemm_epilogue
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    report = profile(gemm_epilogue.fused, a, b, bias)
+    assert report.kernel_count == 1, str(report)
+    assert report.kernels[0].bytes == gemm_epilogue.budget(a, b, bias).total, str(report)
+
+
+def test_the_tma_descriptors_tensors_are_counted_when_nothing_is_declared():
+    import triton
+    import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    @triton.jit
+    def _tma_copy(in_desc, out_desc, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        out_desc.store([pid * BLOCK, 0], in_desc.load([pid * BLOCK, 0]))
+
+    x = torch.randn(4096, 64, device="cuda")
+    y = torch.empty_like(x)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    ind = TensorDescriptor(x, list(x.shape), list(x.stride()), [64, 64])
+    outd = TensorDescriptor(y, list(y.shape), list(y.stride()), [64, 64])
+    report = profile(lambda: _tma_copy[(64,)](ind, outd, BLOCK=64))
+    assert report.kernels[0].bytes == 2 * x.numel() * 4, str(report)
+    assert torch.equal(x, y)
+
+
+def test_compiled_layer_norm_gelu_is_modelled_at_its_compulsory_bytes_with_inductors_estimate_beside():
+    import torch.nn.functional as F
+
+    def ln_gelu(x, w, b):
+        return F.gelu(F.layer_norm(x, (4096,), w, b))
+
+    x = torch.randn(16384, 4096, device="cuda")
+    w, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    report = profile(torch.compile(ln_gelu), x, w, b)
+    assert report.kernel_count == 1, str(report)
+    k = report.kernels[0]
+    assert abs(k.bytes - report.budget.total) <= 0.01 * report.budget.total, str(report)
+    assert_hbm_bytes_within(report=report)  # a perfectly fused kernel passes at its budget
+
+
+def test_a_compiled_modules_default_budget_holds_its_weights():
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(2048, 1024, device="cuda")
+    report = profile(torch.compile(mlp), x)
+    weights = sum(p.numel() * 4 for p in mlp.parameters())
+    assert report.budget.total == weights + 2 * x.numel() * 4, str(report.budget)
+    assert_hbm_bytes_within(slack=1.5, report=report)
+
+
+def test_a_cuda_graph_replay_leaves_its_kernels_unmodelled_and_byte_verdicts_say_so():
+    x = torch.randn(1 << 20, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    y = x * 2
+    with torch.cuda.graph(g):
+        y = x * 2 + 1
+    report = profile(g.replay)
+    assert report.kernel_count >= 1
+    assert all(k.bytes is None for k in report.kernels), str(report)
+    assert "?" in report.table()
+    with pytest.raises(FusionAssertionError, match="has a byte model"):
+        assert_hbm_bytes_within(1 << 30, report=report)
+
+
+# --------------------------------------------------------------------------- under pytest
+
+
+def test_max_kernels_cuda_value_wins_on_the_gpu_and_counters_measure_every_report(pytester):
+    from conftest import PLUGIN_ARGS
+
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+def five(x):
+    m = x.max(dim=-1, keepdim=True).values
+    e = (x - m).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+@pytest.mark.max_kernels(10, cuda=1)
+def test_cuda_limit(fusion):
+    fusion.profile(five, torch.randn(64, 64, device=fusion.device))
+
+@pytest.mark.max_hbm_bytes("1100 MiB")
+def test_two_reports_measured(fusion):
+    x = torch.randn(16384, 8192, device="cuda")  # 512 MiB
+    a = fusion.profile(torch.softmax, x, -1)
+    b = fusion.profile(five, x)
+    assert a.bytes_measured is not None and b.bytes_measured is not None, (a.warnings, b.warnings)
+    assert b.kernel_count == 5 and len([k for k in b.kernels if k.bytes_measured is not None]) == 5
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *PLUGIN_ARGS, "--fusion-counters=ncu", timeout=500)
+    result.assert_outcomes(passed=0, failed=2)
+    result.stdout.fnmatch_lines(["*@pytest.mark.max_kernels(1): 5 kernels launched, limit 1*"])
+    result.stdout.fnmatch_lines(["*@pytest.mark.max_hbm_bytes(1153433600): * measured > limit*"])

@@ -1,0 +1,174 @@
+"""The plugin's kernel counts and modelled bytes against Nsight Compute, case by case (GPU).
+
+Runs the corpus of ``tests/fidelity_cases.py`` (``FIDELITY``: >= 4x the L2; ``BLOCKS``:
+real-model blocks, fp32) twice: once under ``ncu`` in a child process (DRAM bytes read +
+written per kernel, only kernels inside the plugin's NVTX ranges, one range per case
+named after it), once in this process through ``profile_call`` (under ncu, CUPTI belongs
+to ncu and the profiler sees no device kernels, so the plugin's own figures come from
+here). Prints, per case and per kernel: the plugin's count and ncu's, modelled and
+measured bytes, and the verdict of the case's rule (docs/bytes.md):
+
+* ``compulsory``: each kernel's modelled bytes within 10% of measured;
+* ``gemm``: GEMM kernels modelled at their compulsory bytes, never above measured;
+  other kernels of the case within 10%.
+
+    PYTHONPATH=$PWD python3 benchmarks/fidelity.py --out DIR [--only SUBSTRING] [--write-data [PATH]]
+
+``--write-data`` also writes ``tests/data/fidelity_h200.json`` (what the CPU tests and
+the GPU tests of ``tests/test_fidelity.py`` check against).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
+from _common import OUT_HELP, header, markdown_table, write_output_to  # noqa: E402
+from fidelity_cases import BLOCKS, FIDELITY  # noqa: E402
+
+from pytest_fusioncheck import counters  # noqa: E402
+from pytest_fusioncheck.capture import profile_call  # noqa: E402
+
+MiB = 2**20
+DATA = os.path.join(ROOT, "tests", "data", "fidelity_h200.json")
+GEMM_NAME = re.compile(r"nvjet|gemm|cutlass|sm90_xmma|ampere_|sm80_|_mm_|matmul|flash|fmha|sdpa|attention", re.I)
+
+
+def label(name: str) -> str:
+    """An NVTX-safe label for a case (ncu's range column splits on quotes and colons)."""
+    return re.sub(r"[^A-Za-z0-9_.+=>-]+", "_", name)
+
+
+def selected(only: str | None):
+    return [c for c in FIDELITY + BLOCKS if not only or only in c.name]
+
+
+def run_case(case) -> dict:
+    torch._dynamo.reset()
+    fn, args = case.make("cuda")
+    report = profile_call(fn, args, {}, warmup=1, device="cuda", label=label(case.name))
+    out = {
+        "kernels": [
+            {"name": k.name, "bytes": k.bytes, "bytes_estimate": k.bytes_estimate, "op": k.op, "time_s": k.time_s}
+            for k in report.kernels
+        ],
+        "copies": [{"name": k.name, "bytes": k.bytes} for k in report.copies],
+        "budget": report.budget.total if report.budget else None,
+    }
+    del fn, args, report
+    torch.cuda.empty_cache()
+    return out
+
+
+def child(only: str | None, path: str) -> None:
+    for case in selected(only):
+        run_case(case)
+    with open(path, "w") as fh:
+        fh.write("done")
+
+
+def is_gemm(kernel_name: str) -> bool:
+    return bool(GEMM_NAME.search(kernel_name))
+
+
+def verdict(kind: str, model: dict, measured: list[int]) -> tuple[bool, list[str]]:
+    """Whether a case meets its rule, and a note per kernel that misses it."""
+    kernels = model["kernels"]
+    if len(kernels) != len(measured):
+        return False, [f"count: plugin {len(kernels)}, ncu {len(measured)}"]
+    notes = []
+    for i, (k, meas) in enumerate(zip(kernels, measured)):
+        if k["bytes"] is None:
+            notes.append(f"#{i} unmodelled")
+            continue
+        if kind != "compulsory" and is_gemm(k["name"]):
+            if k["bytes"] > meas:
+                notes.append(f"#{i} GEMM modelled {k['bytes'] / MiB:.1f} MiB > measured {meas / MiB:.1f} MiB")
+            continue
+        if meas and abs(k["bytes"] - meas) / meas > 0.10:
+            notes.append(f"#{i} {k['name'][:40]}: modelled {k['bytes'] / MiB:.1f} MiB vs measured {meas / MiB:.1f} MiB")
+    return not notes, notes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", metavar="DIR", default=".", help=OUT_HELP)
+    parser.add_argument("--only", default=None, help="run only cases whose name contains this")
+    parser.add_argument("--write-data", nargs="?", const=DATA, default=None, metavar="PATH",
+                        help=f"write the data file the tests check against (default {os.path.relpath(DATA, ROOT)})")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.child:
+        child(opts.only, opts.child)
+        return 0
+    os.makedirs(opts.out, exist_ok=True)
+    write_output_to(opts.out, __file__)
+    print(header())
+    log = os.path.join(opts.out, "fidelity_ncu.csv")
+    done = os.path.join(opts.out, "fidelity_child.done")
+    argv = [sys.executable, __file__, "--child", done] + (["--only", opts.only] if opts.only else [])
+    cmd = counters.ncu_command(counters.find_ncu(), log, argv)
+    print("$", " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    if proc.returncode != 0 or not os.path.exists(done):
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        return 1
+    with open(log) as fh:
+        ncu_kernels = counters.parse_ncu_csv(fh.read())
+    by_label: dict[str, list] = {}
+    for k in ncu_kernels:
+        by_label.setdefault(k.label, []).append(k)
+
+    results = {}
+    rows = []
+    for case in selected(opts.only):
+        model = run_case(case)
+        got = by_label.get(label(case.name), [])
+        measured = [k.bytes for k in got]
+        ok, notes = verdict(case.kind, model, measured) if case.kind != "block" else (len(got) == len(model["kernels"]), [])
+        results[case.name] = {
+            "kind": case.kind,
+            "cuda_kernel_count": len(model["kernels"]),
+            "ncu_kernel_count": len(got),
+            "kernels": [dict(k, bytes_measured=m) for k, m in zip(model["kernels"], measured)] if len(got) == len(model["kernels"]) else model["kernels"],
+            "ncu_names": [k.name for k in got],
+            "copies": model["copies"],
+            "budget": model["budget"],
+            "ok": ok,
+            "notes": notes,
+        }
+        modelled = sum(k["bytes"] or 0 for k in model["kernels"])
+        meas = sum(measured)
+        rows.append([
+            case.name, case.kind, len(model["kernels"]), len(got),
+            f"{modelled / MiB:.1f}", f"{meas / MiB:.1f}", f"{meas / modelled:.3f}" if modelled else "-",
+            "yes" if ok else "NO: " + "; ".join(notes)[:160],
+        ])
+    print(markdown_table(["case", "rule", "plugin kernels", "ncu kernels", "modelled MiB", "measured MiB", "measured/modelled", "rule met"], rows))
+    counted = sum(1 for r in results.values() if r["cuda_kernel_count"] == r["ncu_kernel_count"])
+    met = sum(1 for r in results.values() if r["ok"] and r["kind"] != "block")
+    fid = sum(1 for r in results.values() if r["kind"] != "block")
+    print(f"kernel count = ncu's in {counted}/{len(results)} cases; byte rule met in {met}/{fid} fidelity cases")
+    with open(os.path.join(opts.out, "fidelity.json"), "w") as fh:
+        json.dump(results, fh, indent=1)
+    if opts.write_data:
+        os.makedirs(os.path.dirname(os.path.abspath(opts.write_data)), exist_ok=True)
+        with open(opts.write_data, "w") as fh:
+            json.dump({"device": header(), "cases": results}, fh, indent=1, sort_keys=True)
+        print(f"wrote {opts.write_data}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
