@@ -77,6 +77,26 @@ def _restore_fusioncheck_settings():
     vars(api.settings).update(saved)
 
 
+@pytest.fixture
+def unwritten_reads_nan(monkeypatch):
+    """During the test, ``torch.empty`` and ``torch.empty_like`` hand out NaN-filled float tensors.
+
+    The reference kernels allocate their outputs with ``torch.empty``, whose memory may
+    already hold zeros or the previous call's answer: filled with NaN, an element that a
+    kernel never writes shows up in its result.
+    """
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t):
+        if t.is_floating_point():
+            with torch.no_grad():
+                t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: poisoned(empty(*args, **kwargs)))
+    monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poisoned(empty_like(*args, **kwargs)))
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
