@@ -66,6 +66,14 @@ def test_fused_matches_the_unfused_chain_and_writes_every_element(shape, dtype, 
     torch.testing.assert_close(y, bgd.unfused(x, bias, 0.1, seed=7), **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("shape", [(37, 100), (2, 5, 24)], ids=str)
+def test_the_output_fused_allocates_itself_has_every_element_written(shape, variant, unwritten_reads_nan):
+    x, bias = inputs(shape, torch.float32)
+    y = bgd.fused(x, bias, 0.1, seed=7)
+    assert not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(y, bgd.unfused(x, bias, 0.1, seed=7), **TOLERANCES[torch.float32])
+
+
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
 def test_fused_matches_the_unfused_chain_at_the_edge_probabilities(p, variant):
     x, bias = inputs((37, 100), torch.float16)

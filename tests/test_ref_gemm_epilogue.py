@@ -59,6 +59,13 @@ def test_fused_matches_the_four_op_reference_and_writes_every_element(mnk, dtype
     torch.testing.assert_close(y, ge.unfused(a, b, bias, activation, residual), **TOLERANCES[dtype])
 
 
+def test_the_output_fused_allocates_itself_has_every_element_written(unwritten_reads_nan):
+    a, b, bias, residual = operands(70, 56, 40, torch.bfloat16)  # ragged M and K tiles
+    y = ge.fused(a, b, bias, "gelu", residual)
+    assert not y.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(y, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
+
+
 @pytest.mark.parametrize("path", ["tiled", "tma"])
 def test_each_kernel_writes_every_output_element(path):
     if path == "tma" and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:

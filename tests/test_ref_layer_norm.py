@@ -104,6 +104,19 @@ def test_forward_writes_every_output_element_and_returns_row_statistics(shape, m
     assert_close(y, torch_reference(x, weight, bias, torch.zeros_like(x))[0], torch.float32, "y")
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape, max_row", [((37, 3), None), ((9, 100), 32)], ids=["rows", "chunked"])
+def test_every_output_that_forward_and_backward_allocate_is_written(shape, max_row, variant, unwritten_reads_nan):
+    x, weight, bias = inputs(shape, torch.float32)
+    dy = torch.randn(shape, device=DEVICE)
+    y, mean, rstd = layer_norm.forward(x, weight, bias, max_row=max_row)
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, max_row=max_row, variant=variant)
+    for what, t in zip(("y", "mean", "rstd", "dx", "dweight", "dbias"), (y, mean, rstd, dx, dw, db)):
+        assert not t.isnan().any(), f"{what}: an element was left unwritten"
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), (y, dx, dw, db), torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.float32, what, inputs=(x, weight, dy))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_unfused_matches_torch_layer_norm(dtype):
     x, weight, bias = inputs((7, 50), dtype)
@@ -481,8 +494,8 @@ def test_split_forward_waiting_on_its_peers_matches_torch_every_time(shape, bloc
     expected = F.layer_norm(x.double(), (shape[1],), weight.double(), bias.double(), 1e-5)
     for _ in range(3):  # a missing wait or fence shows up as a result that changes
         y = torch.full_like(x, float("nan"))
-        mean = torch.empty(shape[0], device=DEVICE)
-        rstd = torch.empty_like(mean)
+        mean = torch.full(shape[:1], float("nan"), device=DEVICE)
+        rstd = torch.full_like(mean, float("nan"))
         layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
         assert y[1].isnan().all() and not y[0].isnan().any() and not y[2:].isnan().any()
         keep = torch.ones(shape[0], dtype=torch.bool, device=DEVICE)
