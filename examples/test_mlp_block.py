@@ -1,5 +1,7 @@
 """A transformer MLP block, eager and compiled: the kernel counts to pin in CI."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -26,13 +28,18 @@ def x(fusion):
     return torch.randn(64, 256, device=fusion.device)
 
 
+EAGER_OPS = ["aten::native_layer_norm", "aten::addmm", "aten::gelu", "aten::addmm", "aten::add"]
+
+
 # On the H200, cuBLAS runs the second GEMM (64x256x1024) as split-K: a GEMM plus a reduce.
 @pytest.mark.max_kernels(cpu=5, cuda=6)
 def test_eager_mlp_launches_norm_gemm_gelu_gemm_add(fusion, block, x):
     report = fusion.profile(block, x)
-    assert [k.op for k in report.kernels] == [
-        "aten::native_layer_norm", "aten::addmm", "aten::gelu", "aten::addmm", "aten::add",
-    ] or fusion.device == "cuda"
+    ops = [k.op for k in report.kernels]
+    if fusion.device == "cpu":
+        assert ops == EAGER_OPS
+    else:  # a GEMM may launch several kernels (split-K: GEMM + reduce), each attributed to its addmm
+        assert [op for op, _ in itertools.groupby(ops)] == EAGER_OPS, str(report)
 
 
 @pytest.mark.no_graph_breaks
