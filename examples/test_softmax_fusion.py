@@ -6,6 +6,8 @@ Run with ``make demo`` (or ``pytest examples --fusion-report``) to see every ker
 import pytest
 import torch
 
+from pytest_fusioncheck import FusionAssertionError
+
 
 def softmax_five_ops(x):
     m = x.max(dim=-1, keepdim=True).values  # read MN ; write M
@@ -37,7 +39,7 @@ def test_compiling_the_five_ops_fuses_them(fusion, x):
     fusion.assert_matches_reference(compiled, softmax_five_ops, x)
 
 
-@pytest.mark.xfail(strict=True, reason="the demo of a failure: five kernels, four times the bytes")
+@pytest.mark.xfail(strict=True, raises=FusionAssertionError, reason="the demo of a failure: five kernels, four times the bytes")
 @pytest.mark.max_kernels(1)
 def test_the_eager_five_op_softmax_is_not_fused(fusion, x):
     fusion.profile(softmax_five_ops, x)
