@@ -75,21 +75,74 @@ def compulsory_bytes(buffers: list[tuple[str, int]]) -> int:
     return total
 
 
-def kernel_arg_buffers(args: Any) -> list[tuple[str, int]]:
+def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
     """``(access, nbytes)`` of each buffer in an Inductor kernel's argument table.
 
     ``args`` is a ``KernelArgs`` (``input_buffers``, ``output_buffers``,
     ``inplace_buffers``); sizes come from the graph being lowered (``V.graph``), with
     symbolic sizes at their hints. Removed arguments (buffers fused away) are skipped.
+    ``nodes`` are the kernel's scheduler nodes: a buffer larger than the kernel's
+    iteration space (a gathered embedding table, a sliced input) counts only what the
+    kernel's distinct access patterns can reach (``touched_elements``).
     """
     from torch._inductor.utils import get_dtype_size
     from torch._inductor.virtualized import V
 
+    hint = V.graph.sizevars.optimization_hint
+    accesses, points = _access_patterns(nodes, hint)
+
     def size(name: str) -> int:
-        numel = V.graph.sizevars.optimization_hint(V.graph.get_numel(name), fallback=0)
-        return int(numel) * get_dtype_size(V.graph.get_dtype(name))
+        numel = int(hint(V.graph.get_numel(name), fallback=0))
+        patterns = accesses.get(name, ())
+        count = 0 if _WHOLE in patterns else len(patterns)
+        return touched_elements(numel, count, points) * get_dtype_size(V.graph.get_dtype(name))
 
     return buffer_accesses(args, size)
+
+
+_WHOLE = "<whole buffer>"
+
+
+def touched_elements(buffer_numel: int, patterns: int, points: int) -> int:
+    """Elements of a buffer a kernel can touch: all of it, unless it is larger than the
+    kernel's iteration space (``points``), when each distinct access pattern reaches at
+    most one element per point. Unknown patterns or points: the whole buffer."""
+    if points <= 0 or patterns <= 0 or buffer_numel <= points:
+        return buffer_numel
+    return min(buffer_numel, patterns * points)
+
+
+def _access_patterns(nodes: Any, hint: Any) -> tuple[dict[str, set], int]:
+    """Buffer name -> distinct access indices over ``nodes``, and the kernel's iteration
+    space (the largest product of a node's loop sizes)."""
+    accesses: dict[str, set] = {}
+    points = 0
+    for node in nodes or ():
+        rw = getattr(node, "read_writes", None)
+        if rw is None:
+            continue  # loop markers of a Triton node schedule
+        for dep in list(rw.reads) + list(rw.writes):
+            try:
+                index = dep.index
+            except Exception:  # StarDep / WeakDep: no index, so the whole buffer
+                index = _WHOLE
+            accesses.setdefault(dep.name, set()).add(index)
+        group = getattr(node, "group", None)
+        try:
+            points = max(points, _product(group[1], hint) if group is not None else 0)
+        except Exception:  # an iteration space we cannot size: leave points as they are
+            continue
+    return accesses, points
+
+
+def _product(sizes: Any, hint: Any) -> int:
+    """Product of loop sizes, nested as Inductor groups them (``((64, 64), ())`` on CPU)."""
+    if isinstance(sizes, (tuple, list)):
+        total = 1
+        for part in sizes:
+            total *= _product(part, hint)
+        return total
+    return int(hint(sizes, fallback=0))
 
 
 def buffer_accesses(args: Any, size: Any) -> list[tuple[str, int]]:
@@ -197,7 +250,7 @@ def install_inductor_hooks() -> None:
         except Exception:  # codegen must not break
             return name
         try:
-            nbytes = compulsory_bytes(kernel_arg_buffers(kernel_args)) if kernel_args is not None else None
+            nbytes = compulsory_bytes(kernel_arg_buffers(kernel_args, list(nodes))) if kernel_args is not None else None
         except Exception:  # no figure: the kernel is left unmodelled
             nbytes = None
         try:
@@ -224,7 +277,7 @@ def install_inductor_hooks() -> None:
         def triton_define_kernel(self, src_code, node_schedule, kernel, *args, **kwargs):
             name = original_triton(self, src_code, node_schedule, kernel, *args, **kwargs)
             try:
-                nbytes = compulsory_bytes(kernel_arg_buffers(kernel.args))
+                nbytes = compulsory_bytes(kernel_arg_buffers(kernel.args, list(node_schedule)))
             except Exception:  # no figure: the kernel is left unmodelled
                 nbytes = None
             try:

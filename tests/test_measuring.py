@@ -24,7 +24,7 @@ from pytest_fusioncheck import (
     assert_hbm_bytes_within,
     profile,
 )
-from pytest_fusioncheck.bytes_model import buffer_accesses, compulsory_bytes, launch_tensors, triton_launch_bytes
+from pytest_fusioncheck.bytes_model import buffer_accesses, compulsory_bytes, launch_tensors, touched_elements, triton_launch_bytes
 from pytest_fusioncheck.capture import attribute_op_bytes, callable_modules, copy_traffic, default_budget
 from pytest_fusioncheck.roofline import per_rep_device_time
 
@@ -118,6 +118,14 @@ def test_removed_arguments_are_not_counted():
     assert sorted(buffer_accesses(args, lambda n: 8)) == [("r", 8), ("w", 8)]
 
 
+def test_a_buffer_larger_than_the_iteration_space_counts_one_element_per_point_and_access_pattern():
+    assert touched_elements(30522 * 768, 1, 512 * 768) == 512 * 768  # an embedding table, gathered
+    assert touched_elements(8192 * 16384, 2, 8192 * 4096) == 2 * 8192 * 4096  # two slices of a wide input
+    assert touched_elements(768, 1, 512 * 768) == 768  # a broadcast bias: all of it
+    assert touched_elements(100, 0, 10) == 100  # unknown patterns: the whole buffer
+    assert touched_elements(100, 1, 0) == 100  # unknown iteration space: the whole buffer
+
+
 @pytest.fixture
 def fresh_dynamo():
     torch._dynamo.reset()
@@ -146,6 +154,15 @@ def test_a_compiled_in_place_multiply_reads_and_writes_its_input(fresh_dynamo):
     x = torch.randn(1024, 1024)
     report = profile(torch.compile(mul_), x)
     assert report.bytes == 2 * x.numel() * 4, str(report)
+
+
+def test_a_compiled_embedding_lookup_counts_the_rows_it_gathers_not_the_table(fresh_dynamo):
+    table = torch.randn(30522, 256)
+    ids = torch.randint(0, 30522, (4, 128))
+    report = profile(torch.compile(lambda i, t: F.embedding(i, t) * 2.0), ids, table)
+    rows = 4 * 128 * 256 * 4
+    assert report.kernel_count == 1, str(report)
+    assert report.bytes == rows + ids.numel() * 8 + rows, str(report)
 
 
 # --------------------------------------------------------------------------- eager op bytes
