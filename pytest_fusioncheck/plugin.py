@@ -116,19 +116,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
 
     with runtime.test_context(pyfuncitem, state):
         result = yield
-    verdict = None
     try:
         runtime.check_item(pyfuncitem, state)
     except AssertionError as exc:  # a marker's verdict: the message is the whole story
-        verdict = str(exc)
-    if verdict is not None:
-        pytest.fail(verdict, pytrace=False)
+        exc.fusioncheck_verdict = True  # type: ignore[attr-defined]  (makereport shows the message alone)
+        raise
     return result
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    excinfo = call.excinfo
+    if excinfo is not None and getattr(excinfo.value, "fusioncheck_verdict", False) and report.failed:
+        report.longrepr = str(excinfo.value)  # the verdict, not the plugin's frames
     state = item.stash.get(ITEM_STATE, None)
     if state is not None and call.when == "call":
         from . import runtime

@@ -139,9 +139,16 @@ def configure_settings(config: pytest.Config, get_option: GetOption) -> None:
     s.peak_cache = getattr(config, "cache", None)
     s.trace_dir = get_option(config, "trace_dir") or None
     if s.device not in (None, "", "auto", "cuda", "cpu"):
-        raise pytest.UsageError(f"--fusion-device must be 'cuda' or 'cpu', got {s.device!r}")
+        raise pytest.UsageError(f"{_where(config, 'device')} must be 'cuda' or 'cpu', got {s.device!r}")
     if s.counters not in ("none", "ncu"):
-        raise pytest.UsageError(f"--fusion-counters must be 'none' or 'ncu', got {s.counters!r}")
+        raise pytest.UsageError(f"{_where(config, 'counters')} must be 'none' or 'ncu', got {s.counters!r}")
+
+
+def _where(config: pytest.Config, name: str) -> str:
+    """Where an option's value came from, as the user wrote it: the flag or the ini key."""
+    if config.getoption("fusion_" + name, None) is not None:
+        return "--fusion-" + name.replace("_", "-")
+    return f"fusioncheck_{name} (ini file)"
 
 
 def resolve_test_device(requested: str | None) -> str:
@@ -168,10 +175,13 @@ class ItemState:
 
     @classmethod
     def from_item(cls, item: pytest.Item, get_option: GetOption) -> "ItemState":
+        problem = None
         try:
             limits = parse_limits(item)
         except MarkerError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            problem = str(exc)
+        if problem is not None:  # outside the except block: no chained traceback
+            pytest.fail(problem, pytrace=False)
         # Again per test (pytest_configure did it once): the settings are process-wide, and
         # an in-process pytester session in between would have left its own.
         configure_settings(item.config, get_option)
