@@ -9,6 +9,8 @@ into two kernels.
 import pytest
 import torch
 
+from pytest_fusioncheck import FusionAssertionError
+
 
 def bias_gelu(x, b):
     y = x + b
@@ -33,8 +35,7 @@ def test_bias_gelu_is_one_kernel(fusion, inputs):
     fusion.assert_hbm_bytes_within()
 
 
-# A marker's verdict fails the test through pytest.fail, hence pytest.fail.Exception.
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason="the demo of a regression: a print splits the fused kernel")
+@pytest.mark.xfail(strict=True, raises=FusionAssertionError, reason="the demo of a regression: a print splits the fused kernel")
 @pytest.mark.max_kernels(1)
 def test_a_debug_print_splits_the_kernel(fusion, inputs):
     fusion.profile(torch.compile(bias_gelu_with_debug_print), *inputs)
