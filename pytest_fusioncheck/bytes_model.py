@@ -90,6 +90,7 @@ def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
 
     hint = V.graph.sizevars.optimization_hint
     accesses, points = _access_patterns(nodes, hint)
+    produced = {dep.name for node in nodes or () for dep in getattr(getattr(node, "read_writes", None), "writes", ())}
 
     def size(name: str) -> int:
         numel = int(hint(V.graph.get_numel(name), fallback=0))
@@ -97,7 +98,7 @@ def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
         count = 0 if _WHOLE in patterns else len(patterns)
         return touched_elements(numel, count, points) * get_dtype_size(V.graph.get_dtype(name))
 
-    return buffer_accesses(args, size)
+    return buffer_accesses(args, size, produced)
 
 
 _WHOLE = "<whole buffer>"
@@ -145,14 +146,15 @@ def _product(sizes: Any, hint: Any) -> int:
     return int(hint(sizes, fallback=0))
 
 
-def buffer_accesses(args: Any, size: Any) -> list[tuple[str, int]]:
+def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None) -> list[tuple[str, int]]:
     """The compulsory-rule reading of an argument table (see ``kernel_arg_buffers``).
 
     An in-place buffer whose first name the kernel itself produces (Inductor stores a
     value, then overwrites it with the next fused op's result: ``in_out_ptr``) is
     written once; one that held data before the kernel is read once and written once.
-    A buffer both in the input and the output table (a mutated graph input) is read
-    once and written once.
+    ``produced`` names the buffers the kernel's nodes write (without it, the output
+    table stands in; Triton kernels drop such buffers from it). A buffer both in the
+    input and the output table (a mutated graph input) is read once and written once.
     """
 
     def removed(value: Any) -> bool:
@@ -170,7 +172,8 @@ def buffer_accesses(args: Any, size: Any) -> list[tuple[str, int]]:
         if not names or names[-1] in seen:
             continue
         seen.update(names)
-        produced_here = names[0] in outputs and names[0] not in inputs
+        made = produced if produced else outputs
+        produced_here = names[0] in made and names[0] not in inputs
         out.append(("w" if produced_here else "rw", size(names[-1])))
     for name in sorted((inputs | outputs) - seen):
         access = ("r" if name in inputs else "") + ("w" if name in outputs else "")

@@ -418,6 +418,36 @@ def _activity_bytes(e: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
+def copy_sizes_from_trace(trace: dict[str, Any]) -> dict[int, int]:
+    """Correlation id -> bytes of each memcpy/memset in a Chrome trace (Kineto writes the
+    size there, and torch's event API does not expose it)."""
+    out: dict[int, int] = {}
+    for ev in trace.get("traceEvents", []) or []:
+        if ev.get("cat") not in ("gpu_memcpy", "gpu_memset"):
+            continue
+        args = ev.get("args") or {}
+        size, corr = args.get("bytes"), args.get("correlation")
+        if isinstance(size, (int, float)) and isinstance(corr, int) and size >= 0:
+            out[corr] = int(size)
+    return out
+
+
+def _copy_sizes(prof: Any) -> dict[int, int]:
+    """``copy_sizes_from_trace`` of the profiler's own trace (exported to a temporary file:
+    done only for regions that launched copies)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fusioncheck-") as tmp:
+        path = f"{tmp}/trace.json"
+        try:
+            prof.export_chrome_trace(path)
+            with open(path) as fh:
+                return copy_sizes_from_trace(json.load(fh))
+        except Exception:  # no sizes: the copies stay unmodelled
+            return {}
+
+
 def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> None:
     """Give one op's modelled traffic to the device activities it launched (the rule of
     ``docs/bytes.md``): copies (memset/memcpy) keep their own size; the op's bytes go to
@@ -478,6 +508,7 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
     kernels: list[Kernel] = []
     copies: list[Kernel] = []
     by_op: dict[int, list[Kernel]] = {}
+    sizes: dict[int, int] | None = None
     for e in sorted(device_events, key=lambda ev: ev.start_ns()):
         activity = ""
         try:
@@ -493,7 +524,12 @@ def _cuda_kernels(rec: _Recorders, ops: list[OpRecord]) -> tuple[list[Kernel], l
         op = innermost_op(launches.get(e.linked_correlation_id()))
         k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
         if is_copy:
-            k.bytes = copy_traffic(name, _activity_bytes(e))
+            nbytes = _activity_bytes(e)
+            if nbytes is None:
+                if sizes is None:
+                    sizes = _copy_sizes(rec.prof)
+                nbytes = sizes.get(e.linked_correlation_id(), sizes.get(e.correlation_id()))
+            k.bytes = copy_traffic(name, nbytes)
         queue = triton_queue.get(name)
         if op is not None:
             k.op, k.source = op.op, op.source

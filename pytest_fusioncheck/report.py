@@ -30,6 +30,11 @@ def format_bandwidth(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / 1e9:.0f} GB/s"
 
 
+_GEMM_OPS = frozenset(
+    f"aten::{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "addmv", "mv")
+)
+
+
 def _modelled(nbytes: int | None) -> str:
     """A table cell for modelled bytes: ``?`` for an unmodelled kernel, never ``0 B``."""
     return "?" if nbytes is None else format_bytes(nbytes)
@@ -93,6 +98,15 @@ class FusionReport:
         if self.device != "cuda" or self.wall_time_s is None or self.time_s is None:
             return None
         return max(0.0, self.wall_time_s - self.time_s)
+
+    @property
+    def cuda_kernel_range(self) -> tuple[int, int]:
+        """The CUDA kernel counts a CPU report stands for: each GEMM op may gain a cuBLAS
+        split-K reduce kernel on a GPU (docs/bytes.md). ``(n, n)`` on CUDA."""
+        n = self.kernel_count
+        if self.device == "cuda":
+            return n, n
+        return n, n + sum(1 for k in self.kernels if k.op in _GEMM_OPS)
 
     @property
     def unmodelled_kernels(self) -> list[int]:
@@ -161,6 +175,9 @@ class FusionReport:
             parts.append(f"wall {format_time(self.wall_time_s)}")
         if self.efficiency is not None:
             parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
+        lo, hi = self.cuda_kernel_range
+        if hi > lo:
+            parts.append(f"on CUDA {lo}-{hi} kernels ({hi - lo} GEMM(s) may add a split-K reduce)")
         where = f"{self.device_kind}"
         return f"[{self.label}] on {where}: " + ", ".join(parts)
 
@@ -210,6 +227,7 @@ class FusionReport:
             "time_source": self.time_source,
             "wall_time_s": self.wall_time_s,
             "launch_overhead_s": self.launch_overhead_s,
+            "cuda_kernel_range": list(self.cuda_kernel_range),
             "peak_bandwidth": self.peak_bandwidth,
             "efficiency": self.efficiency,
             "graph_breaks": [_gb(g) for g in self.graph_breaks],

@@ -145,8 +145,8 @@ def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 
                 activity = e.activity_type()
             except Exception:
                 activity = ""
-            if name.startswith(("fusioncheck", "ProfilerStep")) or "annotation" in activity:
-                continue
+            if name.startswith(("fusioncheck", "ProfilerStep")) or "annotation" in activity or _is_user_annotation(e):
+                continue  # ranges mirrored on the GPU timeline, not work
             if activity and activity not in ("kernel", "concurrent_kernel", "gpu_memcpy", "gpu_memset"):
                 continue
             activities.append((e.linked_correlation_id(), e.start_ns(), e.duration_ns()))
@@ -156,6 +156,13 @@ def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 
             launches[e.correlation_id()] = e.start_ns()
     reps_ns = [ranges[i] for i in sorted(ranges)]
     return per_rep_device_time(reps_ns, launches, activities)
+
+
+def _is_user_annotation(e: Any) -> bool:
+    try:
+        return bool(e.is_user_annotation())
+    except Exception:
+        return False
 
 
 def wall_times(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str, reps: int = 10, budget_s: float = 1.0) -> list[float]:

@@ -261,7 +261,7 @@ def _sdpa(device: str):
 def _compiled_mlp(device: str):
     torch.manual_seed(0)
     mlp = GPT2MLP(4096).to(device=device, dtype=torch.bfloat16)
-    return torch.compile(mlp), (_rand(8192, 4096, dtype=torch.bfloat16, device=device),)
+    return torch.compile(mlp), (_rand(16384, 4096, dtype=torch.bfloat16, device=device),)
 
 
 def _reference(subject: str, device: str):
@@ -302,7 +302,7 @@ FIDELITY: list[Case] = [
     Case("eager embedding bf16 128256x4096, 32768 ids", "compulsory", _embedding),
     Case("compiled bias+gelu fp16 16384x8192", "compulsory", _f(bias_gelu, ((16384, 8192), FP16), ((8192,), FP16), compiled=True)),
     Case("compiled layer_norm+gelu fp32 16384x4096 (looped reduction)", "compulsory", _f(layer_norm_gelu, ((16384, 4096), FP32), ((4096,), FP32), ((4096,), FP32), compiled=True)),
-    Case("compiled softmax fp32 32768x1024 (persistent reduction)", "compulsory", _f(softmax_last, ((32768, 1024), FP32), compiled=True)),
+    Case("compiled softmax fp32 65536x1024 (persistent reduction)", "compulsory", _f(softmax_last, ((65536, 1024), FP32), compiled=True)),
     Case("compiled softmax bf16 4096x32000 (Llama-2 vocab)", "compulsory", _f(softmax_last, ((4096, 32000), BF16), compiled=True)),
     Case("compiled rms_norm bf16 32768x4096", "compulsory", _f(rms_norm, ((32768, 4096), BF16), ((4096,), BF16), compiled=True)),
     Case("compiled mul_ in place fp32 32768x4096", "compulsory", _f(mul_inplace, ((32768, 4096), FP32), compiled=True)),
@@ -315,7 +315,7 @@ FIDELITY: list[Case] = [
     Case("eager linear+bias bf16 8192x4096->16384 (cuBLASLt)", "gemm", _linear(8192, 4096, 16384, BF16)),
     Case("eager linear+bias fp16 128x8192->8192 (small M)", "gemm", _linear(128, 8192, 8192, FP16)),
     Case("eager linear fp32 64x16384->16384 (split-K shape)", "gemm", _linear(64, 16384, 16384, FP32, bias=False)),
-    Case("compiled gpt2 mlp bf16 8192x4096", "gemm", _compiled_mlp),
+    Case("compiled gpt2 mlp bf16 16384x4096", "gemm", _compiled_mlp),
     Case("eager sdpa bf16 8x32x2048x128 causal (flash)", "gemm", _sdpa),
 ]
 

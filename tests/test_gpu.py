@@ -146,7 +146,9 @@ def test_softmax_bytes(fusion):
 def test_device_time_is_the_kernels_durations_not_the_launchers_host_time():
     x = torch.randn(8192, 8192, device="cuda")  # 256 MiB
     report = profile(lambda t: torch.softmax(t, -1), x)
-    assert_bandwidth_bound_within(0.5, report=report)  # runs the timing
+    from pytest_fusioncheck.roofline import ensure_efficiency
+
+    ensure_efficiency(report)  # what a bandwidth verdict runs
     assert "median device time" in report.time_source
     kernel = report.kernels[0].time_s
     assert 0.7 * kernel < report.time_s < 1.5 * kernel, str(report)
@@ -315,7 +317,8 @@ def test_a_compiled_modules_default_budget_holds_its_weights():
     report = profile(torch.compile(mlp), x)
     weights = sum(p.numel() * 4 for p in mlp.parameters())
     assert report.budget.total == weights + 2 * x.numel() * 4, str(report.budget)
-    assert_hbm_bytes_within(slack=1.5, report=report)
+    hidden = 2048 * 4096 * 4  # GEMM -> GELU -> GEMM: the hidden activation crosses HBM 4 times
+    assert report.bytes == report.budget.total + 4 * hidden, str(report)
 
 
 def test_a_cuda_graph_replay_leaves_its_kernels_unmodelled_and_byte_verdicts_say_so():

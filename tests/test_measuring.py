@@ -25,7 +25,7 @@ from pytest_fusioncheck import (
     profile,
 )
 from pytest_fusioncheck.bytes_model import buffer_accesses, compulsory_bytes, launch_tensors, touched_elements, triton_launch_bytes
-from pytest_fusioncheck.capture import attribute_op_bytes, callable_modules, copy_traffic, default_budget
+from pytest_fusioncheck.capture import attribute_op_bytes, callable_modules, copy_sizes_from_trace, copy_traffic, default_budget
 from pytest_fusioncheck.roofline import per_rep_device_time
 
 MiB = 2**20
@@ -68,6 +68,19 @@ def test_copies_count_device_to_device_twice_and_memsets_and_host_transfers_once
     assert copy_traffic("Memset (Device)", None) is None
 
 
+def test_copy_sizes_come_from_the_traces_memcpy_and_memset_events_by_correlation():
+    trace = {
+        "traceEvents": [
+            {"name": "Memset (Device)", "cat": "gpu_memset", "args": {"correlation": 21, "bytes": 4}},
+            {"name": "cudaMemsetAsync", "cat": "cuda_runtime", "args": {"correlation": 21}},
+            {"name": "Memcpy DtoD (Device -> Device)", "cat": "gpu_memcpy", "args": {"correlation": 45, "bytes": 1048576}},
+            {"name": "k", "cat": "kernel", "args": {"correlation": 46}},
+        ]
+    }
+    assert copy_sizes_from_trace(trace) == {21: 4, 45: 1048576}
+    assert copy_sizes_from_trace({}) == {}
+
+
 # --------------------------------------------------------------------------- compulsory bytes
 
 
@@ -100,6 +113,17 @@ def test_an_in_place_buffer_the_kernel_produced_itself_is_written_once_not_read_
     got = buffer_accesses(args, sizes.__getitem__)
     assert sorted(got) == [("r", 1), ("r", 1), ("r", 100), ("w", 100)]
     assert compulsory_bytes(got) == 202  # Inductor's estimate would say 302
+
+
+def test_a_triton_kernel_whose_output_table_dropped_the_produced_buffer_still_writes_it_once():
+    # the same chain as Inductor's CUDA backend lays it out: buf0/buf1 (mean, rstd) removed,
+    # buf3 in no table but the in-place one; the nodes say the kernel writes buf3
+    args = _args(inputs=["x", "w", "b"], outputs=["buf0", "buf1"], inplace=[["buf3", "buf4"]])
+    args.output_buffers = {k: "REMOVED" for k in args.output_buffers}
+    sizes = {"x": 100, "w": 1, "b": 1, "buf3": 100, "buf4": 100}
+    got = buffer_accesses(args, sizes.__getitem__, produced={"buf0", "buf1", "buf3", "buf4"})
+    assert compulsory_bytes(got) == 202
+    assert compulsory_bytes(buffer_accesses(args, sizes.__getitem__)) == 302  # without the nodes: read and written
 
 
 def test_an_in_place_buffer_that_held_data_before_the_kernel_is_read_and_written():
