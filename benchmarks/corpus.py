@@ -2,7 +2,7 @@
 
 Each case is ``(name, make)`` where ``make(device, scale)`` returns ``(fn, args)``.
 ``scale`` grows the tensors (1 for CPU checks, larger for byte measurements on a GPU).
-Used by ``cpu_model_agreement.py`` and ``ncu_crosscheck.py``.
+Used by ``bench_overhead.py`` (the fidelity corpus is ``tests/fidelity_cases.py``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@
 #   --out DIR   logs, tables and JSON go here (default: ./gpu-results)
 #   --sweep     the kernel benchmarks also time their launch-plan variants (--sweep /
 #               --variants): the sweeps behind docs/kernels.md
-#   STAGE       plugin kernels examples softmax layer_norm dropout gemm overhead cpu_model
-#               (the default: all of these), and ncu (opt-in: needs Nsight Compute)
+#   STAGE       plugin kernels examples softmax layer_norm dropout gemm overhead
+#               (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
+#               writes DIR/fidelity_h200.json, to copy to tests/data/ when the model changes)
 #
 # DIR/environment.txt names the GPU and versions; the test stages log to DIR/<stage>.log,
 # each benchmark to DIR/<script>.txt (and .json); DIR/summary.txt has every stage's exit
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     *) STAGES+=("$1"); shift ;;
     esac
 done
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm overhead cpu_model)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm overhead)
 
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -73,8 +74,7 @@ run_stage() {
     dropout) "$PY" benchmarks/bench_bias_gelu_dropout.py --quick --out "$OUT" $(sweep --variants) ;;
     gemm) "$PY" benchmarks/bench_gemm_epilogue.py --quick --out "$OUT" $(sweep --variants) ;;
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
-    cpu_model) "$PY" benchmarks/cpu_model_agreement.py --out "$OUT" ;;
-    ncu) "$PY" benchmarks/ncu_crosscheck.py --out "$OUT" ;;
+    fidelity) "$PY" benchmarks/fidelity.py --out "$OUT" --write-data "$OUT/fidelity_h200.json" ;;
     *) echo "gpu_check.sh: unknown stage $1 (see --help)" >&2; return 2 ;;
     esac
 }
