@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 from _common import OUT_HELP, header, markdown_table, write_output_to  # noqa: E402
 from fidelity_cases import BLOCKS, FIDELITY  # noqa: E402
 
-from pytest_fusioncheck import counters  # noqa: E402
+from pytest_fusioncheck.sources import bytes_ncu as counters  # noqa: E402
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
 
 MiB = 2**20

@@ -17,7 +17,7 @@ _EXPORTS = {
     "FusionCheckError": "capture",
     "ProfilerBusyError": "capture",
     "FusionReport": "report",
-    "Kernel": "kernels",
+    "Kernel": "report",
     "Budget": "budget",
     "parse_bytes": "budget",
     "assert_max_kernels": "api",
@@ -25,9 +25,10 @@ _EXPORTS = {
     "assert_bandwidth_bound_within": "api",
     "assert_matches_reference": "api",
     "assert_no_graph_breaks": "api",
-    "FusionAssertionError": "api",
-    "FusionCheckWarning": "api",
-    "NoReportError": "api",
+    "FusionAssertionError": "verdict",
+    "FusionCheckWarning": "verdict",
+    "FusionCompatWarning": "_compat",
+    "NoReportError": "state",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -88,7 +88,8 @@ def _tensor_extent(t: Any) -> tuple[int, int]:
     return (start, start + span), min(span, t.numel() * itemsize)
 
 
-def _storage_key(t: Any) -> tuple[str, int]:
+def storage_key(t: Any) -> tuple[str, int]:
+    """Identity of ``t``'s storage (its device and address; the object itself when it has none)."""
     storage = t.untyped_storage()
     return (str(t.device), storage.data_ptr() or id(storage))
 
@@ -125,7 +126,7 @@ def distinct_bytes(tensors: Iterable[Any]) -> int:
     by_storage: dict[tuple[str, int], list[tuple[tuple[int, int], int]]] = {}
     for tensor in tensors:
         for t in _strided_parts(tensor):
-            by_storage.setdefault(_storage_key(t), []).append(_tensor_extent(t))
+            by_storage.setdefault(storage_key(t), []).append(_tensor_extent(t))
     total = 0
     for extents in by_storage.values():
         intervals = sorted(iv for iv, _ in extents if iv[1] > iv[0])
@@ -204,3 +205,39 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         return {"read_bytes": self.read_bytes, "write_bytes": self.write_bytes, "total": self.total, "label": self.label}
+
+
+def callable_modules(fn: Any) -> list[Any]:
+    """The ``nn.Module`` objects a callable is or wraps: a module, a compiled module or
+    function (``_orig_mod``, ``_torchdynamo_orig_callable``), a bound method's
+    ``__self__``, a ``functools.partial``'s function and bound arguments."""
+    import functools
+
+    import torch
+
+    found: list[Any] = []
+    stack, seen = [fn], set()
+    while stack:
+        obj = stack.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.nn.Module):
+            found.append(obj)
+            continue
+        if isinstance(obj, functools.partial):
+            stack += [obj.func, *obj.args, *obj.keywords.values()]
+            continue
+        for attr in ("_orig_mod", "_torchdynamo_orig_callable", "__self__", "__wrapped__"):
+            inner = getattr(obj, attr, None)
+            if inner is not None and not isinstance(inner, type):
+                stack.append(inner)
+    return found
+
+
+def default_budget(args: Any, kwargs: Any, output: Any, fn: Any = None) -> Budget:
+    """Tensor arguments, and the parameters and buffers of the callable's modules and of
+    module arguments, read once; returned tensors written once."""
+    modules = callable_modules(fn) if fn is not None else []
+    label = "default: args" + (" and module weights" if modules else "") + " read once, outputs written once"
+    return Budget.from_tensors(reads=[args, kwargs, modules], writes=[output], label=label)

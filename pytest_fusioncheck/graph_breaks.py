@@ -25,12 +25,12 @@ torch is imported inside functions only: the plugin imports this module lazily, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
 import re
 import types
 from typing import Any, Callable, Iterable
+
+from .where import relpath, user_frame
 
 __all__ = [
     "GraphBreak",
@@ -39,7 +39,6 @@ __all__ = [
     "assert_no_graph_breaks",
     "find_graph_breaks",
     "format_graph_breaks",
-    "format_recompiles",
 ]
 
 _MAX_REASON = 240
@@ -78,7 +77,7 @@ class GraphBreak:
     @property
     def location(self) -> str:
         """``file:line``, the path relative to the working directory when it lies under it."""
-        return f"{_relative_path(self.filename)}:{self.lineno}"
+        return f"{relpath(self.filename)}:{self.lineno}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,10 +222,6 @@ def format_graph_breaks(breaks: Iterable[GraphBreak]) -> str:
     return "\n".join(_format_one(b) for b in breaks)
 
 
-def format_recompiles(recompiles: Iterable[Recompile]) -> str:
-    return "\n".join(str(r) for r in recompiles)
-
-
 def _format_one(graph_break: GraphBreak) -> str:
     line = f"Graph break at {graph_break.location}: {graph_break.reason}"
     if graph_break.code:
@@ -354,12 +349,8 @@ def _innermost_user_frame(stack: Iterable[Any]) -> _Frame | None:
         _Frame(f.filename, f.lineno or 0, getattr(f, "name", ""), getattr(f, "line", "") or "")
         for f in stack
     ]
-    user = [f for f in frames if not _is_internal(f.filename)]
-    real = [f for f in user if not f.filename.startswith("<")]
-    for candidates in (real, user):
-        if candidates:
-            return candidates[-1]
-    return None
+    found = user_frame((f.filename, i) for i, f in enumerate(frames))
+    return frames[found[1]] if found is not None else None
 
 
 def _graph_break(reason: str, frame: _Frame, *, frame_skipped: bool = False, detail: str = "") -> GraphBreak:
@@ -430,7 +421,7 @@ def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str
         name = getattr(code, "co_name", "<unknown>")
         match = _RESUME_FN.match(name)
         function = match["name"] if match else name
-        location = f"{_relative_path(getattr(code, 'co_filename', '?'))}:{getattr(code, 'co_firstlineno', 0)}"
+        location = f"{relpath(getattr(code, 'co_filename', '?'))}:{getattr(code, 'co_firstlineno', 0)}"
         for event in events:
             reason = _COMPILE_ID.sub("", event[0]).strip().splitlines()[0] if event[0].strip() else "unknown"
             recompiles.append(Recompile(reason=_trim(reason), function=function, location=location))
@@ -439,33 +430,6 @@ def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str
 
 def _trim(text: str) -> str:
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3].rstrip() + "..."
-
-
-def _relative_path(filename: str) -> str:
-    try:
-        path = os.path.abspath(filename)
-        cwd = os.getcwd()
-    except (OSError, ValueError):
-        return filename
-    if path.startswith(cwd + os.sep):
-        return os.path.relpath(path, cwd)
-    return filename
-
-
-@functools.lru_cache(maxsize=None)
-def _internal_dirs() -> tuple[str, ...]:
-    import torch
-
-    return (
-        os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-        os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    )
-
-
-def _is_internal(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False
-    return os.path.abspath(filename).startswith(_internal_dirs())
 
 
 class _LogTap(logging.Handler):

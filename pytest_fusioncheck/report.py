@@ -1,4 +1,4 @@
-"""``FusionReport``: what one profiled region did, and how it is shown to a person.
+"""``FusionReport`` and ``Kernel``: what one profiled region did, and how it is shown.
 
 The kernel table is the heart of every failure message: index, kernel name (shortened),
 device time, modelled bytes (and measured bytes when counters are on), the ATen op or
@@ -7,11 +7,79 @@ generated kernel's origin, and the user ``file:line`` that launched it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .budget import Budget, format_bytes
-from .kernels import Kernel
+
+
+@dataclass
+class Kernel:
+    """One launch in a profiled region.
+
+    ``time_s`` is device time on CUDA and wall time of the op on CPU; ``bytes`` is the
+    modelled HBM traffic (``None`` when nothing could be modelled: *unmodelled*, never
+    0); ``bytes_measured`` comes from hardware counters when they are on; ``op`` is the
+    ATen op that launched it or the origin of a generated kernel; ``source`` the user
+    ``file:line``; ``bytes_estimate`` is Inductor's own figure for a generated kernel,
+    kept where the compulsory model (``bytes``) differs from it (``docs/bytes.md``).
+    """
+
+    name: str
+    time_s: float = 0.0
+    bytes: int | None = None
+    bytes_measured: int | None = None
+    op: str = ""
+    source: str | None = None
+    kind: str = "kernel"  # "kernel" or "copy"
+    bytes_estimate: int | None = None  # Inductor's own estimate of a generated kernel
+    start_ns: int = field(default=0, repr=False)
+
+    @property
+    def short_name(self) -> str:
+        return shorten_kernel_name(self.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("start_ns", None)
+        return d
+
+
+def _strip_brackets(text: str, open_: str, close: str) -> str:
+    out, depth = [], 0
+    for ch in text:
+        if ch == open_:
+            if depth == 0:
+                out.append(open_ + "…")
+            depth += 1
+        elif ch == close and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(close)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
+def shorten_kernel_name(name: str, width: int = 60) -> str:
+    """A CUDA C++ kernel signature cut to something a table can show.
+
+    ``void at::native::vectorized_elementwise_kernel<4, at::native::...>(int, ...)``
+    becomes ``vectorized_elementwise_kernel<…>``; generated names such as
+    ``triton_per_fused__softmax_0`` pass through. Long results are cut with ``…``.
+    """
+    short = name.strip()
+    cxx = short.startswith("void ") or "::" in short
+    if cxx and ("(" in short or "<" in short):
+        short = _strip_brackets(short, "<", ">")
+        short = _strip_brackets(short, "(", ")")
+        short = re.sub(r"\(…\)$", "", short).strip()
+        short = short.split(" ")[-1] if " " in short else short
+        short = short.split("::")[-1] if "::" in short else short
+    if len(short) > width:
+        short = short[: width - 1] + "…"
+    return short or name[:width]
 
 
 def format_time(seconds: float | None) -> str:
@@ -60,6 +128,16 @@ class FusionReport:
     seq: int = 0
     wall_time_s: float | None = None
     output: Any = field(default=None, repr=False, compare=False)
+    # Re-times the profiled call when an efficiency is asked for (closes over its inputs).
+    timer: Any = field(default=None, repr=False, compare=False)
+    # The profiler session, kept only to export Chrome traces (--fusion-trace-dir).
+    trace: Any = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Drop what keeps tensors or profiler events alive; every figure stays."""
+        self.output = None
+        self.timer = None
+        self.trace = None
 
     @property
     def kernel_count(self) -> int:

@@ -56,27 +56,6 @@ def run_pytest(pytester):
     return run
 
 
-@pytest.fixture(autouse=True)
-def _restore_fusioncheck_settings():
-    """Put the process-wide ``pytest_fusioncheck.api.settings`` back as it was after each test.
-
-    An in-process pytester run configures them from its own options (say
-    ``--fusion-enforce-cpu-timing``) and leaves them so: without this, a later test that
-    calls the API directly passes or fails depending on the order the tests ran in.
-    Restored in place, since other modules hold the same object.
-    """
-    import sys
-
-    api = sys.modules.get("pytest_fusioncheck.api")  # imported by the plugin; never import it here
-    if api is None:
-        yield
-        return
-    saved = dict(vars(api.settings))
-    yield
-    vars(api.settings).clear()
-    vars(api.settings).update(saved)
-
-
 @pytest.fixture
 def unwritten_reads_nan(monkeypatch):
     """During the test, ``torch.empty`` and ``torch.empty_like`` hand out NaN-filled float tensors.

@@ -5,7 +5,7 @@ import torch
 
 from pytest_fusioncheck import Budget, FusionAssertionError, assert_bandwidth_bound_within, assert_hbm_bytes_within, profile
 from pytest_fusioncheck.budget import distinct_bytes, format_bytes, parse_bytes
-from pytest_fusioncheck.kernels import op_traffic
+from pytest_fusioncheck.ops import op_traffic
 
 MiB = 2**20
 

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from pytest_fusioncheck import counters
-from pytest_fusioncheck.counters import CountersError, NcuKernel, match, parse_ncu_csv
+from pytest_fusioncheck.sources import bytes_ncu as counters
+from pytest_fusioncheck.sources.bytes_ncu import CountersError, NcuKernel, match, parse_ncu_csv
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 

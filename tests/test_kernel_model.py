@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from pytest_fusioncheck import profile
-from pytest_fusioncheck.kernels import generated_origin, inductor_cpu_kernel, shorten_kernel_name
+from pytest_fusioncheck.report import shorten_kernel_name
+from pytest_fusioncheck.sources.bytes_model import generated_origin, inductor_cpu_kernel
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,10 @@ from pytest_fusioncheck import (
     assert_hbm_bytes_within,
     profile,
 )
-from pytest_fusioncheck.bytes_model import buffer_accesses, compulsory_bytes, launch_tensors, touched_elements, triton_launch_bytes
-from pytest_fusioncheck.capture import attribute_op_bytes, callable_modules, copy_sizes_from_trace, copy_traffic, default_budget
-from pytest_fusioncheck.roofline import per_rep_device_time
+from pytest_fusioncheck.sources.bytes_model import buffer_accesses, compulsory_bytes, launch_tensors, touched_elements, triton_launch_bytes
+from pytest_fusioncheck.budget import callable_modules, default_budget
+from pytest_fusioncheck.sources.kernels_cuda import attribute_op_bytes, copy_sizes_from_trace, copy_traffic
+from pytest_fusioncheck.sources.time_device import per_rep_device_time
 
 MiB = 2**20
 
@@ -201,7 +202,7 @@ def test_an_embedding_lookup_reads_the_rows_it_gathers_not_the_whole_table():
 
 
 def test_an_op_whose_traffic_cannot_be_modelled_is_unmodelled_not_zero(monkeypatch):
-    import pytest_fusioncheck.kernels as kernels
+    import pytest_fusioncheck.ops as kernels
 
     def broken(*a, **k):
         raise RuntimeError("exotic tensor")

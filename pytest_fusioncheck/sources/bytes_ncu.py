@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .capture import NVTX_PREFIX
+from ..ranges import NVTX_PREFIX
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 NVTX_FILTER = f"regex:^{NVTX_PREFIX}.*/"
@@ -242,3 +242,49 @@ def collect(nodeids: list[str], rootdir: str, extra_args: list[str] | None = Non
         with open(json_file) as fh:
             child_reports = json.load(fh)
     return match(kernels, child_reports)
+
+
+def fill_measured(report: Any, measured: Measured, test_id: str, index: int) -> None:
+    """Give each kernel of ``report`` (the ``index``-th of ``test_id``) its ncu bytes,
+    provided ncu saw as many kernels in the report's range as the profiler did; else
+    leave them empty and say so on the report."""
+    values = measured.kernel_bytes(test_id, index)
+    if values is None or len(values) != report.kernel_count:
+        seen = "no kernels" if values is None else f"{len(values)} kernels"
+        report.warnings.append(
+            f"counters: ncu measured {seen} for this report, the profiler counted {report.kernel_count}; "
+            "measured bytes left empty"
+        )
+        return
+    for kernel, value in zip(report.kernels, values):
+        kernel.bytes_measured = value
+
+
+class NcuBytes:
+    """``ByteSource`` with ``--fusion-counters=ncu``: measured bytes from the ncu pre-run."""
+
+    def __init__(self, measured: Measured) -> None:
+        self.measured = measured
+
+    def fill(self, report: Any, test_id: str, index: int) -> None:
+        fill_measured(report, self.measured, test_id, index)
+
+
+def collect_for_session(config: Any, nodeids: list[str], settings: Any) -> list[str]:
+    """Before the tests run: measure ``nodeids`` under ncu once (a child pytest) and keep
+    the figures in ``settings.measured``; the summary lines. Not in the ncu child itself."""
+    import pytest
+
+    if os.environ.get(CHILD_ENV) or not nodeids:
+        return []
+    extra = [f"--fusion-warmup={settings.warmup}"]
+    if not config.pluginmanager.has_plugin("fusioncheck"):  # loaded with -p, not by entry point
+        extra = ["-p", "pytest_fusioncheck.plugin", *extra]
+    try:
+        measured = collect(nodeids, str(config.rootpath), extra)
+    except CountersError as exc:
+        raise pytest.UsageError(f"--fusion-counters=ncu: {exc}") from None
+    settings.measured = measured
+    lines = [f"fusioncheck: ncu measured {sum(len(k) for r in measured.by_test.values() for k in r if k)} kernels in {len(measured.by_test)} test(s)"]
+    return lines + [f"fusioncheck: counters: {p}" for p in measured.problems]
+

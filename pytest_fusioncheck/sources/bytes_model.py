@@ -11,8 +11,8 @@ storages, observed as the op runs). Two other sources live here:
   ``docs/bytes.md``. Inductor's own estimate (``estimate_kernel_num_bytes()``, what its
   benchmark harness reports as ``kernel_num_gb``) is kept beside it as
   ``Kernel.bytes_estimate``. Codegen is skipped when a graph comes from Inductor's
-  on-disk cache, so ``install_inductor_hooks`` also turns the FX graph and AOTAutograd
-  caches off for the process: recompiling costs time, but every kernel then has a figure.
+  on-disk cache, so ``inductor_hooks`` also turns the FX graph and AOTAutograd caches
+  off while it is open: recompiling costs time, but every kernel then has a figure.
 * Triton kernels launched directly: the ``"bytes"`` their ``launch_metadata`` declares,
   else the distinct bytes of their tensor arguments and of the tensors behind their TMA
   descriptors; a launch with neither is unmodelled (``None``).
@@ -20,15 +20,17 @@ storages, observed as the op runs). Two other sources live here:
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import re
 import threading
-from typing import Any
+from typing import Any, Iterator
+
+from .. import _compat
 
 _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
 _inductor_estimates: dict[str, int] = {}
 _inductor_origins: dict[str, list[str]] = {}
-_installed = False
 
 
 def inductor_kernel_bytes(name: str) -> int | None:
@@ -215,87 +217,47 @@ def _cpp_kernel_bytes(scheduled_nodes: list[Any]) -> int:
     return total
 
 
-def install_inductor_hooks() -> None:
-    """Record Inductor's byte estimate of every kernel it generates from now on.
+def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: tuple, kwargs: dict) -> None:
+    from torch._inductor.virtualized import V
 
-    Idempotent. Also turns Inductor's FX graph cache and AOTAutograd's cache off, so a
-    graph compiled in an earlier process still goes through code generation here.
-    """
-    global _installed
-    if _installed:
-        return
-    import torch._inductor.config as inductor_config
+    kernel_args = args[0] if args else kwargs.get("kernel_args")
+    if kernel_args is None:
+        kernel_args = getattr(getattr(scheduling, "kernel_group", None), "args", None)
+    graph_id = getattr(V.graph, "graph_id", None)
+    names = [name] + ([f"graph_{graph_id}_{name}"] if graph_id is not None else [])
+    _record(
+        names,
+        _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel_args, list(nodes))) if kernel_args is not None else None),
+        _attempt(lambda: _origins(nodes)),
+        estimate=_attempt(lambda: _cpp_kernel_bytes(list(nodes))),
+    )
 
-    inductor_config.fx_graph_cache = False
+
+def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
+    _record(
+        [name],
+        _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel.args, list(node_schedule)))),
+        _attempt(lambda: _origins(node_schedule)),
+        estimate=_attempt(lambda: int(kernel.estimate_kernel_num_bytes())),
+    )
+
+
+def _attempt(fn: Any) -> Any:
+    """``fn()``, or ``None`` when it fails: a figure Inductor's internals cannot give is
+    left out (the kernel is then unmodelled), never a broken compile."""
     try:
-        import torch._functorch.config as functorch_config
+        return fn()
+    except Exception:
+        return None
 
-        functorch_config.enable_autograd_cache = False
-    except (ImportError, AttributeError):
-        pass
-    inductor_config.cpp.enable_kernel_profile = True
 
-    from torch._inductor.codegen.cpp import CppScheduling
-
-    original_cpp = CppScheduling.define_kernel
-
-    @functools.wraps(original_cpp)
-    def cpp_define_kernel(self, src_code, nodes, *args, **kwargs):
-        name = original_cpp(self, src_code, nodes, *args, **kwargs)
-        try:
-            from torch._inductor.virtualized import V
-
-            kernel_args = args[0] if args else kwargs.get("kernel_args")
-            if kernel_args is None:
-                kernel_args = getattr(getattr(self, "kernel_group", None), "args", None)
-            graph_id = getattr(V.graph, "graph_id", None)
-            names = [name] + ([f"graph_{graph_id}_{name}"] if graph_id is not None else [])
-        except Exception:  # codegen must not break
-            return name
-        try:
-            nbytes = compulsory_bytes(kernel_arg_buffers(kernel_args, list(nodes))) if kernel_args is not None else None
-        except Exception:  # no figure: the kernel is left unmodelled
-            nbytes = None
-        try:
-            estimate = _cpp_kernel_bytes(list(nodes))
-        except Exception:
-            estimate = None
-        try:
-            origins = _origins(nodes)
-        except Exception:
-            origins = None
-        _record(names, nbytes, origins, estimate=estimate)
-        return name
-
-    CppScheduling.define_kernel = cpp_define_kernel
-
-    try:
-        from torch._inductor.codegen.triton import TritonScheduling
-    except ImportError:  # pragma: no cover - Triton-less builds
-        TritonScheduling = None
-    if TritonScheduling is not None:
-        original_triton = TritonScheduling.define_kernel
-
-        @functools.wraps(original_triton)
-        def triton_define_kernel(self, src_code, node_schedule, kernel, *args, **kwargs):
-            name = original_triton(self, src_code, node_schedule, kernel, *args, **kwargs)
-            try:
-                nbytes = compulsory_bytes(kernel_arg_buffers(kernel.args, list(node_schedule)))
-            except Exception:  # no figure: the kernel is left unmodelled
-                nbytes = None
-            try:
-                estimate = int(kernel.estimate_kernel_num_bytes())
-            except Exception:
-                estimate = None
-            try:
-                origins = _origins(node_schedule)
-            except Exception:
-                origins = None
-            _record([name], nbytes, origins, estimate=estimate)
-            return name
-
-        TritonScheduling.define_kernel = triton_define_kernel
-    _installed = True
+@contextlib.contextmanager
+def inductor_hooks() -> Iterator[None]:
+    """While open, record the compulsory bytes (and Inductor's estimate and origins) of
+    every kernel Inductor generates, with its caches off so that every compile generates
+    code (``_compat.inductor_switches``). Restored on exit."""
+    with _compat.inductor_switches(), _compat.codegen_hooks(_on_cpp_kernel, _on_triton_kernel):
+        yield
 
 
 def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> int | None:
@@ -305,7 +267,7 @@ def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> 
     descriptors (``launch_tensors``). A launch that declares nothing and passes no
     tensor has no model: ``None``, never 0.
     """
-    from .budget import distinct_bytes
+    from ..budget import distinct_bytes
 
     if metadata:
         declared = metadata.get("bytes")
@@ -336,3 +298,74 @@ def launch_tensors(values: Any) -> list[Any]:
                 out.append(inner)
                 break
     return out
+
+
+# --------------------------------------------------------------------------- generated kernels' names
+
+
+_INDUCTOR_CPU_KERNEL = re.compile(r"^(?:graph_\d+_)?(cpp_\w+)$")
+
+
+def inductor_cpu_kernel(name: str) -> str | None:
+    """The kernel name if ``name`` is an Inductor C++ kernel's profiler event, else None."""
+    m = _INDUCTOR_CPU_KERNEL.match(name)
+    return m.group(1) if m else None
+
+
+def generated_origin(name: str) -> str:
+    """``triton_poi_fused_add_gelu_0`` -> ``fused: add, gelu`` (the ops Inductor fused).
+
+    Uses the ATen ops Inductor recorded for the kernel at code generation; falls back
+    to reading them off the kernel's name (ambiguous where op names hold underscores).
+    """
+    origins = inductor_kernel_origins(name)
+    if origins:
+        return "fused: " + ", ".join(origins)
+    base = re.sub(r"_\d+$", "", name)
+    m = re.match(r"^(?:graph_\d+_)?(?:cpp|triton)_(?:(?:poi|per|red|tem|spl|mix|unk)_)?fused_?(.*)$", base)
+    if not m:
+        return "generated"
+    ops = [p for p in re.split(r"_(?=[a-z])", m.group(1)) if p]
+    return "fused: " + ", ".join(ops) if ops else "generated"
+
+
+def bound_launch_args(jitfn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Argument name -> value of a Triton launch, defaults of unpassed parameters filled in
+    (what Triton hands a kernel's ``launch_metadata`` hook)."""
+    import inspect
+
+    arg_names = list(getattr(jitfn, "arg_names", []) or [])
+    bound = dict(zip(arg_names, args))
+    bound.update(kwargs)
+    params = getattr(jitfn, "params", None)
+    if params is None:  # the interpreter's InterpretedFunction: read the Python signature
+        try:
+            params = list(inspect.signature(jitfn.fn).parameters.values())
+        except (AttributeError, TypeError, ValueError):
+            params = []
+    for param in params:
+        pname = getattr(param, "name", None)
+        default = getattr(param, "default", inspect.Parameter.empty)
+        if pname and pname not in bound and default is not inspect.Parameter.empty:
+            bound[pname] = default
+    return bound
+
+
+class _KernelStandIn:
+    """What a ``launch_metadata(grid, kernel, args)`` hook may read off ``kernel`` before
+    the launch: its name (Triton passes the compiled kernel; we call the hook earlier)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def declared_launch_metadata(jitfn: Any, name: str, grid: Any, bound: dict[str, Any]) -> dict[str, Any] | None:
+    """The dict a kernel's ``launch_metadata`` hook returns for this launch, or ``None``."""
+    meta_fn = getattr(jitfn, "launch_metadata", None) or (getattr(jitfn, "kwargs", None) or {}).get("launch_metadata")
+    if not callable(meta_fn):
+        return None
+    try:
+        metadata = meta_fn(grid, _KernelStandIn(name), bound)
+    except Exception:  # a hook that needs more than we have: fall back to the tensors
+        return None
+    return metadata if isinstance(metadata, dict) else None

@@ -1,35 +1,23 @@
-"""What counts as a kernel: records, name shortening, and the CPU-side op observer.
+"""What an ATen op launches and moves, seen as it runs (``OpObserver``).
 
-A ``Kernel`` is one launch in a profiled region. Where launches come from depends on
-the device (see ``capture.py``):
-
-* CUDA: every device kernel Kineto saw; memcpy/memset are *copies*, kept apart.
-* CPU: a model of what a GPU would launch. Each Inductor-generated C++ kernel (Inductor's
-  kernel profiling turned on) plus each eager ATen op that computes, observed by
-  ``OpObserver`` at the bottom of the Python dispatch stack. Views, metadata ops and
-  allocations launch nothing and are skipped; ``.item()`` and cross-device transfers are
-  copies. An op that calls other ops internally (CPU ``addmm`` calls ``copy_`` and
-  ``resolve_conj``) is seen once, as the user called it, because the observer sees only
-  what reaches the dispatcher from above it.
-
-``OpObserver`` also gives every op its user ``file:line`` and the logical bytes it moves
-(distinct input storages read, distinct output storages written), on any device, and
-wraps each op in a profiler range so CUDA kernels can be attributed to the op that
-launched them.
+On CPU the observed ops *are* the kernel model (docs/bytes.md): each op that computes,
+seen at the bottom of the Python dispatch stack; views, metadata ops and allocations
+launch nothing and are skipped; ``.item()`` and cross-device transfers are copies. An op
+that calls other ops internally (CPU ``addmm`` calls ``copy_``) is seen once, as the user
+called it. On every device the observer gives each op its user ``file:line`` and its
+modelled bytes (distinct input storages read, distinct output storages written), and
+wraps it in a profiler range so CUDA kernels can be attributed to the op that launched it.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-OP_RANGE_PREFIX = "fusioncheck::op#"
+from .budget import distinct_bytes, storage_key
+from .ranges import OP_RANGE_PREFIX
+from .where import user_source
 
 # Ops that only describe, alias or allocate memory: no kernel on any device.
 _NO_KERNEL_OPS = frozenset(
@@ -74,142 +62,6 @@ _NO_KERNEL_OPS = frozenset(
 )
 # Ops that read a value back to the host: a device-to-host copy, not a kernel.
 _HOST_READ_OPS = frozenset({"_local_scalar_dense", "item", "equal"})
-
-
-@dataclass
-class Kernel:
-    """One launch in a profiled region.
-
-    ``time_s`` is device time on CUDA and wall time of the op on CPU; ``bytes`` is the
-    modelled HBM traffic (``None`` when nothing could be modelled: *unmodelled*, never
-    0); ``bytes_measured`` comes from hardware counters when they are on; ``op`` is the
-    ATen op that launched it or the origin of a generated kernel; ``source`` the user
-    ``file:line``; ``bytes_estimate`` is Inductor's own figure for a generated kernel,
-    kept where the compulsory model (``bytes``) differs from it (``docs/bytes.md``).
-    """
-
-    name: str
-    time_s: float = 0.0
-    bytes: int | None = None
-    bytes_measured: int | None = None
-    op: str = ""
-    source: str | None = None
-    kind: str = "kernel"  # "kernel" or "copy"
-    bytes_estimate: int | None = None  # Inductor's own estimate of a generated kernel
-    start_ns: int = field(default=0, repr=False)
-
-    @property
-    def short_name(self) -> str:
-        return shorten_kernel_name(self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("start_ns", None)
-        return d
-
-
-def _strip_brackets(text: str, open_: str, close: str) -> str:
-    out, depth = [], 0
-    for ch in text:
-        if ch == open_:
-            if depth == 0:
-                out.append(open_ + "…")
-            depth += 1
-        elif ch == close and depth:
-            depth -= 1
-            if depth == 0:
-                out.append(close)
-        elif depth == 0:
-            out.append(ch)
-    return "".join(out)
-
-
-def shorten_kernel_name(name: str, width: int = 60) -> str:
-    """A CUDA C++ kernel signature cut to something a table can show.
-
-    ``void at::native::vectorized_elementwise_kernel<4, at::native::...>(int, ...)``
-    becomes ``vectorized_elementwise_kernel<…>``; generated names such as
-    ``triton_per_fused__softmax_0`` pass through. Long results are cut with ``…``.
-    """
-    short = name.strip()
-    cxx = short.startswith("void ") or "::" in short
-    if cxx and ("(" in short or "<" in short):
-        short = _strip_brackets(short, "<", ">")
-        short = _strip_brackets(short, "(", ")")
-        short = re.sub(r"\(…\)$", "", short).strip()
-        short = short.split(" ")[-1] if " " in short else short
-        short = short.split("::")[-1] if "::" in short else short
-    if len(short) > width:
-        short = short[: width - 1] + "…"
-    return short or name[:width]
-
-
-_INDUCTOR_CPU_KERNEL = re.compile(r"^(?:graph_\d+_)?(cpp_\w+)$")
-_GENERATED_PREFIX = re.compile(r"^(?:graph_\d+_)?(?:cpp|triton)_(?:poi|per|red|tem|spl|mix|unk|fused)?_?")
-
-
-def inductor_cpu_kernel(name: str) -> str | None:
-    """The kernel name if ``name`` is an Inductor C++ kernel's profiler event, else None."""
-    m = _INDUCTOR_CPU_KERNEL.match(name)
-    return m.group(1) if m else None
-
-
-def generated_origin(name: str) -> str:
-    """``triton_poi_fused_add_gelu_0`` -> ``fused: add, gelu`` (the ops Inductor fused).
-
-    Uses the ATen ops Inductor recorded for the kernel at code generation; falls back
-    to reading them off the kernel's name (ambiguous where op names hold underscores).
-    """
-    from .bytes_model import inductor_kernel_origins
-
-    origins = inductor_kernel_origins(name)
-    if origins:
-        return "fused: " + ", ".join(origins)
-    base = re.sub(r"_\d+$", "", name)
-    m = re.match(r"^(?:graph_\d+_)?(?:cpp|triton)_(?:(?:poi|per|red|tem|spl|mix|unk)_)?fused_?(.*)$", base)
-    if not m:
-        return "generated"
-    ops = [p for p in re.split(r"_(?=[a-z])", m.group(1)) if p]
-    return "fused: " + ", ".join(ops) if ops else "generated"
-
-
-def _is_internal_file(filename: str) -> bool:
-    if filename.startswith("<"):
-        return True
-    path = os.path.abspath(filename)
-    if path.startswith(_PACKAGE_DIR + os.sep):
-        return True
-    parts = path.replace("\\", "/").split("/")
-    internal = {"torch", "_pytest", "pluggy", "triton", "torchinductor", "functorch"}
-    if any(p in internal for p in parts[:-1]):
-        return True
-    if any(p.startswith("torchinductor_") for p in parts):
-        return True
-    return os.path.basename(path) in {"contextlib.py", "threading.py", "runpy.py", "functools.py"}
-
-
-def user_source(start_depth: int = 1, max_depth: int = 200) -> str | None:
-    """The innermost user frame's ``file:line`` (path relative to the cwd when under it)."""
-    try:
-        frame = sys._getframe(start_depth)
-    except ValueError:
-        return None
-    depth = 0
-    while frame is not None and depth < max_depth:
-        filename = frame.f_code.co_filename
-        if not _is_internal_file(filename):
-            return f"{relpath(filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-        depth += 1
-    return None
-
-
-def relpath(filename: str) -> str:
-    path = os.path.abspath(filename)
-    cwd = os.getcwd()
-    if path.startswith(cwd + os.sep):
-        return os.path.relpath(path, cwd)
-    return filename
 
 
 @dataclass
@@ -283,8 +135,6 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
     op) count as outputs; an in-place op's ``self`` is also read. Returned tensors that
     alias a written argument are not counted twice.
     """
-    from .budget import distinct_bytes
-
     reads: list = []
     writes: list = []
     schema = getattr(func, "_schema", None)
@@ -309,8 +159,8 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
     if name in _GATHER_OPS and returned:
         reads = _gather_reads(name, args, kwargs, returned)
     if writes:
-        written_keys = {_storage_id(t) for t in writes}
-        writes += [t for t in returned if _storage_id(t) not in written_keys]
+        written_keys = {storage_key(t) for t in writes}
+        writes += [t for t in returned if storage_key(t) not in written_keys]
     else:
         writes = returned
     return distinct_bytes(reads), distinct_bytes(writes)
@@ -343,9 +193,6 @@ def _gather_reads(name: str, args: tuple, kwargs: dict, returned: list) -> list:
     return indices + [stand_in]
 
 
-def _storage_id(t: Any) -> tuple:
-    return (str(t.device), t.untyped_storage().data_ptr())
-
 
 def make_op_observer(record_ranges: bool = True):
     """A ``TorchDispatchMode`` that records every ATen op (see ``OpRecord``).
@@ -355,7 +202,8 @@ def make_op_observer(record_ranges: bool = True):
     code runs, where it sees the extern ops (``mm``, ``addmm``) Inductor calls.
     """
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ._compat import TorchDispatchMode
 
     class OpObserver(TorchDispatchMode):
         @classmethod
@@ -392,3 +240,15 @@ def make_op_observer(record_ranges: bool = True):
             return out
 
     return OpObserver()
+
+
+@dataclass
+class TritonLaunch:
+    """One direct Triton launch seen by the launcher hook: name, modelled bytes, user line."""
+
+    index: int
+    name: str
+    bytes: int | None
+    source: str | None
+    wall_ns: int = 0
+    interpreted: bool = False

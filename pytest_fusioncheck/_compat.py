@@ -1,0 +1,219 @@
+"""Every private torch / Triton entry point the plugin touches, behind one door.
+
+Each is guarded: when a release moves one, the plugin degrades with a named
+``FusionCompatWarning`` ("graph-break reasons unavailable on torch X") instead of crashing
+every test. Process-wide switches (Inductor's config, the codegen hooks, Triton's launcher
+hook) are context managers: set for a profiled call (or a test) and restored after it.
+
+Checked on torch 2.11 (CUDA 13, the H200) and 2.13 (CPU), Triton 3.6 and 3.9
+(``TESTED``; ``pyproject.toml`` declares the same range).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import warnings
+from typing import Any, Callable, Iterator
+
+TESTED = {"torch": ("2.11", "2.13"), "triton": ("3.6", "3.9")}
+
+
+class FusionCompatWarning(UserWarning):
+    """A private torch/Triton API the plugin uses is missing: a feature is degraded."""
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, exc: BaseException | None = None) -> None:
+    if what in _warned:
+        return
+    _warned.add(what)
+    try:
+        import torch
+
+        version = torch.__version__
+    except Exception:  # pragma: no cover
+        version = "?"
+    detail = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+    warnings.warn(FusionCompatWarning(f"{what} unavailable on torch {version}{detail}; checked on torch {', '.join(TESTED['torch'])}"), stacklevel=3)
+
+
+# --------------------------------------------------------------------------- profiler
+
+
+def kineto_events(prof: Any) -> list[Any]:
+    """The raw Kineto events of a finished ``torch.profiler.profile`` (device activities
+    with correlation ids), or ``[]`` with a warning."""
+    try:
+        return list(prof.profiler.kineto_results.events())
+    except Exception as exc:
+        _warn_once("Kineto events (torch.profiler: profiler.kineto_results)", exc)
+        return []
+
+
+def profiler_enabled() -> bool:
+    """Whether a ``torch.profiler`` session is already running in this process."""
+    import torch
+
+    busy = bool(getattr(torch.autograd.profiler, "_is_profiler_enabled", False))
+    try:
+        busy = busy or bool(torch._C._autograd._profiler_enabled())
+    except AttributeError:
+        pass
+    return busy
+
+
+def _dispatch_mode_base() -> type:
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        return TorchDispatchMode
+    except ImportError as exc:  # pragma: no cover - every supported torch has it
+        _warn_once("the ATen op observer (torch.utils._python_dispatch.TorchDispatchMode)", exc)
+        raise
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchDispatchMode":  # imported lazily: this module loads without torch
+        return _dispatch_mode_base()
+    raise AttributeError(name)
+
+
+# --------------------------------------------------------------------------- dynamo
+
+
+def dynamo_utils() -> Any | None:
+    """``torch._dynamo.utils`` (graph-break reasons, guard failures), or ``None``."""
+    try:
+        from torch._dynamo import utils
+
+        return utils
+    except Exception as exc:
+        _warn_once("graph-break reasons (torch._dynamo.utils)", exc)
+        return None
+
+
+# --------------------------------------------------------------------------- inductor
+
+
+@contextlib.contextmanager
+def inductor_switches() -> Iterator[None]:
+    """While open: Inductor's FX-graph cache and AOTAutograd's cache off (so every compile
+    goes through code generation, where bytes are recorded) and C++ kernel profiling on
+    (so CPU kernels appear in the profiler). Restored on exit."""
+    try:
+        import torch._inductor.config as inductor_config
+    except Exception as exc:
+        _warn_once("Inductor's config (torch._inductor.config): compiled kernels may be unmodelled", exc)
+        yield
+        return
+    saved: list[tuple[Any, str, Any]] = []
+
+    def set_(obj: Any, attr: str, value: Any) -> None:
+        if hasattr(obj, attr):
+            saved.append((obj, attr, getattr(obj, attr)))
+            setattr(obj, attr, value)
+
+    set_(inductor_config, "fx_graph_cache", False)
+    set_(inductor_config.cpp, "enable_kernel_profile", True)
+    try:
+        import torch._functorch.config as functorch_config
+
+        set_(functorch_config, "enable_autograd_cache", False)
+    except ImportError:
+        pass
+    try:
+        yield
+    finally:
+        for obj, attr, value in reversed(saved):
+            setattr(obj, attr, value)
+
+
+@contextlib.contextmanager
+def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None]) -> Iterator[None]:
+    """While open, ``on_cpp(self, name, src_code, nodes, args, kwargs)`` runs after each
+    C++ kernel Inductor defines and ``on_triton(name, node_schedule, kernel)`` after each
+    Triton kernel. A hook that raises is ignored (code generation must not break).
+    Restored on exit."""
+    patches: list[tuple[type, Callable[..., Any]]] = []
+    try:
+        from torch._inductor.codegen.cpp import CppScheduling
+
+        original_cpp = CppScheduling.define_kernel
+
+        @functools.wraps(original_cpp)
+        def cpp_define_kernel(self, src_code, nodes, *args, **kwargs):
+            name = original_cpp(self, src_code, nodes, *args, **kwargs)
+            with contextlib.suppress(Exception):
+                on_cpp(self, name, src_code, nodes, args, kwargs)
+            return name
+
+        patches.append((CppScheduling, original_cpp))
+        CppScheduling.define_kernel = cpp_define_kernel
+    except Exception as exc:
+        _warn_once("C++ kernel bytes (torch._inductor.codegen.cpp.CppScheduling.define_kernel)", exc)
+    try:
+        from torch._inductor.codegen.triton import TritonScheduling
+
+        original_triton = TritonScheduling.define_kernel
+
+        @functools.wraps(original_triton)
+        def triton_define_kernel(self, src_code, node_schedule, kernel, *args, **kwargs):
+            name = original_triton(self, src_code, node_schedule, kernel, *args, **kwargs)
+            with contextlib.suppress(Exception):
+                on_triton(name, node_schedule, kernel)
+            return name
+
+        patches.append((TritonScheduling, original_triton))
+        TritonScheduling.define_kernel = triton_define_kernel
+    except ImportError:
+        pass  # a torch without Triton: no Triton kernels to hook
+    except Exception as exc:
+        _warn_once("Triton kernel bytes (torch._inductor.codegen.triton.TritonScheduling.define_kernel)", exc)
+    try:
+        yield
+    finally:
+        for cls, original in reversed(patches):
+            cls.define_kernel = original
+
+
+# --------------------------------------------------------------------------- triton
+
+
+@contextlib.contextmanager
+def triton_launch_hook(on_launch: Callable[..., Any]) -> Iterator[None]:
+    """While open, each direct Triton launch (``JITFunction.run``; the interpreter's
+    ``InterpretedFunction.run`` under ``TRITON_INTERPRET=1``) goes through
+    ``on_launch(jitfn, original, args, kwargs, grid, warmup, interpreted)``, which must
+    call ``original``. Code that has not imported Triton cannot launch a Triton kernel:
+    nothing is patched then. Restored on exit."""
+    patches: list[tuple[type, Callable[..., Any]]] = []
+    if "triton.runtime.jit" in sys.modules:
+        targets: list[tuple[str, str, bool]] = [
+            ("triton.runtime.jit", "JITFunction", False),
+            ("triton.runtime.interpreter", "InterpretedFunction", True),
+        ]
+        for module_name, cls_name, interpreted in targets:
+            try:
+                module = __import__(module_name, fromlist=[cls_name])
+                cls = getattr(module, cls_name)
+            except Exception:
+                continue
+            original = cls.run
+
+            def run(self, *args, grid, warmup, _original=original, _interpreted=interpreted, **kwargs):
+                if warmup:
+                    return _original(self, *args, grid=grid, warmup=warmup, **kwargs)
+                return on_launch(self, _original, args, kwargs, grid, warmup, _interpreted)
+
+            run.__wrapped__ = original  # type: ignore[attr-defined]
+            patches.append((cls, original))
+            cls.run = run
+    try:
+        yield
+    finally:
+        for cls, original in reversed(patches):
+            cls.run = original

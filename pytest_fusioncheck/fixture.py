@@ -1,0 +1,222 @@
+"""The ``fusion`` fixture object, the test's state, and the markers' verdicts.
+
+Imported only by tests that use a fusion feature (``plugin.py`` stays torch-free). Per
+test: ``TestState`` holds the validated markers, the device, the warm-up count and the
+test's ``ReportLog`` (in ``item.stash``); ``test_call`` wraps the test call (Inductor's
+byte hooks, a graph-break recorder, and in marker-only mode the profiler around the test
+body); ``check`` holds every report against the markers and the baseline; ``release``
+drops the reports' tensors at teardown, keeping their figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from . import api, verdict
+from .budget import Budget
+from .options import Limits, MarkerError, parse_limits
+from .report import FusionReport
+from .state import ITEM, SESSION, SETTINGS, ReportLog, Settings, record_report
+
+
+def _settings(config: pytest.Config) -> Settings:
+    return config.stash.get(SETTINGS, None) or Settings()
+
+
+def test_device(settings: Settings) -> str:
+    """The device a test profiles on: ``--fusion-device``, else CUDA when present; a test
+    that asks for CUDA where there is none is skipped, not failed."""
+    from .capture import FusionCheckError, resolve_device
+
+    try:
+        return resolve_device(settings.device)
+    except FusionCheckError:
+        pytest.skip(f"--fusion-device {settings.device}: no CUDA GPU here (torch.cuda.is_available() is False)")
+
+
+@dataclass
+class TestState:
+    """What the plugin knows about one running test."""
+
+    __test__ = False  # not a test class, whatever its name says
+
+    item: pytest.Item
+    limits: Limits
+    device: str
+    warmup: int
+    marker_only: bool
+    log: ReportLog
+    baseline_comparison: Any = None
+
+    @classmethod
+    def for_item(cls, item: pytest.Item, log: ReportLog | None = None) -> "TestState":
+        problem = None
+        try:
+            limits = parse_limits(item)
+        except MarkerError as exc:
+            problem = str(exc)
+        if problem is not None:  # outside the except block: no chained traceback
+            pytest.fail(problem, pytrace=False)
+        settings = _settings(item.config)
+        device = test_device(settings)
+        uses_fixture = "fusion" in getattr(item, "fixturenames", ())
+        log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings)
+        return cls(item, limits, device, settings.warmup, limits.profiled and not uses_fixture, log)
+
+
+@contextlib.contextmanager
+def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
+    """Around the test call: Inductor's byte hooks (the test compiles here), a graph-break
+    recorder and, in marker-only mode, the profiler around the test body."""
+    from .graph_breaks import GraphBreakRecorder
+    from .sources.bytes_model import inductor_hooks
+
+    original = item.obj
+    if state.marker_only:
+        from .capture import profile_call
+
+        def profiled_test(*args: Any, **kwargs: Any) -> Any:
+            for _ in range(state.warmup):
+                original(*args, **kwargs)
+            report = profile_call(original, args, kwargs, warmup=0, device=state.device, label=item.nodeid)
+            report.source = report.source or _item_location(item)
+            record_report(report, state.log)
+            return None
+
+        item.obj = profiled_test
+    recorder = None
+    try:
+        with inductor_hooks(), GraphBreakRecorder() as recorder:
+            yield
+    finally:
+        item.obj = original
+        state.log.graph_breaks = list(getattr(recorder, "breaks", None) or [])
+
+
+def _item_location(item: pytest.Item) -> str:
+    path, line, _ = item.location
+    return f"{path}:{(line or 0) + 1}"
+
+
+def check(item: pytest.Item, state: TestState) -> None:
+    """Every report of the test against the test's markers (and the baseline)."""
+    __tracebackhide__ = True
+    limits = state.limits
+    log = state.log
+    reports = log.reports
+    sinks = item.config.stash.get(SESSION, None)
+    baseline = sinks.baseline if sinks is not None else None
+    if baseline is not None and reports:
+        state.baseline_comparison = baseline.compare(item, reports)
+        comparison = state.baseline_comparison
+        if comparison is not None and comparison.regressed:
+            log.context.append(comparison.describe)
+    if limits.no_graph_breaks:
+        breaks = list(log.graph_breaks)
+        for r in reports:
+            breaks += [b for b in r.graph_breaks if b not in breaks]
+        if breaks:
+            from .graph_breaks import format_graph_breaks
+
+            raise verdict.FusionAssertionError(
+                f"@pytest.mark.no_graph_breaks: {len(breaks)} graph break(s) during {item.nodeid}\n" + format_graph_breaks(breaks)
+            )
+    if limits.profiled and not reports:
+        raise verdict.FusionAssertionError(
+            f"{item.nodeid}: fusion markers are set but the test profiled nothing; call fusion.profile(...) "
+            "or open fusion.region(...), or drop the fusion fixture to profile the whole test body"
+        )
+    for report in reports:
+        limit = limits.kernel_limit(report.device)
+        if limit is not None:
+            verdict.check_max_kernels(report, limit, where=f"@pytest.mark.max_kernels({limit})", log=log)
+        if limits.max_hbm_bytes is not None:
+            verdict.check_hbm_bytes(report, limits.max_hbm_bytes, "limit", f"@pytest.mark.max_hbm_bytes({limits.max_hbm_bytes})", log=log)
+        if limits.bandwidth_fraction is not None:
+            verdict.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})", log=log)
+    if baseline is not None and reports:
+        baseline.check(state.baseline_comparison, reports)
+
+
+def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) -> None:
+    """Put the test's reports on its TestReport as plain data (it travels through xdist to
+    the controller, and the session's sinks read it there); traces of a failing test."""
+    reports = state.log.reports
+    if not reports:
+        return
+    rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
+    rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
+    if rep.failed and state.log.settings.trace_dir:
+        from .sinks.traces import export_traces
+
+        export_traces(item.nodeid, reports, state.log.settings.trace_dir)
+
+
+class Fusion:
+    """The ``fusion`` fixture: profile callables and regions, assert on their reports."""
+
+    def __init__(self, item: pytest.Item, state: TestState) -> None:
+        self._item = item
+        self._state = state
+
+    @property
+    def device(self) -> str:
+        return self._state.device
+
+    @property
+    def reports(self) -> list[FusionReport]:
+        return self._state.log.reports
+
+    def _label(self, what: str | None = None) -> str:
+        n = len(self.reports)
+        base = self._item.nodeid + (f"[{what}]" if what else "")
+        return base if n == 0 else f"{base}#{n}"
+
+    def profile(self, fn: Callable[..., Any], *args: Any, warmup: int | None = None, budget: Budget | None = None, **kwargs: Any) -> FusionReport:
+        """``warmup`` unprofiled calls (default ``--fusion-warmup``), then one profiled call."""
+        from .capture import profile_call
+
+        report = profile_call(
+            fn, args, kwargs,
+            warmup=self._state.warmup if warmup is None else warmup,
+            device=self.device,
+            label=self._label(),
+            budget=budget,
+        )
+        record_report(report, self._state.log)
+        return report
+
+    def region(self, label: str = "region"):
+        """``with fusion.region("attn") as r:`` profiles the block once; ``r.report`` after."""
+        from .capture import Region
+
+        log = self._state.log
+        return Region(self._label(label), device=self.device, on_report=lambda r: record_report(r, log))
+
+    def assert_max_kernels(self, n: int, report: FusionReport | None = None) -> FusionReport:
+        __tracebackhide__ = True
+        return api.assert_max_kernels(n, report=report)
+
+    def assert_hbm_bytes_within(self, budget: Any = None, slack: float = 1.0, report: FusionReport | None = None) -> FusionReport:
+        __tracebackhide__ = True
+        return api.assert_hbm_bytes_within(budget, slack=slack, report=report)
+
+    def assert_bandwidth_bound_within(self, fraction: float, report: FusionReport | None = None) -> FusionReport:
+        __tracebackhide__ = True
+        return api.assert_bandwidth_bound_within(fraction, report=report)
+
+    def assert_matches_reference(self, fused_fn: Callable[..., Any], reference_fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        return api.assert_matches_reference(fused_fn, reference_fn, *args, rtol=rtol, atol=atol, **kwargs)
+
+    def assert_no_graph_breaks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True
+        return api.assert_no_graph_breaks(fn, *args, **kwargs)
+
+
+def state_of(item: pytest.Item) -> TestState | None:
+    return item.stash.get(ITEM, None)

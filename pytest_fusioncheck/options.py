@@ -1,0 +1,208 @@
+"""Options, ini keys and markers: the table, the one precedence rule, the validation.
+
+Every ``--fusion-<name>`` option has an ini twin ``fusioncheck_<name>`` sharing its help
+text; ``get_option`` resolves command line over ini over default, and every error names
+where the bad value came from (the flag, the ini key, or the test and marker). No torch
+import: the plugin loads this module into every pytest run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .budget import parse_bytes
+from .state import Settings
+
+# name -> (help, kind, default). One text serves the CLI option and its ini key.
+OPTIONS: dict[str, tuple[str, str, Any]] = {
+    "device": ('device to profile on: "cuda" or "cpu" (default: cuda when a GPU is present, else cpu)', "string", None),
+    "warmup": ("unprofiled calls before the profiled one (default 1)", "string", "1"),
+    "peak_bandwidth": ('peak memory bandwidth in bytes/s, e.g. 4.25e12 or "4250 GB/s" (default: measured once per device with a large copy)', "string", None),
+    "counters": ('hardware byte counters: "none" (default) or "ncu" (re-run the selected tests under Nsight Compute)', "string", "none"),
+    "baseline": ("compare kernel counts and bytes with a committed baseline JSON file (default path .fusioncheck-baseline.json)", "string", None),
+    "update_baseline": ("write the baseline file at the end of the session (atomically)", "bool", False),
+    "json": ("write every fusion report of the session to this JSON file", "string", None),
+    "trace_dir": ("write Chrome traces of failing profiled regions into this directory", "string", None),
+    "roofline": ("write a roofline plot (PNG/SVG) of the session's kernels to this path", "string", None),
+    "report": ("print the kernel table of every profiled test in the terminal summary", "bool", False),
+    "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
+}
+DEFAULT_BASELINE = ".fusioncheck-baseline.json"
+
+MARKERS = (
+    "max_kernels(n, *, cpu=None, cuda=None): every fusion report of the test has at most n kernels "
+    "(a per-device value wins); without the fusion fixture the test body itself is profiled",
+    'max_hbm_bytes(n): modelled (or measured, with counters on) HBM bytes at most n; int or string such as "128 MiB"',
+    "bandwidth_bound(fraction): every report reaches at least this fraction (0, 1] of peak bandwidth "
+    "(enforced on GPUs; reported on CPU)",
+    "no_graph_breaks: any TorchDynamo graph break during the test fails it, naming each break's reason and file:line",
+)
+FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "no_graph_breaks")
+DEVICES = ("cuda", "cpu")
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fusioncheck", "kernel-fusion regression checks (pytest-fusioncheck)")
+    for name, (help_text, kind, default) in OPTIONS.items():
+        flag = "--fusion-" + name.replace("_", "-")
+        if name == "baseline":
+            group.addoption(flag, action="store", nargs="?", const=DEFAULT_BASELINE, default=None, metavar="PATH", help=help_text)
+        elif kind == "bool":
+            group.addoption(flag, action="store_true", default=None, help=help_text)
+        else:
+            group.addoption(flag, action="store", default=None, help=help_text)
+        parser.addini(f"fusioncheck_{name}", help_text, type="bool" if kind == "bool" else "string", default=default)
+
+
+def get_option(config: pytest.Config, name: str) -> Any:
+    """Command line over ini over default: the one precedence rule for every option."""
+    value = config.getoption("fusion_" + name)
+    if value is not None:
+        return value
+    return config.getini(f"fusioncheck_{name}")
+
+
+def where(config: pytest.Config, name: str) -> str:
+    """Where an option's value came from, as the user wrote it: the flag or the ini key."""
+    if config.getoption("fusion_" + name, None) is not None:
+        return "--fusion-" + name.replace("_", "-")
+    return f"fusioncheck_{name} (ini file)"
+
+
+def _warmup(config: pytest.Config) -> int:
+    raw = get_option(config, "warmup")
+    try:
+        value = int(raw)
+        if value < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"--fusion-warmup / fusioncheck_warmup must be a non-negative int, got {raw!r}") from None
+    return value
+
+
+def _peak(config: pytest.Config) -> float | None:
+    raw = get_option(config, "peak_bandwidth")
+    if raw in (None, ""):
+        return None
+    text = str(raw).strip()
+    try:
+        value = float(parse_bytes(text[:-2])) if text.lower().endswith("/s") else float(text)
+        if value <= 0:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(
+            f"--fusion-peak-bandwidth: cannot read {raw!r}; give bytes/s (4.25e12) or a rate such as '4250 GB/s'"
+        ) from None
+    return value
+
+
+def settings_from_config(config: pytest.Config) -> Settings:
+    """The session's ``Settings``, every option validated (a ``UsageError`` names the source)."""
+    device = get_option(config, "device") or None
+    if device in ("", "auto"):
+        device = None
+    if device is not None and device not in DEVICES:
+        raise pytest.UsageError(f"{where(config, 'device')} must be 'cuda' or 'cpu', got {device!r}")
+    counters = str(get_option(config, "counters") or "none")
+    if counters not in ("none", "ncu"):
+        raise pytest.UsageError(f"{where(config, 'counters')} must be 'none' or 'ncu', got {counters!r}")
+    return Settings(
+        enforce_cpu_timing=bool(get_option(config, "enforce_cpu_timing")),
+        peak_bandwidth=_peak(config),
+        counters=counters,
+        warmup=_warmup(config),
+        device=device,
+        peak_cache=getattr(config, "cache", None),
+        trace_dir=get_option(config, "trace_dir") or None,
+    )
+
+
+def uses_fusion(item: pytest.Item) -> bool:
+    """Whether a test requests the fixture or carries a fusion marker."""
+    if "fusion" in getattr(item, "fixturenames", ()):
+        return True
+    return any(item.get_closest_marker(m) is not None for m in FUSION_MARKERS)
+
+
+# --------------------------------------------------------------------------- markers
+
+
+class MarkerError(ValueError):
+    pass
+
+
+@dataclass
+class Limits:
+    """A test's fusion markers, validated."""
+
+    max_kernels: int | None = None
+    max_kernels_by_device: dict[str, int] = field(default_factory=dict)
+    has_max_kernels: bool = False
+    max_hbm_bytes: int | None = None
+    bandwidth_fraction: float | None = None
+    no_graph_breaks: bool = False
+
+    @property
+    def profiled(self) -> bool:
+        return self.has_max_kernels or self.max_hbm_bytes is not None or self.bandwidth_fraction is not None
+
+    def kernel_limit(self, device: str) -> int | None:
+        return self.max_kernels_by_device.get(device, self.max_kernels)
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MarkerError(f"{what} must be a non-negative int, got {value!r}")
+    return value
+
+
+def parse_limits(item: pytest.Item) -> Limits:
+    """Read and validate the fusion markers of ``item``; errors name the test and marker."""
+    limits = Limits()
+
+    def fail(marker: str, message: str) -> MarkerError:
+        return MarkerError(f"{item.nodeid}: @pytest.mark.{marker}: {message}")
+
+    mark = item.get_closest_marker("max_kernels")
+    if mark is not None:
+        limits.has_max_kernels = True
+        unknown = set(mark.kwargs) - set(DEVICES)
+        if unknown:
+            raise fail("max_kernels", f"unknown keyword(s) {', '.join(sorted(unknown))}; accepted: cpu=, cuda=")
+        if len(mark.args) > 1:
+            raise fail("max_kernels", f"takes one positional count, got {len(mark.args)}: {mark.args!r}")
+        try:
+            if mark.args:
+                limits.max_kernels = _count(mark.args[0], "n")
+            for dev in DEVICES:
+                if mark.kwargs.get(dev) is not None:
+                    limits.max_kernels_by_device[dev] = _count(mark.kwargs[dev], f"{dev}=")
+        except MarkerError as exc:
+            raise fail("max_kernels", str(exc)) from None
+        if limits.max_kernels is None and not limits.max_kernels_by_device:
+            raise fail("max_kernels", "needs a count: max_kernels(n) or max_kernels(cpu=..., cuda=...)")
+    mark = item.get_closest_marker("max_hbm_bytes")
+    if mark is not None:
+        if len(mark.args) != 1 or mark.kwargs:
+            raise fail("max_hbm_bytes", f"takes exactly one byte count, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        try:
+            limits.max_hbm_bytes = parse_bytes(mark.args[0])
+        except ValueError as exc:
+            raise fail("max_hbm_bytes", str(exc)) from None
+    mark = item.get_closest_marker("bandwidth_bound")
+    if mark is not None:
+        if len(mark.args) != 1 or mark.kwargs:
+            raise fail("bandwidth_bound", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        fraction = mark.args[0]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise fail("bandwidth_bound", f"fraction must be a number in (0, 1] (a share of peak bandwidth), got {fraction!r}")
+        limits.bandwidth_fraction = float(fraction)
+    mark = item.get_closest_marker("no_graph_breaks")
+    if mark is not None:
+        if mark.args or mark.kwargs:
+            raise fail("no_graph_breaks", f"takes no arguments, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        limits.no_graph_breaks = True
+    return limits

@@ -1,0 +1,17 @@
+"""Names of the profiler and NVTX ranges the plugin opens (one place, no imports).
+
+``fusioncheck::op#<i>`` wraps each ATen op the op observer sees, ``fusioncheck::triton#<i>``
+each interpreted Triton launch, ``fusioncheck::rep#<i>`` each timed repeat; the NVTX range
+``fusioncheck:<seq>:<label>`` wraps one profiled call (what ``--fusion-counters=ncu``
+filters on).
+"""
+
+OP_RANGE_PREFIX = "fusioncheck::op#"
+TRITON_RANGE_PREFIX = "fusioncheck::triton#"
+REP_RANGE_PREFIX = "fusioncheck::rep#"
+NVTX_PREFIX = "fusioncheck:"
+
+
+def nvtx_range_name(seq: int, label: str) -> str:
+    """``fusioncheck:<seq>:<label>``: the NVTX range ncu filters and attributes kernels by."""
+    return f"{NVTX_PREFIX}{seq}:{label}"

@@ -1,0 +1,69 @@
+"""Where reports go at the end of a session: the terminal, JSON, the baseline, a plot.
+
+``SessionSinks`` is created at session start only when an option asks for one of them
+(``--fusion-json``, ``--fusion-roofline``, ``--fusion-baseline`` / ``--fusion-update-
+baseline``) and kept in ``config.stash``. Each sink reads the reports as plain data (the
+dicts on the TestReports), so none holds a tensor. Traces of failing tests are written
+as the test fails (``traces.py``); the kernel tables of ``--fusion-report`` come from
+``terminal.py``. Adding a sink: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ..options import DEFAULT_BASELINE, get_option
+
+
+class SessionSinks:
+    def __init__(self, config: pytest.Config) -> None:
+        self.is_worker = hasattr(config, "workerinput")
+        self.lines: list[str] = []
+        self.files: list[Any] = []  # sinks with write(collected) -> lines
+        json_path = get_option(config, "json")
+        if json_path:
+            from .json_sink import JsonSink
+
+            self.files.append(JsonSink(json_path))
+        plot_path = get_option(config, "roofline")
+        if plot_path:
+            from .plot_sink import PlotSink
+
+            self.files.append(PlotSink(plot_path))
+        update = bool(get_option(config, "update_baseline"))
+        path = get_option(config, "baseline") or (DEFAULT_BASELINE if update else None)
+        self.baseline = None
+        if path:
+            from .baseline_sink import BaselineSink
+
+            self.baseline = BaselineSink(path, str(config.rootpath), update)
+
+    @staticmethod
+    def wanted(config: pytest.Config) -> bool:
+        return any(get_option(config, n) for n in ("baseline", "update_baseline", "json", "roofline")) or (
+            get_option(config, "counters") not in (None, "", "none")
+        )
+
+    def add_worker_output(self, worker_id: str, output: dict[str, Any]) -> None:
+        if self.baseline is not None:
+            self.baseline.add_worker_output(worker_id, output)
+
+    def finish(self, config: pytest.Config) -> None:
+        if self.is_worker:
+            if self.baseline is not None:
+                config.workeroutput.update(self.baseline.worker_output())  # type: ignore[attr-defined]
+            return
+        if self.baseline is not None:
+            self.lines += self.baseline.flush()
+
+    def summary(self, terminalreporter: Any, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
+        if self.is_worker:
+            return []
+        lines = list(self.lines)
+        for sink in self.files:
+            lines += sink.write(collected)
+        if self.baseline is not None:
+            lines += self.baseline.improvement_lines()
+        return lines

@@ -1,0 +1,84 @@
+"""Report sink: the committed baseline (``--fusion-baseline``, ``--fusion-update-baseline``).
+
+Compares each test's kernel count and bytes with its entry (keyed by test id and device
+kind; more kernels or bytes fail the test, fewer are reported as improvements), or queues
+the test's record for the rewrite. Under pytest-xdist each worker hands its records to
+the controller, which alone writes the file. The file logic itself is ``baseline.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from .. import baseline
+from ..verdict import FusionAssertionError
+
+
+class BaselineSink:
+    def __init__(self, path: str, rootpath: str, update: bool) -> None:
+        self.path = path if os.path.isabs(path) else os.path.join(rootpath, path)
+        self.update = update
+        try:
+            self.entries = baseline.load_baseline(self.path)
+        except baseline.BaselineError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        self.writer = baseline.BaselineWriter(self.path) if update else None
+        self.improvements: list[str] = []
+
+    @staticmethod
+    def record_for(nodeid: str, reports: list[Any]) -> dict[str, Any]:
+        names = [k.name for r in reports for k in r.kernels]
+        return baseline.make_record(
+            nodeid,
+            reports[0].device_kind,
+            names,
+            bytes=sum(r.bytes for r in reports),
+            kernel_count=sum(r.kernel_count for r in reports),
+        )
+
+    def compare(self, item: pytest.Item, reports: list[Any]) -> Any:
+        """The test's comparison with its entry (``None`` while updating)."""
+        record = self.record_for(item.nodeid, reports)
+        if self.writer is not None:
+            self.writer.add(record)
+            return None
+        comparison = baseline.compare(self.entries.get(item.nodeid, record["device_kind"]), record)
+        if comparison.changed and not comparison.regressed:
+            self.improvements.append(f"{item.nodeid}: {comparison.describe()}")
+        return comparison
+
+    def check(self, comparison: Any, reports: list[Any]) -> None:
+        if comparison is not None and comparison.regressed:
+            tables = "\n".join(str(r) for r in reports)
+            raise FusionAssertionError(
+                f"{comparison.describe()}\n{tables}\n"
+                f"(baseline {self.path}; run with --fusion-update-baseline to accept the change)"
+            )
+
+    def worker_output(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fusioncheck_improvements": list(self.improvements)}
+        if self.writer is not None:
+            out["fusioncheck_baseline"] = self.writer.worker_payload()
+        return out
+
+    def add_worker_output(self, worker_id: str, output: dict[str, Any]) -> None:
+        payload = output.get("fusioncheck_baseline")
+        if payload and self.writer is not None:
+            self.writer.add_worker_payload(worker_id, payload)
+        self.improvements += output.get("fusioncheck_improvements", [])
+
+    def flush(self) -> list[str]:
+        """Write the queued records (updating only): the summary line."""
+        if self.writer is None:
+            return []
+        return ["fusioncheck baseline: " + self.writer.flush().describe()]
+
+    def improvement_lines(self) -> list[str]:
+        lines = []
+        if self.improvements:
+            lines.append("fusioncheck baseline improvements (update the baseline to pin them):")
+            lines += ["  " + line.replace("\n", "\n  ") for line in self.improvements]
+        return lines

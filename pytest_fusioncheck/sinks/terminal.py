@@ -1,0 +1,37 @@
+"""Report sink: the terminal summary (``--fusion-report`` kernel tables, session lines).
+
+Reads the reports from the TestReports' ``user_properties`` (plain data), so it works
+the same under pytest-xdist, where the controller never saw the report objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def collected_reports(terminalreporter: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """``(test id, kernel tables as text, report dicts)`` of every test that profiled."""
+    out = []
+    seen = set()
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if getattr(rep, "when", None) != "call" or rep.nodeid in seen:
+                continue
+            props = dict(getattr(rep, "user_properties", []) or [])
+            if "fusioncheck" in props:
+                seen.add(rep.nodeid)
+                out.append((rep.nodeid, props.get("fusioncheck_text", ""), props["fusioncheck"]))
+    return sorted(out)
+
+
+def write_tables(terminalreporter: Any, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> None:
+    terminalreporter.write_sep("=", "fusioncheck kernel tables")
+    for _, text, _ in collected:
+        terminalreporter.write_line(text)
+
+
+def write_lines(terminalreporter: Any, lines: list[str]) -> None:
+    if lines:
+        terminalreporter.write_sep("-", "fusioncheck")
+    for line in lines:
+        terminalreporter.write_line(line)

@@ -1,0 +1,85 @@
+"""Kernel source for CPU: a model of what a GPU would launch (docs/bytes.md).
+
+Each Inductor-generated C++ kernel (Inductor's kernel profiling names it in the profiler),
+each eager ATen op that computes (seen by the op observer), and each Triton launch run by
+the interpreter counts as one kernel; ``.item()`` and cross-device transfers are copies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ops import OpRecord, TritonLaunch
+from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
+from ..report import Kernel
+from .bytes_model import generated_origin, inductor_cpu_kernel, inductor_kernel_bytes, inductor_kernel_estimate
+
+
+class CpuKernels:
+    """``KernelSource`` for ``device == "cpu"``."""
+
+    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
+        return cpu_kernels(prof, ops, triton)
+
+
+def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
+    """Kernels and copies of a CPU capture: Inductor C++ kernels (profiler events), the
+    observed ATen ops that compute, and interpreted Triton launches (one kernel each)."""
+    kernels: list[Kernel] = []
+    copies: list[Kernel] = []
+    op_events: dict[int, Any] = {}
+    triton_events: dict[int, Any] = {}
+    for e in prof.events():
+        name = e.name
+        if name.startswith(OP_RANGE_PREFIX):
+            op_events[int(name[len(OP_RANGE_PREFIX):])] = e
+        elif name.startswith(TRITON_RANGE_PREFIX):
+            triton_events[int(name[len(TRITON_RANGE_PREFIX):])] = e
+        else:
+            kname = inductor_cpu_kernel(name)
+            if kname is not None:
+                nbytes = inductor_kernel_bytes(name)
+                kernels.append(
+                    Kernel(
+                        name=kname,
+                        time_s=e.time_range.elapsed_us() * 1e-6,
+                        bytes=nbytes if nbytes is not None else inductor_kernel_bytes(kname),
+                        op=generated_origin(kname),
+                        source=None,
+                        bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
+                        start_ns=int(e.time_range.start * 1000),
+                    )
+                )
+    for op in ops:
+        e = op_events.get(op.index)
+        k = Kernel(
+            name=op.op,
+            time_s=(e.time_range.elapsed_us() * 1e-6) if e is not None else op.wall_ns * 1e-9,
+            bytes=op.bytes,
+            op=op.op,
+            source=op.source,
+            kind=op.kind,
+            start_ns=int(e.time_range.start * 1000) if e is not None else 0,
+        )
+        (copies if op.kind == "copy" else kernels).append(k)
+    for launch in triton:
+        if not launch.interpreted:
+            continue
+        e = triton_events.get(launch.index)
+        kernels.append(
+            Kernel(
+                name=launch.name,
+                time_s=launch.wall_ns * 1e-9,
+                bytes=launch.bytes,
+                op="triton",
+                source=launch.source,
+                start_ns=int(e.time_range.start * 1000) if e is not None else 0,
+            )
+        )
+    kernels.sort(key=lambda k: k.start_ns)
+    copies.sort(key=lambda k: k.start_ns)
+    return kernels, copies
+
+
+def _first_not_none(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)

@@ -1,0 +1,195 @@
+"""Kernel source for CUDA: each device activity Kineto recorded in the profiled call.
+
+Kernels count; memcpy/memset are copies. Each activity is attributed, through its launch's
+correlation id, to the innermost ATen op range open on the launching thread (the op
+observer's ``fusioncheck::op#<i>``), else to a directly launched Triton kernel of the same
+name, else to the Inductor kernel it is. One op's traffic goes to its longest compute
+kernel; a copy carries its own size (docs/bytes.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._compat import kineto_events
+from ..ops import OpRecord, TritonLaunch
+from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
+from ..report import Kernel
+from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate
+
+
+class CudaKernels:
+    """``KernelSource`` for ``device == "cuda"``."""
+
+    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
+        return cuda_kernels(prof, ops, triton)
+
+
+_COPY_ACTIVITIES = {"gpu_memcpy", "gpu_memset"}
+
+
+def copy_traffic(name: str, nbytes: int | None) -> int | None:
+    """HBM bytes of a memcpy/memset activity of ``nbytes``: a device-to-device copy reads
+    and writes them, a memset or a host transfer touches device memory once."""
+    if nbytes is None:
+        return None
+    if "DtoD" in name or "Device -> Device" in name or "PtoP" in name:
+        return 2 * nbytes
+    return nbytes
+
+
+def _activity_bytes(e: Any) -> int | None:
+    """The size Kineto recorded for a memcpy/memset activity (``None`` if it has none)."""
+    import json
+
+    try:
+        value = e.nbytes()
+        if isinstance(value, int) and value > 0:
+            return value
+    except Exception:
+        pass
+    try:
+        meta = e.metadata_json()
+    except Exception:
+        return None
+    if not meta:
+        return None
+    try:
+        data = json.loads("{" + meta + "}") if not meta.lstrip().startswith("{") else json.loads(meta)
+    except ValueError:
+        import re
+
+        m = re.search(r'"bytes"\s*:\s*(\d+)', meta)
+        return int(m.group(1)) if m else None
+    value = data.get("bytes")
+    return int(value) if isinstance(value, (int, float)) and value >= 0 else None
+
+
+def copy_sizes_from_trace(trace: dict[str, Any]) -> dict[int, int]:
+    """Correlation id -> bytes of each memcpy/memset in a Chrome trace (Kineto writes the
+    size there, and torch's event API does not expose it)."""
+    out: dict[int, int] = {}
+    for ev in trace.get("traceEvents", []) or []:
+        if ev.get("cat") not in ("gpu_memcpy", "gpu_memset"):
+            continue
+        args = ev.get("args") or {}
+        size, corr = args.get("bytes"), args.get("correlation")
+        if isinstance(size, (int, float)) and isinstance(corr, int) and size >= 0:
+            out[corr] = int(size)
+    return out
+
+
+def _copy_sizes(prof: Any) -> dict[int, int]:
+    """``copy_sizes_from_trace`` of the profiler's own trace (exported to a temporary file:
+    done only for regions that launched copies)."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fusioncheck-") as tmp:
+        path = f"{tmp}/trace.json"
+        try:
+            prof.export_chrome_trace(path)
+            with open(path) as fh:
+                return copy_sizes_from_trace(json.load(fh))
+        except Exception:  # no sizes: the copies stay unmodelled
+            return {}
+
+
+def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> None:
+    """Give one op's modelled traffic to the device activities it launched (the rule of
+    ``docs/bytes.md``): copies (memset/memcpy) keep their own size; the op's bytes go to
+    its longest compute kernel (the GEMM of a GEMM + memset, the main kernel of a split-K
+    GEMM + reduce); its other compute kernels carry 0, their traffic being inside that
+    figure. An op that could not be modelled leaves its kernels unmodelled (``None``)."""
+    compute = [k for k in activities if k.kind != "copy"]
+    if not compute:
+        return
+    main = max(compute, key=lambda k: k.time_s)
+    for k in compute:
+        k.bytes = op_bytes if k is main else (0 if op_bytes is not None else None)
+
+
+def _is_annotation(e: Any, activity: str) -> bool:
+    if "annotation" in activity:
+        return True
+    try:
+        return bool(e.is_user_annotation())
+    except Exception:
+        return False
+
+
+def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
+    """Device activities from Kineto, each attributed to the op or Triton launch behind it."""
+    from torch.autograd import DeviceType
+
+    events = kineto_events(prof)
+    launches: dict[int, Any] = {}
+    markers: list[tuple[int, int, int, str]] = []
+    device_events = []
+    for e in events:
+        name = e.name()
+        if e.device_type() == DeviceType.CUDA:
+            device_events.append(e)
+        elif name.startswith(OP_RANGE_PREFIX) or name.startswith(TRITON_RANGE_PREFIX):
+            markers.append((e.start_ns(), e.end_ns(), e.start_thread_id(), name))
+        elif e.correlation_id():
+            launches[e.correlation_id()] = e
+    markers.sort()
+    by_index = {op.index: op for op in ops}
+    triton_queue: dict[str, list[TritonLaunch]] = {}
+    for launch in triton:
+        triton_queue.setdefault(launch.name, []).append(launch)
+
+    def innermost_op(launch_event: Any) -> OpRecord | None:
+        if launch_event is None:
+            return None
+        t, tid = launch_event.start_ns(), launch_event.start_thread_id()
+        best = None
+        for start, end, thread, name in markers:
+            if start > t:
+                break
+            if thread == tid and start <= t <= end and name.startswith(OP_RANGE_PREFIX):
+                best = name
+        return by_index.get(int(best[len(OP_RANGE_PREFIX):])) if best else None
+
+    kernels: list[Kernel] = []
+    copies: list[Kernel] = []
+    by_op: dict[int, list[Kernel]] = {}
+    sizes: dict[int, int] | None = None
+    for e in sorted(device_events, key=lambda ev: ev.start_ns()):
+        activity = ""
+        try:
+            activity = e.activity_type()
+        except Exception:
+            pass
+        name = e.name()
+        if name.startswith(("fusioncheck", "ProfilerStep")) or _is_annotation(e, activity):
+            continue  # our own ranges, mirrored on the GPU timeline
+        is_copy = activity in _COPY_ACTIVITIES or name.startswith(("Memcpy", "Memset"))
+        if not is_copy and activity not in ("", "kernel", "concurrent_kernel"):
+            continue  # sync events, overhead
+        op = innermost_op(launches.get(e.linked_correlation_id()))
+        k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
+        if is_copy:
+            nbytes = _activity_bytes(e)
+            if nbytes is None:
+                if sizes is None:
+                    sizes = _copy_sizes(prof)
+                nbytes = sizes.get(e.linked_correlation_id(), sizes.get(e.correlation_id()))
+            k.bytes = copy_traffic(name, nbytes)
+        queue = triton_queue.get(name)
+        if op is not None:
+            k.op, k.source = op.op, op.source
+            by_op.setdefault(op.index, []).append(k)
+        elif queue and not is_copy:
+            launch = queue.pop(0)
+            k.op, k.source, k.bytes = "triton", launch.source, launch.bytes
+        elif not is_copy:
+            est = inductor_kernel_bytes(name)
+            if est is not None or name.startswith("triton_"):
+                k.op, k.bytes = generated_origin(name), est
+                k.bytes_estimate = inductor_kernel_estimate(name)
+        (copies if is_copy else kernels).append(k)
+    for index, group in by_op.items():
+        attribute_op_bytes(group, by_index[index].bytes)
+    return kernels, copies

@@ -1,0 +1,104 @@
+"""Settings and report logs: what a session and a test know, and where it is kept.
+
+Inside pytest the session's ``Settings`` live in ``config.stash`` and each test's
+``ReportLog`` in its ``item.stash`` (docs/architecture.md). The public ``assert_*``
+helpers take no handle, so the log of the running test is also made *current* for the
+test's duration through a context variable, and reset after it: two sessions in one
+process (pytester in-process) never see each other's settings or reports. Outside pytest
+every report goes to one process-wide log with default settings.
+
+No torch import: the plugin loads this module into every pytest run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+
+class NoReportError(RuntimeError):
+    """An assertion was called with ``report=None`` before anything was profiled."""
+
+
+@dataclass
+class Settings:
+    """One session's choices, from its options (defaults outside pytest)."""
+
+    enforce_cpu_timing: bool = False
+    peak_bandwidth: float | None = None  # bytes/s; None: measured once per device
+    counters: str = "none"  # "none" or "ncu"
+    warmup: int = 1
+    device: str | None = None
+    peak_cache: Any = None  # pytest's cache, for the measured peak bandwidth
+    measured: Any = None  # sources.bytes_ncu.Measured, with --fusion-counters=ncu
+    trace_dir: str | None = None
+    peaks: dict[str, float] = field(default_factory=dict)  # peak bandwidth measured this session
+
+
+@dataclass
+class ReportLog:
+    """The reports of one test (or of the process, outside pytest)."""
+
+    test_id: str | None = None
+    settings: Settings = field(default_factory=Settings)
+    reports: list[Any] = field(default_factory=list)
+    graph_breaks: list[Any] = field(default_factory=list)
+    context: list[Callable[[], str]] = field(default_factory=list)
+
+    def latest(self) -> Any:
+        if not self.reports:
+            where = f"test {self.test_id}" if self.test_id else "this process"
+            raise NoReportError(
+                f"no fusion report yet in {where}: call fusion.profile(...) / profile(...) or open "
+                "fusion.region(...) before asserting, or pass report=..."
+            )
+        return self.reports[-1]
+
+    def release(self) -> None:
+        """Drop what keeps tensors alive (outputs, timers that close over inputs, profiler
+        events); the figures stay. Called at the test's teardown."""
+        for report in self.reports:
+            report.release()
+
+
+_process_log = ReportLog()
+_current: contextvars.ContextVar[ReportLog | None] = contextvars.ContextVar("fusioncheck_log", default=None)
+
+
+def current_log() -> ReportLog:
+    """The running test's log, else the process-wide one."""
+    log = _current.get()
+    return log if log is not None else _process_log
+
+
+def activate(log: ReportLog) -> contextvars.Token:
+    """Make ``log`` current (until ``deactivate`` with the token returned)."""
+    return _current.set(log)
+
+
+def deactivate(token: contextvars.Token) -> None:
+    _current.reset(token)
+
+
+def record_report(report: Any, log: ReportLog | None = None) -> None:
+    """Append ``report`` to ``log`` (default: the current one), with measured bytes filled
+    in when counters are on."""
+    log = log if log is not None else current_log()
+    if log.test_id is not None:
+        from .sources import byte_source
+
+        byte_source(log.settings).fill(report, log.test_id, len(log.reports))
+    log.reports.append(report)
+    if log is _process_log and len(log.reports) > 1000:  # a long-lived process: keep the tail
+        for old in log.reports[:-100]:
+            old.release()
+        del log.reports[:-100]
+
+
+# pytest stash keys: the session's Settings and sinks, each test's state.
+SETTINGS = pytest.StashKey[Settings]()
+SESSION = pytest.StashKey[Any]()
+ITEM = pytest.StashKey[Any]()

@@ -1,0 +1,147 @@
+"""Verdicts: a figure against its limit, and the message a person reads when it fails.
+
+Every check raises ``FusionAssertionError`` (an ``AssertionError``) whose message leads
+with what changed (graph breaks, recompiles, kernels added against the baseline), then the
+figure against its limit, then the kernel table and its notes. The checks take the
+report's ``ReportLog`` (its settings: counters, CPU timing) and default to the current one.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from .budget import format_bytes
+from .report import FusionReport, format_bandwidth, format_time
+from .state import ReportLog, Settings, current_log
+
+
+class FusionAssertionError(AssertionError):
+    """A fusion check failed; the message carries the kernel table."""
+
+
+class FusionCheckWarning(UserWarning):
+    """A verdict passed on figures it could not fully check (e.g. unmodelled kernels)."""
+
+
+def _what_changed(report: FusionReport, log: ReportLog) -> list[str]:
+    lines: list[str] = []
+    breaks = list(report.graph_breaks)
+    for b in log.graph_breaks:
+        if b not in breaks:
+            breaks.append(b)
+    if breaks:
+        try:
+            from .graph_breaks import format_graph_breaks
+
+            lines.append(format_graph_breaks(breaks))
+        except ImportError:  # pragma: no cover
+            lines += [f"Graph break: {b}" for b in breaks]
+    for rc in report.recompiles:
+        lines.append(f"Recompiled: {getattr(rc, 'reason', rc)}")
+    for extra in log.context:
+        text = extra()
+        if text:
+            lines.append(text)
+    return lines
+
+
+def failure_message(report: FusionReport, headline: str, details: list[str] | None = None, log: ReportLog | None = None) -> str:
+    """What changed, the headline figure against its limit, details, the kernel table, notes."""
+    parts = _what_changed(report, log if log is not None else current_log()) + [headline] + (details or [])
+    parts.append(report.summary())
+    parts.append(report.table())
+    for note in report.notes():
+        parts.append(f"note: {note}")
+    return "\n".join(parts)
+
+
+def check_max_kernels(report: FusionReport, n: int, where: str = "assert_max_kernels", log: ReportLog | None = None) -> None:
+    if report.kernel_count > n:
+        raise FusionAssertionError(
+            failure_message(report, f"{where}: {report.kernel_count} kernels launched, limit {n} ({report.label})", log=log)
+        )
+
+
+def _bytes_figure(report: FusionReport, settings: Settings) -> tuple[int, str]:
+    measured = report.bytes_measured
+    if settings.counters != "none" and measured is not None:
+        return measured, "measured"
+    return report.bytes, "modelled"
+
+
+def _per_kernel_excess(report: FusionReport, budget_total: int, settings: Settings) -> list[str]:
+    rows = sorted(enumerate(report.kernels), key=lambda ik: -(ik[1].bytes_measured or ik[1].bytes or 0))
+    lines = ["kernels by bytes (share of the budget):"]
+    for i, k in rows[:8]:
+        nbytes = k.bytes_measured if settings.counters != "none" and k.bytes_measured is not None else k.bytes
+        share = f"{(nbytes or 0) / budget_total:.0%}" if budget_total else "-"
+        shown = "?" if nbytes is None else format_bytes(nbytes)
+        lines.append(f"  #{i} {k.short_name}: {shown} ({share}) {k.op} {k.source or ''}".rstrip())
+    return lines
+
+
+def check_hbm_bytes(report: FusionReport, limit: int, what: str, where: str, log: ReportLog | None = None) -> None:
+    """``limit`` against the report's bytes. Unmodelled kernels never pass quietly: a
+    region with no modelled kernel fails (nothing was checked), and a pass over a region
+    with some unmodelled kernels warns (``FusionCheckWarning``) that its figure is a
+    lower bound."""
+    log = log if log is not None else current_log()
+    figure, kind = _bytes_figure(report, log.settings)
+    missing = report.unmodelled_kernels if kind == "modelled" else []
+    if missing and len(missing) == report.kernel_count:
+        raise FusionAssertionError(
+            failure_message(
+                report,
+                f"{where}: cannot check bytes against {what} {format_bytes(limit)}: none of the "
+                f"{report.kernel_count} kernel(s) of {report.label} has a byte model. Pass measured bytes "
+                "(--fusion-counters=ncu), or declare the bytes of hand-written Triton kernels in their "
+                "launch_metadata (docs/bytes.md)",
+                log=log,
+            )
+        )
+    if figure <= limit and missing:
+        warnings.warn(
+            FusionCheckWarning(
+                f"{where}: {format_bytes(figure)} {kind} <= {what} {format_bytes(limit)} ({report.label}), but "
+                f"{len(missing)} of {report.kernel_count} kernels have no byte model (#{', #'.join(map(str, missing[:10]))}): "
+                "the figure is a lower bound"
+            ),
+            stacklevel=3,
+        )
+    if figure > limit:
+        excess = figure - limit
+        details = _per_kernel_excess(report, limit, log.settings)
+        raise FusionAssertionError(
+            failure_message(
+                report,
+                f"{where}: {format_bytes(figure)} {kind} > {what} {format_bytes(limit)} "
+                f"(excess {format_bytes(excess)}, {figure / limit:.2f}x) ({report.label})" if limit else
+                f"{where}: {format_bytes(figure)} {kind} > {what} 0 B ({report.label})",
+                details,
+                log=log,
+            )
+        )
+
+
+def check_bandwidth(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
+    from . import roofline
+
+    log = log if log is not None else current_log()
+    roofline.ensure_efficiency(report, log.settings)
+    eff = report.efficiency
+    if eff is None:
+        raise FusionAssertionError(
+            failure_message(report, f"{where}: efficiency unknown for {report.label} (no budget, time or peak bandwidth)", log=log)
+        )
+    if eff >= fraction:
+        return
+    headline = (
+        f"{where}: {eff:.1%} of peak bandwidth < required {fraction:.0%} ({report.label}): "
+        f"budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(report.time_s)} "
+        f"({report.time_source}) = {format_bandwidth((report.budget.total / report.time_s) if report.budget and report.time_s else None)} "
+        f"against peak {format_bandwidth(report.peak_bandwidth)}"
+    )
+    if report.device == "cpu" and not log.settings.enforce_cpu_timing:
+        report.warnings.append(headline + " [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]")
+        return
+    raise FusionAssertionError(failure_message(report, headline, log=log))
