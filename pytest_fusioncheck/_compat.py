@@ -89,11 +89,24 @@ def dynamo_utils() -> Any | None:
     """``torch._dynamo.utils`` (graph-break reasons, guard failures), or ``None``."""
     try:
         from torch._dynamo import utils
-
-        return utils
     except Exception as exc:
         _warn_once("graph-break reasons (torch._dynamo.utils)", exc)
         return None
+    missing = [a for a in ("graph_break_reasons", "guard_failures") if not hasattr(utils, a)]
+    if missing:
+        _warn_once(f"graph-break reasons (torch._dynamo.utils.{', '.join(missing)})")
+        return None
+    return utils
+
+
+def graph_break_logger_names() -> list[str]:
+    """Names of the loggers Dynamo writes graph breaks to (its ``graph_breaks`` artifact)."""
+    try:
+        from torch._logging._internal import log_registry
+
+        return [n for n in log_registry.get_artifact_log_qnames() if n.endswith(".__graph_breaks")]
+    except Exception:  # the two well-known names (graph_breaks.py) still apply
+        return []
 
 
 # --------------------------------------------------------------------------- inductor

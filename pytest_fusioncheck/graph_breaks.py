@@ -30,6 +30,7 @@ import re
 import types
 from typing import Any, Callable, Iterable
 
+from . import _compat
 from .where import relpath, user_frame
 
 __all__ = [
@@ -129,8 +130,10 @@ class GraphBreakRecorder:
         self._log_events: list[GraphBreak] = []
 
     def __enter__(self) -> GraphBreakRecorder:
-        from torch._dynamo import utils as dynamo_utils
-
+        dynamo_utils = _compat.dynamo_utils()
+        if dynamo_utils is None:  # warned by _compat: no reasons to read
+            self._reasons_before = None
+            return self
         # Holding the old entries keeps their ids unique while we compare against them.
         self._reasons_before = list(dynamo_utils.graph_break_reasons)
         self._failures_before = {
@@ -144,7 +147,8 @@ class GraphBreakRecorder:
         try:
             self.collect()
         finally:
-            _log_tap.unsubscribe(self._on_log_record)
+            if self._reasons_before is not None:
+                _log_tap.unsubscribe(self._on_log_record)
             self._reasons_before = None
 
     @property
@@ -154,10 +158,9 @@ class GraphBreakRecorder:
 
     def collect(self) -> GraphBreakRecorder:
         """Refresh ``graph_breaks`` and ``recompiles`` from what Dynamo recorded so far."""
-        if self._reasons_before is None:
+        dynamo_utils = _compat.dynamo_utils()
+        if self._reasons_before is None or dynamo_utils is None:
             return self
-        from torch._dynamo import utils as dynamo_utils
-
         seen = {id(r) for r in self._reasons_before}
         new_reasons = [r for r in dynamo_utils.graph_break_reasons if id(r) not in seen]
         logged = {(e.filename, e.lineno): e for e in self._log_events if not e.frame_skipped}
@@ -478,13 +481,7 @@ class _LogTap(logging.Handler):
 
 
 def _graph_break_loggers() -> list[logging.Logger]:
-    names = set(_GRAPH_BREAK_LOGGERS)
-    try:
-        from torch._logging._internal import log_registry
-
-        names.update(n for n in log_registry.get_artifact_log_qnames() if n.endswith(".__graph_breaks"))
-    except Exception:
-        pass
+    names = set(_GRAPH_BREAK_LOGGERS) | set(_compat.graph_break_logger_names())
     return [logging.getLogger(name) for name in sorted(names)]
 
 

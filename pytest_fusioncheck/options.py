@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from .baseline import DEFAULT_PATH as DEFAULT_BASELINE
 from .budget import parse_bytes
 from .state import Settings
 
@@ -30,7 +31,6 @@ OPTIONS: dict[str, tuple[str, str, Any]] = {
     "report": ("print the kernel table of every profiled test in the terminal summary", "bool", False),
     "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
 }
-DEFAULT_BASELINE = ".fusioncheck-baseline.json"
 
 MARKERS = (
     "max_kernels(n, *, cpu=None, cuda=None): every fusion report of the test has at most n kernels "

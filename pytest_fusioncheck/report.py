@@ -200,10 +200,10 @@ class FusionReport:
 
     @property
     def device_kind(self) -> str:
-        """Baseline key: ``"cpu"`` or ``"cuda:<device name>"``."""
-        if self.device == "cpu":
-            return "cpu"
-        return f"{self.device}:{self.device_name}" if self.device_name else self.device
+        """Baseline key: ``"cpu"`` or ``"cuda:<device name>"`` (``baseline.device_kind``)."""
+        from .baseline import device_kind
+
+        return device_kind(self.device, self.device_name)
 
     def table(self, *, max_rows: int = 60) -> str:
         """The kernel table, copies listed after the kernels."""

@@ -207,6 +207,48 @@ def test_the_reference_layer_norm_forward_passes_bandwidth_bound(run):
     assert_bandwidth_bound_within(0.9, report=report)
 
 
+# Every reference-kernel shape at >= 92% of copy in BENCHMARKS.md's tables.
+AT_COPY_SPEED = [
+    ("softmax", torch.float32, (524288, 256)),
+    ("softmax", torch.float32, (131072, 1024)),
+    ("softmax", torch.float32, (32768, 4096)),
+    ("softmax", torch.float32, (8192, 16384)),
+    ("softmax", torch.bfloat16, (524288, 256)),
+    ("softmax", torch.bfloat16, (131072, 1024)),
+    ("softmax", torch.bfloat16, (32768, 4096)),
+    ("softmax", torch.bfloat16, (8192, 16384)),
+    ("layer_norm", torch.float32, (131072, 1024)),
+    ("layer_norm", torch.float32, (32768, 4096)),
+    ("layer_norm", torch.bfloat16, (131072, 1024)),
+    ("layer_norm", torch.bfloat16, (32768, 4096)),
+    ("layer_norm", torch.bfloat16, (8192, 16384)),
+    ("layer_norm_backward", torch.float32, (131072, 1024)),
+    ("layer_norm_backward", torch.float32, (32768, 4096)),
+]
+
+
+@pytest.mark.parametrize("subject, dtype, shape", AT_COPY_SPEED, ids=lambda v: str(v).replace("torch.", ""))
+def test_every_reference_shape_at_copy_speed_passes_bandwidth_bound(subject, dtype, shape):
+    from reference_kernels import layer_norm, softmax
+
+    x = torch.randn(*shape, device="cuda", dtype=dtype)
+    if subject == "softmax":
+        report = profile(softmax.fused, x)
+        report.budget = softmax.budget(x)
+    else:
+        w = torch.randn(shape[1], device="cuda", dtype=dtype)
+        b = torch.randn(shape[1], device="cuda", dtype=dtype)
+        if subject == "layer_norm":
+            report = profile(layer_norm.fused, x, w, b)
+            report.budget = layer_norm.budget(x, w, b)
+        else:
+            _, mean, rstd = layer_norm.forward(x, w, b)
+            dy = torch.randn_like(x)
+            report = profile(layer_norm.backward, dy, x, w, mean, rstd)
+            report.budget = layer_norm.budget(x, w, b, backward=True)
+    assert_bandwidth_bound_within(0.9, report=report)
+
+
 # --------------------------------------------------------------------------- bytes
 
 
@@ -367,3 +409,28 @@ def test_two_reports_measured(fusion):
     result.assert_outcomes(passed=0, failed=2)
     result.stdout.fnmatch_lines(["*@pytest.mark.max_kernels(1): 5 kernels launched, limit 1*"])
     result.stdout.fnmatch_lines(["*@pytest.mark.max_hbm_bytes(1153433600): * measured > limit*"])
+
+
+def test_a_profiled_tests_cuda_tensors_are_freed_after_its_teardown(pytester):
+    from conftest import PLUGIN_ARGS
+
+    pytester.makepyfile(
+        """
+import torch
+
+held = []
+
+def test_profiles(fusion):
+    held.append(torch.cuda.memory_allocated())
+    x = torch.randn(64 << 20, device="cuda")  # 256 MiB in, 256 MiB out
+    report = fusion.profile(lambda t: t * 2, x)
+    fusion.assert_bandwidth_bound_within(0.01)  # runs the timer, which closed over x
+    assert report.output is not None
+
+def test_after_teardown():
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - held[0] < (16 << 20), torch.cuda.memory_allocated() - held[0]
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *PLUGIN_ARGS, timeout=300)
+    result.assert_outcomes(passed=2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._compat import kineto_events
 from ..ops import OpRecord, TritonLaunch
 from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
@@ -29,8 +30,8 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
     copies: list[Kernel] = []
     op_events: dict[int, Any] = {}
     triton_events: dict[int, Any] = {}
-    for e in prof.events():
-        name = e.name
+    for e in kineto_events(prof):  # raw events: cheaper than prof.events()' tree
+        name = e.name()
         if name.startswith(OP_RANGE_PREFIX):
             op_events[int(name[len(OP_RANGE_PREFIX):])] = e
         elif name.startswith(TRITON_RANGE_PREFIX):
@@ -42,24 +43,24 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                 kernels.append(
                     Kernel(
                         name=kname,
-                        time_s=e.time_range.elapsed_us() * 1e-6,
+                        time_s=e.duration_ns() * 1e-9,
                         bytes=nbytes if nbytes is not None else inductor_kernel_bytes(kname),
                         op=generated_origin(kname),
                         source=None,
                         bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
-                        start_ns=int(e.time_range.start * 1000),
+                        start_ns=e.start_ns(),
                     )
                 )
     for op in ops:
         e = op_events.get(op.index)
         k = Kernel(
             name=op.op,
-            time_s=(e.time_range.elapsed_us() * 1e-6) if e is not None else op.wall_ns * 1e-9,
+            time_s=(e.duration_ns() * 1e-9) if e is not None else op.wall_ns * 1e-9,
             bytes=op.bytes,
             op=op.op,
             source=op.source,
             kind=op.kind,
-            start_ns=int(e.time_range.start * 1000) if e is not None else 0,
+            start_ns=e.start_ns() if e is not None else 0,
         )
         (copies if op.kind == "copy" else kernels).append(k)
     for launch in triton:
@@ -73,7 +74,7 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                 bytes=launch.bytes,
                 op="triton",
                 source=launch.source,
-                start_ns=int(e.time_range.start * 1000) if e is not None else 0,
+                start_ns=e.start_ns() if e is not None else 0,
             )
         )
     kernels.sort(key=lambda k: k.start_ns)

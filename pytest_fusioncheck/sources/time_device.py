@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from .._compat import kineto_events
 from ..ranges import REP_RANGE_PREFIX
+from .time_wall import l2_flush_buffer, wall_times
 
 
 def per_rep_device_time(
@@ -41,13 +42,6 @@ def per_rep_device_time(
                 seen[i] = True
                 break
     return [totals[i] * 1e-9 for i in range(len(reps)) if seen[i]]
-
-
-def l2_flush_buffer(device: str) -> Any:
-    import torch
-
-    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
-    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
 
 
 def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 10, budget_s: float = 1.0) -> list[float]:
@@ -103,8 +97,6 @@ class DeviceTime:
     """``TimeSource`` for GPUs: median device time, median unprofiled wall time beside it."""
 
     def time(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[float, int, float, str]:
-        from .time_wall import wall_times
-
         wall = statistics.median(wall_times(fn, args, kwargs, "cuda"))
         dev = device_times(fn, args, kwargs)
         if not dev:  # nothing launched (or no Kineto events): the wall time is all there is

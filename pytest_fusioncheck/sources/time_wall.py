@@ -10,7 +10,13 @@ import statistics
 import time
 from typing import Any, Callable
 
-from .time_device import l2_flush_buffer
+
+def l2_flush_buffer(device: str) -> Any:
+    """A buffer twice the L2 (at least 64 MiB): writing it evicts whatever a call left there."""
+    import torch
+
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 50 << 20)
+    return torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device=device)
 
 
 def wall_times(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str, reps: int = 10, budget_s: float = 1.0) -> list[float]:

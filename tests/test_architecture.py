@@ -1,0 +1,158 @@
+"""The pipeline's shape (docs/architecture.md): state kept per session and per test, nothing
+shared between two sessions in one process, reports' tensors released at teardown, every
+switch restored after a profiled call, no import cycles and no torch import at plugin load."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pytest_fusioncheck
+from pytest_fusioncheck import profile
+from pytest_fusioncheck.state import current_log
+
+PACKAGE = os.path.dirname(pytest_fusioncheck.__file__)
+
+ENFORCED = """
+import torch
+from pytest_fusioncheck import assert_bandwidth_bound_within
+
+def test_bandwidth(fusion):
+    fusion.profile(torch.add, torch.ones(64), torch.ones(64))
+    assert_bandwidth_bound_within(0.9)
+"""
+
+
+def test_two_sessions_in_one_process_share_no_settings_and_no_reports(run_pytest, pytester):
+    pytester.makepyfile(test_enforced=ENFORCED)
+    before = len(current_log().reports)
+    first = run_pytest("--fusion-enforce-cpu-timing", "--fusion-peak-bandwidth=1e15")
+    first.assert_outcomes(failed=1)
+    first.stdout.fnmatch_lines(["*of peak bandwidth < required 90%*"])
+    second = run_pytest()  # same process, no flags: reported, not enforced, and a fresh peak
+    second.assert_outcomes(passed=1)
+    assert len(current_log().reports) == before  # neither session's reports reached this test's log
+
+
+FREED = """
+import gc, weakref, torch
+from pytest_fusioncheck import assert_max_kernels
+
+refs = []
+
+def make(x):
+    return x * 2
+
+def test_profiles(fusion):
+    x = torch.randn(1024)
+    report = fusion.profile(make, x)
+    refs.append(weakref.ref(report.output))
+    refs.append(weakref.ref(x))
+    report.timer  # the lazy timer closes over the inputs
+    assert_max_kernels(1)
+
+def test_after_teardown_the_tensors_are_gone():
+    gc.collect()
+    assert refs and all(r() is None for r in refs), [r() is None for r in refs]
+"""
+
+
+def test_a_profiled_tests_tensors_are_freed_after_its_teardown(run_pytest, pytester):
+    pytester.makepyfile(test_freed=FREED)
+    run_pytest("-p", "no:randomly").assert_outcomes(passed=2)
+
+
+def test_the_inductor_switches_and_launcher_hooks_are_restored_after_a_profiled_call():
+    import torch._inductor.config as inductor_config
+    from torch._inductor.codegen.cpp import CppScheduling
+
+    cache, profile_flag = inductor_config.fx_graph_cache, inductor_config.cpp.enable_kernel_profile
+    define_kernel = CppScheduling.define_kernel
+    seen = {}
+
+    def look(x):
+        seen["cache"] = inductor_config.fx_graph_cache
+        seen["define_kernel"] = CppScheduling.define_kernel
+        return x + 1
+
+    profile(look, torch.ones(4))
+    assert seen["cache"] is False and seen["define_kernel"] is not define_kernel  # on during the call
+    assert inductor_config.fx_graph_cache == cache
+    assert inductor_config.cpp.enable_kernel_profile == profile_flag
+    assert CppScheduling.define_kernel is define_kernel
+
+
+def _imports(path: str) -> set[str]:
+    """Modules of the package that ``path`` imports (at any depth of the file)."""
+    tree = ast.parse(open(path).read())
+    rel = os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+    here = rel.split("/")[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            target = base + (node.module.split(".") if node.module else [])
+            names = [target + [a.name] for a in node.names] if not node.module else [target]
+            for t in names:
+                candidate = "/".join(t)
+                if os.path.exists(os.path.join(PACKAGE, candidate + ".py")):
+                    out.add(candidate)
+                elif os.path.isdir(os.path.join(PACKAGE, candidate)):
+                    out.add(candidate + "/__init__")
+    return out
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph = {}
+    for root, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                graph[os.path.relpath(path, PACKAGE)[:-3].replace(os.sep, "/")] = _imports(path)
+    return graph
+
+
+def test_the_package_has_no_import_cycles():
+    graph = _module_graph()
+    assert "plugin" in graph and "state" in graph
+    visiting, done, cycles = set(), set(), []
+
+    def visit(node, path):
+        if node in visiting:
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if node in done:
+            return
+        visiting.add(node)
+        for nxt in graph.get(node, ()):
+            visit(nxt, path + [node])
+        visiting.discard(node)
+        done.add(node)
+
+    for node in graph:
+        visit(node, [])
+    assert not cycles, cycles
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_triton():
+    code = "import sys, pytest_fusioncheck.plugin; print('torch' in sys.modules, 'triton' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_private_torch_apis_are_reached_only_through_compat():
+    offenders = []
+    for root, _, files in os.walk(PACKAGE):
+        for f in files:
+            if not f.endswith(".py") or f == "_compat.py":
+                continue
+            text = open(os.path.join(root, f)).read()
+            for needle in ("torch._dynamo.utils import", "from torch._dynamo import utils", "kineto_results", "_python_dispatch", "JITFunction.run", "define_kernel ="):
+                if needle in text:
+                    offenders.append(f"{f}: {needle}")
+    assert not offenders, offenders
