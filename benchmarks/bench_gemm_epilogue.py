@@ -5,8 +5,8 @@ runs) and the percentage of torch.mm's TFLOPS measured in the same run for: torc
 alone, our fused kernel (exact GELU), the eager chain mm + bias + gelu,
 ``torch._addmm_activation`` (cuBLASLt's own bias+GELU epilogue, which uses the tanh
 GELU), and torch.compile of the chain. ``--variants`` adds our kernel without an
-epilogue, with the tanh GELU, with the PTX fast-math GELU, and each candidate config with each
-exact-GELU fit (degree 9, 7, 5): the sweep behind docs/kernels.md ("gemm_epilogue").
+epilogue, with the tanh GELU, and each candidate config with each exact-GELU fit (degree 9,
+7, 5): the sweep behind docs/kernels.md ("gemm_epilogue").
 
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--quick] [--variants] [--out DIR]
 """
@@ -74,11 +74,10 @@ def main() -> None:
                 "ours, no epilogue": lambda: ge._run(a, b, out, None, None, 0, path=path, config=config),
                 "ours, bias+gelu(tanh)": lambda: ge._run(a, b, out, bias, None, ge._activation_code("gelu", "tanh"),
                                                          path=path, config=config),
-                "ours, bias+gelu(PTX fast-math)": lambda: ge._run(a, b, out, bias, None, 4, path=path, config=config),
             }
             gelu = ge._activation_code("gelu")
-            for cfg in ge._gemm_configs(key[0], n, n, n) + ([ge._TWO_PER_SM_CONFIG] if path == "tma" else []):
-                for degree in (9, 7, 5):  # the exact GELU's fit (_gelu): erfcc's 9, then 2 and 4 FMAs fewer
+            for cfg in ge._gemm_configs(key[0], n, n, n):
+                for degree in (9, 7, 5):  # the exact GELU's fit (_math.gelu): erfcc's 9, then 2 and 4 FMAs fewer
                     extra[f"ours cfg {cfg}, GELU degree {degree}"] = (
                         lambda cfg=cfg, d=degree: ge._run(a, b, out, bias, None, gelu, path=path, config=cfg,
                                                           gelu_degree=d)

@@ -1,7 +1,10 @@
-"""Shared launch heuristics and input checks for the reference kernels.
+"""Shared host-side helpers of the reference kernels: input checks, launch heuristics, row views.
 
-One place for the choices every launcher makes (block size, warps), as Liger-Kernel's
-``calculate_settings`` does, so that tuning one subject does not fork the others.
+One place for the choices every launcher makes (block size, warps, SMs), as Liger-Kernel's
+``ops/utils.py`` keeps ``calculate_settings`` and ``infer_device``, so that tuning one subject
+does not fork the others. Triton helpers that several subjects call live beside it:
+``_math.py`` (fast-math primitives and the exact GELU). Subject modules import from
+these, never from each other.
 """
 
 from __future__ import annotations
@@ -42,3 +45,58 @@ def check_tensor(t: object, name: str, *, dtypes=FLOAT_DTYPES, ndim: int | None 
             f"{name} is on {t.device}; the fused kernels run on CUDA tensors "
             "(or on CPU tensors under TRITON_INTERPRET=1)"
         )
+
+
+# --------------------------------------------------------------------------- launch heuristics
+
+INTERPRETER_SMS = 3  # "SMs" off CUDA and under the interpreter: few, so persistent programs walk several tiles
+ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (docs/kernels.md, "softmax")
+_sm_counts: dict = {}
+
+
+def warps_for(elements: int) -> int:
+    """Warps for a program holding ``elements`` in registers: ``ELEMS_PER_THREAD`` a thread, 4 to 16 warps."""
+    return max(4, min(16, elements // (32 * ELEMS_PER_THREAD)))
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (cached), or ``INTERPRETER_SMS`` under the interpreter or off CUDA.
+
+    Persistent grids are sized from it; off the GPU it never asks CUDA, so a CPU run cannot fail here.
+    """
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_SMS
+    if device not in _sm_counts:
+        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device]
+
+
+# --------------------------------------------------------------------------- row views and outputs
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as an (M, N) view with unit column stride; copies only when no such view exists."""
+    n_cols = x.shape[-1]
+    if x.stride(-1) != 1 and n_cols > 1:
+        x = x.contiguous()
+    try:
+        return x.view(-1, n_cols)
+    except RuntimeError:  # leading dims not flattenable without a copy
+        return x.contiguous().view(-1, n_cols)
+
+
+def rows_cols(x: torch.Tensor) -> tuple[int, int]:
+    """(M, N) of ``x`` seen as rows of its last dimension; a 0-d tensor is one row of one."""
+    n_cols = x.shape[-1] if x.dim() else 1
+    return (x.numel() // n_cols if n_cols else 0), n_cols
+
+
+def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A fresh contiguous tensor like ``x``, or ``out`` once checked to be one."""
+    if out is None:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out must be a tensor of x's shape {tuple(x.shape)}, dtype {x.dtype} and device {x.device}")
+    if not out.is_contiguous():
+        raise ValueError("out must be contiguous")
+    return out

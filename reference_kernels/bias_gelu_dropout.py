@@ -25,8 +25,9 @@ import triton
 import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
-from reference_kernels._common import check_tensor, interpreting, next_power_of_2
-from reference_kernels.gemm_epilogue import _gelu, _phi_scaled
+
+from ._common import check_tensor, interpreting, next_power_of_2, sm_count
+from ._math import gelu, phi_scaled
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
 PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
@@ -168,7 +169,7 @@ def _bias_gelu_dropout_kernel(
     BLOCK_N: tl.constexpr,
     RNG_BITS: tl.constexpr,
     HAS_DROPOUT: tl.constexpr,  # p > 0 (else no random numbers are drawn)
-    GELU_MODE: tl.constexpr,  # see gemm_epilogue._gelu: 0/3 exact, 1 tanh, 2 libdevice erf
+    GELU_MODE: tl.constexpr,  # see _math.gelu: 0 exact, 1 tanh, 2 exact with PTX fast-math
     WIDE: tl.constexpr,
     N_ROUNDS: tl.constexpr,
 ):
@@ -181,7 +182,7 @@ def _bias_gelu_dropout_kernel(
     rows64 = rows.to(tl.int64)[:, None, None]
     x = tl.load(x_ptr + rows64 * stride_xm + cols, mask=mask, other=0.0)
     b = tl.load(bias_ptr + cols, mask=in_cols, other=0.0)
-    y = _gelu(x.to(tl.float32) + b.to(tl.float32), GELU_MODE)
+    y = gelu(x.to(tl.float32) + b.to(tl.float32), GELU_MODE)
     if HAS_DROPOUT:
         keep = _keep(seed, rows, groups, tl.cdiv(N, LANES), threshold, RNG_BITS, WIDE, N_ROUNDS)
         y = y * tl.where(keep, scale, 0.0)  # a multiply, so NaN/inf stay NaN when dropped, like torch
@@ -260,7 +261,7 @@ def _bias_gelu_dropout_lean_kernel(
     WIDE: tl.constexpr,  # Philox counters may pass 2**31: compute them in int64
     N_ROUNDS: tl.constexpr,
     PREFETCH: tl.constexpr,  # load the program's next row tile before working on this one
-    GELU_DEGREE: tl.constexpr,  # 7, or 5 for 16-bit outputs (see _phi_scaled)
+    GELU_DEGREE: tl.constexpr,  # 7, or 5 for 16-bit outputs (see _math.phi_scaled)
 ):
     """The first ("measured") kernel's outputs and mask with fewer instructions an element (docs/kernels.md).
 
@@ -304,7 +305,7 @@ def _bias_gelu_dropout_lean_kernel(
             x_next = _load_tile(x_ptr, tl.minimum(row0 + step, last0), x_offs, local, col_mask, M, stride_xm, EVEN)
         else:
             x = _widen_f32(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
-        sel = _phi_scaled(x + b, scale, log2_scale, FAST, GELU_DEGREE)
+        sel = phi_scaled(x + b, scale, log2_scale, FAST, GELU_DEGREE)
         if HAS_DROPOUT:
             r = _lane_words(seed, row0 + tl.arange(0, BLOCK_M), groups, groups_per_row, LANES, WIDE, N_ROUNDS, FAST)
             r = tl.where(lane % 2 == 0, r << 16, r)  # the lane's 16-bit draw in the top half
@@ -313,7 +314,7 @@ def _bias_gelu_dropout_lean_kernel(
         tl.store(y_row + y_offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# --------------------------------------------------------------------------- launch heuristics
+# --------------------------------------------------------------------------- plan: launch heuristics
 
 
 def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, int]:
@@ -337,12 +338,7 @@ def _lean_programs(M: int, block_m: int, col_tiles: int, device: torch.device) -
     row_tiles = triton.cdiv(M, block_m)
     if interpreting() or device.type != "cuda":
         return min(row_tiles, 2)
-    if device not in _sm_counts:
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(row_tiles, _LEAN_PROGRAMS_PER_SM * _sm_counts[device] // col_tiles))
-
-
-_sm_counts: dict = {}
+    return max(1, min(row_tiles, _LEAN_PROGRAMS_PER_SM * sm_count(device) // col_tiles))
 
 
 def _lean_gelu_degree(out_dtype: torch.dtype, asked: int | None) -> int:
@@ -354,19 +350,15 @@ def _lean_gelu_degree(out_dtype: torch.dtype, asked: int | None) -> int:
 
 
 def _gelu_mode(approximate: str) -> int:
-    """tanh form (1), or the exact form with PTX fast-math on CUDA (3) and portable ops in the interpreter (0)."""
-    return 1 if approximate == "tanh" else (0 if interpreting() else 3)
+    """tanh form (1), or the exact form with PTX fast-math on CUDA (2) and portable ops in the interpreter (0)."""
+    return 1 if approximate == "tanh" else (0 if interpreting() else 2)
+
+
+# --------------------------------------------------------------------------- launchers
 
 
 def _threshold(p: float, rng_bits: int = RNG_BITS) -> int:
     return int(round(p * (1 << rng_bits)))
-
-
-def _check_p_seed(p, seed) -> None:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
 
 
 def _rows_view(x: torch.Tensor) -> torch.Tensor:
@@ -438,6 +430,13 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
 
 
 # --------------------------------------------------------------------------- public functions
+
+
+def _check_p_seed(p, seed) -> None:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
 
 
 def dropout_mask(shape, p: float, seed: int, device="cuda", rng_bits: int = RNG_BITS) -> torch.Tensor:

@@ -7,7 +7,7 @@ leaves the chip. The unfused version writes and re-reads it three more times.
 Two kernels share one epilogue:
 
 * ``_gemm_epilogue_tma_kernel``: Hopper style (sm_90+): a persistent grid of one
-  (or, as configured, two) programs an SM walking the output tiles in grouped order,
+  program an SM (a config's last field) walking the output tiles in grouped order,
   operands fetched by TMA through host-side tensor descriptors, stores through TMA
   (optionally in two column halves, which frees shared memory for a deeper pipeline).
 * ``_gemm_epilogue_kernel``: the plain tiled ``tl.dot`` kernel with pointer loads,
@@ -27,10 +27,12 @@ import triton
 import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
-from reference_kernels._common import check_tensor, interpreting
+
+from ._common import check_tensor, interpreting, sm_count
+from ._math import gelu
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16)
-_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh"); 4: gelu, PTX fast-math
+_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh")
 _APPROXIMATIONS = ("none", "tanh")
 
 
@@ -51,118 +53,13 @@ def _launch_metadata(grid, kernel, args):
 
 
 @triton.jit
-def _rcp(x, FAST: tl.constexpr):
-    if FAST:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return 1.0 / x
-
-
-@triton.jit
-def _exp2(x, FAST: tl.constexpr):
-    if FAST:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.exp2(x)
-
-
-@triton.jit
-def _phi_scaled(x, s, log2_s, FAST: tl.constexpr, DEGREE: tl.constexpr = 7):
-    """s * Phi(x), Phi the standard normal CDF, so that GELU(x) * s = x * _phi_scaled(x, s, log2(s)).
-
-    The form of _gelu's degree-9 erfc fit (DEGREE 9: Phi(-|x|) = t * 2**(P(t) - w*w)) with the
-    dropout scale s moved into the exponent's constant term (s * Phi(-|x|) = t * 2**(P(t)
-    + log2(s) - w*w)) and into the reflection (s * Phi(|x|) = s - s * Phi(-|x|)): the scale
-    costs no instruction. s = 0 (log2 s = -inf) gives 0, as GELU * 0 does. ``scripts/gelu_fit.py``
-    fits P and checks it with the float32 pipeline emulated.
-    """
-    ax = tl.abs(x)
-    t = _rcp(1.0 + 0.35355339059327373 * ax, FAST)  # 1 / (1 + z/2), z = |x| / sqrt(2)
-    if DEGREE == 5:
-        # Unweighted minimax of P (scripts/gelu_fit.py "5 rel"), 2 FMAs fewer: max relative GELU
-        # error 1.42e-5 on [-10, 10]; bf16 / fp16 outputs within 1 ulp of the correctly rounded
-        # value everywhere checked, off it for 0.04% / 0.18% of inputs (degree 7: 0.01% / 0.02%).
-        p = 0.33007541298866272 * t - 1.0231484174728394
-        p = p * t + 0.68455159664154053
-        p = p * t + 0.36708247661590576
-        p = p * t + 1.4686834812164307
-        p = p * t + (log2_s - 2.8272335529327393)
-    else:
-        # Degree 7 instead of erfcc's 9: a minimax fit of log2(Phi(-|x|) / t) + w * w on z in [0, 10],
-        # weighted by 1 + 2z so the error goes where float32's rounding of w * w leaves room. Max
-        # relative (absolute) GELU error against float64, float32 emulated: 1.031e-5 (3.84e-7) on
-        # [-10, 10], 4.15e-6 on [-7, 7], equal to or below the degree-9 fit's 1.031e-5 and 4.18e-6.
-        p = -0.29061277366264743 * t + 1.1621854899929596
-        p = p * t - 1.5702150578606275
-        p = p * t + 0.6121152188998823
-        p = p * t - 0.10889426977729336
-        p = p * t + 0.5822939935845977
-        p = p * t + 1.4387150858074316
-        p = p * t + (log2_s - 2.825590018722917)
-    w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
-    h = t * _exp2(p - w * w, FAST)  # s * Phi(-|x|)
-    return tl.where(x >= 0.0, s - h, h)
-
-
-@triton.jit
-def _gelu(x, MODE: tl.constexpr, DEGREE: tl.constexpr = 9):
-    """GELU of an fp32 tensor.
-
-    MODE 0: exact (erf) form; 1: tanh approximation; 2: exact via libdevice's erff;
-    3: MODE 0 with PTX fast-math (``rcp.approx.ftz``, ``ex2.approx.ftz``), CUDA only.
-    DEGREE (modes 0 and 3): 9, the erfcc polynomial below; 7, ``_phi_scaled``'s fit of the same
-    accuracy with two FMAs fewer; 5, two fewer again, for 16-bit outputs only (within one
-    bf16/fp16 ulp of the correctly rounded GELU; ``scripts/gelu_fit.py``).
-
-    MODE 0 writes Phi(x) = 0.5 * erfc(-x / sqrt(2)) with the Chebyshev fit of erfc from
-    Numerical Recipes (erfcc: erfc(z) = t * exp(-z*z + P(t)), t = 1 / (1 + z/2), P of
-    degree 9, relative error under 1.2e-7 for every argument, so the tails stay
-    accurate), in base 2 with the 0.5 of Phi folded into the exponent: one reciprocal,
-    one exp2 and eleven FMAs. Against float64 GELU it is within 5.3e-6 relative
-    (3.8e-7 absolute) on [-7, 7], closer than torch's own float32 GELU, which flushes to
-    0 below x = -8.3. libdevice's erff costs about twice the instructions (it selects its
-    polynomial's coefficients per element); MODE 3 also drops the range fix-ups that
-    IEEE-style division and exp2 put around their MUFU instruction.
-    MODE 1 writes 0.5 x (1 + tanh(u)) as x * sigmoid(2u), with one exp.
-    All modes give +inf at +inf and NaN at -inf and NaN, as torch's CUDA kernels do.
-    """
-    if MODE == 1:
-        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        return x / (1.0 + tl.exp(-2.0 * u))
-    elif MODE == 2:
-        return 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    elif DEGREE != 9:
-        return x * _phi_scaled(x, 1.0, 0.0, MODE == 3, DEGREE)
-    else:
-        ax = tl.abs(x)
-        t = _rcp(1.0 + 0.35355339059327373 * ax, MODE == 3)  # 1 / (1 + z/2), z = |x| / sqrt(2)
-        # log2(e) * erfcc's polynomial, minus 1 for the 0.5 in Phi = 0.5 * erfc.
-        p = 0.246517298 * t - 1.18611495
-        p = p * t + 2.14747446
-        p = p * t - 1.63775315
-        p = p * t + 0.402321582
-        p = p * t - 0.26875686
-        p = p * t + 0.139630057
-        p = p * t + 0.539700616
-        p = p * t + 1.4427292
-        p = p * t - 2.82574822
-        w = 0.8493218002880191 * ax  # w * w = z * z * log2(e)
-        h = t * _exp2(p - w * w, MODE == 3)  # Phi(-|x|)
-        return x * tl.where(x >= 0.0, 1.0 - h, h)
-
-
-@triton.jit
 def _activation(x, ACTIVATION: tl.constexpr, GELU_DEGREE: tl.constexpr):
     if ACTIVATION == 1:
         x = tl.where(x < 0.0, 0.0, x)  # relu; NaN stays NaN like torch.relu
     elif ACTIVATION == 2:
-        x = _gelu(x, 0, GELU_DEGREE)
+        x = gelu(x, 0, GELU_DEGREE)
     elif ACTIVATION == 3:
-        x = _gelu(x, 1)
-    elif ACTIVATION == 4:
-        x = _gelu(x, 3, GELU_DEGREE)
+        x = gelu(x, 1)
     return x
 
 
@@ -180,7 +77,7 @@ def _epilogue(
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    GELU_DEGREE: tl.constexpr,  # the exact GELU's fit: 9, 7 or (16-bit outputs) 5; see _gelu
+    GELU_DEGREE: tl.constexpr,  # the exact GELU's fit: 9, 7 or (16-bit outputs) 5; see _math.gelu
 ):
     if HAS_BIAS:
         bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
@@ -326,7 +223,7 @@ def _gemm_epilogue_tma_kernel(
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
-# --------------------------------------------------------------------------- launch heuristics
+# --------------------------------------------------------------------------- plan: launch heuristics
 
 _TMA_CONFIGS = [
     # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps, programs an SM;
@@ -337,11 +234,6 @@ _TMA_CONFIGS = [
     (128, 256, 64, 8, 2, 4, 8, 1),
     (128, 128, 64, 8, 1, 4, 8, 1),
 ]
-# Two programs an SM, so that one program's epilogue can run while the other's MMAs do (128x128
-# tiles, 112 KB of shared memory and 128 registers a thread each): 84-90% of torch.mm at 4096^3 and
-# 79-92% at 8192^3 in two H200 runs, never the best config (docs/kernels.md, "gemm_epilogue"), so
-# not in the list; the benchmark's --variants times it.
-_TWO_PER_SM_CONFIG = (128, 128, 64, 8, 2, 3, 8, 2)
 _TILED_CONFIGS = [
     (128, 256, 64, 8, 1, 3, 8, 1),
     (128, 128, 64, 8, 1, 4, 8, 1),
@@ -349,7 +241,7 @@ _TILED_CONFIGS = [
 ]
 _SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8, 1)
 _INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1)
-# The exact GELU's fit in the epilogue (see _gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
+# The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
 # (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
 # configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
@@ -389,6 +281,9 @@ def _gemm_configs(path: str, M: int, N: int, K: int) -> list[tuple]:
     return list(configs)
 
 
+# --------------------------------------------------------------------------- launchers
+
+
 def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
     M, K = a.shape
     N = b.shape[1]
@@ -410,7 +305,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
         else:
             b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
-        programs = per_sm * _num_sms(a.device)
+        programs = per_sm * sm_count(a.device)
         grid = (min(programs, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
         _gemm_epilogue_tma_kernel[grid](
             a_desc, b_desc, c_desc, bias, residual, M, N, K, rs[0], rs[1],
@@ -424,17 +319,6 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps, **flags,
         )
-
-
-_sm_counts: dict = {}
-
-
-def _num_sms(device: torch.device) -> int:
-    if interpreting() or device.type != "cuda":
-        return 4
-    if device not in _sm_counts:
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device]
 
 
 def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gelu_degree=None):
@@ -497,8 +381,8 @@ def _check(a, b, bias, activation, residual, approximate) -> int:
 def _activation_code(activation, approximate="none") -> int:
     """The kernels' ACTIVATION code for a user's activation and GELU approximation.
 
-    Exact GELU uses the portable form (2): in the matmul epilogue the PTX fast-math form
-    (4) measured slower on the H200 (661 against 688 TFLOPS at 4096^3; docs/kernels.md, "gemm_epilogue").
+    Exact GELU uses the portable form: in the matmul epilogue the PTX fast-math form measured
+    slower on the H200 (661 against 688 TFLOPS at 4096^3; docs/kernels.md, "gemm_epilogue").
     """
     if activation == "gelu":
         return 3 if approximate == "tanh" else 2
