@@ -22,6 +22,8 @@ from _common import add_out_option, write_output_to  # noqa: E402
 from corpus import EAGER  # noqa: E402
 
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
+from pytest_fusioncheck.graph_breaks import GraphBreakRecorder  # noqa: E402
+from pytest_fusioncheck.sources.bytes_model import inductor_hooks  # noqa: E402
 
 
 def _sync(device):
@@ -70,7 +72,11 @@ def main() -> None:
         def ours():
             profile_call(fn, args, {}, warmup=0, device=device)
 
-        t_bare, t_prof, t_ours = timed(bare, opts.reps), timed(plain_profiler, opts.reps), timed(ours, opts.reps)
+        t_bare, t_prof = timed(bare, opts.reps), timed(plain_profiler, opts.reps)
+        # As inside a test: fixture.test_call keeps Inductor's hooks and a graph-break
+        # recorder open for the whole test call, so a region does not reopen them.
+        with inductor_hooks(), GraphBreakRecorder():
+            t_ours = timed(ours, opts.reps)
         print(f"| {name} | {t_bare * 1e3:.2f} ms | {t_prof * 1e3:.2f} ms | {t_ours * 1e3:.2f} ms | {t_ours - t_prof:+.4f} s ({t_ours / t_prof:.2f}x) |")
 
 

@@ -31,10 +31,10 @@ def test_bandwidth(fusion):
 def test_two_sessions_in_one_process_share_no_settings_and_no_reports(run_pytest, pytester):
     pytester.makepyfile(test_enforced=ENFORCED)
     before = len(current_log().reports)
-    first = run_pytest("--fusion-enforce-cpu-timing", "--fusion-peak-bandwidth=1e15")
+    first = run_pytest("--fusion-device=cpu", "--fusion-enforce-cpu-timing", "--fusion-peak-bandwidth=1e15")
     first.assert_outcomes(failed=1)
     first.stdout.fnmatch_lines(["*of peak bandwidth < required 90%*"])
-    second = run_pytest()  # same process, no flags: reported, not enforced, and a fresh peak
+    second = run_pytest("--fusion-device=cpu")  # same process: reported, not enforced, a fresh peak
     second.assert_outcomes(passed=1)
     assert len(current_log().reports) == before  # neither session's reports reached this test's log
 

@@ -251,13 +251,29 @@ def _attempt(fn: Any) -> Any:
         return None
 
 
+_hooks_open = threading.local()
+
+
 @contextlib.contextmanager
 def inductor_hooks() -> Iterator[None]:
     """While open, record the compulsory bytes (and Inductor's estimate and origins) of
     every kernel Inductor generates, with its caches off so that every compile generates
-    code (``_compat.inductor_switches``). Restored on exit."""
+    code (``_compat.inductor_switches``). Restored on exit. Re-entrant: a profiled call
+    inside a test (which opens them for its whole call) does not patch again."""
+    depth = getattr(_hooks_open, "depth", 0)
+    if depth:
+        _hooks_open.depth = depth + 1
+        try:
+            yield
+        finally:
+            _hooks_open.depth -= 1
+        return
     with _compat.inductor_switches(), _compat.codegen_hooks(_on_cpp_kernel, _on_triton_kernel):
-        yield
+        _hooks_open.depth = 1
+        try:
+            yield
+        finally:
+            _hooks_open.depth = 0
 
 
 def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> int | None:
