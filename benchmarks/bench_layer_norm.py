@@ -107,9 +107,6 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
         if n > layer_norm._MAX_ROW:
             plans.append((f"looped chunk={layer_norm._CHUNK} w={layer_norm._LOOPED_WARPS}",
                           P("looped", 1, layer_norm._CHUNK, layer_norm._LOOPED_WARPS)))
-            for warps, per_sm in ((16, 1), (16, 2), (16, 3), (8, 2), (8, 4), (8, 6)):  # rows in flight bounded
-                plans.append((f"looped chunk={layer_norm._CHUNK} w={warps} per_sm={per_sm}",
-                              P("looped", 1, layer_norm._CHUNK, warps, per_sm=per_sm)))
         if n >= 16384:
             # softmax's wide-row walk (docs/kernels.md, "The split walk"): persistent
             # programs, chunk bytes x warps; split slices of 16 KB steps; fp32 slices held in registers.

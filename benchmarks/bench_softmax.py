@@ -59,23 +59,11 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
         for warps in (8, 16, 32):
             if 4 <= n // (32 * warps) <= 32:
                 plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
-    if n >= 16384:
-        for mode, chunk, warps in (
-            ("two_pass", 4096, 8),
-            ("two_pass", 8192, 16),
-            ("one_pass", 2048, 4),
-            ("one_pass", 4096, 4),
-            ("one_pass", 8192, 8),
-        ):
-            plans.append((f"{mode} chunk={chunk} w={warps}", P(mode, 1, chunk, warps)))
     if n > softmax._MAX_ROW:
         # The L2-resident candidates (docs/kernels.md, "The split walk" and "softmax"): the
         # heuristic's pick first, then neighbours in chunk bytes, warps, programs an SM, slices.
-        looped = P("looped", 1, softmax._CHUNK, softmax._LOOPED_WARPS)
-        plans.append((f"looped chunk={looped.block_n} w={looped.num_warps}", looped))
         for wide in ("persistent", "split"):
             plans.append((wide, softmax._softmax_settings(m, n, size, wide=wide)))
-            plans.append((f"{wide} even (no column masks)", softmax._softmax_settings(m, n, size, wide=wide)._replace(even=True)))
         for chunk_bytes, warps, per_sm in ((32768, 16, 1), (65536, 32, 1), (131072, 32, 1)):
             chunk = chunk_bytes // size
             plans.append((f"persistent chunk={chunk} w={warps} per_sm={per_sm}", P("persistent", 1, chunk, warps, 1, per_sm)))

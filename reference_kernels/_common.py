@@ -3,7 +3,8 @@
 One place for the choices every launcher makes (block size, warps, SMs), as Liger-Kernel's
 ``ops/utils.py`` keeps ``calculate_settings`` and ``infer_device``, so that tuning one subject
 does not fork the others. Triton helpers that several subjects call live beside it:
-``_math.py`` (fast-math primitives and the exact GELU). Subject modules import from
+``_split_walk.py`` (the persistent / split row walk of softmax and the layer-norm forward)
+and ``_math.py`` (fast-math primitives and the exact GELU). Subject modules import from
 these, never from each other.
 """
 

@@ -8,26 +8,24 @@ order (in two levels when there are many). No atomics touch the results, so two 
 bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
-16384 wide, backward up to 4096), ``split`` / ``persistent`` (forward, wider rows: softmax's
-walk, a few programs an SM taking rows or row slices twice with the next chunk in flight; fp32
-slices of one step stay in registers, slices exchange their sums through a ticketed wait; the
-default for wide fp32 rows), ``looped`` (forward, one program a row, statistics then
-normalising pass from L2; the default for wide 16-bit rows), ``one_pass`` (a row cut into
-chunks held by co-resident programs that exchange partial statistics through a small
-workspace and wait for each other: one read of each input; the default for wide backward
-rows) or ``two_pass`` (a first launch writes the partial statistics, a second re-reads the
-inputs; the only chunked backward plan under the Triton interpreter, which runs programs one
-at a time). ``softmax``'s docstring says why the waits cannot deadlock;
+16384 wide, backward up to 4096). Wider forward rows take ``split`` / ``persistent`` (the
+split walk of ``_split_walk``, shared with softmax: a few programs an SM taking rows or row
+slices twice with the next chunk in flight; fp32 slices of one step stay in registers,
+slices exchange their sums through a ticketed wait; the default for wide fp32 rows) or
+``looped`` (one program a row, statistics then normalising pass from L2; the default for
+wide 16-bit rows). Wider backward rows take ``one_pass`` (a row cut into chunks held by
+co-resident programs that exchange partial sums through a small workspace and wait for
+each other: one read of each input; ``_wait_for_peers`` says why the wait cannot deadlock)
+or ``two_pass`` (a first launch writes the partial sums, a second re-reads the inputs; the
+only chunked plan under the Triton interpreter, which runs programs one at a time).
 ``_layer_norm_settings`` holds the measured choices (docs/kernels.md, "layer_norm: forward"
-and "layer_norm: backward").
-Statistics are float32: the chunked plans merge per-chunk means and centred sums of squares
-with Chan's formula; the looped and split plans sum x - x[row, 0] and its square (the shift
-keeps the variance from cancelling when the mean is large against the spread).
+and "layer_norm: backward", which also lists the plans that lost).
+Statistics are float32: the looped and split plans sum x - x[row, 0] and its square (the
+shift keeps the variance from cancelling when the mean is large against the spread).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -36,29 +34,27 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import check_tensor, interpreting, next_power_of_2
-from .softmax import (
-    _COUNTER_STRIDE,
-    _COUNTER_STRIDE_INTS,
-    _FROM_STATS,
-    _ONE_PASS,
-    _ROWS,
-    _STATS,
-    _exchange_partials,
-    _first_tile,
-    _output,
-    _prefetch_target,
-    _split_group,
-    _split_launch,
-    _tile_start,
-    _wait_for_peers,
+from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
+from ._split_walk import (
+    COUNTER_STRIDE,
+    COUNTER_STRIDE_INTS,
+    exchange_partials,
+    first_tile,
+    prefetch_target,
+    split_group,
+    split_launch,
+    tile_start,
 )
 
+# The backward kernels' MODE: whole rows, or a row in chunks (one_pass: partials exchanged while the
+# chunks stay in registers; two_pass: a launch for the partials, then one that combines them).
+_ROWS = tl.constexpr(0)
+_ONE_PASS = tl.constexpr(1)
+_STATS = tl.constexpr(2)  # two_pass, first launch: partials only
+_FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, re-read the inputs
 
-@triton.jit
-def _chunk_counts(chunks, n_cols, BLOCK_N: tl.constexpr):
-    """Number of real columns in each chunk index of ``chunks`` (the last may be short)."""
-    return tl.minimum(n_cols - chunks * BLOCK_N, BLOCK_N).to(tl.float32)
+
+# --------------------------------------------------------------------------- kernels: forward
 
 
 @triton.jit
@@ -69,67 +65,215 @@ def _layer_norm_fwd_kernel(
     y_ptr,  # (M, N) output; row stride stride_y, column stride 1
     mean_ptr,  # (M,) float32 row means
     rstd_ptr,  # (M,) float32 reciprocal row standard deviations
-    part_ptr,  # (M, 2, n_chunks) float32 chunk (mean, centred sum of squares); unused in rows mode
-    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
-    n_chunks,  # chunks per row: cdiv(N, BLOCK_N); 1 in rows mode
     eps,  # added to the variance
-    MODE: tl.constexpr,  # _ROWS, _ONE_PASS, _STATS or _FROM_STATS
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
-    BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
+    BLOCK_N: tl.constexpr,  # columns per program: >= N
 ):
-    if MODE == _ONE_PASS:
-        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
-    else:
-        tile = tl.program_id(0)
-    row_block = tile // n_chunks
-    chunk = tile % n_chunks
-    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
     col_ok = cols < n_cols
     mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
     x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / n_cols
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(centred * centred, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = centred * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
-    if MODE == _ROWS:
-        mean = tl.sum(x, axis=1) / n_cols
-        centred = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.sum(centred * centred, axis=1) / n_cols
-    else:
-        part_mean_ptr = part_ptr + rows64 * (2 * n_chunks)
-        part_m2_ptr = part_mean_ptr + n_chunks
-        if MODE != _FROM_STATS:
-            chunk_mean = tl.sum(x, axis=1) / _chunk_counts(chunk, n_cols, BLOCK_N)
-            centred = tl.where(mask, x - chunk_mean[:, None], 0.0)
-            tl.store(part_mean_ptr + chunk, chunk_mean, mask=row_ok)
-            tl.store(part_m2_ptr + chunk, tl.sum(centred * centred, axis=1), mask=row_ok)
-        if MODE == _ONE_PASS:
-            _wait_for_peers(count_ptr + row_block * _COUNTER_STRIDE, n_chunks)
-        if MODE != _STATS:
-            c = tl.arange(0, BLOCK_C)
-            pmask = row_ok[:, None] & (c < n_chunks)[None, :]
-            counts = tl.where(c < n_chunks, _chunk_counts(c, n_cols, BLOCK_N), 0.0)
-            mean_i = tl.load(part_mean_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True)
-            m2_i = tl.load(part_m2_ptr[:, None] + c[None, :], mask=pmask, other=0.0, volatile=True)
-            mean = tl.sum(mean_i * counts[None, :], axis=1) / n_cols
-            spread = tl.where(pmask, mean_i - mean[:, None], 0.0)
-            var = tl.sum(m2_i + counts[None, :] * spread * spread, axis=1) / n_cols
-            centred = tl.where(mask, x - mean[:, None], 0.0)
 
-    if MODE != _STATS:
+@triton.jit
+def _layer_norm_fwd_looped_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output, unit column stride
+    mean_ptr,  # (M,) float32 out: row means
+    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    eps,  # added to the variance
+    n_rows,  # M
+    BLOCK_N: tl.constexpr,  # columns per step
+):
+    """A row at a time, any width: a pass for the statistics, then a normalising pass.
+
+    The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
+    variance from cancelling when the mean is large against the spread); the second
+    re-reads the row, which the first has just brought into L2. Program p takes rows p,
+    p + grid, ...; ``_forward_launch`` gives every row its own program (a smaller grid, bounding
+    the rows in flight, measured no better: docs/kernels.md, "layer_norm: forward").
+    """
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
+                               stride_x, stride_y, eps, BLOCK_N)
+
+
+@triton.jit
+def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, stride_x, stride_y, eps,
+                           BLOCK_N: tl.constexpr):
+    """``_layer_norm_fwd_looped_kernel``'s two passes over one row."""
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    cols = tl.arange(0, BLOCK_N)
+    shift = tl.load(x_row).to(tl.float32)
+    s1 = tl.zeros([BLOCK_N], tl.float32)
+    s2 = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    mean_d = tl.sum(s1, axis=0) / n_cols
+    var = tl.sum(s2, axis=0) / n_cols - mean_d * mean_d
+    var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+    mean = shift + mean_d
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, n_cols, BLOCK_N):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w + b
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _layer_norm_fwd_split_kernel(
+    x_ptr,  # (M, N) input, unit column stride
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # (M, N) output, unit column stride
+    mean_ptr,  # (M,) float32 out: row means
+    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
+    part_ptr,  # (M, GROUP, 2) float32 per-slice (sum, sum of squares) of x - x[row, 0]; unused when GROUP == 1
+    sync_ptr,  # ((M + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
+    n_programs,  # programs launched (a few an SM)
+    eps,  # added to the variance
+    GROUP: tl.constexpr,  # slices (programs) per row
+    BLOCK_N: tl.constexpr,  # columns per step
+    BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
+    SUB: tl.constexpr,  # neighbouring elements summed in-thread before the running sums (16 bytes' worth)
+    HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
+    EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
+):
+    """The split walk (``_split_walk``, as ``softmax._softmax_split_kernel``) for layer norm: persistent programs, each
+    taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
+    with the next step's chunk always in flight and the second pass read from L2 (or
+    held in registers when a tile is one step; with GROUP == 1 the next tile's chunk is
+    then loaded before this tile's reductions, ``EARLY``). Every slice of a row sums ``x - x[row, 0]``
+    and its square, so the slices' sums simply add (the shift keeps the variance from
+    cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
+    the walk's ticketed, deadlock-free wait, adding them in slice order (the
+    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
+    """
+    n_tiles = n_rows * GROUP
+    tile = first_tile(sync_ptr, n_rows, GROUP)
+    cols = tl.arange(0, BLOCK_N)
+    row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
+    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
+    shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
+    while tile < n_tiles:
+        row = tile // GROUP
+        lo = (tile % GROUP) * slice_cols
+        hi = tl.minimum(lo + slice_cols, n_cols)
+        x_row = x_ptr + row.to(tl.int64) * stride_x
+        y_row = y_ptr + row.to(tl.int64) * stride_y
+        shift = shift_next
+        s1 = tl.zeros([BLOCK_N // SUB], tl.float32)
+        s2 = tl.zeros([BLOCK_N // SUB], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            d = tl.where(start + cols < n_cols, x_next.to(tl.float32) - shift, 0.0)
+            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
+                nxt = start + BLOCK_N
+                nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
+                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=0.0)
+            d = tl.reshape(d, (BLOCK_N // SUB, SUB))
+            s1 += tl.sum(d, axis=1)
+            s2 += tl.sum(d * d, axis=1)
+        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
+            x_held = x_next
+            early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
+            x_next = tl.load(x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols,
+                             mask=early_lo + cols < n_cols, other=0.0)
+        t1 = tl.sum(s1, axis=0)
+        t2 = tl.sum(s2, axis=0)
+        if GROUP == 1:
+            next_tile = tile + n_programs
+        else:
+            p1, p2, next_tile = exchange_partials(part_ptr, sync_ptr, row, tile % GROUP, t1, t2, n_rows, 0.0, 0.0,
+                                                   GROUP, BLOCK_G)
+            t1 = tl.sum(p1, axis=0)
+            t2 = tl.sum(p2, axis=0)
+        mean_d = t1 / n_cols
+        var = t2 / n_cols - mean_d * mean_d
+        var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+        mean = shift + mean_d
         rstd = 1.0 / tl.sqrt(var + eps)
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        y = centred * rstd[:, None] * w[None, :] + b[None, :]
-        tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-        if chunk == 0:
-            tl.store(mean_ptr + rows, mean, mask=row_ok)
-            tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+        if tile % GROUP == 0:
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, rstd)
+        next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
+        shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            if EARLY:
+                x = x_held.to(tl.float32)
+            else:
+                x = x_next.to(tl.float32)
+                pre_row, pre_col = prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
+                x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols,
+                                 mask=pre_col + cols < n_cols, other=0.0)
+            mask = start + cols < n_cols
+            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean) * rstd * w + b
+            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tile = next_tile
+
+
+# --------------------------------------------------------------------------- kernels: backward
+
+
+@triton.jit
+def _wait_for_peers(count_ptr, n_peers):
+    """Arrive at ``count_ptr`` and spin until ``n_peers`` programs (a row's chunks) have arrived.
+
+    The wait is safe because the one-pass programs take their tile numbers from an atomic
+    counter in the order they start, so the tiles handed out always form a prefix: every row
+    but the last handed-out one has all its chunk programs running, and a row needs only
+    ``n_chunks`` co-resident programs (``_MAX_ONE_PASS_CHUNKS``, far below what a GPU holds).
+    The first barrier puts every thread's earlier stores into this program's release; the
+    spin reads through to L2 without an atomic, and one acquire afterwards orders the reads
+    of the peers' partials after their releases.
+    """
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    arrived = tl.load(count_ptr, volatile=True)
+    while arrived < n_peers:
+        arrived = tl.load(count_ptr, volatile=True)
+    tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -154,7 +298,7 @@ def _layer_norm_bwd_kernel(
     dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
     db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
     part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
-    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
+    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -169,7 +313,7 @@ def _layer_norm_bwd_kernel(
     PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
 ):
     if MODE == _ONE_PASS:
-        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * _COUNTER_STRIDE, 1)
+        tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * COUNTER_STRIDE, 1)
     else:
         tile = tl.program_id(0)
     group = tile // n_chunks
@@ -211,7 +355,7 @@ def _layer_norm_bwd_kernel(
                 tl.store(part_1_ptr + chunk, tl.sum(xhat * wdy, axis=1), mask=row_ok)
                 tl.store(part_2_ptr + chunk, tl.sum(wdy, axis=1), mask=row_ok)
             if MODE == _ONE_PASS:
-                _wait_for_peers(count_ptr + (r0 // BLOCK_M) * _COUNTER_STRIDE, n_chunks)
+                _wait_for_peers(count_ptr + (r0 // BLOCK_M) * COUNTER_STRIDE, n_chunks)
             if MODE != _STATS:
                 c = tl.arange(0, BLOCK_C)
                 pmask = row_ok[:, None] & (c < n_chunks)[None, :]
@@ -241,7 +385,7 @@ def _layer_norm_bwd_lean_kernel(
     dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
     db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
     part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
-    count_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the tile counter
+    count_ptr,  # ((M + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row, then the tile counter
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -264,7 +408,7 @@ def _layer_norm_bwd_lean_kernel(
     offsets from a 64-bit row pointer formed once a row.
     """
     if MODE == _ONE_PASS:
-        tile = tl.atomic_add(count_ptr + n_rows * _COUNTER_STRIDE, 1)
+        tile = tl.atomic_add(count_ptr + n_rows * COUNTER_STRIDE, 1)
     else:
         tile = tl.program_id(0)
     group = tile // n_chunks
@@ -307,7 +451,7 @@ def _layer_norm_bwd_lean_kernel(
                 tl.store(part_1_ptr + chunk, tl.sum(xhat * wdy, axis=0))
                 tl.store(part_2_ptr + chunk, tl.sum(wdy, axis=0))
             if MODE == _ONE_PASS:
-                _wait_for_peers(count_ptr + row * _COUNTER_STRIDE, n_chunks)
+                _wait_for_peers(count_ptr + row * COUNTER_STRIDE, n_chunks)
             if MODE != _STATS:
                 c = tl.arange(0, BLOCK_C)
                 c1 = tl.sum(tl.load(part_1_ptr + c, mask=c < n_chunks, other=0.0, volatile=True), axis=0) / n_cols
@@ -358,187 +502,13 @@ def _layer_norm_dwdb_kernel(
     tl.store(db_ptr + out, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
 
 
-def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:
-    """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
-    n_groups, n_cols = dw_part.shape
-    block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
-    col_blocks = triton.cdiv(n_cols, block_n)
-    if n_groups > _DWDB_GROUPS_PER_SPLIT:
-        n_splits = triton.cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
-        dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
-        db_mid = torch.empty_like(dw_mid)
-        _layer_norm_dwdb_kernel[(col_blocks, n_splits)](
-            dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
-            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
-        )
-        dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
-    _layer_norm_dwdb_kernel[(col_blocks, 1)](
-        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
-    )
-
-
-@triton.jit
-def _layer_norm_fwd_looped_kernel(
-    x_ptr,  # (M, N) input, unit column stride
-    w_ptr,  # (N,) weight
-    b_ptr,  # (N,) bias
-    y_ptr,  # (M, N) output, unit column stride
-    mean_ptr,  # (M,) float32 out: row means
-    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
-    n_cols,  # N
-    stride_x,  # elements between rows of x
-    stride_y,  # elements between rows of y
-    eps,  # added to the variance
-    n_rows,  # M
-    BLOCK_N: tl.constexpr,  # columns per step
-):
-    """A row at a time, any width: a pass for the statistics, then a normalising pass.
-
-    The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
-    variance from cancelling when the mean is large against the spread); the second
-    re-reads the row, which the first has just brought into L2. Program p takes rows p,
-    p + grid, ...: a grid smaller than M bounds the rows in flight (their bytes against the L2).
-    """
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
-                               stride_x, stride_y, eps, BLOCK_N)
-
-
-@triton.jit
-def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, stride_x, stride_y, eps,
-                           BLOCK_N: tl.constexpr):
-    """``_layer_norm_fwd_looped_kernel``'s two passes over one row."""
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    cols = tl.arange(0, BLOCK_N)
-    shift = tl.load(x_row).to(tl.float32)
-    s1 = tl.zeros([BLOCK_N], tl.float32)
-    s2 = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        mask = offs < n_cols
-        d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
-        s1 += d
-        s2 += d * d
-    mean_d = tl.sum(s1, axis=0) / n_cols
-    var = tl.sum(s2, axis=0) / n_cols - mean_d * mean_d
-    var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
-    mean = shift + mean_d
-    rstd = 1.0 / tl.sqrt(var + eps)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
-    for start in range(0, n_cols, BLOCK_N):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd * w + b
-        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _layer_norm_fwd_split_kernel(
-    x_ptr,  # (M, N) input, unit column stride
-    w_ptr,  # (N,) weight
-    b_ptr,  # (N,) bias
-    y_ptr,  # (M, N) output, unit column stride
-    mean_ptr,  # (M,) float32 out: row means
-    rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
-    part_ptr,  # (M, GROUP, 2) float32 per-slice (sum, sum of squares) of x - x[row, 0]; unused when GROUP == 1
-    sync_ptr,  # ((M + 1) * _COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
-    n_rows,  # M
-    n_cols,  # N
-    stride_x,  # elements between rows of x
-    stride_y,  # elements between rows of y
-    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
-    n_programs,  # programs launched (a few an SM)
-    eps,  # added to the variance
-    GROUP: tl.constexpr,  # slices (programs) per row
-    BLOCK_N: tl.constexpr,  # columns per step
-    BLOCK_G: tl.constexpr,  # next_power_of_2(GROUP)
-    SUB: tl.constexpr,  # neighbouring elements summed in-thread before the running sums (16 bytes' worth)
-    HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
-    EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
-):
-    """``softmax._softmax_split_kernel``'s walk for layer norm: persistent programs, each
-    taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
-    with the next step's chunk always in flight and the second pass read from L2 (or
-    held in registers when a tile is one step; with GROUP == 1 the next tile's chunk is
-    then loaded before this tile's reductions, ``EARLY``). Every slice of a row sums ``x - x[row, 0]``
-    and its square, so the slices' sums simply add (the shift keeps the variance from
-    cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
-    the softmax kernel's ticketed, deadlock-free wait, adding them in slice order (the
-    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
-    """
-    n_tiles = n_rows * GROUP
-    tile = _first_tile(sync_ptr, n_rows, GROUP)
-    cols = tl.arange(0, BLOCK_N)
-    row, lo = _tile_start(tile, n_rows, slice_cols, GROUP)
-    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
-    shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
-    while tile < n_tiles:
-        row = tile // GROUP
-        lo = (tile % GROUP) * slice_cols
-        hi = tl.minimum(lo + slice_cols, n_cols)
-        x_row = x_ptr + row.to(tl.int64) * stride_x
-        y_row = y_ptr + row.to(tl.int64) * stride_y
-        shift = shift_next
-        s1 = tl.zeros([BLOCK_N // SUB], tl.float32)
-        s2 = tl.zeros([BLOCK_N // SUB], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            d = tl.where(start + cols < n_cols, x_next.to(tl.float32) - shift, 0.0)
-            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
-                nxt = start + BLOCK_N
-                nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=0.0)
-            d = tl.reshape(d, (BLOCK_N // SUB, SUB))
-            s1 += tl.sum(d, axis=1)
-            s2 += tl.sum(d * d, axis=1)
-        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
-            x_held = x_next
-            early_row, early_lo = _tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
-            x_next = tl.load(x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols,
-                             mask=early_lo + cols < n_cols, other=0.0)
-        t1 = tl.sum(s1, axis=0)
-        t2 = tl.sum(s2, axis=0)
-        if GROUP == 1:
-            next_tile = tile + n_programs
-        else:
-            p1, p2, next_tile = _exchange_partials(part_ptr, sync_ptr, row, tile % GROUP, t1, t2, n_rows, 0.0, 0.0,
-                                                   GROUP, BLOCK_G)
-            t1 = tl.sum(p1, axis=0)
-            t2 = tl.sum(p2, axis=0)
-        mean_d = t1 / n_cols
-        var = t2 / n_cols - mean_d * mean_d
-        var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
-        mean = shift + mean_d
-        rstd = 1.0 / tl.sqrt(var + eps)
-        if tile % GROUP == 0:
-            tl.store(mean_ptr + row, mean)
-            tl.store(rstd_ptr + row, rstd)
-        next_row, next_lo = _tile_start(next_tile, n_rows, slice_cols, GROUP)
-        shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            if EARLY:
-                x = x_held.to(tl.float32)
-            else:
-                x = x_next.to(tl.float32)
-                pre_row, pre_col = _prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
-                x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols,
-                                 mask=pre_col + cols < n_cols, other=0.0)
-            mask = start + cols < n_cols
-            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean) * rstd * w + b
-            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        tile = next_tile
+# --------------------------------------------------------------------------- plan
 
 
 class _Plan(NamedTuple):
     """How one layer-norm pass is launched; ``_layer_norm_settings`` makes it."""
 
-    mode: str  # "rows", "looped" (forward only), "one_pass" or "two_pass"
+    mode: str  # "rows"; forward "persistent", "split", "looped"; backward "one_pass", "two_pass"
     block_m: int
     block_n: int
     num_warps: int
@@ -546,7 +516,7 @@ class _Plan(NamedTuple):
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
     max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # forward "persistent", "split", "looped": programs launched per SM (looped: 0 = one a row)
+    per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
 
 
@@ -555,8 +525,8 @@ class _Plan(NamedTuple):
 # rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto": fp32 rows take "split" with each
 # slice held in registers (32 elements a thread, 16 KiB slices at 65536: 73% of copy against 61%
 # for "looped"); 16-bit rows keep "looped" (63%: "persistent", softmax's best plan there,
-# measured 61%, the held splits 44-60%). "persistent", "split" (softmax's walk: docs/kernels.md,
-# "The split walk"), "two_pass" (2-6%) and "one_pass" (1.5-6%) stay selectable by name.
+# measured 61%, the held splits 44-60%); "persistent" and "split" (the split walk: docs/kernels.md,
+# "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
@@ -566,9 +536,9 @@ _ROWS_TILE = 2048
 _HELD_ROWS_MIN = 8192
 _HELD_ROWS_WARPS = 32
 _HELD_ROWS_ELEMS_16BIT = 64
-_CHUNK = 4096
-_CHUNK_WARPS = 8  # 80 registers a thread in the two-pass normalise launch: 3 programs an SM
+_CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
+_WIDE_PLANS = ("auto", "persistent", "split", "looped")
 _PERSISTENT_CHUNK_BYTES = 65536
 _PERSISTENT_WARPS = 16
 _SPLIT_CHUNK_BYTES = 16384  # steps of a slice that is not held
@@ -579,7 +549,6 @@ _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, 
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
-_ELEMS_PER_THREAD = 32
 # Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
 # _BWD_PROGRAMS_PER_SM row groups per multiprocessor, except narrow half-precision rows
 # (one row per step, 4 warps, 8 groups per SM: 69% against 56%). Wider rows: one_pass
@@ -616,19 +585,10 @@ _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 l
 # reload 4 loop-invariant words from L1 at 64 (16 bytes of stack, nothing stored in the
 # loop), chunks spill more there and get 80 (no spills, 3 eight-warp programs an SM).
 _LEAN_MAX_REGS = {("rows", 4): 64, ("rows", 2): 64, ("chunks", 4): 64, ("chunks", 2): 80}
+# Backward chunked plans: one_pass needs a row's chunks co-resident, so past this many it gives
+# way to two_pass. Beyond _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen.
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
-
-
-def _warps_for(elements: int) -> int:
-    return max(4, min(16, elements // (32 * _ELEMS_PER_THREAD)))
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
 
 
 def _layer_norm_settings(
@@ -645,9 +605,9 @@ def _layer_norm_settings(
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
-    ``max_row`` overrides the widest row held by one program (and is then the chunk
-    width), ``one_pass`` forces the one-pass (never under the interpreter) or two-pass
-    chunked plan: tests use both to reach every code path with small shapes. ``variant``
+    ``max_row`` overrides the widest row held by one program (and is then the chunk or
+    step width), ``one_pass`` forces the backward's one-pass (never under the interpreter) or
+    two-pass chunked plan: tests use both to reach every code path with small shapes. ``variant``
     ("measured" or "lean") forces the backward kernel at every shape; left out,
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
@@ -669,7 +629,7 @@ def _layer_norm_settings(
         else:
             tile = _BWD_ROWS_TILE if backward else _ROWS_TILE
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
-            warps = _BWD_WARPS if backward else _warps_for(block_m * block_n)
+            warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
@@ -678,24 +638,17 @@ def _layer_norm_settings(
         prefetch = backward and elem_size == 2 and max_row is None and n_cols > _BWD_PREFETCH_16BIT_MIN
         plan = _Plan("rows", block_m, block_n, warps, prefetch=prefetch)
         n_chunks = 1
+    elif not backward:
+        return _wide_forward_plan(n_cols, elem_size, wide, max_row)
     else:
-        chunk = next_power_of_2(max_row) if max_row is not None else (_BWD_CHUNK if backward else _CHUNK)
+        chunk = next_power_of_2(max_row) if max_row is not None else _BWD_CHUNK
         block_n = max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
         n_chunks = triton.cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-        wide_plan = wide or _WIDE_ROWS_PLAN
-        if wide_plan == "auto":
-            wide_plan = "split" if elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE else "looped"
-        if one_pass is None and not backward and wide_plan in ("persistent", "split"):
-            return _wide_forward_plan(n_cols, elem_size, wide_plan, max_row, explicit=wide == "split")
-        if one_pass is None and not backward and wide_plan == "looped":
-            return _Plan("looped", 1, block_n, _LOOPED_WARPS)
         if one_pass is None:
-            wanted = backward or _WIDE_ROWS_PLAN == "one_pass"
-            one_pass = wanted and not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
-        warps = _BWD_WARPS if backward else _CHUNK_WARPS
-        plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, warps)
+            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
+        plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, _BWD_WARPS)
         per_sm = _BWD_PROGRAMS_PER_SM
     if backward:
         row_blocks = triton.cdiv(n_rows, plan.block_m)
@@ -703,9 +656,21 @@ def _layer_norm_settings(
     return plan
 
 
-def _wide_forward_plan(n_cols: int, elem_size: int, plan: str, max_row: int | None, explicit: bool) -> _Plan:
-    """``_layer_norm_fwd_split_kernel``'s plan. "split": fp32 slices of one step held in
-    registers (32 elements a thread, a few programs an SM) while they fit, else 16 KB steps."""
+def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: int | None) -> _Plan:
+    """The forward's plan for rows wider than ``_MAX_ROW`` (``wide`` or ``_WIDE_ROWS_PLAN``).
+
+    "looped": one program a row. "persistent" and "split": ``_layer_norm_fwd_split_kernel``;
+    "split" holds fp32 slices of one step in registers (32 elements a thread, a few programs an
+    SM) while they fit, else takes 16 KB steps.
+    """
+    plan = wide or _WIDE_ROWS_PLAN
+    if plan not in _WIDE_PLANS:
+        raise ValueError(f"unknown wide-row plan {plan!r}; choose one of {_WIDE_PLANS}")
+    if plan == "auto":
+        plan = "split" if elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE else "looped"
+    if plan == "looped":
+        chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
+        return _Plan("looped", 1, max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
     row_bytes = n_cols * elem_size
     if plan == "persistent":
         chunk = next_power_of_2(max_row) if max_row is not None else _PERSISTENT_CHUNK_BYTES // elem_size
@@ -716,13 +681,13 @@ def _wide_forward_plan(n_cols: int, elem_size: int, plan: str, max_row: int | No
         chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, _SPLIT_PER_SM
     elif hold:
         chunk = slice_bytes // elem_size
-        warps = max(4, min(16, chunk // (32 * _ELEMS_PER_THREAD)))
+        warps = warps_for(chunk)
         per_sm = max(1, 16 // warps)
     else:
         chunk, warps, per_sm = _SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, _SPLIT_PER_SM
-    group = _split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, triton.cdiv(row_bytes, slice_bytes)))[0]
+    group = split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, triton.cdiv(row_bytes, slice_bytes)))[0]
     if group > 1 and interpreting():
-        if explicit:
+        if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
     return _Plan(plan, 1, chunk, warps, group=group, per_sm=per_sm)
@@ -754,63 +719,29 @@ def _lean_backward_plan(
     return _Plan(mode, 1, block_n, warps, n_groups, "lean", max_regs)
 
 
-def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as an (M, N) view with unit column stride; copies only when no such view exists."""
-    n_cols = t.shape[-1]
-    if t.stride(-1) != 1 and n_cols > 1:
-        t = t.contiguous()
-    try:
-        return t.view(-1, n_cols)
-    except RuntimeError:
-        return t.contiguous().view(-1, n_cols)
-
-
-def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    check_tensor(x, "x", min_ndim=1)
-    for name, p in (("weight", weight), ("bias", bias)):
-        check_tensor(p, name, ndim=1)
-        if p.shape[0] != x.shape[-1]:
-            raise ValueError(f"{name} has shape {tuple(p.shape)}; x's last dimension needs ({x.shape[-1]},)")
-        if p.device != x.device:
-            raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
+# --------------------------------------------------------------------------- launchers
 
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    n_row_blocks = triton.cdiv(n_rows, plan.block_m)
-    common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     tensors = (x2, weight, bias, y2, mean, rstd)
-    if plan.mode == "looped":
-        grid = n_rows if plan.per_sm <= 0 else min(n_rows, plan.per_sm * _sm_count(x2.device))
-        _layer_norm_fwd_looped_kernel[(grid,)](
+    if plan.mode == "rows":
+        _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
+            *tensors, n_rows, n_cols, x2.stride(0), y2.stride(0), eps,
+            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+        )
+    elif plan.mode == "looped":
+        _layer_norm_fwd_looped_kernel[(n_rows,)](
             *tensors, n_cols, x2.stride(0), y2.stride(0), eps, n_rows, BLOCK_N=plan.block_n, num_warps=plan.num_warps
         )
-        return
-    if plan.mode in ("persistent", "split"):
-        _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps, plan)
-        return
-    if plan.mode == "rows":
-        _layer_norm_fwd_kernel[(n_row_blocks,)](
-            *tensors, x2, x2, n_rows, n_cols, x2.stride(0), y2.stride(0), 1, eps, MODE=_ROWS, BLOCK_C=1, **common
-        )
-        return
-    n_chunks = triton.cdiv(n_cols, plan.block_n)
-    part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
-    grid = (n_row_blocks * n_chunks,)
-    scalars = (n_rows, n_cols, x2.stride(0), y2.stride(0), n_chunks, eps)
-    block_c = next_power_of_2(n_chunks)
-    if plan.mode == "one_pass":
-        count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-        _layer_norm_fwd_kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
     else:
-        _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
-        _layer_norm_fwd_kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+        _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps, plan)
 
 
 def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    group, slice_cols = _split_group(n_cols, plan.block_n, plan.group)
-    n_programs, part, sync = _split_launch(n_rows, group, plan.per_sm, x2.device, mean)
+    group, slice_cols = split_group(n_cols, plan.block_n, plan.group)
+    n_programs, part, sync = split_launch(n_rows, group, plan.per_sm, x2.device, mean)
     _layer_norm_fwd_split_kernel[(n_programs,)](
         x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
         n_programs, eps, GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
@@ -846,12 +777,44 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
         block_c = next_power_of_2(n_chunks)
         if plan.mode == "one_pass":
-            count = torch.zeros((n_row_blocks + 1) * _COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
+            count = torch.zeros((n_row_blocks + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
             kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
         else:
             kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
             kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
     _sum_shares(dw_part, db_part, dw, db)
+
+
+def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:
+    """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
+    n_groups, n_cols = dw_part.shape
+    block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
+    col_blocks = triton.cdiv(n_cols, block_n)
+    if n_groups > _DWDB_GROUPS_PER_SPLIT:
+        n_splits = triton.cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
+        dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
+        db_mid = torch.empty_like(dw_mid)
+        _layer_norm_dwdb_kernel[(col_blocks, n_splits)](
+            dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
+            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
+        )
+        dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
+    _layer_norm_dwdb_kernel[(col_blocks, 1)](
+        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
+    )
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    check_tensor(x, "x", min_ndim=1)
+    for name, p in (("weight", weight), ("bias", bias)):
+        check_tensor(p, name, ndim=1)
+        if p.shape[0] != x.shape[-1]:
+            raise ValueError(f"{name} has shape {tuple(p.shape)}; x's last dimension needs ({x.shape[-1]},)")
+        if p.device != x.device:
+            raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
 
 
 def forward(
@@ -862,23 +825,22 @@ def forward(
     *,
     out: torch.Tensor | None = None,
     max_row: int | None = None,
-    one_pass: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Layer norm of ``x`` over its last dimension: ``(y, mean, rstd)``.
 
     ``y`` has ``x``'s shape and dtype (written into ``out`` when given: contiguous, same
     shape, dtype and device); ``mean`` and ``rstd`` are float32 of shape ``x.shape[:-1]``.
-    ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row``/``one_pass``
-    override the launch plan, for tests.
+    ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row`` overrides the
+    launch plan, for tests.
     """
     _check_params(x, weight, bias)
-    y = _output(x, out)
+    y = output_like(x, out)
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if x.numel() == 0:
         return y, mean, rstd
-    x2 = _as_rows(x)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, one_pass=one_pass)
+    x2 = as_rows(x)
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row)
     _forward_launch(
         x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
     )
@@ -911,12 +873,12 @@ def backward(
         return dx, dw, torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
     dw = torch.empty(n_cols, dtype=weight.dtype, device=x.device)  # every column is written
     db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
-    x2, dy2 = _as_rows(x), _as_rows(dy)
+    x2, dy2 = as_rows(x), as_rows(dy)
     plan = _layer_norm_settings(
         *x2.shape,
         x.element_size(),
         backward=True,
-        sm_count=_sm_count(x.device),
+        sm_count=sm_count(x.device),
         max_row=max_row,
         one_pass=one_pass,
         variant=variant,
@@ -930,7 +892,7 @@ def backward(
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, max_row, one_pass, variant):
-        y, mean, rstd = forward(x, weight, bias, eps, max_row=max_row, one_pass=one_pass)
+        y, mean, rstd = forward(x, weight, bias, eps, max_row=max_row)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.bias_dtype = bias.dtype
         ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass, variant=variant)
@@ -955,7 +917,8 @@ def fused(
 ) -> torch.Tensor:
     """Differentiable fused layer norm: ``forward`` now, ``backward`` under autograd.
 
-    ``bwd_variant`` ("measured" or "lean") picks the backward kernel, for tests and benchmarks.
+    ``max_row`` overrides both passes' plans, ``one_pass`` the backward's chunked plan and
+    ``bwd_variant`` ("measured" or "lean") its kernel, for tests and benchmarks.
     """
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
 
@@ -973,11 +936,6 @@ def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: floa
     return scaled + bias  # read MN + N elements ; write MN elements
 
 
-def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
-    n_cols = x.shape[-1]
-    return (x.numel() // n_cols if n_cols else 0), n_cols
-
-
 def budget(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, *, backward: bool = False) -> Budget:
     """Compulsory traffic of the forward (or, with ``backward=True``, the backward) pass.
 
@@ -985,7 +943,7 @@ def budget(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tens
     (x's dtype), weight and float32 mean, rstd; write dx, dweight, dbias. ``weight`` and
     ``bias`` default to x's dtype.
     """
-    m, n = _rows_cols(x)
+    m, n = rows_cols(x)
     size = x.element_size()
     w_size = weight.element_size() if weight is not None else size
     b_size = bias.element_size() if bias is not None else w_size
@@ -1004,7 +962,7 @@ def budget(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tens
 
 def unfused_traffic(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> Budget:
     """Traffic of ``unfused`` in x's dtype (weight and bias the same): the sum of its line comments."""
-    m, n = _rows_cols(x)
+    m, n = rows_cols(x)
     size = x.element_size()
     reads = (m * n) + (m * n + m) + (m * n) + (m * n) + m + m + (m * n + m) + (m * n + n) + (m * n + n)
     writes = m + (m * n) + (m * n) + m + m + m + (m * n) + (m * n) + (m * n)

@@ -1,9 +1,10 @@
 """reference_kernels.layer_norm: forward and backward against torch, on every path.
 
 Without a GPU the kernels run under Triton's interpreter (tests/conftest.py), so shapes
-are small; ``max_row`` shrinks the on-chip row limit so that short rows take the chunked
-path. The one-pass chunked plan (programs waiting on each other) cannot run under the
-interpreter: its tests carry the ``gpu`` marker.
+are small; ``max_row`` shrinks the on-chip row limit so that short rows take the wide-row
+plans (forward: split or looped; backward: chunked). The plans with programs waiting on
+each other (the backward's one-pass chunks, the forward's split slices) cannot run under
+the interpreter: their tests carry the ``gpu`` marker.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ SHAPES = [
     ((37, 3), None),  # narrow rows, several per program, ragged last program
     ((5, 7), None),  # width not a power of two
     ((2, 3, 64), None),  # leading dims flattened, power-of-two width
-    ((9, 100), 32),  # chunked plan, last chunk ragged
-    ((6, 128), 32),  # chunked plan, chunks fill the row exactly
-    ((3, 1000), 16),  # chunked plan, 63 chunks per row
+    ((9, 100), 32),  # wide-row plans, last chunk ragged
+    ((6, 128), 32),  # wide-row plans, chunks fill the row exactly
+    ((3, 1000), 16),  # wide-row plans, 63 chunks per row
 ]
 
 
@@ -369,7 +370,7 @@ def test_default_plans_match_torch_across_widths(n, variant, dtype):
 
 
 @pytest.mark.gpu
-def test_two_pass_fallback_matches_on_the_gpu_too():
+def test_the_two_pass_backward_matches_on_the_gpu_too():
     x, weight, bias = inputs((40, 70000), torch.float32)
     dy = torch.randn_like(x)
     ours = fused_with_grads(x, weight, bias, dy, one_pass=False)
@@ -378,28 +379,18 @@ def test_two_pass_fallback_matches_on_the_gpu_too():
 
 
 @pytest.mark.parametrize(
-    "one_pass, wide, expected_mode",
-    [(None, None, "split"), (None, "persistent", "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
-    ids=["split (the fp32 default)", "persistent", "looped", "two_pass"],
+    "wide, expected_mode",
+    [(None, "split"), ("persistent", "persistent"), ("looped", "looped")],
+    ids=["split (the fp32 default)", "persistent", "looped"],
 )
-def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(one_pass, wide, expected_mode, monkeypatch):
+def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_mode, monkeypatch):
     if wide is not None:
         monkeypatch.setattr(layer_norm, "_WIDE_ROWS_PLAN", wide)
     x, weight, bias = inputs((5, 333), torch.float32)
     x += 100.0  # a large mean against the spread: the shifted sums must not cancel
-    assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
-    y = layer_norm.fused(x, weight, bias, max_row=64, one_pass=one_pass)
+    assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64).mode == expected_mode
+    y = layer_norm.fused(x, weight, bias, max_row=64)
     torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
-
-
-def test_looped_forward_with_fewer_programs_than_rows_walks_them_all():
-    x, weight, bias = inputs((11, 333), torch.float32)
-    plan = layer_norm._Plan("looped", 1, 64, 4, per_sm=1)  # 4 "SMs" off the GPU: 4 programs, 11 rows
-    y = torch.full_like(x, float("nan"))
-    mean, rstd = torch.full((2, 11), float("nan"), device=DEVICE).unbind(0)
-    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
-    torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(mean, x.mean(-1), atol=1e-5, rtol=1e-5)
 
 
 # The persistent / split forward (the wide-row default, softmax's walk): under the
@@ -454,7 +445,7 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(512, 262144, 4) == P("split", 1, 16384, 16, group=16, per_sm=1)  # 64 KiB: 16 a row at most
     assert settings(100, 20000, 4) == P("split", 1, 4096, 4, group=5, per_sm=4)  # the last slice ragged
     assert settings(4, 1 << 22, 4) == P("split", 1, 4096, 8, group=16, per_sm=3)  # slices too big to hold
-    assert settings(2048, 65536, 2).mode == "looped"  # 16-bit rows
+    assert settings(2048, 65536, 2) == P("looped", 1, 4096, 16)  # 16-bit rows: one program a row
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
     assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
     # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows,
@@ -468,6 +459,8 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(2048, 65536, 4).group == 1  # nothing to wait for under the interpreter
     with pytest.raises(ValueError, match="interpreter"):
         settings(2048, 65536, 4, wide="split")
+    with pytest.raises(ValueError, match="unknown wide-row plan 'two_pass'"):
+        settings(2048, 65536, 4, wide="two_pass")
 
 
 @pytest.mark.gpu

@@ -1,8 +1,8 @@
 """reference_kernels.softmax: the fused kernel against the five-op reference, on every path.
 
 Without a GPU the kernel runs under Triton's interpreter (tests/conftest.py), so shapes are
-small; ``max_row`` shrinks the on-chip row limit so that short rows take the chunked
-path. The one-pass chunked plan (programs waiting on each other) cannot run under the
+small; ``max_row`` shrinks the on-chip row limit so that short rows take the wide-row
+plans. The split plan with programs waiting on each other cannot run under the
 interpreter: its tests carry the ``gpu`` marker.
 """
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from reference_kernels import softmax
+from reference_kernels._split_walk import split_group
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -35,9 +36,9 @@ SHAPES = [
     ((5, 7), None),  # rows plan, width not a power of two
     ((3, 64), None),  # rows plan, power-of-two width
     ((2, 3, 33), None),  # leading dims flattened
-    ((4, 100), 32),  # chunked plan, last chunk ragged
-    ((3, 128), 32),  # chunked plan, chunks fill the row exactly
-    ((2, 1000), 16),  # chunked plan, 63 chunks per row
+    ((4, 100), 32),  # wide-row plan, last step ragged
+    ((3, 128), 32),  # wide-row plan, steps fill the row exactly
+    ((2, 1000), 16),  # wide-row plan, 63 steps a row
 ]
 
 
@@ -108,13 +109,13 @@ def test_non_contiguous_input_gives_the_same_result_as_its_contiguous_copy(make)
     assert_close_to_row_scale(softmax.fused(x), reference(x.contiguous()), torch.float32)
 
 
-@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "chunked"])
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "wide"])
 def test_nan_and_inf_rows_come_out_as_torch_softmax_gives_them(max_row):
     x = torch.randn(6, 40, device=DEVICE)
     x[0] = -float("inf")  # all -inf: nan
     x[1, 3] = float("nan")  # a nan: the row is nan
     x[2, 5] = float("inf")  # a +inf: the row is nan
-    x[3, :20] = -float("inf")  # partly -inf (whole chunks of it in the chunked plan): zeros there
+    x[3, :20] = -float("inf")  # partly -inf (whole steps of it in the wide-row plan): zeros there
     x[4, 10] = -float("inf")
     y = softmax.fused(x, max_row=max_row)
     assert_close_to_row_scale(y, torch.softmax(x, dim=-1), torch.float32, equal_nan=True)
@@ -154,24 +155,16 @@ def test_an_out_tensor_of_the_wrong_shape_is_refused():
         softmax.fused(x, out=torch.empty(3, 2, device=DEVICE))
 
 
-def test_settings_pick_the_waiting_plan_only_where_programs_run_concurrently(monkeypatch):
-    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "one_pass")
-    monkeypatch.setattr(softmax, "interpreting", lambda: True)
-    assert softmax._softmax_settings(512, 262144, 4).mode == "two_pass"
-    with pytest.raises(ValueError, match="interpreter"):
-        softmax._softmax_settings(512, 262144, 4, one_pass=True)
-    monkeypatch.setattr(softmax, "interpreting", lambda: False)
-    assert softmax._softmax_settings(512, 262144, 4).mode == "one_pass"
-    assert softmax._softmax_settings(4, 1 << 30, 4).mode == "two_pass"  # too many chunks to be co-resident
-    monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "two_pass")
-    assert softmax._softmax_settings(512, 262144, 4).mode == "two_pass"
-
-
 def test_settings_hold_rows_up_to_16384_wide_and_pack_narrow_rows():
     assert softmax._softmax_settings(8192, 16384, 4) == softmax._Plan("rows", 1, 16384, 16)
     assert softmax._softmax_settings(8192, 16385, 4).mode != "rows"
     assert softmax._softmax_settings(524288, 256, 2) == softmax._Plan("rows", 8, 256, 4)
     assert softmax._softmax_settings(3, 256, 2).block_m == 4  # never more rows per program than rows
+
+
+def test_settings_refuse_a_wide_row_plan_they_do_not_have():
+    with pytest.raises(ValueError, match="unknown wide-row plan 'looped'"):
+        softmax._softmax_settings(2048, 65536, 4, wide="looped")
 
 
 def _comment_terms(fn) -> list[tuple[str, str]]:
@@ -211,28 +204,6 @@ def test_budget_is_one_read_and_one_write_a_quarter_of_the_five_ops():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize(
-    "shape, max_row",
-    [
-        ((3000, 1000), 128),  # 8 waiting chunks per row, thousands of programs
-        ((64, 4099), 64),  # 65 chunks, the last one 3 wide
-        ((8, 65536), None),  # default plan at an anchor width
-        ((3, 262144 + 5), None),  # default plan past the widest anchor, ragged
-    ],
-    ids=str,
-)
-def test_one_pass_chunked_plan_matches_the_reference_every_time(shape, max_row, dtype):
-    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
-    expected = reference(x)
-    for _ in range(3):  # a missing wait or fence shows up as a result that changes
-        out = poisoned_like(x)
-        softmax.fused(x, out=out, max_row=max_row, one_pass=True)
-        assert not out.isnan().any()
-        assert_close_to_row_scale(out, expected, dtype)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16384, 100000])
 def test_default_plans_match_torch_softmax_across_widths(n):
     x = torch.randn(max(1, 2**20 // n), n, device="cuda", dtype=torch.bfloat16)
@@ -242,32 +213,23 @@ def test_default_plans_match_torch_softmax_across_widths(n):
     assert_close_to_row_scale(out, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
 
 
-@pytest.mark.gpu
-def test_two_pass_fallback_matches_on_the_gpu_too():
-    x = torch.randn(50, 70000, device="cuda")
-    out = poisoned_like(x)
-    softmax.fused(x, out=out, one_pass=False)
-    assert not out.isnan().any(), "an output element was left unwritten"
-    assert_close_to_row_scale(out, reference(x), torch.float32)
-
-
 @pytest.mark.parametrize(
-    "one_pass, wide, expected_mode",
-    [(None, None, "persistent"), (None, "looped", "looped"), (False, None, "two_pass")],
-    ids=["persistent (the default for these narrow rows)", "looped", "two_pass"],
+    "wide, expected_mode",
+    [(None, "persistent"), ("split", "split")],
+    ids=["persistent (the default for these narrow rows)", "split (one program a row here)"],
 )
-def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(one_pass, wide, expected_mode, monkeypatch):
+def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(wide, expected_mode, monkeypatch):
     x = torch.randn(5, 333, device=DEVICE)  # max_row=64: six steps, the last one ragged
     if wide is not None:
         monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", wide)
-    assert softmax._softmax_settings(5, 333, 4, max_row=64, one_pass=one_pass).mode == expected_mode
-    assert_close_to_row_scale(softmax.fused(x, max_row=64, one_pass=one_pass), reference(x), torch.float32)
+    assert softmax._softmax_settings(5, 333, 4, max_row=64).mode == expected_mode
+    assert_close_to_row_scale(softmax.fused(x, max_row=64), reference(x), torch.float32)
 
 
 # The wide-row plans of docs/kernels.md ("The split walk"): "persistent"
 # (one program walks whole rows) runs anywhere; "split" with several programs a row waits on
 # its peers, so under the interpreter it runs one program a row and its waiting form is
-# tested on the GPU only. _INTERPRETER_SMS = 3 programs walk several rows each.
+# tested on the GPU only. The interpreter's 3 "SMs" (_common.INTERPRETER_SMS): 3 programs walk several rows each.
 WIDE_SHAPES = [
     ((7, 333), 64),  # six steps a row, the last one 13 wide; 7 rows over 3 programs
     ((5, 128), 32),  # steps fill the row exactly
@@ -277,12 +239,11 @@ WIDE_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("even", [False, True], ids=["masked", "even"])  # even: unmasked where the chunks divide the row
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape, max_row", WIDE_SHAPES, ids=str)
-def test_persistent_wide_row_plan_matches_the_reference_on_ragged_rows(shape, max_row, dtype, even):
+def test_persistent_wide_row_plan_matches_the_reference_on_ragged_rows(shape, max_row, dtype):
     x = torch.randn(shape, device=DEVICE).mul_(4).to(dtype)
-    plan = softmax._softmax_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")._replace(even=even)
+    plan = softmax._softmax_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")
     assert (plan.mode, plan.group) == ("persistent", 1)
     out = poisoned_like(x)
     softmax._launch(x, out, plan)
@@ -324,8 +285,8 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
     assert softmax._softmax_settings(4, 1 << 24, 4, wide="split").group == 16  # capped: a row waits on 16 at most
     assert softmax._softmax_settings(100, 40000, 2, wide="split").group == 2  # 80 KB: two slices of 3 and 2 steps
-    assert softmax._split_group(20000, 4096, 2) == (2, 3 * 4096)
-    assert softmax._split_group(5 * 4096, 4096, 4) == (3, 2 * 4096)  # never an empty slice
+    assert split_group(20000, 4096, 2) == (2, 3 * 4096)
+    assert split_group(5 * 4096, 4096, 4) == (3, 2 * 4096)  # never an empty slice
     monkeypatch.setattr(softmax, "interpreting", lambda: True)
     assert softmax._softmax_settings(2048, 65536, 4, wide="persistent").mode == "persistent"
     monkeypatch.setattr(softmax, "_WIDE_ROWS_PLAN", "split")
@@ -363,20 +324,6 @@ def test_split_plan_waiting_on_its_peers_matches_the_reference_every_time(shape,
         softmax._launch(x, out, plan)
         assert not out[0].isnan().any() and out[1].isnan().all()
         assert_close_to_row_scale(out, expected, dtype, equal_nan=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("wide", ["persistent", "split"])
-@pytest.mark.parametrize("shape", [(64, 65536), (8, 262144), (16, 65536 + 4096)], ids=str)
-def test_the_unmasked_even_split_kernel_matches_torch(shape, wide, dtype):
-    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
-    x[1, 7] = float("nan")
-    plan = softmax._softmax_settings(*shape, x.element_size(), wide=wide)._replace(even=True)
-    out = poisoned_like(x)
-    softmax._launch(x, out, plan)
-    assert out[1].isnan().all() and not out[0].isnan().any()
-    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).to(dtype), dtype, equal_nan=True)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,119 @@
+"""The split walk: persistent programs taking row tiles twice, shared by softmax and the layer-norm forward.
+
+A program of ``_softmax_split_kernel`` or ``_layer_norm_fwd_split_kernel`` walks tiles: a
+whole row (``GROUP`` 1, "persistent") or one of a row's ``GROUP`` slices ("split"). Each tile
+is walked twice, statistics then the normalising pass, and the grid (a few programs an SM)
+keeps the tiles in flight well under the L2, so the second pass re-reads from there. The
+slices of a row publish their partial statistics and wait for each other
+(``exchange_partials``): tiles come from a relaxed atomic ticket that a program takes only
+*after* its wait, so the tiles handed out form a prefix and no program holds two slices of
+one row; the lowest unfinished row always completes as long as ``GROUP`` programs fit on the
+GPU at once (the subjects cap ``GROUP`` at 16, far below that). docs/kernels.md ("The split
+walk") has the measured reasons for each part.
+
+The Triton helpers below are the walk's bookkeeping; ``split_group`` and ``split_launch``
+size a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import interpreting, sm_count
+
+# Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
+# do not queue behind those spinning on the next (docs/kernels.md, "The split walk").
+COUNTER_STRIDE_INTS = 32
+COUNTER_STRIDE = tl.constexpr(COUNTER_STRIDE_INTS)
+# Spin until the int32 at $1 is >= $2: an acquire load a try (every thread: each then holds
+# its own acquire), with a nanosleep back-off from 32 to 256 ns between tries so that the
+# waiters of a row cost its counter's line a few requests a microsecond, not one a clock.
+_SPIN_ASM = tl.constexpr("""{
+.reg .pred %p_done;
+.reg .u32 %ns;
+mov.u32 %ns, 32;
+SPIN_TRY:
+ld.acquire.gpu.global.u32 $0, [$1];
+setp.ge.s32 %p_done, $0, $2;
+@%p_done bra SPIN_DONE;
+nanosleep.u32 %ns;
+shl.b32 %ns, %ns, 1;
+min.u32 %ns, %ns, 256;
+bra SPIN_TRY;
+SPIN_DONE:
+}""")
+
+
+@triton.jit
+def first_tile(sync_ptr, n_rows, GROUP: tl.constexpr):
+    """A split-walk program's first tile: its program id (round robin) when GROUP == 1, else a ticket."""
+    if GROUP == 1:
+        return tl.program_id(0)
+    else:
+        return tl.atomic_add(sync_ptr + n_rows * COUNTER_STRIDE, 1, sem="relaxed")
+
+
+@triton.jit
+def tile_start(tile, n_rows, slice_cols, GROUP: tl.constexpr):
+    """(row, first column) of ``tile``; past the last tile the last row: a harmless in-bounds prefetch."""
+    return tl.minimum(tile // GROUP, n_rows - 1), (tile % GROUP) * slice_cols
+
+
+@triton.jit
+def prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N: tl.constexpr):
+    """(row, column) that pass two prefetches at step ``start``: the slice's next step, or after the
+    slice's last step [.., hi) the next tile's first."""
+    nxt = start + BLOCK_N
+    last = nxt >= hi
+    return tl.where(last, next_row, row), tl.where(last, next_lo, nxt)
+
+
+@triton.jit
+def exchange_partials(part_ptr, sync_ptr, row, slot, a, b, n_rows, a_other, b_other,
+                      GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """Publish this slice's partials (a, b) in part[row, slot], wait for the row's GROUP slices, then
+    take the next ticket: (every slice's a, every slice's b, next tile), lanes past GROUP a_other, b_other.
+
+    The ticket comes only after the wait, so the tiles handed out form a prefix and no program holds
+    two tiles of one row (the module docstring: why that cannot deadlock).
+    """
+    part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
+    tl.store(part_row + 2 * slot, a)
+    tl.store(part_row + 2 * slot + 1, b)
+    arrive_and_wait(sync_ptr + row.to(tl.int64) * COUNTER_STRIDE, GROUP)
+    g = tl.arange(0, BLOCK_G)
+    all_a = tl.load(part_row + 2 * g, mask=g < GROUP, other=a_other, volatile=True)
+    all_b = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=b_other, volatile=True)
+    return all_a, all_b, tl.atomic_add(sync_ptr + n_rows * COUNTER_STRIDE, 1, sem="relaxed")
+
+
+@triton.jit
+def arrive_and_wait(count_ptr, n_peers):
+    """Arrive at ``count_ptr`` (release) and wait, with back-off, until ``n_peers`` have arrived (acquire)."""
+    tl.debug_barrier()  # every thread's partial stores precede the release
+    tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    tl.inline_asm_elementwise(_SPIN_ASM, "=r,l,r", [count_ptr, n_peers], dtype=tl.int32, is_pure=False, pack=1)
+    tl.debug_barrier()
+
+
+def split_group(n_cols: int, block_n: int, group: int) -> tuple[int, int]:
+    """(programs per row, columns per slice) for ``group`` slices asked: whole chunks a slice, none empty."""
+    n_steps = triton.cdiv(n_cols, block_n)
+    steps = triton.cdiv(n_steps, max(1, min(group, n_steps)))
+    return triton.cdiv(n_steps, steps), steps * block_n
+
+
+def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor):
+    """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
+    and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
+    never read)."""
+    if group > 1 and interpreting():
+        raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
+    n_programs = max(1, min(n_rows * group, max(1, per_sm) * sm_count(device)))
+    if group == 1:
+        return n_programs, unused, unused
+    part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
+    sync = torch.zeros((n_rows + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
+    return n_programs, part, sync
