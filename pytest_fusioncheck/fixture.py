@@ -11,6 +11,7 @@ drops the reports' tensors at teardown, keeping their figures.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -90,11 +91,39 @@ def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
         item.obj = profiled_test
     recorder = None
     try:
-        with inductor_hooks(), GraphBreakRecorder() as recorder:
+        with inductor_hooks(), GraphBreakRecorder() as recorder, _quiet_torch_logs(item, state.log.settings):
             yield
     finally:
         item.obj = original
         state.log.graph_breaks = list(getattr(recorder, "breaks", None) or [])
+
+
+class _TorchDebugFilter(logging.Filter):
+    """Drops torch's DEBUG records (Dynamo's and Inductor's traces run to thousands of
+    lines) so that a failing test's captured log leaves the kernel table readable."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno < logging.INFO and (record.name == "torch" or record.name.startswith("torch.")))
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs(item: pytest.Item, settings: Settings) -> Iterator[None]:
+    """While the test runs, pytest's log capture skips torch's DEBUG records, unless
+    ``--fusion-torch-logs``."""
+    plugin = item.config.pluginmanager.get_plugin("logging-plugin")
+    handlers = [getattr(plugin, name, None) for name in ("caplog_handler", "report_handler")] if plugin else []
+    handlers = [h for h in handlers if h is not None]
+    if settings.torch_logs or not handlers:
+        yield
+        return
+    flt = _TorchDebugFilter()
+    for h in handlers:
+        h.addFilter(flt)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(flt)
 
 
 def _item_location(item: pytest.Item) -> str:
@@ -138,6 +167,8 @@ def check(item: pytest.Item, state: TestState) -> None:
             verdict.check_hbm_bytes(report, limits.max_hbm_bytes, "limit", f"@pytest.mark.max_hbm_bytes({limits.max_hbm_bytes})", log=log)
         if limits.bandwidth_fraction is not None:
             verdict.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})", log=log)
+    if reports:
+        fill_benchmark_extra_info(item, state)
     if baseline is not None and reports:
         baseline.check(state.baseline_comparison, reports)
 
@@ -148,6 +179,17 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
     reports = state.log.reports
     if not reports:
         return
+    for i, r in enumerate(reports):  # short figures for JUnit XML (it reads the item's properties)
+        prefix = "fusioncheck" if len(reports) == 1 else f"fusioncheck[{i}]"
+        item.user_properties += [
+            (f"{prefix}.kernels", r.kernel_count),
+            (f"{prefix}.bytes", r.bytes),
+            (f"{prefix}.bytes_unmodelled", r.bytes_unmodelled),
+            (f"{prefix}.budget", r.budget.total if r.budget else None),
+            (f"{prefix}.efficiency", None if r.efficiency is None else round(r.efficiency, 4)),
+            (f"{prefix}.time_s", r.time_s),
+            (f"{prefix}.wall_time_s", r.wall_time_s),
+        ]
     rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
     rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
     if rep.failed and state.log.settings.trace_dir:
@@ -156,12 +198,71 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
         export_traces(item.nodeid, reports, state.log.settings.trace_dir)
 
 
+def benchmark_extra_info(reports: list[FusionReport]) -> dict[str, Any]:
+    """The fusion figures pytest-benchmark stores beside its timings (``extra_info``): of
+    the latest report, and the kernel count of every report."""
+    r = reports[-1]
+    return {
+        "fusioncheck.device": r.device_kind,
+        "fusioncheck.kernels": r.kernel_count,
+        "fusioncheck.kernels_per_report": [x.kernel_count for x in reports],
+        "fusioncheck.bytes": r.bytes,
+        "fusioncheck.bytes_unmodelled": r.bytes_unmodelled,
+        "fusioncheck.bytes_measured": r.bytes_measured,
+        "fusioncheck.budget": r.budget.total if r.budget else None,
+        "fusioncheck.efficiency": r.efficiency,
+        "fusioncheck.time_s": r.time_s,
+        "fusioncheck.time_source": r.time_source,
+        "fusioncheck.wall_time_s": r.wall_time_s,
+        "fusioncheck.launch_overhead_s": r.launch_overhead_s,
+    }
+
+
+def fill_benchmark_extra_info(item: pytest.Item, state: TestState) -> None:
+    """A test that uses both ``benchmark`` and ``fusion``: its fusion figures go into the
+    benchmark's ``extra_info`` (so ``pytest-benchmark compare`` and its JSON carry them)."""
+    bench = getattr(item, "funcargs", {}).get("benchmark")
+    if bench is not None and state.log.reports and hasattr(bench, "extra_info"):
+        bench.extra_info.update(benchmark_extra_info(state.log.reports))
+
+
 class Fusion:
     """The ``fusion`` fixture: profile callables and regions, assert on their reports."""
 
-    def __init__(self, item: pytest.Item, state: TestState) -> None:
+    def __init__(self, item: pytest.Item, state: TestState, request: pytest.FixtureRequest | None = None) -> None:
         self._item = item
         self._state = state
+        self._request = request
+
+    def benchmark(self, fn: Callable[..., Any], *args: Any, warmup: int | None = None, budget: Budget | None = None, **kwargs: Any) -> FusionReport:
+        """Profile ``fn(*args)`` (a report, as ``profile``), time it with pytest-benchmark's
+        ``benchmark`` fixture, each call synchronised on a GPU so the timer sees the device
+        work, and put the fusion figures (device time, efficiency) in ``benchmark.extra_info``."""
+        __tracebackhide__ = True
+        from .capture import FusionCheckError, synchronize
+
+        try:
+            bench = self._request.getfixturevalue("benchmark") if self._request is not None else None
+        except pytest.FixtureLookupError:
+            bench = None
+        if bench is None:
+            raise FusionCheckError(
+                "fusion.benchmark needs the pytest-benchmark plugin: pip install 'pytest-fusioncheck[benchmark]'"
+            )
+        report = self.profile(fn, *args, warmup=warmup, budget=budget, **kwargs)
+        from .roofline import ensure_efficiency
+
+        ensure_efficiency(report, self._state.log.settings)  # device time and efficiency, before the timings
+        device = self.device
+
+        def synchronised() -> Any:
+            out = fn(*args, **kwargs)
+            synchronize(device)
+            return out
+
+        bench(synchronised)
+        bench.extra_info.update(benchmark_extra_info(self._state.log.reports))
+        return report
 
     @property
     def device(self) -> str:

@@ -25,11 +25,13 @@ OPTIONS: dict[str, tuple[str, str, Any]] = {
     "counters": ('hardware byte counters: "none" (default) or "ncu" (re-run the selected tests under Nsight Compute)', "string", "none"),
     "baseline": ("compare kernel counts and bytes with a committed baseline JSON file (default path .fusioncheck-baseline.json)", "string", None),
     "update_baseline": ("write the baseline file at the end of the session (atomically)", "bool", False),
+    "baseline_strict": ("with --fusion-baseline: a test that has no entry in the baseline fails", "bool", False),
     "json": ("write every fusion report of the session to this JSON file", "string", None),
     "trace_dir": ("write Chrome traces of failing profiled regions into this directory", "string", None),
     "roofline": ("write a roofline plot (PNG/SVG) of the session's kernels to this path", "string", None),
     "report": ("print the kernel table of every profiled test in the terminal summary", "bool", False),
     "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
+    "torch_logs": ("keep torch's DEBUG log records in the captured logs of tests that use a fusion feature (default: dropped, so failures show the kernel table)", "bool", False),
 }
 
 MARKERS = (
@@ -117,6 +119,7 @@ def settings_from_config(config: pytest.Config) -> Settings:
         device=device,
         peak_cache=getattr(config, "cache", None),
         trace_dir=get_option(config, "trace_dir") or None,
+        torch_logs=bool(get_option(config, "torch_logs")),
     )
 
 

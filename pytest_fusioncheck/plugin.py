@@ -119,7 +119,7 @@ def fusion(request: pytest.FixtureRequest):
         log, _ = item.stash.get(LOG, (None, None))
         test_state = TestState.for_item(item, log)
         item.stash[state.ITEM] = test_state
-    return Fusion(item, test_state)
+    return Fusion(item, test_state, request)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

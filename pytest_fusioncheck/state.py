@@ -35,6 +35,7 @@ class Settings:
     peak_cache: Any = None  # pytest's cache, for the measured peak bandwidth
     measured: Any = None  # sources.bytes_ncu.Measured, with --fusion-counters=ncu
     trace_dir: str | None = None
+    torch_logs: bool = False  # keep torch's DEBUG records in captured logs
     peaks: dict[str, float] = field(default_factory=dict)  # peak bandwidth measured this session
 
 

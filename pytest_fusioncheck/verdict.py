@@ -56,6 +56,7 @@ def failure_message(report: FusionReport, headline: str, details: list[str] | No
 
 
 def check_max_kernels(report: FusionReport, n: int, where: str = "assert_max_kernels", log: ReportLog | None = None) -> None:
+    __tracebackhide__ = True
     if report.kernel_count > n:
         raise FusionAssertionError(
             failure_message(report, f"{where}: {report.kernel_count} kernels launched, limit {n} ({report.label})", log=log)
@@ -85,6 +86,7 @@ def check_hbm_bytes(report: FusionReport, limit: int, what: str, where: str, log
     region with no modelled kernel fails (nothing was checked), and a pass over a region
     with some unmodelled kernels warns (``FusionCheckWarning``) that its figure is a
     lower bound."""
+    __tracebackhide__ = True
     log = log if log is not None else current_log()
     figure, kind = _bytes_figure(report, log.settings)
     missing = report.unmodelled_kernels if kind == "modelled" else []
@@ -124,6 +126,7 @@ def check_hbm_bytes(report: FusionReport, limit: int, what: str, where: str, log
 
 
 def check_bandwidth(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
+    __tracebackhide__ = True
     from . import roofline
 
     log = log if log is not None else current_log()

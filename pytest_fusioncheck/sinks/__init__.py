@@ -38,7 +38,7 @@ class SessionSinks:
         if path:
             from .baseline_sink import BaselineSink
 
-            self.baseline = BaselineSink(path, str(config.rootpath), update)
+            self.baseline = BaselineSink(path, str(config.rootpath), update, bool(get_option(config, "baseline_strict")))
 
     @staticmethod
     def wanted(config: pytest.Config) -> bool:

@@ -18,15 +18,22 @@ from ..verdict import FusionAssertionError
 
 
 class BaselineSink:
-    def __init__(self, path: str, rootpath: str, update: bool) -> None:
+    def __init__(self, path: str, rootpath: str, update: bool, strict: bool = False) -> None:
         self.path = path if os.path.isabs(path) else os.path.join(rootpath, path)
         self.update = update
+        self.strict = strict
+        if not update and not os.path.exists(self.path):
+            raise pytest.UsageError(
+                f"--fusion-baseline: {self.path} does not exist; check the path, or create the file "
+                "with --fusion-update-baseline"
+            )
         try:
             self.entries = baseline.load_baseline(self.path)
         except baseline.BaselineError as exc:
             raise pytest.UsageError(str(exc)) from None
         self.writer = baseline.BaselineWriter(self.path) if update else None
         self.improvements: list[str] = []
+        self.missing: list[str] = []  # test ids with no entry for their device kind
 
     @staticmethod
     def record_for(nodeid: str, reports: list[Any]) -> dict[str, Any]:
@@ -46,11 +53,17 @@ class BaselineSink:
             self.writer.add(record)
             return None
         comparison = baseline.compare(self.entries.get(item.nodeid, record["device_kind"]), record)
-        if comparison.changed and not comparison.regressed:
+        if comparison.new:
+            self.missing.append(f"{item.nodeid} ({record['device_kind']})")
+        elif comparison.improved:  # only figures that went down
             self.improvements.append(f"{item.nodeid}: {comparison.describe()}")
         return comparison
 
     def check(self, comparison: Any, reports: list[Any]) -> None:
+        if comparison is not None and comparison.new and self.strict:
+            raise FusionAssertionError(
+                f"{comparison.describe()}\n(--fusion-baseline-strict: every test needs an entry in {self.path})"
+            )
         if comparison is not None and comparison.regressed:
             tables = "\n".join(str(r) for r in reports)
             raise FusionAssertionError(
@@ -59,7 +72,7 @@ class BaselineSink:
             )
 
     def worker_output(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"fusioncheck_improvements": list(self.improvements)}
+        out: dict[str, Any] = {"fusioncheck_improvements": list(self.improvements), "fusioncheck_missing": list(self.missing)}
         if self.writer is not None:
             out["fusioncheck_baseline"] = self.writer.worker_payload()
         return out
@@ -69,6 +82,7 @@ class BaselineSink:
         if payload and self.writer is not None:
             self.writer.add_worker_payload(worker_id, payload)
         self.improvements += output.get("fusioncheck_improvements", [])
+        self.missing += output.get("fusioncheck_missing", [])
 
     def flush(self) -> list[str]:
         """Write the queued records (updating only): the summary line."""
@@ -78,6 +92,12 @@ class BaselineSink:
 
     def improvement_lines(self) -> list[str]:
         lines = []
+        if self.missing:
+            lines.append(
+                f"fusioncheck baseline: {len(self.missing)} test(s) not in the baseline "
+                "(--fusion-update-baseline records them; --fusion-baseline-strict fails them):"
+            )
+            lines += [f"  {nodeid}" for nodeid in sorted(self.missing)]
         if self.improvements:
             lines.append("fusioncheck baseline improvements (update the baseline to pin them):")
             lines += ["  " + line.replace("\n", "\n  ") for line in self.improvements]

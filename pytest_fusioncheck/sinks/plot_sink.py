@@ -15,5 +15,5 @@ class PlotSink:
         try:
             roofline_plot([r for _, _, reports in collected for r in reports], self.path)
         except ImportError as exc:
-            return [f"fusioncheck: no roofline plot ({exc}); pip install matplotlib"]
+            return [f"fusioncheck: no roofline plot ({exc}); pip install 'pytest-fusioncheck[plot]' (matplotlib)"]
         return [f"fusioncheck: roofline plot written to {self.path}"]
