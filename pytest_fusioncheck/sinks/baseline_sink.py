@@ -34,6 +34,7 @@ class BaselineSink:
         self.writer = baseline.BaselineWriter(self.path) if update else None
         self.improvements: list[str] = []
         self.missing: list[str] = []  # test ids with no entry for their device kind
+        self.changes: list[str] = []  # same count and bytes, different kernels
 
     @staticmethod
     def record_for(nodeid: str, reports: list[Any]) -> dict[str, Any]:
@@ -57,6 +58,8 @@ class BaselineSink:
             self.missing.append(f"{item.nodeid} ({record['device_kind']})")
         elif comparison.improved:  # only figures that went down
             self.improvements.append(f"{item.nodeid}: {comparison.describe()}")
+        elif comparison.changed and not comparison.regressed:  # same figures, other kernels
+            self.changes.append(f"{item.nodeid}: {comparison.describe()}")
         return comparison
 
     def check(self, comparison: Any, reports: list[Any]) -> None:
@@ -72,7 +75,11 @@ class BaselineSink:
             )
 
     def worker_output(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"fusioncheck_improvements": list(self.improvements), "fusioncheck_missing": list(self.missing)}
+        out: dict[str, Any] = {
+            "fusioncheck_improvements": list(self.improvements),
+            "fusioncheck_missing": list(self.missing),
+            "fusioncheck_changes": list(self.changes),
+        }
         if self.writer is not None:
             out["fusioncheck_baseline"] = self.writer.worker_payload()
         return out
@@ -83,6 +90,7 @@ class BaselineSink:
             self.writer.add_worker_payload(worker_id, payload)
         self.improvements += output.get("fusioncheck_improvements", [])
         self.missing += output.get("fusioncheck_missing", [])
+        self.changes += output.get("fusioncheck_changes", [])
 
     def flush(self) -> list[str]:
         """Write the queued records (updating only): the summary line."""
@@ -101,4 +109,7 @@ class BaselineSink:
         if self.improvements:
             lines.append("fusioncheck baseline improvements (update the baseline to pin them):")
             lines += ["  " + line.replace("\n", "\n  ") for line in self.improvements]
+        if self.changes:
+            lines.append("fusioncheck baseline: other kernels, same count and bytes:")
+            lines += ["  " + line.replace("\n", "\n  ") for line in self.changes]
         return lines
