@@ -1,6 +1,6 @@
-"""Fit and check the polynomial of the exact (erf) GELU in reference_kernels/gemm_epilogue.py (``_phi_scaled``).
+"""Fit and check the polynomial of the exact (erf) GELU in reference_kernels/_math.py (``phi_scaled``).
 
-`_phi_scaled` writes Phi(-|x|) = t * 2**(P(t) - w*w), t = 1 / (1 + z/2), z = |x| / sqrt(2),
+`phi_scaled` writes Phi(-|x|) = t * 2**(P(t) - w*w), t = 1 / (1 + z/2), z = |x| / sqrt(2),
 w*w = z*z*log2(e), so P fits f(t) = log2(Phi(-|x|) / t) + w*w = log2(erfcx(z)) - 1 - log2(t)
 for z in [0, 10] (t in [1/6, 1]). For each degree this script
   1. fits P by weighted minimax (Lawson's iteratively reweighted least squares on a dense
