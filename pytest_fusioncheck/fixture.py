@@ -28,15 +28,33 @@ def _settings(config: pytest.Config) -> Settings:
     return config.stash.get(SETTINGS, None) or Settings()
 
 
-def test_device(settings: Settings) -> str:
+def worker_gpu(workerid: str | None, gpus: int) -> int | None:
+    """The GPU a pytest-xdist worker profiles on: ``gw<i>`` takes GPU ``i mod gpus``;
+    ``None`` outside xdist or with fewer than two GPUs (docs/integrations.md)."""
+    if not workerid or gpus < 2 or not workerid.startswith("gw") or not workerid[2:].isdigit():
+        return None
+    return int(workerid[2:]) % gpus
+
+
+def test_device(settings: Settings, config: pytest.Config | None = None) -> str:
     """The device a test profiles on: ``--fusion-device``, else CUDA when present; a test
-    that asks for CUDA where there is none is skipped, not failed."""
+    that asks for CUDA where there is none is skipped, not failed. ``cuda:<i>`` pins a GPU;
+    under pytest-xdist on a host with several GPUs each worker takes its own."""
     from .capture import FusionCheckError, resolve_device
 
     try:
-        return resolve_device(settings.device)
+        device = resolve_device(settings.device)
     except FusionCheckError:
         pytest.skip(f"--fusion-device {settings.device}: no CUDA GPU here (torch.cuda.is_available() is False)")
+    if device == "cuda":
+        import torch
+
+        pinned = settings.device.split(":", 1)[1] if settings.device and ":" in settings.device else None
+        workerid = (getattr(config, "workerinput", None) or {}).get("workerid") if config is not None else None
+        index = int(pinned) if pinned is not None else worker_gpu(workerid, torch.cuda.device_count())
+        if index is not None and torch.cuda.current_device() != index:
+            torch.cuda.set_device(index)  # tensors made with device=fusion.device land here
+    return device
 
 
 @dataclass
@@ -63,7 +81,7 @@ class TestState:
         if problem is not None:  # outside the except block: no chained traceback
             pytest.fail(problem, pytrace=False)
         settings = _settings(item.config)
-        device = test_device(settings)
+        device = test_device(settings, item.config)
         uses_fixture = "fusion" in getattr(item, "fixturenames", ())
         log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings)
         return cls(item, limits, device, settings.warmup, limits.profiled and not uses_fixture, log)

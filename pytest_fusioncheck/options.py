@@ -19,7 +19,7 @@ from .state import Settings
 
 # name -> (help, kind, default). One text serves the CLI option and its ini key.
 OPTIONS: dict[str, tuple[str, str, Any]] = {
-    "device": ('device to profile on: "cuda" or "cpu" (default: cuda when a GPU is present, else cpu)', "string", None),
+    "device": ('device to profile on: "cuda", "cuda:<index>" or "cpu" (default: cuda when a GPU is present, else cpu; under pytest-xdist with several GPUs, worker gw<i> takes GPU i mod count)', "string", None),
     "warmup": ("unprofiled calls before the profiled one (default 1)", "string", "1"),
     "peak_bandwidth": ('peak memory bandwidth in bytes/s, e.g. 4.25e12 or "4250 GB/s" (default: measured once per device with a large copy)', "string", None),
     "counters": ('hardware byte counters: "none" (default) or "ncu" (re-run the selected tests under Nsight Compute)', "string", "none"),
@@ -101,16 +101,25 @@ def _peak(config: pytest.Config) -> float | None:
     return value
 
 
+def _is_cuda_index(device: str) -> bool:
+    return device.startswith("cuda:") and device[5:].isdigit()
+
+
 def settings_from_config(config: pytest.Config) -> Settings:
     """The session's ``Settings``, every option validated (a ``UsageError`` names the source)."""
     device = get_option(config, "device") or None
     if device in ("", "auto"):
         device = None
-    if device is not None and device not in DEVICES:
-        raise pytest.UsageError(f"{where(config, 'device')} must be 'cuda' or 'cpu', got {device!r}")
+    if device is not None and device not in DEVICES and not _is_cuda_index(device):
+        raise pytest.UsageError(f"{where(config, 'device')} must be 'cuda', 'cuda:<index>' or 'cpu', got {device!r}")
     counters = str(get_option(config, "counters") or "none")
     if counters not in ("none", "ncu"):
         raise pytest.UsageError(f"{where(config, 'counters')} must be 'none' or 'ncu', got {counters!r}")
+    if counters == "ncu" and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
+        raise pytest.UsageError(
+            f"{where(config, 'counters')} ncu does not run under pytest-xdist (-n): ncu re-runs the "
+            "selected tests once, serially, in one child process; drop -n for the counters run"
+        )
     return Settings(
         enforce_cpu_timing=bool(get_option(config, "enforce_cpu_timing")),
         peak_bandwidth=_peak(config),

@@ -136,7 +136,7 @@ def test_an_unknown_fusion_device_on_the_command_line_is_a_usage_error_naming_th
     pytester.makepyfile("def test_x():\n    pass\n")
     result = run_pytest("--fusion-device=tpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--fusion-device must be 'cuda' or 'cpu', got 'tpu'*"])
+    result.stderr.fnmatch_lines(["*--fusion-device must be 'cuda', 'cuda:<index>' or 'cpu', got 'tpu'*"])
 
 
 def test_an_unknown_fusioncheck_device_in_the_ini_file_is_a_usage_error_naming_the_ini_key(run_pytest, pytester):
@@ -144,7 +144,7 @@ def test_an_unknown_fusioncheck_device_in_the_ini_file_is_a_usage_error_naming_t
     pytester.makepyfile("def test_x():\n    pass\n")
     result = run_pytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*fusioncheck_device (ini file) must be 'cuda' or 'cpu', got 'tpu'*"])
+    result.stderr.fnmatch_lines(["*fusioncheck_device (ini file) must be 'cuda', 'cuda:<index>' or 'cpu', got 'tpu'*"])
 
 
 # --------------------------------------------------------------------------- options and ini keys take effect

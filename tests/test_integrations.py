@@ -154,3 +154,43 @@ def test_fusion_benchmark_without_pytest_benchmark_says_which_extra_to_install(r
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*fusion.benchmark needs the pytest-benchmark plugin: pip install 'pytest-fusioncheck[[]benchmark[]]'"])
     result.stdout.no_fnmatch_line("*raise FusionCheckError*")
+
+
+# --------------------------------------------------------------------------- several GPUs
+
+
+def test_each_xdist_worker_takes_its_own_gpu_round_robin():
+    from pytest_fusioncheck.fixture import worker_gpu
+
+    assert [worker_gpu(f"gw{i}", 2) for i in range(4)] == [0, 1, 0, 1]
+    assert worker_gpu("gw5", 8) == 5
+    assert worker_gpu("gw1", 1) is None  # one GPU: nothing to choose
+    assert worker_gpu(None, 4) is None  # not under xdist
+    assert worker_gpu("master", 4) is None
+
+
+def test_a_worker_profiles_on_its_gpu_and_cuda_index_pins_one(monkeypatch):
+    import types
+
+    import torch
+
+    from pytest_fusioncheck.fixture import test_device
+    from pytest_fusioncheck.state import Settings
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    worker = types.SimpleNamespace(workerinput={"workerid": "gw3"})
+    assert test_device(Settings(), worker) == "cuda" and chosen == [1]
+    assert test_device(Settings(device="cuda:1"), None) == "cuda" and chosen == [1, 1]
+    assert test_device(Settings(device="cpu"), worker) == "cpu" and chosen == [1, 1]
+
+
+def test_counters_under_xdist_are_refused_with_the_reason(run_pytest, pytester):
+    pytest.importorskip("xdist")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = run_pytest("-n", "2", "--fusion-counters=ncu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fusion-counters ncu does not run under pytest-xdist (-n)*drop -n*"])
