@@ -17,9 +17,23 @@ import time
 
 import torch
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
+HERE = __file__.rsplit("/", 1)[0]
+sys.path.insert(0, HERE)
+sys.path.insert(0, HERE + "/../tests")
 from _common import add_out_option, write_output_to  # noqa: E402
-from corpus import EAGER  # noqa: E402
+from fidelity_cases import GPT2MLP, five_op_softmax, softmax_last  # noqa: E402
+
+
+class MLPBlock(torch.nn.Module):
+    """The overhead table's ``mlp_block``: LayerNorm, then GPT-2's MLP with its residual."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.mlp = GPT2MLP(d)
+
+    def forward(self, x):
+        return self.mlp(self.norm(x))
 
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
 from pytest_fusioncheck.graph_breaks import GraphBreakRecorder  # noqa: E402
@@ -54,8 +68,12 @@ def main() -> None:
     print(f"device: {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'host'}), torch {torch.__version__}, median of {opts.reps}")
     print("| case | bare call | torch.profiler | fusioncheck capture | overhead vs torch.profiler |")
     print("|---|---|---|---|---|")
-    for name in ("five_op_softmax", "torch.softmax", "mlp_block"):
-        fn, args = EAGER[name](device, 1)
+    cases = {
+        "five_op_softmax": (five_op_softmax, (torch.randn(64, 1024, device=device),)),
+        "torch.softmax": (softmax_last, (torch.randn(64, 1024, device=device),)),
+        "mlp_block": (MLPBlock(256).to(device), (torch.randn(16, 256, device=device),)),
+    }
+    for name, (fn, args) in cases.items():
         fn(*args)
         _sync(device)
 
