@@ -23,6 +23,7 @@ _EXPORTS = {
     "assert_max_kernels": "api",
     "assert_hbm_bytes_within": "api",
     "assert_bandwidth_bound_within": "api",
+    "assert_fusion_headroom_within": "api",
     "assert_matches_reference": "api",
     "assert_no_graph_breaks": "api",
     "FusionAssertionError": "verdict",

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .budget import Budget, parse_bytes
 from .report import FusionReport
 from .state import current_log
-from .verdict import FusionAssertionError, check_bandwidth, check_hbm_bytes, check_max_kernels
+from .verdict import FusionAssertionError, check_bandwidth, check_hbm_bytes, check_headroom, check_max_kernels
 
 
 def _resolve(report: FusionReport | None) -> FusionReport:
@@ -68,6 +68,17 @@ def assert_bandwidth_bound_within(fraction: float, report: FusionReport | None =
         raise ValueError(f"assert_bandwidth_bound_within: fraction must be in (0, 1] (a share of peak bandwidth), got {fraction!r}")
     report = _resolve(report)
     check_bandwidth(report, float(fraction), "assert_bandwidth_bound_within")
+    return report
+
+
+def assert_fusion_headroom_within(fraction: float, report: FusionReport | None = None) -> FusionReport:
+    """What fusing the region's memory-bound chains would save is at most ``fraction``: of
+    its device time on a GPU, of its modelled bytes on CPU (deterministic)."""
+    __tracebackhide__ = True
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"assert_fusion_headroom_within: fraction must be in [0, 1], got {fraction!r}")
+    report = _resolve(report)
+    check_headroom(report, float(fraction), "assert_fusion_headroom_within")
     return report
 
 

@@ -24,7 +24,8 @@ import time
 from typing import Any, Callable
 
 from . import _compat
-from .budget import Budget, default_budget, iter_tensors
+from .budget import Budget, default_budget, iter_tensors, storage_key
+from .headroom import find_chains
 from .ops import TritonLaunch, make_op_observer
 from .ranges import TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
@@ -289,6 +290,7 @@ def profile_call(
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
     report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn)
+    report.headroom = find_chains(report.kernels, returned={storage_key(t) for t in iter_tensors(output)})
     arg_devices = {t.device.type for t in iter_tensors((args, kwargs))}
     if arg_devices and dev not in arg_devices:
         report.warnings.append(
@@ -346,6 +348,7 @@ class Region:
         if exc_type is not None:
             return
         report = _build_report(self._rec, self.label, self._source)
+        report.headroom = find_chains(report.kernels)
         if self._breaks is not None:
             report.graph_breaks = list(getattr(self._breaks, "breaks", []))
             report.recompiles = list(getattr(self._breaks, "recompiles", []))

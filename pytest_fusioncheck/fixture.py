@@ -185,6 +185,8 @@ def check(item: pytest.Item, state: TestState) -> None:
             verdict.check_hbm_bytes(report, limits.max_hbm_bytes, "limit", f"@pytest.mark.max_hbm_bytes({limits.max_hbm_bytes})", log=log)
         if limits.bandwidth_fraction is not None:
             verdict.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})", log=log)
+        if limits.headroom_fraction is not None:
+            verdict.check_headroom(report, limits.headroom_fraction, f"@pytest.mark.fusion_headroom({limits.headroom_fraction:g})", log=log)
     if reports:
         fill_benchmark_extra_info(item, state)
     if baseline is not None and reports:
@@ -327,6 +329,10 @@ class Fusion:
     def assert_bandwidth_bound_within(self, fraction: float, report: FusionReport | None = None) -> FusionReport:
         __tracebackhide__ = True
         return api.assert_bandwidth_bound_within(fraction, report=report)
+
+    def assert_fusion_headroom_within(self, fraction: float, report: FusionReport | None = None) -> FusionReport:
+        __tracebackhide__ = True
+        return api.assert_fusion_headroom_within(fraction, report=report)
 
     def assert_matches_reference(self, fused_fn: Callable[..., Any], reference_fn: Callable[..., Any], *args: Any, rtol: float | None = None, atol: float | None = None, **kwargs: Any) -> Any:
         __tracebackhide__ = True

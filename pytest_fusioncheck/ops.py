@@ -12,7 +12,7 @@ wraps it in a profiler range so CUDA kernels can be attributed to the op that la
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import distinct_bytes, storage_key
@@ -75,6 +75,8 @@ class OpRecord:
     write_bytes: int | None
     source: str | None
     wall_ns: int = 0
+    reads: dict = field(default_factory=dict)  # storage key -> bytes read there
+    writes: dict = field(default_factory=dict)  # storage key -> bytes written there
 
     @property
     def bytes(self) -> int | None:
@@ -135,6 +137,20 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
     op) count as outputs; an in-place op's ``self`` is also read. Returned tensors that
     alias a written argument are not counted twice.
     """
+    reads, writes = op_tensors(func, args, kwargs, out)
+    return distinct_bytes(reads), distinct_bytes(writes)
+
+
+def storage_bytes(tensors: list) -> dict[tuple, int]:
+    """Storage key -> the distinct bytes ``tensors`` touch in it (what headroom chains use)."""
+    groups: dict[tuple, list] = {}
+    for t in tensors:
+        groups.setdefault(storage_key(t), []).append(t)
+    return {key: distinct_bytes(ts) for key, ts in groups.items() if key[1]}  # key[1] == 0: no storage
+
+
+def op_tensors(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list, list]:
+    """The tensors one op reads and writes (see ``op_traffic``)."""
     reads: list = []
     writes: list = []
     schema = getattr(func, "_schema", None)
@@ -163,7 +179,7 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
         writes += [t for t in returned if storage_key(t) not in written_keys]
     else:
         writes = returned
-    return distinct_bytes(reads), distinct_bytes(writes)
+    return reads, writes
 
 
 # Ops that read only the rows/elements they gather from their source, not the whole
@@ -233,10 +249,12 @@ def make_op_observer(record_ranges: bool = True):
                 out = func(*args, **kwargs)
             wall = time.perf_counter_ns() - t0
             try:
-                read_b, write_b = op_traffic(func, args, kwargs, out)
+                reads, writes = op_tensors(func, args, kwargs, out)
+                read_b, write_b = distinct_bytes(reads), distinct_bytes(writes)
+                storages = (storage_bytes(reads), storage_bytes(writes))
             except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
-                read_b, write_b = None, None
-            self.records.append(OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall))
+                read_b, write_b, storages = None, None, ({}, {})
+            self.records.append(OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages))
             return out
 
     return OpObserver()

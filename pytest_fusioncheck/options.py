@@ -40,9 +40,11 @@ MARKERS = (
     'max_hbm_bytes(n): modelled (or measured, with counters on) HBM bytes at most n; int or string such as "128 MiB"',
     "bandwidth_bound(fraction): every report reaches at least this fraction (0, 1] of peak bandwidth "
     "(enforced on GPUs; reported on CPU)",
+    "fusion_headroom(fraction): what fusing each report's memory-bound chains would save is at most this "
+    "fraction [0, 1] of its device time (GPU) or of its modelled bytes (CPU)",
     "no_graph_breaks: any TorchDynamo graph break during the test fails it, naming each break's reason and file:line",
 )
-FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "no_graph_breaks")
+FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "no_graph_breaks")
 DEVICES = ("cuda", "cpu")
 
 
@@ -155,11 +157,17 @@ class Limits:
     has_max_kernels: bool = False
     max_hbm_bytes: int | None = None
     bandwidth_fraction: float | None = None
+    headroom_fraction: float | None = None
     no_graph_breaks: bool = False
 
     @property
     def profiled(self) -> bool:
-        return self.has_max_kernels or self.max_hbm_bytes is not None or self.bandwidth_fraction is not None
+        return (
+            self.has_max_kernels
+            or self.max_hbm_bytes is not None
+            or self.bandwidth_fraction is not None
+            or self.headroom_fraction is not None
+        )
 
     def kernel_limit(self, device: str) -> int | None:
         return self.max_kernels_by_device.get(device, self.max_kernels)
@@ -212,6 +220,14 @@ def parse_limits(item: pytest.Item) -> Limits:
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             raise fail("bandwidth_bound", f"fraction must be a number in (0, 1] (a share of peak bandwidth), got {fraction!r}")
         limits.bandwidth_fraction = float(fraction)
+    mark = item.get_closest_marker("fusion_headroom")
+    if mark is not None:
+        if len(mark.args) != 1 or mark.kwargs:
+            raise fail("fusion_headroom", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        fraction = mark.args[0]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise fail("fusion_headroom", f"fraction must be a number in [0, 1], got {fraction!r}")
+        limits.headroom_fraction = float(fraction)
     mark = item.get_closest_marker("no_graph_breaks")
     if mark is not None:
         if mark.args or mark.kwargs:

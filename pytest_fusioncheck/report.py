@@ -35,6 +35,9 @@ class Kernel:
     kind: str = "kernel"  # "kernel" or "copy"
     bytes_estimate: int | None = None  # Inductor's own estimate of a generated kernel
     start_ns: int = field(default=0, repr=False)
+    # Storage key -> bytes, of the op behind the kernel: what fusion headroom chains by.
+    reads: dict = field(default_factory=dict, repr=False, compare=False)
+    writes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def short_name(self) -> str:
@@ -42,7 +45,8 @@ class Kernel:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("start_ns", None)
+        for private in ("start_ns", "reads", "writes"):
+            d.pop(private, None)
         return d
 
 
@@ -128,6 +132,8 @@ class FusionReport:
     seq: int = 0
     wall_time_s: float | None = None
     output: Any = field(default=None, repr=False, compare=False)
+    # Chains of memory-bound kernels and what fusing each would save (headroom.py).
+    headroom: list[Any] = field(default_factory=list)
     # Re-times the profiled call when an efficiency is asked for (closes over its inputs).
     timer: Any = field(default=None, repr=False, compare=False)
     # The profiler session, kept only to export Chrome traces (--fusion-trace-dir).
@@ -262,7 +268,13 @@ class FusionReport:
     def notes(self) -> list[str]:
         """Warnings, plus what a reader of the table needs: unmodelled kernels, and
         generated kernels whose compulsory bytes differ from Inductor's estimate."""
-        out = list(self.warnings)
+        out = []
+        if self.headroom:
+            top = self.headroom[0]
+            out.append("headroom: " + top.describe(self.peak_bandwidth, self.time_s if self.device == "cuda" else None))
+            if len(self.headroom) > 1:
+                out[-1] += f" (+{len(self.headroom) - 1} more chain(s))"
+        out += self.warnings
         missing = self.unmodelled_kernels
         if missing:
             out.append(
@@ -312,5 +324,6 @@ class FusionReport:
             "recompiles": [_gb(r) for r in self.recompiles],
             "source": self.source,
             "warnings": list(self.warnings),
+            "headroom": [c.to_dict() for c in self.headroom],
             "seq": self.seq,
         }

@@ -148,3 +148,33 @@ def check_bandwidth(report: FusionReport, fraction: float, where: str, log: Repo
         report.warnings.append(headline + " [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]")
         return
     raise FusionAssertionError(failure_message(report, headline, log=log))
+
+
+def headroom_share(report: FusionReport, settings: Settings) -> tuple[float, str]:
+    """The avoidable share of the region: on a GPU the time fusing its chains would save
+    over its device time; on CPU (deterministic) their excess bytes over its bytes."""
+    excess = sum(c.excess for c in report.headroom)
+    if report.device == "cuda":
+        from . import roofline
+
+        roofline.ensure_efficiency(report, settings)
+        if report.peak_bandwidth and report.time_s:
+            return (excess / report.peak_bandwidth) / report.time_s, "of its device time"
+    return (excess / report.bytes if report.bytes else 0.0), "of its modelled bytes"
+
+
+def check_headroom(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
+    __tracebackhide__ = True
+    log = log if log is not None else current_log()
+    share, what = headroom_share(report, log.settings)
+    if share <= fraction:
+        return
+    lines = [c.describe(report.peak_bandwidth, report.time_s if report.device == "cuda" else None) for c in report.headroom]
+    raise FusionAssertionError(
+        failure_message(
+            report,
+            f"{where}: fusing the region's memory-bound chains would save {share:.0%} {what} > allowed {fraction:.0%} ({report.label})",
+            ["chains (largest saving first):"] + [f"  {line}" for line in lines],
+            log=log,
+        )
+    )

@@ -207,7 +207,7 @@ def test_an_op_whose_traffic_cannot_be_modelled_is_unmodelled_not_zero(monkeypat
     def broken(*a, **k):
         raise RuntimeError("exotic tensor")
 
-    monkeypatch.setattr(kernels, "op_traffic", broken)
+    monkeypatch.setattr(kernels, "op_tensors", broken)
     report = profile(torch.add, torch.ones(4), torch.ones(4))
     assert report.kernels[0].bytes is None
     assert report.bytes_unmodelled == 1

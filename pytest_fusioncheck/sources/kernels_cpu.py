@@ -60,6 +60,8 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
             op=op.op,
             source=op.source,
             kind=op.kind,
+            reads=op.reads,
+            writes=op.writes,
             start_ns=e.start_ns() if e is not None else 0,
         )
         (copies if op.kind == "copy" else kernels).append(k)

@@ -95,7 +95,7 @@ def _copy_sizes(prof: Any) -> dict[int, int]:
             return {}
 
 
-def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> None:
+def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> Kernel | None:
     """Give one op's modelled traffic to the device activities it launched (the rule of
     ``docs/bytes.md``): copies (memset/memcpy) keep their own size; the op's bytes go to
     its longest compute kernel (the GEMM of a GEMM + memset, the main kernel of a split-K
@@ -103,10 +103,11 @@ def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> None:
     figure. An op that could not be modelled leaves its kernels unmodelled (``None``)."""
     compute = [k for k in activities if k.kind != "copy"]
     if not compute:
-        return
+        return None
     main = max(compute, key=lambda k: k.time_s)
     for k in compute:
         k.bytes = op_bytes if k is main else (0 if op_bytes is not None else None)
+    return main
 
 
 def _is_annotation(e: Any, activity: str) -> bool:
@@ -191,5 +192,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
                 k.bytes_estimate = inductor_kernel_estimate(name)
         (copies if is_copy else kernels).append(k)
     for index, group in by_op.items():
-        attribute_op_bytes(group, by_index[index].bytes)
+        main = attribute_op_bytes(group, by_index[index].bytes)
+        if main is not None:  # the op's storages, for fusion headroom
+            main.reads, main.writes = by_index[index].reads, by_index[index].writes
     return kernels, copies

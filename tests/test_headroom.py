@@ -1,0 +1,131 @@
+"""Fusion headroom: chains of memory-bound kernels that exchange tensors through HBM, and
+what fusing each would save; its assertion and marker. CPU, deterministic (bytes only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_fusioncheck import FusionAssertionError, Kernel, assert_fusion_headroom_within, profile
+from pytest_fusioncheck.headroom import find_chains
+
+MiB = 2**20
+
+
+def five_op_softmax(x):
+    m = x.max(dim=-1, keepdim=True).values
+    z = x - m
+    e = z.exp()
+    s = e.sum(dim=-1, keepdim=True)
+    return e / s
+
+
+def _k(op, reads, writes, nbytes=None):
+    nbytes = nbytes if nbytes is not None else sum(reads.values()) + sum(writes.values())
+    return Kernel(name=op, op=f"aten::{op}", bytes=nbytes, reads=reads, writes=writes)
+
+
+def test_a_producer_consumer_pair_is_one_chain_whose_budget_is_its_inputs_and_returned_output():
+    kernels = [_k("add", {"x": 100, "b": 1}, {"t": 100}), _k("gelu", {"t": 100}, {"y": 100})]
+    (chain,) = find_chains(kernels, returned={"y"})
+    assert chain.kernels == [0, 1] and chain.bytes == 401
+    assert chain.fused_bytes == 201  # x, b read; y written; t never leaves the chip
+    assert chain.excess == 200 and chain.ratio == pytest.approx(401 / 201)
+
+
+def test_an_intermediate_read_outside_the_chain_or_returned_stays_in_the_budget():
+    kernels = [
+        _k("add", {"x": 100}, {"t": 100}),
+        _k("gelu", {"t": 100}, {"y": 100}),
+        _k("mm", {"t": 100, "w": 10}, {"z": 10}),  # a GEMM reads t: t must reach HBM
+    ]
+    (chain,) = find_chains(kernels, returned={"y"})
+    assert chain.kernels == [0, 1] and chain.fused_bytes == 100 + 100 + 100
+    (returned,) = find_chains(kernels[:2], returned={"y", "t"})
+    assert returned.fused_bytes == 300
+
+
+def test_gemms_copies_and_kernels_without_storages_are_never_chain_members():
+    kernels = [
+        _k("mm", {"a": 10, "w": 10}, {"h": 10}),
+        _k("gelu", {"h": 10}, {"g": 10}),
+        Kernel(name="triton_poi_fused_add_0", op="fused: add", bytes=20),  # generated: no storages
+        _k("mm", {"g": 10, "w2": 10}, {"y": 10}),
+    ]
+    assert find_chains(kernels, returned={"y"}) == []
+
+
+def test_unrelated_kernels_form_separate_chains_ordered_by_saving():
+    kernels = [
+        _k("add", {"x": 10}, {"t": 10}),
+        _k("neg", {"t": 10}, {"u": 10}),
+        _k("exp", {"p": 100}, {"q": 100}),
+        _k("log", {"q": 100}, {"r": 100}),
+    ]
+    chains = find_chains(kernels, returned={"u", "r"})
+    assert [c.kernels for c in chains] == [[2, 3], [0, 1]]
+
+
+def test_in_a_region_outputs_nobody_reads_back_count_as_leaving_the_chain():
+    kernels = [_k("add", {"x": 100}, {"t": 100}), _k("gelu", {"t": 100}, {"y": 100})]
+    (chain,) = find_chains(kernels)  # returned tensors unknown
+    assert chain.fused_bytes == 200
+
+
+def test_the_eager_five_op_softmax_is_one_chain_at_four_times_its_fused_budget():
+    x = torch.randn(256, 1024)
+    report = profile(five_op_softmax, x)
+    (chain,) = report.headroom
+    assert chain.kernels == [0, 1, 2, 3, 4]
+    assert chain.fused_bytes == 2 * x.numel() * 4 == report.budget.total
+    assert chain.bytes == report.bytes
+    assert str(report).count("note: headroom: kernels 0-4 (max, sub, exp, sum, div;") == 1
+    assert report.to_dict()["headroom"][0]["excess"] == chain.excess
+
+
+def test_a_fused_kernel_and_a_compiled_chain_have_no_headroom():
+    x = torch.randn(256, 1024)
+    assert profile(torch.softmax, x, -1).headroom == []
+    torch._dynamo.reset()
+    assert profile(torch.compile(five_op_softmax), x).headroom == []
+
+
+def test_assert_fusion_headroom_within_fails_the_unfused_chain_and_says_what_fusing_saves():
+    x = torch.randn(256, 1024)
+    report = profile(five_op_softmax, x)
+    with pytest.raises(FusionAssertionError) as info:
+        assert_fusion_headroom_within(0.5, report=report)
+    message = str(info.value)
+    assert "assert_fusion_headroom_within: fusing the region's memory-bound chains would save 75% of its modelled bytes > allowed 50%" in message
+    assert "kernels 0-4 (max, sub, exp, sum, div;" in message and "move 4.0x their fused budget" in message
+    assert_fusion_headroom_within(0.8, report=report)
+    assert_fusion_headroom_within(0.0, report=profile(torch.softmax, x, -1))
+    with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\]"):
+        assert_fusion_headroom_within(1.5, report=report)
+
+
+def test_the_fusion_headroom_marker_checks_every_report(run_pytest, pytester):
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+def bias_gelu(x, b):
+    return torch.nn.functional.gelu(x + b)
+
+@pytest.mark.fusion_headroom(0.25)
+def test_unfused(fusion):
+    fusion.profile(bias_gelu, torch.randn(64, 64, device="cpu"), torch.randn(64, device="cpu"))
+
+@pytest.mark.fusion_headroom(0.25)
+def test_fused(fusion):
+    fusion.profile(torch.nn.functional.gelu, torch.randn(64, 64, device="cpu"))
+
+@pytest.mark.fusion_headroom(2)
+def test_bad(fusion):
+    pass
+"""
+    )
+    result = run_pytest("--fusion-device=cpu")
+    result.assert_outcomes(passed=1, failed=1, errors=1)  # the bad marker fails at setup
+    result.stdout.fnmatch_lines(["*@pytest.mark.fusion_headroom(0.25): fusing the region's memory-bound chains would save 50% of its modelled bytes > allowed 25%*"])
+    result.stdout.fnmatch_lines(["*@pytest.mark.fusion_headroom: fraction must be a number in [[]0, 1], got 2*"])
