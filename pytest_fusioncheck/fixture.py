@@ -185,6 +185,8 @@ def check(item: pytest.Item, state: TestState) -> None:
             verdict.check_hbm_bytes(report, limits.max_hbm_bytes, "limit", f"@pytest.mark.max_hbm_bytes({limits.max_hbm_bytes})", log=log)
         if limits.bandwidth_fraction is not None:
             verdict.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})", log=log)
+        if limits.launch_fraction is not None:
+            verdict.check_launch_overhead(report, limits.launch_fraction, f"@pytest.mark.max_launch_overhead({limits.launch_fraction:g})", log=log)
         if limits.headroom_fraction is not None:
             verdict.check_headroom(report, limits.headroom_fraction, f"@pytest.mark.fusion_headroom({limits.headroom_fraction:g})", log=log)
     if reports:

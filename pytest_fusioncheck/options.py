@@ -42,9 +42,11 @@ MARKERS = (
     "(enforced on GPUs; reported on CPU)",
     "fusion_headroom(fraction): what fusing each report's memory-bound chains would save is at most this "
     "fraction [0, 1] of its device time (GPU) or of its modelled bytes (CPU)",
+    "max_launch_overhead(fraction): (GPU) wall time not covered by device time is at most this fraction (0, 1] "
+    "of each report's wall time (reported, not enforced, on CPU)",
     "no_graph_breaks: any TorchDynamo graph break during the test fails it, naming each break's reason and file:line",
 )
-FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "no_graph_breaks")
+FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "max_launch_overhead", "no_graph_breaks")
 DEVICES = ("cuda", "cpu")
 
 
@@ -158,6 +160,7 @@ class Limits:
     max_hbm_bytes: int | None = None
     bandwidth_fraction: float | None = None
     headroom_fraction: float | None = None
+    launch_fraction: float | None = None
     no_graph_breaks: bool = False
 
     @property
@@ -167,6 +170,7 @@ class Limits:
             or self.max_hbm_bytes is not None
             or self.bandwidth_fraction is not None
             or self.headroom_fraction is not None
+            or self.launch_fraction is not None
         )
 
     def kernel_limit(self, device: str) -> int | None:
@@ -228,6 +232,14 @@ def parse_limits(item: pytest.Item) -> Limits:
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
             raise fail("fusion_headroom", f"fraction must be a number in [0, 1], got {fraction!r}")
         limits.headroom_fraction = float(fraction)
+    mark = item.get_closest_marker("max_launch_overhead")
+    if mark is not None:
+        if len(mark.args) != 1 or mark.kwargs:
+            raise fail("max_launch_overhead", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        fraction = mark.args[0]
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+            raise fail("max_launch_overhead", f"fraction must be a number in (0, 1], got {fraction!r}")
+        limits.launch_fraction = float(fraction)
     mark = item.get_closest_marker("no_graph_breaks")
     if mark is not None:
         if mark.args or mark.kwargs:

@@ -184,6 +184,23 @@ class FusionReport:
         return max(0.0, self.wall_time_s - self.time_s)
 
     @property
+    def launch_overhead_share(self) -> float | None:
+        """Launch overhead over the wall time (GPU only; ``None`` when unknown)."""
+        overhead = self.launch_overhead_s
+        if overhead is None or not self.wall_time_s:
+            return None
+        return overhead / self.wall_time_s
+
+    @property
+    def launch_bound(self) -> bool:
+        """Kernels of under ~10 us each and the device idle most of the wall time: the
+        region pays for launches, not bytes (a CUDA graph or fewer kernels helps)."""
+        share = self.launch_overhead_share
+        if share is None or not self.kernels:
+            return False
+        return share > 0.5 and (self.kernel_time_s / len(self.kernels)) < 10e-6
+
+    @property
     def cuda_kernel_range(self) -> tuple[int, int]:
         """The CUDA kernel counts a CPU report stands for: each GEMM op may gain a cuBLAS
         split-K reduce kernel on a GPU (docs/bytes.md). ``(n, n)`` on CUDA."""
@@ -257,6 +274,8 @@ class FusionReport:
         parts.append(f"time {format_time(self.time_s)}")
         if self.device == "cuda" and self.wall_time_s is not None:
             parts.append(f"wall {format_time(self.wall_time_s)}")
+            if self.launch_bound:
+                parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)")
         if self.efficiency is not None:
             parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
         lo, hi = self.cuda_kernel_range
@@ -318,6 +337,7 @@ class FusionReport:
             "wall_time_s": self.wall_time_s,
             "launch_overhead_s": self.launch_overhead_s,
             "cuda_kernel_range": list(self.cuda_kernel_range),
+            "launch_bound": self.launch_bound,
             "peak_bandwidth": self.peak_bandwidth,
             "efficiency": self.efficiency,
             "graph_breaks": [_gb(g) for g in self.graph_breaks],

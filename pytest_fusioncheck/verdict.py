@@ -178,3 +178,29 @@ def check_headroom(report: FusionReport, fraction: float, where: str, log: Repor
             log=log,
         )
     )
+
+
+def check_launch_overhead(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
+    """Wall time not covered by device time, over the wall time, at most ``fraction``
+    (GPU; on CPU there is no device time apart from the wall time: reported, not enforced)."""
+    __tracebackhide__ = True
+    from . import roofline
+
+    log = log if log is not None else current_log()
+    if report.device != "cuda":
+        report.warnings.append(f"{where}: launch overhead is a GPU figure; not checked on {report.device}")
+        return
+    roofline.ensure_efficiency(report, log.settings)
+    share = report.launch_overhead_share
+    if share is None:
+        raise FusionAssertionError(failure_message(report, f"{where}: launch overhead unknown for {report.label} (no wall or device time)", log=log))
+    if share > fraction:
+        raise FusionAssertionError(
+            failure_message(
+                report,
+                f"{where}: {share:.0%} of the wall time is launch overhead > allowed {fraction:.0%} ({report.label}): "
+                f"wall {format_time(report.wall_time_s)}, device {format_time(report.time_s)}, {report.kernel_count} launches",
+                ["fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it"],
+                log=log,
+            )
+        )

@@ -167,6 +167,7 @@ def test_a_launch_bound_chain_has_device_time_far_below_its_wall_time():
     ensure_efficiency(report)
     assert report.kernel_count == 50
     assert report.time_s < 0.5 * report.wall_time_s, str(report)
+    assert report.launch_bound and "launch-bound" in report.summary(), str(report)
     assert any("under 4x" in w for w in report.warnings), report.warnings  # the L2 warning
 
 

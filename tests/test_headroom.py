@@ -129,3 +129,52 @@ def test_bad(fusion):
     result.assert_outcomes(passed=1, failed=1, errors=1)  # the bad marker fails at setup
     result.stdout.fnmatch_lines(["*@pytest.mark.fusion_headroom(0.25): fusing the region's memory-bound chains would save 50% of its modelled bytes > allowed 25%*"])
     result.stdout.fnmatch_lines(["*@pytest.mark.fusion_headroom: fraction must be a number in [[]0, 1], got 2*"])
+
+
+# --------------------------------------------------------------------------- launch overhead
+
+
+def _timed(device, time_s, wall_s, kernels=50, each=2e-6):
+    from pytest_fusioncheck import FusionReport
+
+    ks = [Kernel(name=f"k{i}", time_s=each, bytes=0) for i in range(kernels)]
+    return FusionReport(label="r", device=device, kernels=ks, time_s=time_s, wall_time_s=wall_s, peak_bandwidth=1e12)
+
+
+def test_a_region_of_many_tiny_kernels_with_the_device_idle_is_launch_bound():
+    report = _timed("cuda", time_s=100e-6, wall_s=1e-3)
+    assert report.launch_overhead_share == pytest.approx(0.9)
+    assert report.launch_bound and "launch-bound (90% of the wall time idle)" in report.summary()
+    big = _timed("cuda", time_s=0.9e-3, wall_s=1e-3, kernels=2, each=450e-6)
+    assert not big.launch_bound and big.launch_overhead_share == pytest.approx(0.1)
+    assert _timed("cpu", time_s=1e-3, wall_s=1e-3).launch_overhead_share is None
+
+
+def test_the_launch_overhead_verdict_fails_on_a_gpu_and_is_reported_on_cpu():
+    from pytest_fusioncheck.verdict import check_launch_overhead
+
+    with pytest.raises(FusionAssertionError, match=r"90% of the wall time is launch overhead > allowed 50%.*50 launches"):
+        check_launch_overhead(_timed("cuda", 100e-6, 1e-3), 0.5, "@pytest.mark.max_launch_overhead(0.5)")
+    check_launch_overhead(_timed("cuda", 100e-6, 1e-3), 0.95, "w")
+    cpu = _timed("cpu", 1e-3, 1e-3)
+    check_launch_overhead(cpu, 0.01, "w")
+    assert any("launch overhead is a GPU figure" in w for w in cpu.warnings)
+
+
+def test_the_launch_overhead_marker_validates_its_fraction(run_pytest, pytester):
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+@pytest.mark.max_launch_overhead(0)
+def test_bad(fusion):
+    pass
+
+@pytest.mark.max_launch_overhead(0.5)
+def test_cpu(fusion):
+    fusion.profile(torch.neg, torch.ones(4, device="cpu"))
+"""
+    )
+    result = run_pytest("--fusion-device=cpu")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.max_launch_overhead: fraction must be a number in (0, 1], got 0*"])
