@@ -24,9 +24,9 @@ import time
 from typing import Any, Callable
 
 from . import _compat
-from .budget import Budget, default_budget, iter_tensors, storage_key
+from .budget import Budget, callable_modules, default_budget, iter_tensors, storage_key
 from .headroom import find_chains
-from .ops import TritonLaunch, make_op_observer
+from .ops import TritonLaunch, make_op_observer, module_names
 from .ranges import TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
 from .sources import kernel_source
@@ -129,9 +129,10 @@ def _check_profiler_free() -> None:
 class _Recorders:
     """Everything switched on around the one profiled call."""
 
-    def __init__(self, device: str, label: str) -> None:
+    def __init__(self, device: str, label: str, modules: dict[int, str] | None = None) -> None:
         self.device = device
         self.label = label
+        self.modules = modules or {}
         self.observer = None
         self.prof = None
         self.triton: list[TritonLaunch] = []
@@ -188,6 +189,7 @@ class _Recorders:
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
             self.observer = make_op_observer(record_ranges=True)
+            self.observer.modules = self.modules
             self._stack.enter_context(self.observer)
         except BaseException:
             self._close()
@@ -211,6 +213,19 @@ class _Recorders:
             self.wall_s = time.perf_counter() - self._t0
         finally:
             self._close()
+
+
+def iter_modules(obj: Any) -> list[Any]:
+    """``nn.Module`` objects among a call's arguments (nested in lists, tuples, dicts)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return [obj]
+    if isinstance(obj, dict):
+        return [m for v in obj.values() for m in iter_modules(v)]
+    if isinstance(obj, (list, tuple)):
+        return [m for v in obj for m in iter_modules(v)]
+    return []
 
 
 def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionReport:
@@ -277,11 +292,12 @@ def profile_call(
     source = user_source(2)
     recorder = _graph_break_recorder()
     # Inductor's hooks before the warm-up, which is where torch.compile compiles.
+    modules = module_names(callable_modules(fn) + [m for m in iter_modules((args, kwargs))])
     with inductor_hooks(), recorder as breaks:
         for _ in range(warmup):
             fn(*args, **kwargs)
         synchronize(dev)
-        with _Recorders(dev, label) as rec:
+        with _Recorders(dev, label, modules) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
     origin = _definition_site(fn)

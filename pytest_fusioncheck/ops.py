@@ -11,6 +11,7 @@ wraps it in a profiler range so CUDA kernels can be attributed to the op that la
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,7 @@ class OpRecord:
     wall_ns: int = 0
     reads: dict = field(default_factory=dict)  # storage key -> bytes read there
     writes: dict = field(default_factory=dict)  # storage key -> bytes written there
+    module: str | None = None  # the nn.Module path that ran it (module_path)
 
     @property
     def bytes(self) -> int | None:
@@ -210,6 +212,31 @@ def _gather_reads(name: str, args: tuple, kwargs: dict, returned: list) -> list:
 
 
 
+def module_names(roots: list[Any]) -> dict[int, str]:
+    """``id(module) -> path`` for every submodule of ``roots`` (``layers.2.mlp.down_proj``;
+    a root itself is named by its class)."""
+    names: dict[int, str] = {}
+    for root in roots:
+        for name, module in root.named_modules():
+            names.setdefault(id(module), name or type(root).__name__)
+    return names
+
+
+def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
+    """The innermost module of ``names`` whose ``forward`` is on the call stack: the
+    module that launched the op being observed (docs/architecture.md)."""
+    frame = sys._getframe(1)
+    depth = 0
+    while frame is not None and depth < max_depth:
+        if frame.f_code.co_name == "forward":
+            owner = frame.f_locals.get("self")
+            if owner is not None and id(owner) in names:
+                return names[id(owner)]
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
 def make_op_observer(record_ranges: bool = True):
     """A ``TorchDispatchMode`` that records every ATen op (see ``OpRecord``).
 
@@ -230,6 +257,7 @@ def make_op_observer(record_ranges: bool = True):
             super().__init__()
             self.records: list[OpRecord] = []
             self.paused = 0
+            self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -254,7 +282,10 @@ def make_op_observer(record_ranges: bool = True):
                 storages = (storage_bytes(reads), storage_bytes(writes))
             except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
                 read_b, write_b, storages = None, None, ({}, {})
-            self.records.append(OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages))
+            record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
+            if self.modules:
+                record.module = module_path(self.modules)
+            self.records.append(record)
             return out
 
     return OpObserver()

@@ -35,6 +35,7 @@ class Kernel:
     kind: str = "kernel"  # "kernel" or "copy"
     bytes_estimate: int | None = None  # Inductor's own estimate of a generated kernel
     start_ns: int = field(default=0, repr=False)
+    module: str | None = None  # the nn.Module path that launched it, when known
     # Storage key -> bytes, of the op behind the kernel: what fusion headroom chains by.
     reads: dict = field(default_factory=dict, repr=False, compare=False)
     writes: dict = field(default_factory=dict, repr=False, compare=False)
@@ -231,18 +232,18 @@ class FusionReport:
     def table(self, *, max_rows: int = 60) -> str:
         """The kernel table, copies listed after the kernels."""
         show_measured = any(k.bytes_measured is not None for k in self.kernels)
-        headers = ["#", "kernel", "time", "bytes"] + (["measured"] if show_measured else []) + ["op", "source"]
+        show_module = any(k.module for k in self.kernels + self.copies)
+        headers = ["#", "kernel", "time", "bytes"] + (["measured"] if show_measured else []) + ["op"]
+        headers += (["module"] if show_module else []) + ["source"]
         rows = []
-        for i, k in enumerate(self.kernels):
-            row = [str(i), k.short_name, format_time(k.time_s), _modelled(k.bytes)]
+        for i, k in [(str(i), k) for i, k in enumerate(self.kernels)] + [("copy", k) for k in self.copies]:
+            row = [i, k.short_name, format_time(k.time_s), _modelled(k.bytes)]
             if show_measured:
                 row.append(format_bytes(k.bytes_measured))
-            rows.append(row + [k.op or "-", k.source or "-"])
-        for k in self.copies:
-            row = ["copy", k.short_name, format_time(k.time_s), _modelled(k.bytes)]
-            if show_measured:
-                row.append(format_bytes(k.bytes_measured))
-            rows.append(row + [k.op or "-", k.source or "-"])
+            row.append(k.op or "-")
+            if show_module:
+                row.append(k.module or "-")
+            rows.append(row + [k.source or "-"])
         if not rows:
             return "  (no kernels launched)"
         hidden = 0
@@ -308,8 +309,34 @@ class FusionReport:
                 )
         return out
 
+    def module_summary(self, max_rows: int = 12) -> list[str]:
+        """Kernels, device time and modelled bytes per module, repeated structure folded
+        (``layers.*.mlp: 4 kernels x 2``), most time first: what leads a long report."""
+        groups: dict[str, list[Kernel]] = {}
+        for k in self.kernels:
+            groups.setdefault(k.module or "(no module)", []).append(k)
+        folded: dict[str, dict[str, Any]] = {}
+        for module, ks in groups.items():
+            pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
+            entry = folded.setdefault(pattern, {"kernels": 0, "time": 0.0, "bytes": 0, "copies": set()})
+            entry["kernels"] += len(ks)
+            entry["time"] += sum(k.time_s for k in ks)
+            entry["bytes"] += sum(k.bytes or 0 for k in ks)
+            entry["copies"].add(module)
+        lines = ["per module (repeated structure folded):"]
+        for pattern, e in sorted(folded.items(), key=lambda item: -item[1]["time"])[:max_rows]:
+            times = len(e["copies"])
+            count = f"{e['kernels'] // times} kernels x {times}" if times > 1 and e["kernels"] % times == 0 else f"{e['kernels']} kernels"
+            lines.append(f"  {pattern}: {count}, {format_time(e['time'])}, {format_bytes(e['bytes'])}")
+        if len(folded) > max_rows:
+            lines.append(f"  ... {len(folded) - max_rows} more")
+        return lines
+
     def __str__(self) -> str:
-        text = self.summary() + "\n" + self.table()
+        text = self.summary()
+        if self.kernel_count > 30 and any(k.module for k in self.kernels):
+            text += "\n" + "\n".join(self.module_summary())
+        text += "\n" + self.table()
         notes = self.notes()
         if notes:
             text += "\n" + "\n".join(f"  note: {w}" for w in notes)

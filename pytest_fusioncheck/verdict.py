@@ -49,6 +49,8 @@ def failure_message(report: FusionReport, headline: str, details: list[str] | No
     """What changed, the headline figure against its limit, details, the kernel table, notes."""
     parts = _what_changed(report, log if log is not None else current_log()) + [headline] + (details or [])
     parts.append(report.summary())
+    if report.kernel_count > 30 and any(k.module for k in report.kernels):
+        parts += report.module_summary()
     parts.append(report.table())
     for note in report.notes():
         parts.append(f"note: {note}")

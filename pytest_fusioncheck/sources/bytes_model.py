@@ -30,6 +30,7 @@ from .. import _compat
 _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
 _inductor_estimates: dict[str, int] = {}
+_inductor_modules: dict[str, str] = {}
 _inductor_origins: dict[str, list[str]] = {}
 
 
@@ -45,15 +46,23 @@ def inductor_kernel_estimate(name: str) -> int | None:
         return _inductor_estimates.get(name)
 
 
+def inductor_kernel_module(name: str) -> str | None:
+    """The ``nn.Module`` path a generated kernel's ops came from (``mlp.c_fc``), if recorded."""
+    with _lock:
+        return _inductor_modules.get(name)
+
+
 def inductor_kernel_origins(name: str) -> list[str]:
     """The ATen ops a generated kernel was fused from (``["add", "gelu"]``), if recorded."""
     with _lock:
         return list(_inductor_origins.get(name, []))
 
 
-def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None) -> None:
+def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None, module: str | None = None) -> None:
     with _lock:
         for n in names:
+            if module:
+                _inductor_modules[n] = module
             if nbytes is not None:
                 _inductor_bytes[n] = int(nbytes)
             if estimate is not None:
@@ -183,6 +192,34 @@ def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None) -> l
     return out
 
 
+_STACK_PATH = re.compile(r"""\[['"]?([^'"\]]+)['"]?\]|\.?([A-Za-z_0-9]\w*)""")
+
+
+def module_from_stack_key(qualname: str) -> str:
+    """Dynamo's ``nn_module_stack`` path (``L['self'].layers.0.mlp``, ``L['self'].layers[0]``)
+    as a module path (``layers.0.mlp``); the root (``L['self']``, whatever its local name)
+    is dropped, as are ``_modules`` hops."""
+    text = qualname[1:] if qualname.startswith("L[") else qualname
+    parts = [a or b for a, b in _STACK_PATH.findall(text)]
+    if qualname.startswith("L[") and parts:
+        parts = parts[1:]
+    return ".".join(p for p in parts if p != "_modules")
+
+
+def _module(nodes: Any) -> str | None:
+    """The innermost module most of a kernel's ops came from (Dynamo's ``nn_module_stack``)."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        for origin in getattr(getattr(node, "node", None), "origins", None) or ():
+            stack = (getattr(origin, "meta", {}) or {}).get("nn_module_stack") or {}
+            if stack:
+                qualname = list(stack.values())[-1][0]
+                path = module_from_stack_key(str(qualname))
+                if path:
+                    counts[path] = counts.get(path, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
 def _origins(nodes: Any) -> list[str]:
     """ATen op names behind scheduler nodes, in first-seen order (``native_layer_norm``)."""
     out: list[str] = []
@@ -230,6 +267,7 @@ def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: 
         _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel_args, list(nodes))) if kernel_args is not None else None),
         _attempt(lambda: _origins(nodes)),
         estimate=_attempt(lambda: _cpp_kernel_bytes(list(nodes))),
+        module=_attempt(lambda: _module(nodes)),
     )
 
 
@@ -239,6 +277,7 @@ def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
         _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel.args, list(node_schedule)))),
         _attempt(lambda: _origins(node_schedule)),
         estimate=_attempt(lambda: int(kernel.estimate_kernel_num_bytes())),
+        module=_attempt(lambda: _module(node_schedule)),
     )
 
 

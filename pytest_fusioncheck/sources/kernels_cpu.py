@@ -13,7 +13,13 @@ from .._compat import kineto_events
 from ..ops import OpRecord, TritonLaunch
 from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
-from .bytes_model import generated_origin, inductor_cpu_kernel, inductor_kernel_bytes, inductor_kernel_estimate
+from .bytes_model import (
+    generated_origin,
+    inductor_cpu_kernel,
+    inductor_kernel_bytes,
+    inductor_kernel_estimate,
+    inductor_kernel_module,
+)
 
 
 class CpuKernels:
@@ -48,6 +54,7 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                         op=generated_origin(kname),
                         source=None,
                         bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
+                        module=_first_not_none(inductor_kernel_module(name), inductor_kernel_module(kname)),
                         start_ns=e.start_ns(),
                     )
                 )
@@ -62,6 +69,7 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
             kind=op.kind,
             reads=op.reads,
             writes=op.writes,
+            module=op.module,
             start_ns=e.start_ns() if e is not None else 0,
         )
         (copies if op.kind == "copy" else kernels).append(k)

@@ -15,7 +15,7 @@ from .._compat import kineto_events
 from ..ops import OpRecord, TritonLaunch
 from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
-from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate
+from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate, inductor_kernel_module
 
 
 class CudaKernels:
@@ -180,7 +180,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
             k.bytes = copy_traffic(name, nbytes)
         queue = triton_queue.get(name)
         if op is not None:
-            k.op, k.source = op.op, op.source
+            k.op, k.source, k.module = op.op, op.source, op.module
             by_op.setdefault(op.index, []).append(k)
         elif queue and not is_copy:
             launch = queue.pop(0)
@@ -190,6 +190,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
             if est is not None or name.startswith("triton_"):
                 k.op, k.bytes = generated_origin(name), est
                 k.bytes_estimate = inductor_kernel_estimate(name)
+                k.module = inductor_kernel_module(name)
         (copies if is_copy else kernels).append(k)
     for index, group in by_op.items():
         main = attribute_op_bytes(group, by_index[index].bytes)

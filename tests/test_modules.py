@@ -1,0 +1,93 @@
+"""Kernels attributed to the nn.Module that launched them, and reports of whole models
+summarised per module with repeated structure folded (issue 15, items 1-2 in part)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fidelity_cases import Attention, GPT2MLP
+from pytest_fusioncheck import FusionAssertionError, assert_max_kernels, profile
+from pytest_fusioncheck.sources.bytes_model import module_from_stack_key
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.attn = Attention(d, 4)
+        self.mlp = GPT2MLP(d)
+
+    def forward(self, x):
+        return self.mlp(self.attn(self.ln(x)))
+
+
+class Model(torch.nn.Module):
+    def __init__(self, d: int = 32, layers: int = 4) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Block(d) for _ in range(layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.fixture
+def model():
+    torch._dynamo.reset()
+    yield Model().eval()
+    torch._dynamo.reset()
+
+
+def test_each_eager_kernel_names_the_module_that_launched_it(model):
+    report = profile(model, torch.randn(2, 8, 32))
+    modules = [k.module for k in report.kernels]
+    assert modules[:8] == [
+        "layers.0.ln", "layers.0.attn.c_attn", "layers.0.attn", "layers.0.attn.c_proj",
+        "layers.0.mlp.c_fc", "layers.0.mlp", "layers.0.mlp.c_proj", "layers.0.mlp",
+    ]
+    assert modules[8] == "layers.1.ln" and modules[-1] == "layers.3.mlp"
+    assert " module " in report.table().splitlines()[0]
+    assert report.to_dict()["kernels"][0]["module"] == "layers.0.ln"
+
+
+def test_a_module_passed_as_an_argument_is_attributed_too():
+    block = Block(32).eval()
+    report = profile(lambda m, x: m(x), block, torch.randn(2, 8, 32))
+    assert report.kernels[0].module == "ln" and report.kernels[1].module == "attn.c_attn"
+
+
+def test_a_compiled_models_generated_kernels_name_their_module(model):
+    report = profile(torch.compile(model), torch.randn(2, 8, 32))
+    generated = [k for k in report.kernels if k.name.startswith("cpp_")]
+    assert generated and all(k.module and k.module.startswith("layers.") for k in generated), str(report)
+
+
+def test_a_long_report_leads_with_the_per_module_summary_folded_by_repeated_structure(model):
+    report = profile(model, torch.randn(2, 8, 32))
+    assert report.kernel_count == 32
+    text = str(report)
+    assert text.index("per module (repeated structure folded):") < text.index("  #  kernel")
+    assert "  layers.*.mlp: 2 kernels x 4," in text
+    assert "  layers.*.ln: 1 kernels x 4," in text
+    with pytest.raises(FusionAssertionError, match=r"(?s)32 kernels launched, limit 10.*layers\.\*\.attn\.c_attn: 1 kernels x 4"):
+        assert_max_kernels(10, report=report)
+
+
+def test_a_short_report_or_one_without_modules_has_no_module_summary():
+    assert "per module" not in str(profile(torch.softmax, torch.randn(4, 4), -1))
+
+
+@pytest.mark.parametrize(
+    "qualname, path",
+    [
+        ("L['self'].layers.0.ln", "layers.0.ln"),
+        ("L['self'].layers[0].mlp", "layers.0.mlp"),
+        ("L['model']._modules['layers']._modules['0']", "layers.0"),
+        ("L['self']", ""),
+        ("L['self'].c_fc", "c_fc"),
+    ],
+)
+def test_dynamos_module_stack_paths_read_as_module_paths(qualname, path):
+    assert module_from_stack_key(qualname) == path
