@@ -38,7 +38,7 @@ from .sources.bytes_model import (
     triton_launch_bytes,
 )
 from .state import current_log, record_report
-from .where import relpath, user_source
+from .where import is_internal, relpath, user_source
 
 
 def _nvtx_push(name: str) -> None:
@@ -260,14 +260,15 @@ def _graph_break_recorder():
 
 
 def _definition_site(fn: Any) -> str | None:
-    """``file:line`` where a (compiled) function or module's forward is defined."""
+    """``file:line`` where a (compiled) function or module's forward is defined, when that
+    is user code (a ``torch.nn.Sequential``'s forward is torch's: ``None`` then)."""
     target = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "_orig_mod", None) or fn
     import torch
 
     if isinstance(target, torch.nn.Module):
         target = type(target).forward
     code = getattr(target, "__code__", None)
-    if code is None:
+    if code is None or is_internal(code.co_filename):
         return None
     return f"{relpath(code.co_filename)}:{code.co_firstlineno}"
 
@@ -300,7 +301,7 @@ def profile_call(
         with _Recorders(dev, label, modules) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
-    origin = _definition_site(fn)
+    origin = _definition_site(fn) or source  # else the user line that profiled it
     for k in report.kernels:
         if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
             k.source = origin  # a generated kernel: where the compiled code is defined

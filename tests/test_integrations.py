@@ -194,3 +194,16 @@ def test_counters_under_xdist_are_refused_with_the_reason(run_pytest, pytester):
     result = run_pytest("-n", "2", "--fusion-counters=ncu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--fusion-counters ncu does not run under pytest-xdist (-n)*drop -n*"])
+
+
+def test_a_compiled_sequentials_kernels_name_the_users_line_not_torchs_container():
+    import torch
+
+    from pytest_fusioncheck import profile
+
+    torch._dynamo.reset()
+    seq = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+    report = profile(torch.compile(seq), torch.randn(4, 16))
+    generated = [k for k in report.kernels if k.name.startswith("cpp_")]
+    assert generated and all(k.source and k.source.startswith("tests/test_integrations.py:") for k in generated), str(report)
+    torch._dynamo.reset()
