@@ -29,6 +29,7 @@ OPTIONS: dict[str, tuple[str, str, Any]] = {
     "json": ("write every fusion report of the session to this JSON file", "string", None),
     "trace_dir": ("write Chrome traces of failing profiled regions into this directory", "string", None),
     "roofline": ("write a roofline plot (PNG/SVG) of the session's kernels to this path", "string", None),
+    "html": ("write one self-contained HTML page of every profiled test's reports (module summaries, headroom, full kernel tables) to this path", "string", None),
     "report": ("print the kernel table of every profiled test in the terminal summary", "bool", False),
     "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
     "torch_logs": ("keep torch's DEBUG log records in the captured logs of tests that use a fusion feature (default: dropped, so failures show the kernel table)", "bool", False),

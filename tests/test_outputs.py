@@ -43,3 +43,66 @@ def test_roofline_writes_a_plot(run_pytest, pytester):
     pytester.makepyfile(test_r=FILE)
     run_pytest("--fusion-roofline", "roofline.png", "--fusion-peak-bandwidth", "2e10").assert_outcomes(passed=1, failed=1)
     assert (pytester.path / "roofline.png").stat().st_size > 1000
+
+
+def test_fusion_html_writes_one_escaped_page_with_every_tests_kernel_table(run_pytest, pytester):
+    from html.parser import HTMLParser
+
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.ln(x) + 1)
+
+def five(x):
+    m = x.max(dim=-1, keepdim=True).values
+    e = (x - m).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+def test_model(fusion):
+    fusion.profile(Block(), torch.randn(4, 8))
+
+@pytest.mark.max_kernels(1)
+def test_unfused(fusion):
+    fusion.profile(five, torch.randn(4, 8))
+"""
+    )
+    result = run_pytest("--fusion-html", "report.html")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*fusioncheck: HTML report of 2 test(s) written to report.html*"])
+    page = (pytester.path / "report.html").read_text()
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.tags = 0, []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.rows += tag == "tr"
+
+    cells = Cells()
+    cells.feed(page)
+    assert "script" not in cells.tags  # self-contained, nothing to run
+    assert cells.rows >= 2 + 1 + 5 + 3  # index rows, the model's module table, both kernel tables
+    assert "<td>ln</td>" in page and "<td>Block</td>" in page  # the per-module summary
+    assert "class='failed'" in page and "test_unfused" in page
+    assert "headroom: kernels 0, 1, 2, 3, 4 (max, sub, exp, sum, div)" in page
+
+
+def test_the_html_page_escapes_kernel_names_and_sources():
+    from pytest_fusioncheck.sinks.html_sink import render
+
+    report = {
+        "label": "x", "device": "cuda", "device_kind": "cuda:H200", "kernel_count": 1, "bytes": 8,
+        "kernels": [{"name": "void k<float, 4>(<script>alert(1)</script>)", "time_s": 1e-6, "bytes": None,
+                     "op": "aten::add", "source": "t.py:1", "module": None}],
+    }
+    page = render([("t.py::test<x>", "", [report])], failed={"t.py::test<x>"})
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "t.py::test&lt;x&gt;" in page and "class='n unmodelled'>?</td>" in page

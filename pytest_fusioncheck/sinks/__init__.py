@@ -2,7 +2,7 @@
 
 ``SessionSinks`` is created at session start only when an option asks for one of them
 (``--fusion-json``, ``--fusion-roofline``, ``--fusion-baseline`` / ``--fusion-update-
-baseline``) and kept in ``config.stash``. Each sink reads the reports as plain data (the
+baseline``, ``--fusion-html``) and kept in ``config.stash``. Each sink reads the reports as plain data (the
 dicts on the TestReports), so none holds a tensor. Traces of failing tests are written
 as the test fails (``traces.py``); the kernel tables of ``--fusion-report`` come from
 ``terminal.py``. Adding a sink: docs/architecture.md.
@@ -27,6 +27,11 @@ class SessionSinks:
             from .json_sink import JsonSink
 
             self.files.append(JsonSink(json_path))
+        html_path = get_option(config, "html")
+        if html_path:
+            from .html_sink import HtmlSink
+
+            self.files.append(HtmlSink(html_path))
         plot_path = get_option(config, "roofline")
         if plot_path:
             from .plot_sink import PlotSink
@@ -42,7 +47,7 @@ class SessionSinks:
 
     @staticmethod
     def wanted(config: pytest.Config) -> bool:
-        return any(get_option(config, n) for n in ("baseline", "update_baseline", "json", "roofline")) or (
+        return any(get_option(config, n) for n in ("baseline", "update_baseline", "json", "roofline", "html")) or (
             get_option(config, "counters") not in (None, "", "none")
         )
 
@@ -62,7 +67,10 @@ class SessionSinks:
         if self.is_worker:
             return []
         lines = list(self.lines)
+        failed = {getattr(rep, "nodeid", "") for rep in terminalreporter.stats.get("failed", [])}
         for sink in self.files:
+            if hasattr(sink, "failed"):
+                sink.failed = failed
             lines += sink.write(collected)
         if self.baseline is not None:
             lines += self.baseline.improvement_lines()
