@@ -4,8 +4,8 @@ Imported only by tests that use a fusion feature (``plugin.py`` stays torch-free
 test: ``TestState`` holds the validated markers, the device, the warm-up count and the
 test's ``ReportLog`` (in ``item.stash``); ``test_call`` wraps the test call (Inductor's
 byte hooks, a graph-break recorder, and in marker-only mode the profiler around the test
-body); ``check`` holds every report against the markers and the baseline; ``release``
-drops the reports' tensors at teardown, keeping their figures.
+body); ``check`` holds every report against the markers and the baseline. At teardown
+the plugin releases the test's log (``state.ReportLog.release``): tensors go, figures stay.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def worker_gpu(workerid: str | None, gpus: int) -> int | None:
     return int(workerid[2:]) % gpus
 
 
-def test_device(settings: Settings, config: pytest.Config | None = None) -> str:
+def profiling_device(settings: Settings, config: pytest.Config | None = None) -> str:
     """The device a test profiles on: ``--fusion-device``, else CUDA when present; a test
     that asks for CUDA where there is none is skipped, not failed. ``cuda:<i>`` pins a GPU;
     under pytest-xdist on a host with several GPUs each worker takes its own."""
@@ -81,7 +81,7 @@ class TestState:
         if problem is not None:  # outside the except block: no chained traceback
             pytest.fail(problem, pytrace=False)
         settings = _settings(item.config)
-        device = test_device(settings, item.config)
+        device = profiling_device(settings, item.config)
         uses_fixture = "fusion" in getattr(item, "fixturenames", ())
         log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings)
         return cls(item, limits, device, settings.warmup, limits.profiled and not uses_fixture, log)

@@ -174,7 +174,7 @@ def test_a_worker_profiles_on_its_gpu_and_cuda_index_pins_one(monkeypatch):
 
     import torch
 
-    from pytest_fusioncheck.fixture import test_device
+    from pytest_fusioncheck.fixture import profiling_device
     from pytest_fusioncheck.state import Settings
 
     chosen = []
@@ -183,9 +183,9 @@ def test_a_worker_profiles_on_its_gpu_and_cuda_index_pins_one(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     worker = types.SimpleNamespace(workerinput={"workerid": "gw3"})
-    assert test_device(Settings(), worker) == "cuda" and chosen == [1]
-    assert test_device(Settings(device="cuda:1"), None) == "cuda" and chosen == [1, 1]
-    assert test_device(Settings(device="cpu"), worker) == "cpu" and chosen == [1, 1]
+    assert profiling_device(Settings(), worker) == "cuda" and chosen == [1]
+    assert profiling_device(Settings(device="cuda:1"), None) == "cuda" and chosen == [1, 1]
+    assert profiling_device(Settings(device="cpu"), worker) == "cpu" and chosen == [1, 1]
 
 
 def test_counters_under_xdist_are_refused_with_the_reason(run_pytest, pytester):
