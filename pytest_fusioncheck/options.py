@@ -184,6 +184,21 @@ def _count(value: Any, what: str) -> int:
     return value
 
 
+def _fraction(item: pytest.Item, marker: str, fail: Any, *, zero_ok: bool, what: str = "") -> float | None:
+    """The one fraction a marker takes, in (0, 1] (or [0, 1] with ``zero_ok``), else ``None``."""
+    mark = item.get_closest_marker(marker)
+    if mark is None:
+        return None
+    if len(mark.args) != 1 or mark.kwargs:
+        raise fail(marker, f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
+    fraction = mark.args[0]
+    low_ok = fraction == 0 if zero_ok else False
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (0 < fraction <= 1 or low_ok):
+        bounds = "[0, 1]" if zero_ok else "(0, 1]"
+        raise fail(marker, f"fraction must be a number in {bounds}{what}, got {fraction!r}")
+    return float(fraction)
+
+
 def parse_limits(item: pytest.Item) -> Limits:
     """Read and validate the fusion markers of ``item``; errors name the test and marker."""
     limits = Limits()
@@ -217,30 +232,9 @@ def parse_limits(item: pytest.Item) -> Limits:
             limits.max_hbm_bytes = parse_bytes(mark.args[0])
         except ValueError as exc:
             raise fail("max_hbm_bytes", str(exc)) from None
-    mark = item.get_closest_marker("bandwidth_bound")
-    if mark is not None:
-        if len(mark.args) != 1 or mark.kwargs:
-            raise fail("bandwidth_bound", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
-        fraction = mark.args[0]
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise fail("bandwidth_bound", f"fraction must be a number in (0, 1] (a share of peak bandwidth), got {fraction!r}")
-        limits.bandwidth_fraction = float(fraction)
-    mark = item.get_closest_marker("fusion_headroom")
-    if mark is not None:
-        if len(mark.args) != 1 or mark.kwargs:
-            raise fail("fusion_headroom", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
-        fraction = mark.args[0]
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
-            raise fail("fusion_headroom", f"fraction must be a number in [0, 1], got {fraction!r}")
-        limits.headroom_fraction = float(fraction)
-    mark = item.get_closest_marker("max_launch_overhead")
-    if mark is not None:
-        if len(mark.args) != 1 or mark.kwargs:
-            raise fail("max_launch_overhead", f"takes exactly one fraction, got args={mark.args!r} kwargs={mark.kwargs!r}")
-        fraction = mark.args[0]
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
-            raise fail("max_launch_overhead", f"fraction must be a number in (0, 1], got {fraction!r}")
-        limits.launch_fraction = float(fraction)
+    limits.bandwidth_fraction = _fraction(item, "bandwidth_bound", fail, zero_ok=False, what=" (a share of peak bandwidth)")
+    limits.headroom_fraction = _fraction(item, "fusion_headroom", fail, zero_ok=True)
+    limits.launch_fraction = _fraction(item, "max_launch_overhead", fail, zero_ok=False)
     mark = item.get_closest_marker("no_graph_breaks")
     if mark is not None:
         if mark.args or mark.kwargs:
