@@ -7,7 +7,7 @@
 # first use; mutates each named module (pytest_fusioncheck/<name>.py, which must be listed
 # in [tool.mutmut] only_mutate in pyproject.toml); runs the fast tests of [tool.mutmut] on
 # every mutant, one at a time; prints the per-module score table and writes it to
-# mutants/score.md. Not run in CI: about 30 minutes on 2 cores. docs/mutation.md explains
+# mutants/score.md. Not run in CI: about 12 minutes on 2 cores. docs/mutation.md explains
 # how to read the table and lists the mutants accepted as equivalent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
