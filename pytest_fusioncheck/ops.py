@@ -237,13 +237,24 @@ def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
     return None
 
 
+_observer_class: Any = None
+
+
 def make_op_observer(record_ranges: bool = True):
     """A ``TorchDispatchMode`` that records every ATen op (see ``OpRecord``).
 
     It declares ``ignore_compile_internals`` so that ``torch.compile`` keeps compiling
     under it: the mode is off while Dynamo and Inductor compile and on while the compiled
-    code runs, where it sees the extern ops (``mm``, ``addmm``) Inductor calls.
+    code runs, where it sees the extern ops (``mm``, ``addmm``) Inductor calls. The class
+    is built once per process (torch is imported late), an instance per capture.
     """
+    global _observer_class
+    if _observer_class is None:
+        _observer_class = _build_observer_class()
+    return _observer_class(record_ranges)
+
+
+def _build_observer_class() -> Any:
     import torch
 
     from ._compat import TorchDispatchMode
@@ -253,8 +264,9 @@ def make_op_observer(record_ranges: bool = True):
         def ignore_compile_internals(cls) -> bool:
             return True
 
-        def __init__(self) -> None:
+        def __init__(self, record_ranges: bool) -> None:
             super().__init__()
+            self.record_ranges = record_ranges
             self.records: list[OpRecord] = []
             self.paused = 0
             self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
@@ -270,7 +282,7 @@ def make_op_observer(record_ranges: bool = True):
             op = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
             source = user_source(2)
             t0 = time.perf_counter_ns()
-            if record_ranges:
+            if self.record_ranges:
                 with torch.profiler.record_function(f"{OP_RANGE_PREFIX}{index}"):
                     out = func(*args, **kwargs)
             else:
@@ -288,7 +300,7 @@ def make_op_observer(record_ranges: bool = True):
             self.records.append(record)
             return out
 
-    return OpObserver()
+    return OpObserver
 
 
 @dataclass
