@@ -54,6 +54,31 @@ def kineto_events(prof: Any) -> list[Any]:
         return []
 
 
+_COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+_KERNEL_ACTIVITIES = frozenset({"", "kernel", "concurrent_kernel"})
+
+
+def device_activity_kind(e: Any) -> str | None:
+    """``"kernel"``, ``"copy"`` (memcpy/memset) or ``None`` (skip: the plugin's own ranges
+    and user annotations mirrored on the GPU timeline, syncs, overhead) for a Kineto
+    device event. torch 2.11's events have no ``activity_type``: then the name decides."""
+    try:
+        activity = e.activity_type()
+    except Exception:
+        activity = ""
+    name = e.name()
+    if name.startswith(("fusioncheck", "ProfilerStep")) or "annotation" in activity:
+        return None
+    try:
+        if e.is_user_annotation():
+            return None
+    except Exception:
+        pass
+    if activity in _COPY_ACTIVITIES or name.startswith(("Memcpy", "Memset")):
+        return "copy"
+    return "kernel" if activity in _KERNEL_ACTIVITIES else None
+
+
 def profiler_enabled() -> bool:
     """Whether a ``torch.profiler`` session is already running in this process."""
     import torch

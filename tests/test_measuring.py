@@ -359,3 +359,32 @@ def test_device_time_per_repeat_sums_the_activities_launched_inside_each_repeat(
 def test_repeats_that_launched_nothing_and_activities_outside_every_repeat_are_dropped():
     assert per_rep_device_time([(0, 10), (20, 30)], {1: 5, 2: 50}, [(1, 0, 4), (2, 0, 9)]) == pytest.approx([4e-9])
     assert per_rep_device_time([(0, 10)], {}, []) == []
+
+
+class _Event:
+    def __init__(self, name, activity=None, annotation=False):
+        self._name, self._activity, self._annotation = name, activity, annotation
+
+    def name(self):
+        return self._name
+
+    def activity_type(self):
+        if self._activity is None:
+            raise AttributeError("activity_type")  # torch 2.11's events have none
+        return self._activity
+
+    def is_user_annotation(self):
+        return self._annotation
+
+
+def test_device_activities_are_classified_in_one_place_for_kernels_and_device_time():
+    from pytest_fusioncheck._compat import device_activity_kind
+
+    assert device_activity_kind(_Event("triton_poi_fused_add_0")) == "kernel"
+    assert device_activity_kind(_Event("k", "concurrent_kernel")) == "kernel"
+    assert device_activity_kind(_Event("Memset (Device)")) == "copy"
+    assert device_activity_kind(_Event("x", "gpu_memcpy")) == "copy"
+    assert device_activity_kind(_Event("fusioncheck::rep#0")) is None
+    assert device_activity_kind(_Event("my_range", "gpu_user_annotation")) is None
+    assert device_activity_kind(_Event("my_range", annotation=True)) is None
+    assert device_activity_kind(_Event("cudaDeviceSynchronize", "cuda_sync")) is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._compat import kineto_events
+from .._compat import device_activity_kind, kineto_events
 from ..ops import OpRecord, TritonLaunch
 from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
@@ -25,9 +25,6 @@ class CudaKernels:
         return cuda_kernels(prof, ops, triton)
 
 
-_COPY_ACTIVITIES = {"gpu_memcpy", "gpu_memset"}
-
-
 def copy_traffic(name: str, nbytes: int | None) -> int | None:
     """HBM bytes of a memcpy/memset activity of ``nbytes``: a device-to-device copy reads
     and writes them, a memset or a host transfer touches device memory once."""
@@ -36,33 +33,6 @@ def copy_traffic(name: str, nbytes: int | None) -> int | None:
     if "DtoD" in name or "Device -> Device" in name or "PtoP" in name:
         return 2 * nbytes
     return nbytes
-
-
-def _activity_bytes(e: Any) -> int | None:
-    """The size Kineto recorded for a memcpy/memset activity (``None`` if it has none)."""
-    import json
-
-    try:
-        value = e.nbytes()
-        if isinstance(value, int) and value > 0:
-            return value
-    except Exception:
-        pass
-    try:
-        meta = e.metadata_json()
-    except Exception:
-        return None
-    if not meta:
-        return None
-    try:
-        data = json.loads("{" + meta + "}") if not meta.lstrip().startswith("{") else json.loads(meta)
-    except ValueError:
-        import re
-
-        m = re.search(r'"bytes"\s*:\s*(\d+)', meta)
-        return int(m.group(1)) if m else None
-    value = data.get("bytes")
-    return int(value) if isinstance(value, (int, float)) and value >= 0 else None
 
 
 def copy_sizes_from_trace(trace: dict[str, Any]) -> dict[int, int]:
@@ -110,15 +80,6 @@ def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> Kernel
     return main
 
 
-def _is_annotation(e: Any, activity: str) -> bool:
-    if "annotation" in activity:
-        return True
-    try:
-        return bool(e.is_user_annotation())
-    except Exception:
-        return False
-
-
 def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
     """Device activities from Kineto, each attributed to the op or Triton launch behind it."""
     from torch.autograd import DeviceType
@@ -158,26 +119,17 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
     by_op: dict[int, list[Kernel]] = {}
     sizes: dict[int, int] | None = None
     for e in sorted(device_events, key=lambda ev: ev.start_ns()):
-        activity = ""
-        try:
-            activity = e.activity_type()
-        except Exception:
-            pass
+        kind = device_activity_kind(e)
+        if kind is None:
+            continue
         name = e.name()
-        if name.startswith(("fusioncheck", "ProfilerStep")) or _is_annotation(e, activity):
-            continue  # our own ranges, mirrored on the GPU timeline
-        is_copy = activity in _COPY_ACTIVITIES or name.startswith(("Memcpy", "Memset"))
-        if not is_copy and activity not in ("", "kernel", "concurrent_kernel"):
-            continue  # sync events, overhead
+        is_copy = kind == "copy"
         op = innermost_op(launches.get(e.linked_correlation_id()))
         k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
-        if is_copy:
-            nbytes = _activity_bytes(e)
-            if nbytes is None:
-                if sizes is None:
-                    sizes = _copy_sizes(prof)
-                nbytes = sizes.get(e.linked_correlation_id(), sizes.get(e.correlation_id()))
-            k.bytes = copy_traffic(name, nbytes)
+        if is_copy:  # its size is only in the exported trace (torch's events lack it)
+            if sizes is None:
+                sizes = _copy_sizes(prof)
+            k.bytes = copy_traffic(name, sizes.get(e.linked_correlation_id(), sizes.get(e.correlation_id())))
         queue = triton_queue.get(name)
         if op is not None:
             k.op, k.source, k.module = op.op, op.source, op.module

@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from .._compat import kineto_events
+from .._compat import device_activity_kind, kineto_events
 from ..ranges import REP_RANGE_PREFIX
 from .time_wall import l2_flush_buffer, wall_times
 
@@ -69,14 +69,8 @@ def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 
     for e in kineto_events(prof):
         name = e.name()
         if e.device_type() == DeviceType.CUDA:
-            try:
-                activity = e.activity_type()
-            except Exception:
-                activity = ""
-            if name.startswith(("fusioncheck", "ProfilerStep")) or "annotation" in activity or _is_user_annotation(e):
-                continue  # ranges mirrored on the GPU timeline, not work
-            if activity and activity not in ("kernel", "concurrent_kernel", "gpu_memcpy", "gpu_memset"):
-                continue
+            if device_activity_kind(e) is None:
+                continue  # ranges mirrored on the GPU timeline, syncs: not work
             activities.append((e.linked_correlation_id(), e.start_ns(), e.duration_ns()))
         elif name.startswith(REP_RANGE_PREFIX):
             ranges[int(name[len(REP_RANGE_PREFIX):])] = (e.start_ns(), e.end_ns())
@@ -84,13 +78,6 @@ def device_times(fn: Callable[..., Any], args: tuple, kwargs: dict, reps: int = 
             launches[e.correlation_id()] = e.start_ns()
     reps_ns = [ranges[i] for i in sorted(ranges)]
     return per_rep_device_time(reps_ns, launches, activities)
-
-
-def _is_user_annotation(e: Any) -> bool:
-    try:
-        return bool(e.is_user_annotation())
-    except Exception:
-        return False
 
 
 class DeviceTime:
