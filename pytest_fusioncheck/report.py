@@ -108,6 +108,28 @@ _GEMM_OPS = frozenset(
 )
 
 
+def fold_modules(kernels: Any) -> list[tuple[str, int, int, float, int]]:
+    """``(pattern, kernels per copy, copies, time, bytes)`` per module from
+    ``(module, time_s, bytes)`` triples: layer indices fold into ``*``
+    (``layers.3.mlp`` -> ``layers.*.mlp``), most time first. A pattern whose kernels do not
+    split evenly over its copies gives its total with one copy."""
+    folded: dict[str, dict[str, Any]] = {}
+    for module, seconds, nbytes in kernels:
+        module = module or "(no module)"
+        pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
+        e = folded.setdefault(pattern, {"n": 0, "copies": set(), "time": 0.0, "bytes": 0})
+        e["n"] += 1
+        e["copies"].add(module)
+        e["time"] += seconds or 0.0
+        e["bytes"] += nbytes or 0
+    rows = []
+    for pattern, e in sorted(folded.items(), key=lambda item: -item[1]["time"]):
+        copies = len(e["copies"])
+        even = e["n"] % copies == 0
+        rows.append((pattern, e["n"] // copies if even else e["n"], copies if even else 1, e["time"], e["bytes"]))
+    return rows
+
+
 def _modelled(nbytes: int | None) -> str:
     """A table cell for modelled bytes: ``?`` for an unmodelled kernel, never ``0 B``."""
     return "?" if nbytes is None else format_bytes(nbytes)
@@ -312,24 +334,13 @@ class FusionReport:
     def module_summary(self, max_rows: int = 12) -> list[str]:
         """Kernels, device time and modelled bytes per module, repeated structure folded
         (``layers.*.mlp: 4 kernels x 2``), most time first: what leads a long report."""
-        groups: dict[str, list[Kernel]] = {}
-        for k in self.kernels:
-            groups.setdefault(k.module or "(no module)", []).append(k)
-        folded: dict[str, dict[str, Any]] = {}
-        for module, ks in groups.items():
-            pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
-            entry = folded.setdefault(pattern, {"kernels": 0, "time": 0.0, "bytes": 0, "copies": set()})
-            entry["kernels"] += len(ks)
-            entry["time"] += sum(k.time_s for k in ks)
-            entry["bytes"] += sum(k.bytes or 0 for k in ks)
-            entry["copies"].add(module)
+        rows = fold_modules((k.module, k.time_s, k.bytes) for k in self.kernels)
         lines = ["per module (repeated structure folded):"]
-        for pattern, e in sorted(folded.items(), key=lambda item: -item[1]["time"])[:max_rows]:
-            times = len(e["copies"])
-            count = f"{e['kernels'] // times} kernels x {times}" if times > 1 and e["kernels"] % times == 0 else f"{e['kernels']} kernels"
-            lines.append(f"  {pattern}: {count}, {format_time(e['time'])}, {format_bytes(e['bytes'])}")
-        if len(folded) > max_rows:
-            lines.append(f"  ... {len(folded) - max_rows} more")
+        for pattern, per, copies, seconds, nbytes in rows[:max_rows]:
+            count = f"{per} kernels x {copies}" if copies > 1 else f"{per} kernels"
+            lines.append(f"  {pattern}: {count}, {format_time(seconds)}, {format_bytes(nbytes)}")
+        if len(rows) > max_rows:
+            lines.append(f"  ... {len(rows) - max_rows} more")
         return lines
 
     def __str__(self) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import html
 import os
-import re
 from typing import Any
+
+from ..report import fold_modules
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
@@ -33,25 +34,6 @@ def _time(s: Any) -> str:
     from ..report import format_time
 
     return format_time(s)
-
-
-def _module_rows(kernels: list[dict[str, Any]]) -> list[tuple[str, int, int, float, int]]:
-    """``(pattern, kernels per copy, copies, time, bytes)`` per module, layers folded."""
-    folded: dict[str, dict[str, Any]] = {}
-    for k in kernels:
-        module = k.get("module") or "(no module)"
-        pattern = re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "*", module)
-        e = folded.setdefault(pattern, {"n": 0, "copies": set(), "time": 0.0, "bytes": 0})
-        e["n"] += 1
-        e["copies"].add(module)
-        e["time"] += k.get("time_s") or 0.0
-        e["bytes"] += k.get("bytes") or 0
-    rows = []
-    for pattern, e in sorted(folded.items(), key=lambda item: -item[1]["time"]):
-        copies = len(e["copies"])
-        per = e["n"] // copies if e["n"] % copies == 0 else e["n"]
-        rows.append((pattern, per, copies if e["n"] % copies == 0 else 1, e["time"], e["bytes"]))
-    return rows
 
 
 def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[str] | None = None) -> str:
@@ -105,7 +87,7 @@ def _report_section(r: dict[str, Any]) -> str:
     kernels = r.get("kernels") or []
     if any(k.get("module") for k in kernels):
         parts.append("<table><tr><th>module (layers folded)</th><th>kernels</th><th>time</th><th>modelled</th></tr>")
-        for pattern, per, copies, seconds, nbytes in _module_rows(kernels):
+        for pattern, per, copies, seconds, nbytes in fold_modules((k.get("module"), k.get("time_s"), k.get("bytes")) for k in kernels):
             count = f"{per} x {copies}" if copies > 1 else str(per)
             parts.append(
                 f"<tr><td>{esc(pattern)}</td><td class='n'>{count}</td><td class='n'>{esc(_time(seconds))}</td>"
