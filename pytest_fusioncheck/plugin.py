@@ -15,8 +15,6 @@ import pytest
 
 from . import options, state
 
-LOG = pytest.StashKey["tuple[Any, Any]"]()
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
@@ -55,7 +53,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Give the test its own report log (current while it runs) and, for a test that uses
     a fusion feature, validate its markers before any fixture runs."""
     log = state.ReportLog(test_id=item.nodeid, settings=item.config.stash[state.SETTINGS])
-    item.stash[LOG] = (log, state.activate(log))
+    item.stash[state.LOG] = (log, state.activate(log))
     if options.uses_fusion(item):
         from .fixture import TestState
 
@@ -69,11 +67,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     if test_state is not None:
         test_state.log.release()
         del item.stash[state.ITEM]
-    log, token = item.stash.get(LOG, (None, None))
+    log, token = item.stash.get(state.LOG, (None, None))
     if log is not None:
         log.release()
         state.deactivate(token)
-        del item.stash[LOG]
+        del item.stash[state.LOG]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -116,7 +114,7 @@ def fusion(request: pytest.FixtureRequest):
     item = request.node
     test_state = item.stash.get(state.ITEM, None)
     if test_state is None:  # requested indirectly (getfixturevalue): set up on demand
-        log, _ = item.stash.get(LOG, (None, None))
+        log, _ = item.stash.get(state.LOG, (None, None))
         test_state = TestState.for_item(item, log)
         item.stash[state.ITEM] = test_state
     return Fusion(item, test_state, request)

@@ -99,7 +99,9 @@ def record_report(report: Any, log: ReportLog | None = None) -> None:
         del log.reports[:-100]
 
 
-# pytest stash keys: the session's Settings and sinks, each test's state.
+# pytest stash keys: the session's Settings and sinks; each test's log (with the token that
+# made it current) and, for a test that uses a fusion feature, its state.
 SETTINGS = pytest.StashKey[Settings]()
 SESSION = pytest.StashKey[Any]()
+LOG = pytest.StashKey["tuple[ReportLog, contextvars.Token]"]()
 ITEM = pytest.StashKey[Any]()
