@@ -21,23 +21,24 @@ HERE = __file__.rsplit("/", 1)[0]
 sys.path.insert(0, HERE)
 sys.path.insert(0, HERE + "/../tests")
 from _common import add_out_option, write_output_to  # noqa: E402
-from fidelity_cases import GPT2MLP, five_op_softmax, softmax_last  # noqa: E402
-
-
-class MLPBlock(torch.nn.Module):
-    """The overhead table's ``mlp_block``: LayerNorm, then GPT-2's MLP with its residual."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(d)
-        self.mlp = GPT2MLP(d)
-
-    def forward(self, x):
-        return self.mlp(self.norm(x))
+from fidelity_cases import five_op_softmax, softmax_last  # noqa: E402
 
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
 from pytest_fusioncheck.graph_breaks import GraphBreakRecorder  # noqa: E402
 from pytest_fusioncheck.sources.bytes_model import inductor_hooks  # noqa: E402
+
+
+class MLPBlock(torch.nn.Module):
+    """The overhead table's ``mlp_block``: LayerNorm, Linear, GELU, Linear, residual add."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
 def _sync(device):

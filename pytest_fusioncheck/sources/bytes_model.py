@@ -1,6 +1,6 @@
 """Where modelled bytes come from for kernels the op observer cannot see.
 
-Eager ATen ops get their bytes from ``kernels.op_traffic`` (distinct input and output
+Eager ATen ops get their bytes from ``ops.op_traffic`` (distinct input and output
 storages, observed as the op runs). Two other sources live here:
 
 * Inductor-generated kernels: their *compulsory* bytes, taken at code generation from the
