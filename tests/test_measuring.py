@@ -132,6 +132,19 @@ def test_an_in_place_buffer_that_held_data_before_the_kernel_is_read_and_written
     assert buffer_accesses(args, lambda n: 64) == [("rw", 64)]
 
 
+def test_an_intermediate_only_the_kernel_itself_reads_is_not_compulsory_traffic():
+    # the C++ backend keeps a wide softmax's exponentials (buf1) as an output argument
+    args = _args(inputs=["x"], outputs=["buf0", "buf1", "buf2", "buf3"])
+    sizes = {"x": 100, "buf0": 1, "buf1": 400, "buf2": 1, "buf3": 100}
+    assert compulsory_bytes(buffer_accesses(args, sizes.__getitem__, internal={"buf0", "buf1", "buf2"})) == 200
+
+
+def test_a_compiled_vocab_width_softmax_on_cpu_is_modelled_at_its_budget(fresh_dynamo):
+    x = torch.randn(33, 50257, dtype=torch.float16)
+    report = profile(torch.compile(lambda t: torch.softmax(t, -1)), x)
+    assert report.kernel_count == 1 and report.bytes == report.budget.total == 2 * x.numel() * 2, str(report)
+
+
 def test_a_mutated_graph_input_in_both_tables_is_read_once_and_written_once():
     args = _args(inputs=["arg0_1"], outputs=["arg0_1"])
     assert buffer_accesses(args, lambda n: 64) == [("rw", 64)]

@@ -102,6 +102,7 @@ def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
     hint = V.graph.sizevars.optimization_hint
     accesses, points = _access_patterns(nodes, hint)
     produced = {dep.name for node in nodes or () for dep in getattr(getattr(node, "read_writes", None), "writes", ())}
+    internal = _internal_buffers(args, nodes)
 
     def size(name: str) -> int:
         numel = int(hint(V.graph.get_numel(name), fallback=0))
@@ -109,7 +110,35 @@ def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
         count = 0 if _WHOLE in patterns else len(patterns)
         return touched_elements(numel, count, points) * get_dtype_size(V.graph.get_dtype(name))
 
-    return buffer_accesses(args, size, produced)
+    return buffer_accesses(args, size, produced, internal)
+
+
+def _internal_buffers(args: Any, nodes: Any) -> set[str]:
+    """Output buffers that only this kernel's own nodes read and that are not the graph's
+    outputs: the C++ backend keeps such an intermediate (a wide row's exponentials in a
+    softmax) as an argument where the Triton backend removes it; it never leaves the
+    kernel's working set, so it is not compulsory traffic. Unknown: none are internal."""
+    try:
+        from torch._inductor.virtualized import V
+
+        members: set[str] = set()
+        for node in nodes or ():
+            for part in getattr(node, "get_nodes", lambda: [node])():
+                if hasattr(part, "get_name"):
+                    members.add(part.get_name())
+        outputs = set(V.graph.get_output_names())
+        name_to_buf = V.graph.scheduler.name_to_buf
+        internal = set()
+        for name in getattr(args, "output_buffers", {}) or {}:
+            buf = name_to_buf.get(name)
+            if buf is None or name in outputs or not buf.users:
+                continue
+            users = {getattr(u.node, "get_name", lambda: None)() for u in buf.users}
+            if users <= members:
+                internal.add(name)
+        return internal
+    except Exception:
+        return set()
 
 
 _WHOLE = "<whole buffer>"
@@ -157,7 +186,7 @@ def _product(sizes: Any, hint: Any) -> int:
     return int(hint(sizes, fallback=0))
 
 
-def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None) -> list[tuple[str, int]]:
+def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None, internal: set[str] = frozenset()) -> list[tuple[str, int]]:
     """The compulsory-rule reading of an argument table (see ``kernel_arg_buffers``).
 
     An in-place buffer whose first name the kernel itself produces (Inductor stores a
@@ -166,13 +195,14 @@ def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None) -> l
     ``produced`` names the buffers the kernel's nodes write (without it, the output
     table stands in; Triton kernels drop such buffers from it). A buffer both in the
     input and the output table (a mutated graph input) is read once and written once.
+    Buffers in ``internal`` (produced and consumed inside the kernel) are not counted.
     """
 
     def removed(value: Any) -> bool:
         return type(value).__name__ == "RemovedArg" or str(value) == "REMOVED"
 
     inputs = {k for k, v in (getattr(args, "input_buffers", {}) or {}).items() if not removed(v)}
-    outputs = {k for k, v in (getattr(args, "output_buffers", {}) or {}).items() if not removed(v)}
+    outputs = {k for k, v in (getattr(args, "output_buffers", {}) or {}).items() if not removed(v) and k not in internal}
     inplace = getattr(args, "inplace_buffers", {}) or {}
     out: list[tuple[str, int]] = []
     seen: set[str] = set()
