@@ -35,6 +35,7 @@ from pytest_fusioncheck.budget import Budget
 
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
 from ._math import exp
+from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, vec_end
 from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_launch, tile_start
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -45,27 +46,42 @@ _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 @triton.jit
 def _softmax_fwd_kernel(
-    x_ptr,  # (M, N) input; row stride stride_x, column stride 1
-    y_ptr,  # (M, N) output; row stride stride_y, column stride 1
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
+    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase as x's, _ragged.phased)
+    x_phase,  # phase of row 0 (0 when VEC == 1)
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N
+    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
 ):
-    """Whole rows in registers: BLOCK_M rows a program, one read and one write."""
+    """Whole rows in registers: BLOCK_M rows a program, one read and one write (_ragged: unaligned rows)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
-    mask = row_ok[:, None] & (cols < n_cols)[None, :]
-    rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=-float("inf"))
+    x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
+    y_base, _ = row_origin(x_phase, rows, stride_y, VEC)
+    zero = tl.zeros([BLOCK_M], tl.int32)  # makes the row bounds tensors also when VEC == 1 (scalars then)
+    ph = ph + zero
+    v = tl.arange(0, BLOCK_N)[None, :]
+    ph2 = ph[:, None]
+    x = tl.load(x_ptr + x_base[:, None] + v, mask=row_ok[:, None] & (v < (vec_end(ph, n_cols, VEC) + zero)[:, None]), other=-float("inf"))
     x = x.to(tl.float32)
+    if VEC > 1:  # the neighbours' elements in the first and last vectors
+        x = tl.where(in_row(v, ph2, n_cols), x, -float("inf"))
     row_max = tl.max(x, axis=1)
-    row_sum = tl.sum(tl.exp(x - row_max[:, None]), axis=1)
-    y = tl.exp(x - row_max[:, None]) * (1.0 / row_sum)[:, None]
-    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    inv_sum = 1.0 / tl.sum(tl.exp(x - row_max[:, None]), axis=1)
+    y = tl.exp(x - row_max[:, None]) * inv_sum[:, None]
+    first, last = body_bounds(ph, n_cols, VEC)
+    body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
+    tl.store(y_ptr + y_base[:, None] + v, y.to(y_ptr.dtype.element_ty), mask=body)
+    if VEC > 1:
+        e, e_ok = edges(ph2, n_cols, VEC)
+        e_ok = e_ok & row_ok[:, None]
+        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
+        ye = tl.exp(xe - row_max[:, None]) * inv_sum[:, None]
+        tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
 
 
 @triton.jit
@@ -76,15 +92,16 @@ def _load_chunk(ptrs, in_row):
 
 @triton.jit
 def _softmax_split_kernel(
-    x_ptr,  # (M, N) input, unit column stride
-    y_ptr,  # (M, N) output, unit column stride
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x, unit column stride
+    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase, _ragged.phased)
     part_ptr,  # (M, GROUP, 2) float32 partial (max, sum of exp) per row and slice; unused when GROUP == 1
     sync_ptr,  # ((M + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
+    x_phase,  # phase of row 0 (0 when VEC == 1)
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
-    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
+    slice_cols,  # virtual columns per slice: a multiple of BLOCK_N, GROUP slices cover N + VEC - 1
     n_programs,  # programs launched (persistent: a few an SM)
     GROUP: tl.constexpr,  # slices (programs) per row
     BLOCK_N: tl.constexpr,  # columns per step
@@ -93,6 +110,7 @@ def _softmax_split_kernel(
     SUB: tl.constexpr,  # neighbouring elements reduced in-thread before the online step (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -112,26 +130,31 @@ def _softmax_split_kernel(
     which keeps the running (max, sum) at BLOCK_N / SUB lanes: few registers. Maxima start
     at -FLT_MAX, not -inf, so a run of -inf adds exp(-inf) = 0 instead of nan, and one
     exponential a step, exp(min(m, m') - max(m, m')), rescales whichever sum is behind.
+    Columns are virtual (``_ragged``): a row's elements sit at ph .. ph + N from the aligned
+    vector holding its first; slices are cut in that space, so a row with a small phase can
+    leave its last slice empty (it publishes (-FLT_MAX, 0) and still prefetches the next tile).
     """
     n_tiles = n_rows * GROUP
     tile = first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
     row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
-    x_next = _load_chunk(x_ptr + row.to(tl.int64) * stride_x + lo + cols, lo + cols < n_cols)
+    x_next = _load_row_chunk(x_ptr, x_phase, row, stride_x, lo, cols, n_cols, VEC)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
-        hi = tl.minimum(lo + slice_cols, n_cols)
-        x_row = x_ptr + row.to(tl.int64) * stride_x
-        y_row = y_ptr + row.to(tl.int64) * stride_y
+        x_base, ph = row_origin(x_phase, row, stride_x, VEC)
+        y_base, _ = row_origin(x_phase, row, stride_y, VEC)
+        hi = tl.minimum(lo + slice_cols, ph + n_cols)
+        x_row = x_ptr + x_base
         run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
         run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
-            x = tl.reshape(x_next.to(tl.float32), (BLOCK_N // SUB, SUB))
+            x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
+            x = tl.reshape(x, (BLOCK_N // SUB, SUB))
             if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-                x_next = _load_chunk(x_row + nxt + cols, nxt + cols < n_cols)
+                x_next = _load_chunk(x_row + nxt + cols, nxt + cols < vec_end(ph, n_cols, VEC))
             # A thread's SUB neighbours first (no exchange), then one online step per SUB.
             sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
             sub_sum = tl.sum(exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
@@ -142,8 +165,7 @@ def _softmax_split_kernel(
         if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
             early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
-            early_ptr = x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols
-            x_next = _load_chunk(early_ptr, early_lo + cols < n_cols)
+            x_next = _load_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
         tile_max = tl.max(run_max, axis=0)
         tile_sum = tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
         if GROUP == 1:
@@ -158,17 +180,42 @@ def _softmax_split_kernel(
             row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
         inv_sum = 1.0 / row_sum
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
+        first, last = body_bounds(ph, n_cols, VEC)
         for start in range(lo, hi, BLOCK_N):
             if EARLY:
                 x = x_held.to(tl.float32)
             else:
                 x = x_next.to(tl.float32)
                 pre_row, pre_col = prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
-                pre_ptr = x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols
-                x_next = _load_chunk(pre_ptr, pre_col + cols < n_cols)
+                x_next = _load_row_chunk(x_ptr, x_phase, pre_row, stride_x, pre_col, cols, n_cols, VEC)
             y = exp(x - row_max, FAST_EXP) * inv_sum
-            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=start + cols < n_cols)
+            tl.store(y_ptr + y_base + start + cols, y.to(y_ptr.dtype.element_ty), mask=(start + cols >= first) & (start + cols < last))
+        if VEC > 1:
+            if hi <= lo:  # an empty slice: nothing prefetched the next tile's first chunk
+                x_next = _load_row_chunk(x_ptr, x_phase, next_row, stride_x, next_lo, cols, n_cols, VEC)
+            v, v_ok = edges(ph, n_cols, VEC)
+            v_ok = v_ok & (v >= lo) & (v < hi)
+            xe = tl.load(x_row + v, mask=v_ok, other=0.0).to(tl.float32)
+            tl.store(y_ptr + y_base + v, (exp(xe - row_max, FAST_EXP) * inv_sum).to(y_ptr.dtype.element_ty), mask=v_ok)
         tile = next_tile
+
+
+@triton.jit
+def _load_row_chunk(x_ptr, x_phase, row, stride_x, start, cols, n_cols, VEC: tl.constexpr):
+    """The chunk of ``row`` at virtual columns ``start + cols``, whole vectors (_ragged)."""
+    base, ph = row_origin(x_phase, row, stride_x, VEC)
+    return _load_chunk(x_ptr + base + start + cols, start + cols < vec_end(ph, n_cols, VEC))
+
+
+@triton.jit
+def _row_values(chunk, start, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """A loaded chunk in float32, the neighbouring rows' elements of its edge vectors as -inf
+    (only a row's first and last chunks hold any)."""
+    x = chunk.to(tl.float32)
+    if VEC > 1:
+        if (start == 0) | (start + BLOCK_N > ph + n_cols):
+            x = tl.where(in_row(start + cols, ph, n_cols), x, -float("inf"))
+    return x
 
 
 # --------------------------------------------------------------------------- plan
@@ -231,8 +278,8 @@ def _softmax_settings(
     ``elem_size`` sizes the persistent and split chunks (bytes in flight).
     """
     widest = max_row if max_row is not None else _MAX_ROW
-    if n_cols <= widest:
-        block_n = next_power_of_2(n_cols)
+    if ragged_width(n_cols, elem_size) <= widest:
+        block_n = next_power_of_2(ragged_width(n_cols, elem_size))
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, warps_for(block_m * block_n))
     wide_plan = wide or _WIDE_ROWS_PLAN
@@ -263,24 +310,26 @@ def _softmax_settings(
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
+    r = phased(x2, y2)
     if plan.mode == "rows":
+        block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
-            x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0),
-            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+            r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
+            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps,
         )
     else:
-        _launch_split(x2, y2, plan)
+        _launch_split(r, n_rows, n_cols, plan)
+    r.finish()
 
 
-def _launch_split(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
-    n_rows, n_cols = x2.shape
-    group, slice_cols = split_group(n_cols, plan.block_n, plan.group)
-    n_programs, part, sync = split_launch(n_rows, group, plan.per_sm, x2.device, x2)
+def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
+    group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
+    n_programs, part, sync = split_launch(n_rows, group, plan.per_sm, r.x.device, r.x)
     _softmax_split_kernel[(n_programs,)](
-        x2, y2, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols, n_programs,
+        r.x, r.y, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
-        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, num_warps=plan.num_warps,
+        SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
+        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps,
     )
 
 

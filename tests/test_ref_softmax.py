@@ -204,13 +204,19 @@ def test_budget_is_one_read_and_one_write_a_quarter_of_the_five_ops():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16384, 100000])
-def test_default_plans_match_torch_softmax_across_widths(n):
-    x = torch.randn(max(1, 2**20 // n), n, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "n",
+    # narrow, power-of-two edges, and the ragged vocabulary and hidden widths of real models
+    # (BERT 30522, GPT-2 50257, Llama-3 128256, Qwen 151936) that start rows unaligned
+    [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16383, 16384, 17000, 30522, 33000, 50257, 100000, 128256, 151936],
+)
+def test_default_plans_match_torch_softmax_across_widths(n, dtype):
+    x = torch.randn(max(3, 2**20 // n), n, device="cuda", dtype=dtype)
     out = poisoned_like(x)
     softmax.fused(x, out=out)
     assert not out.isnan().any(), "an output element was left unwritten"
-    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
+    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).to(dtype), dtype)
 
 
 @pytest.mark.parametrize(
@@ -336,3 +342,74 @@ def test_wide_row_candidates_match_torch_softmax_across_widths(wide, n):
     softmax._launch(x, y, plan)
     assert not y.isnan().any(), "an output element was left unwritten"
     assert_close_to_row_scale(y, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
+
+
+# Rows that do not start 16-byte aligned (reference_kernels/_ragged.py): every row at its own
+# phase, rows of a wider tensor, outputs at odd offsets. Each case runs the rows plan and, with
+# max_row, the persistent walk; results are compared element by element and nothing is left unwritten.
+RAGGED = [
+    (9, 13),  # bf16: 8 a vector, every phase 0..7 among the rows; rows shorter than two vectors
+    (6, 3),  # rows inside one vector, some straddling two
+    (5, 50),  # a body of whole vectors between the edges
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "persistent"])
+@pytest.mark.parametrize("shape", RAGGED, ids=str)
+def test_rows_at_every_phase_match_the_reference(shape, max_row, dtype):
+    x = torch.randn(shape, device=DEVICE).mul_(3).to(dtype)
+    out = poisoned_like(x)
+    softmax.fused(x, out=out, max_row=max_row)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    assert_close_to_row_scale(out, reference(x), dtype)
+
+
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "persistent"])
+@pytest.mark.parametrize("offset, width", [(3, 40), (4, 41), (0, 37)], ids=["odd phase", "same phase, wider stride", "wider stride"])
+def test_rows_of_a_wider_tensor_are_read_in_place_or_from_a_copy_and_match(offset, width, max_row):
+    big = torch.randn(7, 45, device=DEVICE)
+    x = big[:, offset:offset + width]
+    out = poisoned_like(x)
+    softmax.fused(x, out=out, max_row=max_row)
+    assert not out.isnan().any()
+    assert_close_to_row_scale(out, reference(x), torch.float32)
+    before = big.clone()
+    softmax.fused(x, max_row=max_row)
+    assert torch.equal(big, before), "the input was written"
+
+
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "persistent"])
+def test_an_out_at_an_odd_offset_gets_every_element(max_row):
+    x = torch.randn(5, 21, device=DEVICE).half()
+    buf = torch.full((5 * 21 + 3,), float("nan"), dtype=x.dtype, device=DEVICE)
+    out = buf[3:].view(5, 21)
+    softmax.fused(x, out=out, max_row=max_row)
+    assert buf[:3].isnan().all(), "written before out"
+    assert not out.isnan().any()
+    assert_close_to_row_scale(out, reference(x), torch.float16)
+
+
+def test_phased_reads_in_place_where_the_phases_agree_and_copies_where_they_do_not():
+    from reference_kernels._ragged import phased
+
+    x = torch.randn(4, 64, device=DEVICE)
+    r = phased(x, torch.empty_like(x))
+    assert (r.vec, r.phase, r.y_out) == (1, 0, None) and r.x is x  # aligned: Triton's own specialisation
+    x = torch.randn(4, 50, device=DEVICE, dtype=torch.bfloat16)
+    r = phased(x, torch.empty_like(x))
+    assert (r.vec, r.phase, r.y_out) == (8, 0, None) and r.x.data_ptr() == x.data_ptr()
+    big = torch.randn(4, 60, device=DEVICE)
+    x = big[:, 4:54]  # phase 0 (fp32: 4 a vector), stride 60 = 50 + 10, 10 % 4 != 0: copied
+    r = phased(x, torch.empty(4, 50, device=DEVICE))
+    assert r.x.data_ptr() != big.data_ptr() + 16 and r.stride_x == 50 and r.y_out is None
+    x = big[:, 4:56]  # stride 60 = 52 + 8: the phases agree row for row, read in place
+    y = torch.empty(4, 52, device=DEVICE)
+    r = phased(x, y)
+    assert (r.vec, r.phase, r.stride_x, r.stride_y) == (4, 0, 60, 52) and r.x.data_ptr() == x.data_ptr()
+    x = big[:, 1:51]  # phase 1 against an output at phase 0: both run on fresh tensors
+    r = phased(x, torch.empty(4, 50, device=DEVICE))
+    assert r.phase == 0 and r.y_out is None and r.stride_x == 50
+    buf = torch.empty(4 * 50 + 1, device=DEVICE)
+    r = phased(torch.randn(4, 50, device=DEVICE), buf[1:].view(4, 50))  # an out at phase 1
+    assert r.y_out is not None and r.phase == 0

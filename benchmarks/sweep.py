@@ -1,0 +1,177 @@
+"""Width sweep of the row kernels: every width a model uses, aligned and ragged, against torch.
+
+Where ``bench_softmax.py`` / ``bench_layer_norm.py`` time a few anchor shapes with every
+anchor, this script times many widths with the cheap anchors, to find cliffs: a width at
+which ours falls below its target (% of copy) or behind torch. Per subject and dtype it
+prints the worst width and its ratio to the best anchor, then every width below target;
+``--json`` keeps every figure.
+
+    PYTHONPATH=. python3 benchmarks/sweep.py                         # softmax, sampled widths
+    PYTHONPATH=. python3 benchmarks/sweep.py --dense                 # every multiple of 64 up to 16384 too
+    PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
+
+Anchors: torch eager always; ``--compile`` adds ``torch.compile(dynamic=True)`` (one
+compilation for every width, so a sweep stays minutes long; a static compile per width
+can be faster and is what bench_softmax.py times). Each input reads ``--mib`` MiB (default
+128, twice the H200's L2), rows = that / the row's bytes. The copy roofline is one
+device-to-device copy of the same size, timed once per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks._common import add_out_option, bench_ms, copy_gbps, gbps, header, markdown_table, write_output_to  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Row widths of public model configs: hidden sizes (BERT, GPT-2, Llama, Mistral, Qwen, ...)
+# and vocabularies (BERT 30522, Llama-2 32000, GPT-2 50257, Llama-3 128256, Qwen 151936, ...).
+MODEL_WIDTHS = [
+    768, 1024, 1280, 1536, 1600, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 11008, 12288,
+    13824, 14336, 16384, 18432, 28672, 30522, 32000, 32064, 49152, 50257, 50304, 65024, 65536,
+    100352, 128256, 131072, 151936, 152064, 256000, 262144,
+]
+# Ragged widths the issue named, and small odd ones that exercise every phase.
+NAMED_RAGGED = [1, 3, 7, 13, 100, 333, 999, 1023, 1025, 4097, 8191, 12345, 16383, 17000, 33000, 50257]
+# Targets (issue 12), % of copy: softmax >= 90 up to 32768 and >= 80 wider; layer norm
+# forward >= 90 at 256..16384; backward >= 80 at 768..8192. None: no target at that width.
+TARGETS = {
+    "softmax": lambda n: 90 if n <= 32768 else 80,
+    "layer_norm_fwd": lambda n: 90 if 256 <= n <= 16384 else None,
+    "layer_norm_bwd": lambda n: 80 if 768 <= n <= 8192 else None,
+}
+
+
+def widths(dense: bool, n_ragged: int, seed: int = 0) -> list[int]:
+    """The sweep's widths: model widths, named ragged ones, multiples of 64 (all with ``dense``,
+    else every 512th), and ``n_ragged`` log-uniform random widths in 10^4..2.6x10^5 (odd ones too)."""
+    step = 64 if dense else 512
+    rng = random.Random(seed)
+    ragged = {int(10 ** rng.uniform(4, 5.415)) for _ in range(n_ragged)}
+    return sorted(set(MODEL_WIDTHS) | set(NAMED_RAGGED) | set(range(step, 16385, step)) | ragged)
+
+
+def subject(name: str, x: torch.Tensor, compile_: bool):
+    """(bytes moved compulsorily, {impl: fn}) for one subject at input ``x``."""
+    from reference_kernels import layer_norm, softmax
+
+    n = x.shape[-1]
+    fns: dict = {}
+    if name == "softmax":
+        fns["ours"] = lambda: softmax.fused(x)
+        fns["torch"] = lambda: torch.softmax(x, dim=-1)
+        if compile_:
+            fn = _compiled(name, lambda t: torch.softmax(t, dim=-1))
+            fns["compile"] = lambda: fn(x)
+        return softmax.budget(x).total, fns
+    w = torch.randn(n, device=x.device, dtype=x.dtype)
+    b = torch.randn(n, device=x.device, dtype=x.dtype)
+    if name == "layer_norm_fwd":
+        fns["ours"] = lambda: layer_norm.forward(x, w, b)
+        fns["torch"] = lambda: F.layer_norm(x, (n,), w, b)
+        if compile_:
+            fn = _compiled(name, lambda t, w_, b_: F.layer_norm(t, (t.shape[-1],), w_, b_))
+            fns["compile"] = lambda: fn(x, w, b)
+        return layer_norm.budget(x, w, b).total, fns
+    if name == "layer_norm_bwd":
+        dy = torch.randn_like(x)
+        _, mean, rstd = layer_norm.forward(x, w, b)
+        fns["ours"] = lambda: layer_norm.backward(dy, x, w, mean, rstd)
+        xt = x.detach().requires_grad_()
+        wt = w.detach().requires_grad_()
+        bt = b.detach().requires_grad_()
+        yt = F.layer_norm(xt, (n,), wt, bt)
+        fns["torch"] = lambda: torch.autograd.grad(yt, (xt, wt, bt), dy, retain_graph=True)
+        return layer_norm.budget(x, w, b, backward=True).total, fns
+    raise ValueError(f"unknown subject {name!r}; choose from {sorted(TARGETS)}")
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(name: str, fn):
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _COMPILED[name]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subjects", default="softmax")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--dense", action="store_true", help="every multiple of 64 up to 16384")
+    parser.add_argument("--ragged", type=int, default=40, help="random ragged widths in 10^4..2.6x10^5")
+    parser.add_argument("--widths", default="", help="comma-separated widths instead of the generated list")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile(dynamic=True)")
+    parser.add_argument("--mib", type=int, default=128, help="MiB each input reads")
+    parser.add_argument("--json", default="")
+    add_out_option(parser)
+    args = parser.parse_args()
+    out = write_output_to(args.out, __file__)
+    ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
+    print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB")
+    copy = copy_gbps(2 * args.mib * 2**20)
+    print(f"copy roofline: {copy:.0f} GB/s (read + write of {args.mib} MiB)")
+    records = []
+    for name in args.subjects.split(","):
+        for dname in args.dtypes.split(","):
+            dtype = DTYPES[dname]
+            for n in ws:
+                if TARGETS[name](n) is None and name != "softmax":
+                    continue
+                rows = max(1, args.mib * 2**20 // (n * torch.empty((), dtype=dtype).element_size()))
+                x = torch.randn(rows, n, device="cuda", dtype=dtype)
+                nbytes, fns = subject(name, x, args.compile)
+                rec = {"subject": name, "dtype": dname, "width": n, "rows": rows, "target": TARGETS[name](n), "pct": {}}
+                for impl, fn in fns.items():
+                    try:
+                        rec["pct"][impl] = round(100 * gbps(nbytes, bench_ms(fn, 5, 25)) / copy, 1)
+                    except Exception as exc:  # an anchor that refuses a width is reported, not fatal
+                        rec["pct"][impl] = None
+                        rec.setdefault("errors", {})[impl] = f"{type(exc).__name__}: {exc}"[:200]
+                records.append(rec)
+                del x, fns
+            torch.cuda.empty_cache()
+    _summarise(records)
+    path = args.json or (str(out / "sweep.json") if out else "")
+    if path:
+        Path(path).write_text(json.dumps({"header": header(), "copy_gbps": copy, "records": records}, indent=1))
+    return 0
+
+
+def _summarise(records: list[dict]) -> None:
+    rows, misses = [], []
+    groups: dict = {}
+    for rec in records:
+        groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
+    for (name, dname), recs in groups.items():
+        ours = [r for r in recs if r["pct"].get("ours") is not None]
+        worst = min(ours, key=lambda r: r["pct"]["ours"])
+        ratios = [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r) for r in ours
+                  if any(v for k, v in r["pct"].items() if k != "ours")]
+        worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
+        below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
+        rows.append([name, dname, len(recs), f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
+                     f"{worst['pct']['ours']:.0f}% at {worst['width']}",
+                     f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}", len(below)])
+        misses += [[name, dname, r["width"], f"{r['pct']['ours']:.0f}%", f"{r['target']}%",
+                    " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
+    print()
+    print(markdown_table(["subject", "dtype", "widths", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
+    if misses:
+        print("\nBelow target:\n")
+        print(markdown_table(["subject", "dtype", "width", "ours %copy", "target", "anchors %copy"], misses))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

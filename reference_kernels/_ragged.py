@@ -1,0 +1,182 @@
+"""Rows that do not start on a 16-byte boundary: whole aligned vectors in, masked edges out.
+
+Triton emits a 16-byte load or store only where it can prove the address 16-byte aligned
+and the mask constant over the vector. In an (M, N) tensor whose row length (or stride) is
+not a multiple of 16 bytes (a vocabulary of 50257, a width of 17000 in bf16) no row after
+the first starts aligned, so every access of every row is scalar: the `rows` softmax runs
+~1.5x the instructions, and the wide-row kernels, whose 64 KiB chunks then need one
+register per element, spill (sm_90: 1488 B of stack a thread, 800 spill stores) and their
+local-memory traffic swamps the row (docs/kernels.md, "Ragged rows").
+
+The fix keeps every bulk access vectorised. A row's elements sit at *virtual* columns
+``phase .. phase + N`` counted from the aligned vector that holds its first element
+(``row_origin``); ``phase`` < ``VEC`` (16 bytes' worth of elements) varies row to row.
+
+* Loads read whole aligned vectors (mask ``v < vec_end``, constant over each vector). The
+  few elements of the first and last vector that belong to the neighbouring rows (or lie
+  past the tensor's end, inside the same 16-byte vector, so inside the allocation's
+  granule: never a fault) are replaced in registers (``in_row``).
+* Stores write the vectors wholly inside the row (``body``); the at most ``VEC - 1``
+  elements at each end are written by a small masked store (``edges``).
+
+``VEC`` 1 is the aligned case: every helper reduces to the plain row arithmetic, so that
+Triton's own divisibility specialisation still vectorises.
+
+The launcher side (``phased``) checks what the kernel relies on: both row origins' phases
+agree row for row (same phase at row 0, same row stride modulo ``VEC``), and the
+storages start 16-byte aligned; otherwise it returns copies that do.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+VECTOR_BYTES = 16
+_TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments divisible by 16
+
+
+@triton.jit
+def row_origin(phase0, row, stride, VEC: tl.constexpr):
+    """(offset of the aligned vector holding ``row``'s first element, the row's phase in it).
+
+    ``phase0``: the phase of row 0 (its first element's offset from an aligned address).
+    """
+    r0 = phase0 + row.to(tl.int64) * stride
+    if VEC > 1:
+        ph = (r0 % VEC).to(tl.int32)
+        r0 = tl.multiple_of(r0 - ph, VEC)
+    else:
+        ph = 0
+    return r0, ph
+
+
+@triton.jit
+def vec_end(ph, n_cols, VEC: tl.constexpr):
+    """End of the last vector a row of ``n_cols`` at phase ``ph`` touches: the load bound (``ph``: as in
+    ``body_bounds``)."""
+    if VEC > 1:
+        return tl.multiple_of((ph + n_cols + VEC - 1) // VEC * VEC, VEC)
+    else:
+        return n_cols
+
+
+@triton.jit
+def in_row(v, ph, n_cols):
+    """Virtual columns ``v`` that hold the row's own elements."""
+    return (v >= ph) & (v < ph + n_cols)
+
+
+@triton.jit
+def body_bounds(ph, n_cols, VEC: tl.constexpr):
+    """[first, last) virtual columns of the vectors wholly inside the row: the vectorised store's bounds.
+
+    ``ph`` is a scalar or one phase a row (1-D; broadcast the bounds for 2-D masks: Triton's
+    divisibility hint takes one value a dimension).
+    """
+    if VEC > 1:
+        first = tl.multiple_of((ph + VEC - 1) // VEC * VEC, VEC)
+        last = tl.multiple_of((ph + n_cols) // VEC * VEC, VEC)
+    else:
+        first = 0
+        last = n_cols
+    return first, last
+
+
+@triton.jit
+def edges(ph, n_cols, VEC: tl.constexpr):
+    """(virtual columns, mask) of the row's elements outside ``body``: at most VEC - 1 at each end.
+
+    ``ph`` may be a scalar or an (M, 1) column (one phase a row); the result has 2 * VEC columns.
+    """
+    e = tl.arange(0, 2 * VEC)
+    first = (ph + VEC - 1) // VEC * VEC
+    last = tl.maximum((ph + n_cols) // VEC * VEC, first)
+    v = tl.where(e < VEC, ph + e, last + e - VEC)
+    ok = tl.where(e < VEC, v < first, True) & (v < ph + n_cols)
+    return v, ok
+
+
+def vector_elems(t: torch.Tensor) -> int:
+    """Elements in a 16-byte vector of ``t``'s dtype."""
+    return max(1, VECTOR_BYTES // t.element_size())
+
+
+def _phase0(t: torch.Tensor, vec: int) -> int:
+    return (t.data_ptr() // t.element_size()) % vec
+
+
+def _storage_aligned(t: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() % VECTOR_BYTES == 0
+
+
+def _aligned_view(t: torch.Tensor, phase: int) -> torch.Tensor:
+    """``t``'s storage seen from the aligned address ``phase`` elements before ``t``'s first one."""
+    return t.as_strided((t.numel() + phase,), (1,), t.storage_offset() - phase)
+
+
+def aligned(x2: torch.Tensor, y2: torch.Tensor) -> bool:
+    """True when Triton's own specialisation already vectorises every row of ``x2`` and ``y2``: ``VEC`` 1.
+
+    Triton marks an integer argument aligned when it is a multiple of 16 (elements, whatever
+    the dtype), so the row length and strides must be, and both row 0s 16-byte aligned.
+    """
+    return (x2.shape[1] % _TRITON_DIVISIBILITY == 0
+            and all(t.data_ptr() % VECTOR_BYTES == 0 and t.stride(0) % _TRITON_DIVISIBILITY == 0 for t in (x2, y2)))
+
+
+class Phased(NamedTuple):
+    """What a kernel built on the helpers above is launched with (``phased``)."""
+
+    x: torch.Tensor  # flat view of x's storage from the aligned address ``phase`` elements before row 0
+    y: torch.Tensor  # the same for the output
+    phase: int  # row 0's phase (0 when vec == 1)
+    vec: int  # the kernel's VEC: 1 when every row is aligned
+    stride_x: int
+    stride_y: int
+    y_rows: torch.Tensor  # the (M, N) rows the kernel writes
+    y_out: torch.Tensor | None  # where ``finish`` copies them, when the kernel ran on a copy
+
+    def finish(self) -> None:
+        if self.y_out is not None:
+            self.y_out.copy_(self.y_rows)
+
+
+def phased(x2: torch.Tensor, y2: torch.Tensor) -> Phased:
+    """Kernel arguments for rows of ``x2`` read and rows of ``y2`` written with the helpers above.
+
+    Where ``x2`` and ``y2`` rows have different phases (a slice of a wider tensor, an ``out``
+    at an odd offset) the kernel runs on contiguous copies, which costs one extra read and
+    write of the tensor concerned; call ``finish()`` after the launch.
+    """
+    if aligned(x2, y2):
+        return Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
+    vec = vector_elems(x2)
+
+    def agree() -> bool:
+        return (_storage_aligned(x2) and _storage_aligned(y2) and _phase0(x2, vec) == _phase0(y2, vec)
+                and (x2.stride(0) - y2.stride(0)) % vec == 0)
+
+    y_out = None
+    if not agree():
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh allocation: aligned, stride N
+        if not agree():
+            y_out, y2 = y2, torch.empty_like(x2)
+    phase = _phase0(x2, vec)
+    return Phased(_aligned_view(x2, phase), _aligned_view(y2, phase), phase, vec, x2.stride(0), y2.stride(0), y2, y_out)
+
+
+def ragged_width(n_cols: int, elem_size: int) -> int:
+    """Virtual columns of a contiguous row of ``n_cols``: the row plus the widest phase when rows are unaligned."""
+    return n_cols if n_cols % _TRITON_DIVISIBILITY == 0 else launch_width(n_cols, max(1, VECTOR_BYTES // elem_size))
+
+
+def launch_width(n_cols: int, vec: int) -> int:
+    """Virtual columns a launch must cover: the row plus the widest phase."""
+    return n_cols + vec - 1 if vec > 1 else n_cols
+
+
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "launch_width", "vector_elems"]
