@@ -67,6 +67,10 @@ def _softmax_fwd_kernel(
     v = tl.arange(0, BLOCK_N)[None, :]
     ph2 = ph[:, None]
     x = tl.load(x_ptr + x_base[:, None] + v, mask=row_ok[:, None] & (v < (vec_end(ph, n_cols, VEC) + zero)[:, None]), other=-float("inf"))
+    if VEC > 1:  # the row's edge elements, loaded with the body so that their latency overlaps it
+        e, e_ok = edges(ph2, n_cols, VEC)
+        e_ok = e_ok & row_ok[:, None]
+        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
     x = x.to(tl.float32)
     if VEC > 1:  # the neighbours' elements in the first and last vectors
         x = tl.where(in_row(v, ph2, n_cols), x, -float("inf"))
@@ -77,9 +81,6 @@ def _softmax_fwd_kernel(
     body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
     tl.store(y_ptr + y_base[:, None] + v, y.to(y_ptr.dtype.element_ty), mask=body)
     if VEC > 1:
-        e, e_ok = edges(ph2, n_cols, VEC)
-        e_ok = e_ok & row_ok[:, None]
-        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
         ye = tl.exp(xe - row_max[:, None]) * inv_sum[:, None]
         tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
 
@@ -146,6 +147,10 @@ def _softmax_split_kernel(
         y_base, _ = row_origin(x_phase, row, stride_y, VEC)
         hi = tl.minimum(lo + slice_cols, ph + n_cols)
         x_row = x_ptr + x_base
+        if VEC > 1:  # the tile's edge elements, loaded now so that their latency hides behind pass one
+            v_e, e_ok = edges(ph, n_cols, VEC)
+            e_ok = e_ok & (v_e >= lo) & (v_e < hi)
+            x_e = tl.load(x_row + v_e, mask=e_ok, other=0.0)
         run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
         run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
@@ -193,10 +198,8 @@ def _softmax_split_kernel(
         if VEC > 1:
             if hi <= lo:  # an empty slice: nothing prefetched the next tile's first chunk
                 x_next = _load_row_chunk(x_ptr, x_phase, next_row, stride_x, next_lo, cols, n_cols, VEC)
-            v, v_ok = edges(ph, n_cols, VEC)
-            v_ok = v_ok & (v >= lo) & (v < hi)
-            xe = tl.load(x_row + v, mask=v_ok, other=0.0).to(tl.float32)
-            tl.store(y_ptr + y_base + v, (exp(xe - row_max, FAST_EXP) * inv_sum).to(y_ptr.dtype.element_ty), mask=v_ok)
+            y_e = exp(x_e.to(tl.float32) - row_max, FAST_EXP) * inv_sum
+            tl.store(y_ptr + y_base + v_e, y_e.to(y_ptr.dtype.element_ty), mask=e_ok)
         tile = next_tile
 
 
@@ -247,6 +250,7 @@ _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "persistent", "split")
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
+_PERSISTENT_MIN_LANE_USE = 0.9  # rows that leave more of their last chunk empty go to "split"
 _PERSISTENT_WARPS = 16
 _SPLIT_CHUNK_BYTES = 16384  # three programs an SM: 48 KB in flight
 _SPLIT_WARPS = 8
@@ -256,8 +260,10 @@ _SPLIT_PER_SM = 3
 # slices held so measured 48-63%: they keep the 16 KB steps (docs/kernels.md, "softmax").
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4
 _SPLIT_HOLD_WARPS = 16
+_SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an SM (69-72% against 55-60% held)
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
+_PHASED_MIN_COLS = 0  # rows this wide or wider that start unaligned are read as aligned vectors (_ragged)
 
 
 def _softmax_settings(
@@ -286,11 +292,11 @@ def _softmax_settings(
     if wide_plan not in _WIDE_PLANS:
         raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
     if wide_plan == "auto":
-        wide_plan = "persistent" if n_cols * elem_size <= _PERSISTENT_MAX_ROW_BYTES else "split"
+        wide_plan = _auto_wide_plan(n_cols, elem_size)
     split = wide_plan == "split"
     group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
     hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
-            and n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
+            and _SPLIT_HOLD_MIN_ROW_BYTES <= n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
     warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
     if max_row is None:
         chunk_bytes = _SPLIT_SLICE_BYTES if hold else _SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES
@@ -305,12 +311,22 @@ def _softmax_settings(
     return _Plan(wide_plan, 1, chunk, warps, group, per_sm)
 
 
+def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
+    """``_WIDE_ROWS_PLAN`` "auto": "persistent" for 16-bit rows up to ``_PERSISTENT_MAX_ROW_BYTES``
+    that fill its 64 KiB chunks (``_PERSISTENT_MIN_LANE_USE``), else "split" (docs/kernels.md, "softmax")."""
+    if elem_size >= 4 or n_cols * elem_size > _PERSISTENT_MAX_ROW_BYTES:
+        return "split"
+    chunk = _PERSISTENT_CHUNK_BYTES // elem_size
+    width = ragged_width(n_cols, elem_size)
+    return "persistent" if width / (triton.cdiv(width, chunk) * chunk) >= _PERSISTENT_MIN_LANE_USE else "split"
+
+
 # --------------------------------------------------------------------------- launchers
 
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    r = phased(x2, y2)
+    r = phased(x2, y2) if _PHASED_MIN_COLS <= n_cols else Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](

@@ -221,8 +221,8 @@ def test_default_plans_match_torch_softmax_across_widths(n, dtype):
 
 @pytest.mark.parametrize(
     "wide, expected_mode",
-    [(None, "persistent"), ("split", "split")],
-    ids=["persistent (the default for these narrow rows)", "split (one program a row here)"],
+    [("persistent", "persistent"), (None, "split")],
+    ids=["persistent", "split (the default for fp32; one program a row here)"],
 )
 def test_each_wide_row_plan_matches_the_reference_on_ragged_rows(wide, expected_mode, monkeypatch):
     x = torch.randn(5, 333, device=DEVICE)  # max_row=64: six steps, the last one ragged
@@ -285,7 +285,14 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
     assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
     assert softmax._softmax_settings(2048, 65536, 4).mode == "split"
-    assert softmax._softmax_settings(2048, 16385, 4).mode == "persistent"
+    assert softmax._softmax_settings(2048, 16385, 4).mode == "split"  # fp32: always split
+    assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
+    assert softmax._softmax_settings(2048, 30522, 2).mode == "persistent"  # 93% used
+    assert softmax._softmax_settings(2048, 33000, 2).mode == "split"  # two chunks, the second nearly empty
+    assert softmax._softmax_settings(2048, 50257, 2).mode == "split"  # 77%
+    # fp32 rows under 256 KiB: 16 KB steps re-read from L2, three an SM; held 64 KiB slices from 256 KiB
+    assert softmax._softmax_settings(2048, 50257, 4) == softmax._Plan("split", 1, 4096, 8, 4, 3)
+    assert softmax._softmax_settings(2048, 65536, 4) == softmax._Plan("split", 1, 16384, 16, 4, 1)
     assert softmax._softmax_settings(2048, 65536, 2, wide="split").group == 2
     assert softmax._softmax_settings(512, 262144, 4, wide="split").group == 16
     assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
