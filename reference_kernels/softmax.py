@@ -263,7 +263,11 @@ _SPLIT_HOLD_WARPS = 16
 _SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an SM (69-72% against 55-60% held)
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
-_PHASED_MIN_COLS = 0  # rows this wide or wider that start unaligned are read as aligned vectors (_ragged)
+# Unaligned rows (_ragged): the wide-row plans always read them as aligned vectors (scalar
+# 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
+# (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
+_PHASED_ROWS_MIN_COLS = 2048
+_PHASED_NARROW_COLS = (64, 128)
 
 
 def _softmax_settings(
@@ -326,7 +330,10 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    r = phased(x2, y2) if _PHASED_MIN_COLS <= n_cols else Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
+    if plan.mode != "rows" or _phase_rows(n_cols):
+        r = phased(x2, y2)
+    else:  # Triton's own (scalar, for unaligned rows) accesses
+        r = Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
@@ -336,6 +343,12 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     else:
         _launch_split(r, n_rows, n_cols, plan)
     r.finish()
+
+
+def _phase_rows(n_cols: int) -> bool:
+    """Whether the ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``): where it measured
+    faster than Triton's scalar accesses (docs/kernels.md, "Ragged rows")."""
+    return n_cols >= _PHASED_ROWS_MIN_COLS or _PHASED_NARROW_COLS[0] <= n_cols <= _PHASED_NARROW_COLS[1]
 
 
 def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:

@@ -357,7 +357,9 @@ def test_wide_row_candidates_match_torch_softmax_across_widths(wide, n):
 RAGGED = [
     (9, 13),  # bf16: 8 a vector, every phase 0..7 among the rows; rows shorter than two vectors
     (6, 3),  # rows inside one vector, some straddling two
-    (5, 50),  # a body of whole vectors between the edges
+    (5, 50),  # a body of whole vectors between the edges (rows plan: Triton's scalar path)
+    (6, 100),  # rows plan reading aligned vectors (softmax._phase_rows), several rows a program
+    (3, 2051),  # the same, one row a program
 ]
 
 
@@ -395,6 +397,11 @@ def test_an_out_at_an_odd_offset_gets_every_element(max_row):
     assert buf[:3].isnan().all(), "written before out"
     assert not out.isnan().any()
     assert_close_to_row_scale(out, reference(x), torch.float16)
+
+
+def test_the_rows_plan_reads_aligned_vectors_only_at_the_widths_where_that_measured_faster():
+    assert [softmax._phase_rows(n) for n in (13, 50, 64, 100, 128, 129, 333, 2047, 2048, 50257)] == [
+        False, False, True, True, True, False, False, False, True, True]
 
 
 def test_phased_reads_in_place_where_the_phases_agree_and_copies_where_they_do_not():
