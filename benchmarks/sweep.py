@@ -75,8 +75,8 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
             fn = _compiled(name, lambda t: torch.softmax(t, dim=-1))
             fns["compile"] = lambda: fn(x)
         return softmax.budget(x).total, fns
-    w = torch.randn(n, device=x.device, dtype=x.dtype)
-    b = torch.randn(n, device=x.device, dtype=x.dtype)
+    w = torch.randn(n, device=x.device, dtype=x.dtype, generator=_GEN)
+    b = torch.randn(n, device=x.device, dtype=x.dtype, generator=_GEN)
     if name == "layer_norm_fwd":
         fns["ours"] = lambda: layer_norm.forward(x, w, b)
         fns["torch"] = lambda: F.layer_norm(x, (n,), w, b)
@@ -85,7 +85,7 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
             fns["compile"] = lambda: fn(x, w, b)
         return layer_norm.budget(x, w, b).total, fns
     if name == "layer_norm_bwd":
-        dy = torch.randn_like(x)
+        dy = torch.randn(x.shape, device=x.device, dtype=x.dtype, generator=_GEN)
         _, mean, rstd = layer_norm.forward(x, w, b)
         fns["ours"] = lambda: layer_norm.backward(dy, x, w, mean, rstd)
         xt = x.detach().requires_grad_()
@@ -119,9 +119,9 @@ def device_ms(fn, calls: int = 10, reps: int = 5) -> tuple[float, str]:
         with torch.cuda.graph(graph):
             for _ in range(calls):
                 fn()
-    except Exception:  # e.g. an anchor that synchronises: capture is refused
+    except Exception as exc:  # e.g. an anchor that synchronises: capture is refused
         torch.cuda.synchronize()
-        return bench_ms(fn, 10, 50), "events"
+        return bench_ms(fn, 10, 50), f"events ({type(exc).__name__}: {str(exc)[:80]})"
     graph.replay()
     times = []
     for _ in range(reps):
@@ -136,6 +136,7 @@ def device_ms(fn, calls: int = 10, reps: int = 5) -> tuple[float, str]:
 
 
 _COMPILED: dict = {}
+_GEN = None
 
 
 def _compiled(name: str, fn):
@@ -159,6 +160,8 @@ def main() -> int:
     out = write_output_to(args.out, __file__)
     ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
     print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB")
+    global _GEN
+    _GEN = torch.Generator(device="cuda").manual_seed(0)
     copy = copy_gbps(2 * args.mib * 2**20)
     print(f"copy roofline: {copy:.0f} GB/s (read + write of {args.mib} MiB)")
     records = []
@@ -169,7 +172,7 @@ def main() -> int:
                 if TARGETS[name](n) is None and name != "softmax":
                     continue
                 rows = max(1, args.mib * 2**20 // (n * torch.empty((), dtype=dtype).element_size()))
-                x = torch.randn(rows, n, device="cuda", dtype=dtype)
+                x = torch.randn(rows, n, device="cuda", dtype=dtype, generator=_GEN)  # not the graph-registered default
                 nbytes, fns = subject(name, x, args.compile)
                 rec = {"subject": name, "dtype": dname, "width": n, "rows": rows, "target": TARGETS[name](n), "pct": {}}
                 for impl, fn in fns.items():
