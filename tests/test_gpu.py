@@ -428,3 +428,19 @@ def test_after_teardown():
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *PLUGIN_ARGS, timeout=300)
     result.assert_outcomes(passed=2)
+
+
+def test_an_xdist_worker_profiles_on_the_gpu_its_id_picks(fusion, request):
+    """Under ``pytest -n N`` on a host with several GPUs, gw<i> works on GPU i mod count
+    (docs/integrations.md, "Several GPUs"); its kernels run there. Prints the pairing."""
+    from pytest_fusioncheck.fixture import worker_gpu
+
+    workerid = getattr(request.config, "workerinput", {}).get("workerid")
+    expected = worker_gpu(workerid, torch.cuda.device_count())
+    x = torch.randn(1024, 1024, device=fusion.device)
+    report = fusion.profile(lambda t: t * 2, x)
+    print(f"worker {workerid}: GPU {torch.cuda.current_device()} of {torch.cuda.device_count()}, "
+          f"{torch.cuda.get_device_name()}, tensor on {x.device}, {report.kernel_count} kernel(s)")
+    assert report.kernel_count == 1
+    if expected is not None:
+        assert torch.cuda.current_device() == expected and x.device.index == expected
