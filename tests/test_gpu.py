@@ -430,7 +430,8 @@ def test_after_teardown():
     result.assert_outcomes(passed=2)
 
 
-def test_an_xdist_worker_profiles_on_the_gpu_its_id_picks(fusion, request):
+@pytest.mark.parametrize("run", range(4))  # several, so that under -n 2 both workers take some
+def test_an_xdist_worker_profiles_on_the_gpu_its_id_picks(fusion, request, run):
     """Under ``pytest -n N`` on a host with several GPUs, gw<i> works on GPU i mod count
     (docs/integrations.md, "Several GPUs"); its kernels run there. Prints the pairing."""
     from pytest_fusioncheck.fixture import worker_gpu
