@@ -59,6 +59,12 @@ CASES = {
     "softmax_fp32_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.float32)),
     "softmax_bf16_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.bfloat16)),
     "softmax_fp32_16384": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(8192, 16384, torch.float32)),
+    # ragged widths (docs/kernels.md, "Ragged rows") against an aligned row of the same block
+    "softmax_fp32_8191": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 8191, torch.float32)),
+    "softmax_fp32_8704": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 8704, torch.float32)),
+    "softmax_bf16_12345": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 12345, torch.bfloat16)),
+    "softmax_bf16_17000": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 17000, torch.bfloat16)),
+    "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(1024, 50257, torch.bfloat16)),
     "ln_bwd_bf16_1024": lambda: _ln_backward(131072, 1024, torch.bfloat16),
     "ln_bwd_bf16_4096": lambda: _ln_backward(32768, 4096, torch.bfloat16),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),

@@ -233,6 +233,7 @@ class _Plan(NamedTuple):
     num_warps: int
     group: int = 1  # "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # "persistent", "split": programs launched per SM
+    max_regs: int = 0  # registers a thread may use (Triton's maxnreg), 0: the compiler's choice
 
 
 # The heuristics, from the H200 sweeps (docs/kernels.md, "softmax"): rows up to
@@ -263,6 +264,13 @@ _SPLIT_HOLD_WARPS = 16
 _SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an SM (69-72% against 55-60% held)
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
+# Registers: a plan that counts on several programs an SM being resident caps the registers
+# at what that needs (Triton's maxnreg); without it triton 3.6 gave the unaligned-row kernels
+# 95 / 106 registers and one or two programs an SM fewer than planned (ncu; docs/kernels.md,
+# "Ragged rows"). Rows: two 16-warp programs an SM (64). Split: three 8-warp programs (80).
+_REGS_PER_SM = 65536
+_MAX_REGS = 255
+_ROWS_MAX_REGS = 64
 # Unaligned rows (_ragged): the wide-row plans always read them as aligned vectors (scalar
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
@@ -291,7 +299,7 @@ def _softmax_settings(
     if ragged_width(n_cols, elem_size) <= widest:
         block_n = next_power_of_2(ragged_width(n_cols, elem_size))
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
-        return _Plan("rows", block_m, block_n, warps_for(block_m * block_n))
+        return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
         raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
@@ -312,7 +320,15 @@ def _softmax_settings(
         if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
-    return _Plan(wide_plan, 1, chunk, warps, group, per_sm)
+    return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
+
+
+def _resident_regs(warps: int, per_sm: int) -> int:
+    """The register cap at which ``per_sm`` programs of ``warps`` warps fit an SM's 64K registers at once
+    (in Triton's steps of 8), or 0 when one program an SM needs no cap."""
+    if per_sm <= 1:
+        return 0
+    return min(_MAX_REGS, _REGS_PER_SM // (warps * 32 * per_sm) // 8 * 8)
 
 
 def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
@@ -338,7 +354,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
-            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps,
+            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps, **_reg_cap(plan),
         )
     else:
         _launch_split(r, n_rows, n_cols, plan)
@@ -358,8 +374,13 @@ def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
         r.x, r.y, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, slice_cols, n_programs,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps,
+        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps, **_reg_cap(plan),
     )
+
+
+def _reg_cap(plan: _Plan) -> dict:
+    """Launch options capping registers (``_Plan.max_regs``); none under the interpreter."""
+    return {"maxnreg": plan.max_regs} if plan.max_regs and not interpreting() else {}
 
 
 # --------------------------------------------------------------------------- public functions

@@ -156,9 +156,9 @@ def test_an_out_tensor_of_the_wrong_shape_is_refused():
 
 
 def test_settings_hold_rows_up_to_16384_wide_and_pack_narrow_rows():
-    assert softmax._softmax_settings(8192, 16384, 4) == softmax._Plan("rows", 1, 16384, 16)
+    assert softmax._softmax_settings(8192, 16384, 4) == softmax._Plan("rows", 1, 16384, 16, max_regs=64)
     assert softmax._softmax_settings(8192, 16385, 4).mode != "rows"
-    assert softmax._softmax_settings(524288, 256, 2) == softmax._Plan("rows", 8, 256, 4)
+    assert softmax._softmax_settings(524288, 256, 2) == softmax._Plan("rows", 8, 256, 4, max_regs=64)
     assert softmax._softmax_settings(3, 256, 2).block_m == 4  # never more rows per program than rows
 
 
@@ -279,8 +279,8 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     # 16-warp program an SM, 16-bit ones (and fp32 rows past 16 slices) 16 KB steps, three an SM
     assert softmax._softmax_settings(2048, 65536, 4, wide="split") == softmax._Plan("split", 1, 16384, 16, 4, 1)
     assert softmax._softmax_settings(512, 262144, 4, wide="split") == softmax._Plan("split", 1, 16384, 16, 16, 1)
-    assert softmax._softmax_settings(4, 262145, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 13, 3)  # 65 steps, 13 x 5
-    assert softmax._softmax_settings(2048, 65536, 2, wide="split") == softmax._Plan("split", 1, 8192, 8, 2, 3)
+    assert softmax._softmax_settings(4, 262145, 4, wide="split") == softmax._Plan("split", 1, 4096, 8, 13, 3, 80)  # 65 steps, 13 x 5
+    assert softmax._softmax_settings(2048, 65536, 2, wide="split") == softmax._Plan("split", 1, 8192, 8, 2, 3, 80)
     # auto: persistent up to 128 KiB rows, split wider
     assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
     assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
@@ -291,8 +291,10 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(2048, 33000, 2).mode == "split"  # two chunks, the second nearly empty
     assert softmax._softmax_settings(2048, 50257, 2).mode == "split"  # 77%
     # fp32 rows under 256 KiB: 16 KB steps re-read from L2, three an SM; held 64 KiB slices from 256 KiB
-    assert softmax._softmax_settings(2048, 50257, 4) == softmax._Plan("split", 1, 4096, 8, 4, 3)
+    assert softmax._softmax_settings(2048, 50257, 4) == softmax._Plan("split", 1, 4096, 8, 4, 3, 80)
     assert softmax._softmax_settings(2048, 65536, 4) == softmax._Plan("split", 1, 16384, 16, 4, 1)
+    # registers capped so that the programs an SM the plan counts on are resident at once
+    assert softmax._resident_regs(8, 3) == 80 and softmax._resident_regs(16, 2) == 64 and softmax._resident_regs(16, 1) == 0
     assert softmax._softmax_settings(2048, 65536, 2, wide="split").group == 2
     assert softmax._softmax_settings(512, 262144, 4, wide="split").group == 16
     assert softmax._softmax_settings(512, 262144, 2, wide="split").group == 8
