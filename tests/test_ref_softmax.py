@@ -287,7 +287,8 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(2048, 65536, 4).mode == "split"
     assert softmax._softmax_settings(2048, 16385, 4).mode == "split"  # fp32: always split
     assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
-    assert softmax._softmax_settings(2048, 30522, 2).mode == "persistent"  # 93% used
+    assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used: not enough
+    assert softmax._softmax_settings(2048, 32768, 2).mode == "persistent"  # one whole chunk
     assert softmax._softmax_settings(2048, 33000, 2).mode == "split"  # two chunks, the second nearly empty
     assert softmax._softmax_settings(2048, 50257, 2).mode == "split"  # 77%
     # fp32 rows under 256 KiB: 16 KB steps re-read from L2, three an SM; held 64 KiB slices from 256 KiB
