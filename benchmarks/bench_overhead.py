@@ -46,13 +46,15 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def timed(fn, reps):
-    times = []
+def interleaved(fns, reps):
+    """Median seconds of each of ``fns``, timed in turn ``reps`` times."""
+    times = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, acc in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    return [statistics.median(acc) for acc in times]
 
 
 def main() -> None:
@@ -91,11 +93,12 @@ def main() -> None:
         def ours():
             profile_call(fn, args, {}, warmup=0, device=device)
 
-        t_bare, t_prof = timed(bare, opts.reps), timed(plain_profiler, opts.reps)
-        # As inside a test: fixture.test_call keeps Inductor's hooks and a graph-break
-        # recorder open for the whole test call, so a region does not reopen them.
+        # Interleaved (bare, profiler, ours, bare, ...), so that a drift of the machine's speed
+        # during the run weighs on the three alike. As inside a test: fixture.test_call keeps
+        # Inductor's hooks and a graph-break recorder open for the whole test call, so a region
+        # does not reopen them.
         with inductor_hooks(), GraphBreakRecorder():
-            t_ours = timed(ours, opts.reps)
+            t_bare, t_prof, t_ours = interleaved((bare, plain_profiler, ours), opts.reps)
         print(f"| {name} | {t_bare * 1e3:.2f} ms | {t_prof * 1e3:.2f} ms | {t_ours * 1e3:.2f} ms | {t_ours - t_prof:+.4f} s ({t_ours / t_prof:.2f}x) |")
 
 

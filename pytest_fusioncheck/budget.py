@@ -123,12 +123,18 @@ def distinct_bytes(tensors: Iterable[Any]) -> int:
     strided slices with gaps are not charged for the gaps). A sparse tensor counts its
     index and value tensors.
     """
+    return sum(bytes_by_storage(tensors).values())
+
+
+def bytes_by_storage(tensors: Iterable[Any]) -> dict[tuple[str, int], int]:
+    """``storage_key`` -> the distinct bytes ``tensors`` touch in that storage (``distinct_bytes``
+    is their sum; headroom chains match producers and consumers by these keys)."""
     by_storage: dict[tuple[str, int], list[tuple[tuple[int, int], int]]] = {}
     for tensor in tensors:
         for t in _strided_parts(tensor):
             by_storage.setdefault(storage_key(t), []).append(_tensor_extent(t))
-    total = 0
-    for extents in by_storage.values():
+    totals = {}
+    for key, extents in by_storage.items():
         intervals = sorted(iv for iv, _ in extents if iv[1] > iv[0])
         union = 0
         cur_start = cur_end = None
@@ -141,8 +147,8 @@ def distinct_bytes(tensors: Iterable[Any]) -> int:
                 cur_end = max(cur_end, end)
         if cur_end is not None:
             union += cur_end - cur_start
-        total += min(union, sum(logical for _, logical in extents))
-    return total
+        totals[key] = min(union, sum(logical for _, logical in extents))
+    return totals
 
 
 def iter_tensors(obj: Any) -> Iterable[Any]:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import distinct_bytes, storage_key
+from .budget import bytes_by_storage, distinct_bytes, storage_key
 from .ranges import OP_RANGE_PREFIX
 from .where import user_source
 
@@ -87,23 +87,49 @@ class OpRecord:
         return self.read_bytes + self.write_bytes
 
 
+_KINDS: dict = {}
+
+
+def _static_kind(func: Any) -> tuple[str, str | None]:
+    """(op name, its kind when the arguments cannot change it, else None), cached per overload."""
+    try:
+        return _KINDS[func]
+    except (KeyError, TypeError):
+        pass
+    packet = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+    name = packet.split("::")[-1]
+    schema = getattr(func, "_schema", None)
+    if getattr(func, "is_view", False) or name in _NO_KERNEL_OPS:
+        kind = "none"
+    elif schema is not None and schema.returns and all(
+        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+    ):
+        kind = "none"  # returns views of its inputs (split, unbind, chunk, ...)
+    elif name in _HOST_READ_OPS:
+        kind = "copy"
+    elif name in _COPY_OPS:
+        kind = None  # host transfer, memcpy or kernel: decided by the arguments
+    else:
+        kind = "kernel"
+    try:
+        _KINDS[func] = (name, kind)
+    except TypeError:
+        pass
+    return name, kind
+
+
+_COPY_OPS = frozenset({"copy_", "_to_copy", "clone", "_copy_from", "to"})
+
+
 def classify_op(func: Any, args: tuple, kwargs: dict) -> str:
     """'kernel', 'copy' or 'none' for an ATen overload about to run on ``args``."""
     import torch
 
-    packet = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-    name = packet.split("::")[-1]
-    if getattr(func, "is_view", False) or name in _NO_KERNEL_OPS:
-        return "none"
-    schema = getattr(func, "_schema", None)
-    if schema is not None and schema.returns and all(
-        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
-    ):
-        return "none"  # returns views of its inputs (split, unbind, chunk, ...)
-    if name in _HOST_READ_OPS:
-        return "copy"
+    name, kind = _static_kind(func)
+    if kind is not None:
+        return kind
     tensors = [a for a in _flat_tensors(args) + _flat_tensors(kwargs)]
-    if name in ("copy_", "_to_copy", "clone", "_copy_from", "to"):
+    if name in _COPY_OPS:
         devices = {t.device.type for t in tensors}
         if name == "_to_copy" and kwargs.get("device") is not None:
             devices.add(torch.device(kwargs["device"]).type)
@@ -143,30 +169,18 @@ def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int
     return distinct_bytes(reads), distinct_bytes(writes)
 
 
-def storage_bytes(tensors: list) -> dict[tuple, int]:
-    """Storage key -> the distinct bytes ``tensors`` touch in it (what headroom chains use)."""
-    groups: dict[tuple, list] = {}
-    for t in tensors:
-        groups.setdefault(storage_key(t), []).append(t)
-    return {key: distinct_bytes(ts) for key, ts in groups.items() if key[1]}  # key[1] == 0: no storage
-
-
 def op_tensors(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list, list]:
     """The tensors one op reads and writes (see ``op_traffic``)."""
     reads: list = []
     writes: list = []
-    schema = getattr(func, "_schema", None)
-    written_names: set[str] = set()
-    if schema is not None:
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.is_write:
-                written_names.add(arg.name)
-        for i, arg in enumerate(schema.arguments):
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
+    arguments = _schema_arguments(func)
+    if arguments is not None:
+        for i, (arg_name, written, kwarg_only) in enumerate(arguments):
+            value = args[i] if i < len(args) else kwargs.get(arg_name)
             tensors = _flat_tensors(value)
-            if arg.name in written_names:
+            if written:
                 writes += tensors
-                if not arg.kwarg_only:
+                if not kwarg_only:
                     reads += tensors  # in-place: read-modify-write
             else:
                 reads += tensors
@@ -182,6 +196,28 @@ def op_tensors(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list, li
     else:
         writes = returned
     return reads, writes
+
+
+_SCHEMAS: dict = {}
+
+
+def _schema_arguments(func: Any) -> list[tuple[str, bool, bool]] | None:
+    """(name, written, keyword-only) of each schema argument of ``func``, cached per overload
+    (the observer asks once per op call; BENCHMARKS.md, "Overhead of a profiled region")."""
+    try:
+        return _SCHEMAS[func]
+    except (KeyError, TypeError):
+        pass
+    schema = getattr(func, "_schema", None)
+    arguments = None
+    if schema is not None:
+        written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+        arguments = [(a.name, a.name in written, a.kwarg_only) for a in schema.arguments]
+    try:
+        _SCHEMAS[func] = arguments
+    except TypeError:  # an unhashable stand-in: not cached
+        pass
+    return arguments
 
 
 # Ops that read only the rows/elements they gather from their source, not the whole
@@ -290,8 +326,8 @@ def _build_observer_class() -> Any:
             wall = time.perf_counter_ns() - t0
             try:
                 reads, writes = op_tensors(func, args, kwargs, out)
-                read_b, write_b = distinct_bytes(reads), distinct_bytes(writes)
-                storages = (storage_bytes(reads), storage_bytes(writes))
+                storages = (bytes_by_storage(reads), bytes_by_storage(writes))
+                read_b, write_b = sum(storages[0].values()), sum(storages[1].values())
             except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
                 read_b, write_b, storages = None, None, ({}, {})
             record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)

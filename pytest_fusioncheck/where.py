@@ -11,6 +11,7 @@ qualifies. Paths are shown relative to the working directory when under it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Iterable
@@ -24,7 +25,13 @@ def is_internal(filename: str) -> bool:
     """Whether ``filename`` is plugin, framework or wrapper code (never a user's line)."""
     if filename.startswith("<"):
         return False  # pseudo-files: user code of last resort (see user_frame)
-    path = os.path.abspath(filename)
+    return _is_internal_path(filename if os.path.isabs(filename) else os.path.abspath(filename))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_internal_path(absolute: str) -> bool:
+    # Cached: every profiled op walks its call stack (BENCHMARKS.md, "Overhead of a profiled region").
+    path = os.path.normpath(absolute)
     if path.startswith(_PACKAGE_DIR + os.sep):
         return True
     parts = path.replace("\\", "/").split("/")
@@ -36,8 +43,16 @@ def is_internal(filename: str) -> bool:
 def relpath(filename: str) -> str:
     """``filename`` relative to the working directory when under it, else unchanged."""
     try:
-        path = os.path.abspath(filename)
         cwd = os.getcwd()
+    except (OSError, ValueError):
+        return filename
+    return _relpath(filename, cwd)
+
+
+@functools.lru_cache(maxsize=4096)
+def _relpath(filename: str, cwd: str) -> str:
+    try:
+        path = os.path.normpath(os.path.join(cwd, filename))
     except (OSError, ValueError):
         return filename
     if path.startswith(cwd + os.sep):
