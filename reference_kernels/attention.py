@@ -1,0 +1,344 @@
+"""Fused attention forward, FlashAttention style: ``softmax(q @ k^T * scale [+ causal mask]) @ v``.
+
+One kernel, ``_attention_fwd_kernel``: a program owns ``BLOCK_M`` query rows of one
+(batch, head), keeps them in registers, and walks the keys and values once in blocks of
+``BLOCK_N``. For each block it takes the scores ``q @ k^T`` on the tensor cores, updates
+an online softmax (running row max ``m`` and sum of exponentials ``l``, both float32) and
+rescales its float32 output accumulator by ``exp(m_old - m_new)`` before adding
+``p @ v``; one division by ``l`` at the end. The (N, N) score matrix never leaves the
+chip: q, k and v are read once and the output written once (``budget``), where the
+unfused chain (``unfused``) writes and re-reads the scores several times, bytes that grow
+as N^2 (``unfused_traffic``).
+
+The walk is cut in two stages so that masks cost only where they are needed:
+
+* blocks every row of the program sees in full (non-causal: all but a ragged last block;
+  causal: the blocks left of the program's diagonal) run without masks;
+* the rest (the ragged last block; causal: the ``BLOCK_M / BLOCK_N`` blocks on the
+  diagonal) mask out columns past the sequence and, causal, above the diagonal.
+  Causal programs never visit the blocks right of their diagonal (fully masked), and
+  are launched heaviest first (last query block first) so the short ones fill the tail.
+
+Exponentials are base 2 (the log2(e) folded into the scale), by ``ex2.approx`` on the GPU
+(``_math.exp2``). ``_attention_settings`` holds the launch heuristics; they are Hopper
+defaults from the FlashAttention-2 paper and Triton's fused-attention tutorial, **not yet
+measured on a GPU** (docs/kernels.md, "attention").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from pytest_fusioncheck.budget import Budget
+
+from ._common import check_tensor, interpreting, next_power_of_2
+from ._math import exp2
+
+_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HEAD_DIMS = (64, 128)
+_LOG2E = 1.4426950408889634
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _launch_metadata(grid, kernel, args):
+    """What profilers read off a launch: a name with the problem, and its matmul flops.
+
+    No ``"bytes"``: pytest-fusioncheck then counts the launch's tensor arguments (q, k, v
+    and the output), which is the compulsory traffic, independently of ``budget``.
+    """
+    n, d = args["seq_len"], args["HEAD_DIM"]
+    bh = grid[1]
+    pairs = n * (n + 1) // 2 if args["CAUSAL"] else n * n  # (query, key) pairs computed
+    causal = ", causal" if args["CAUSAL"] else ""
+    return {"name": f"{kernel.name} [BH={bh}, N={n}, D={d}{causal}]", "flops": 4 * bh * pairs * d}
+
+
+@triton.jit
+def _attention_blocks(
+    acc,  # (BLOCK_M, HEAD_DIM) float32 output accumulator, scaled by the running sum's terms
+    l_i,  # (BLOCK_M,) float32 running sum of exponentials
+    m_i,  # (BLOCK_M,) float32 running max of the (base-2 scaled) scores
+    q,  # (BLOCK_M, HEAD_DIM) the program's query rows (float32 under the interpreter)
+    k_base,  # k of this (batch, head): row n at k_base + n * stride_kn
+    v_base,  # v of this (batch, head)
+    stride_kn, stride_kd,
+    stride_vn, stride_vd,
+    offs_m,  # (BLOCK_M,) query row indices
+    offs_d,  # (HEAD_DIM,)
+    lo,  # first key column (a multiple of BLOCK_N)
+    hi,  # key columns end
+    seq_len,  # N
+    qk_scale,  # softmax scale x log2(e)
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # mask columns >= N and (CAUSAL) above the diagonal; else every column is seen
+    CAUSAL: tl.constexpr,
+    FAST_EXP: tl.constexpr,  # ex2.approx.ftz (not under the interpreter)
+    DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs and under the interpreter (exact fp32 products)
+):
+    """One stage of the walk over key/value blocks [lo, hi): the online-softmax update per block."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if MASKED:
+            in_seq = offs_n < seq_len
+            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) float32
+        if MASKED:
+            seen = in_seq[None, :]
+            if CAUSAL:
+                seen = seen & (offs_m[:, None] >= offs_n[None, :])
+            s = tl.where(seen, s, -float("inf"))
+        # m starts at -FLT_MAX, not -inf: a row with no column in this block adds exp2(-inf) = 0, not nan.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = exp2(s - m_new[:, None], FAST_EXP)
+        alpha = exp2(m_i - m_new, FAST_EXP)  # rescales what was summed under the old max
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        p = p.to(v.dtype)  # p @ v on the tensor cores in the input's precision, as FlashAttention does
+        if DOT_IN_FP32:
+            p = p.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(launch_metadata=_launch_metadata)
+def _attention_fwd_kernel(
+    q_ptr, k_ptr, v_ptr,  # (B, H, N, HEAD_DIM), any strides
+    o_ptr,  # (B, H, N, HEAD_DIM) output
+    stride_qb, stride_qh, stride_qn, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_on, stride_od,
+    n_heads,  # H
+    seq_len,  # N
+    qk_scale,  # softmax scale x log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows a program
+    BLOCK_N: tl.constexpr,  # key/value rows a step; divides BLOCK_M
+    CAUSAL: tl.constexpr,
+    FAST_EXP: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (query blocks, B x H). One pass over k and v; (N, N) scores stay on chip."""
+    if CAUSAL:  # heaviest first: the last query block has the most key blocks to walk
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < seq_len
+    # Rows past N load zeros (uniform scores, never nan) and are not stored.
+    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], -_FLT_MAX, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        full_hi = m_block * BLOCK_M  # columns left of the diagonal block: every row sees them
+        masked_hi = tl.minimum(full_hi + BLOCK_M, seq_len)
+    else:
+        full_hi = (seq_len // BLOCK_N) * BLOCK_N  # whole blocks; the ragged rest is masked
+        masked_hi = seq_len
+    acc, l_i, m_i = _attention_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
+        0, full_hi, seq_len, qk_scale, BLOCK_N, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
+    )
+    acc, l_i, m_i = _attention_blocks(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
+        full_hi, masked_hi, seq_len, qk_scale, BLOCK_N, True, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
+    )
+    # Every row saw column 0 (the walk starts there), so l_i >= 1.
+    out = acc / l_i[:, None]
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------- plan
+
+
+class _Plan(NamedTuple):
+    """How one attention forward is launched; ``_attention_settings`` makes it, tests and benchmarks may vary it."""
+
+    block_m: int  # query rows a program
+    block_n: int  # key/value rows a step; a power of two dividing block_m
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the key/value loop
+
+
+# Launch heuristics by (head_dim, element size). NOT YET MEASURED ON A GPU: these are the Hopper
+# defaults of FlashAttention-2 and Triton's fused-attention tutorial (06), 128 x 64 tiles on 16-bit
+# inputs, 4 warps at head_dim 64 and 8 at 128 (the 128 x 128 fp32 accumulator is 64 registers a
+# thread on 8 warps), three stages (k + v tiles 3 x 32 KB at head_dim 128, under the 228 KB of
+# shared memory with q). float32 runs its dots in IEEE fp32 (no tensor cores) on half-height tiles.
+# benchmarks/bench_attention.py --variants times the neighbours; docs/kernels.md, "attention".
+_PLANS = {
+    (64, 2): _Plan(128, 64, 4, 3),
+    (128, 2): _Plan(128, 64, 8, 3),
+    (64, 4): _Plan(64, 32, 4, 2),
+    (128, 4): _Plan(64, 32, 8, 2),
+}
+# Under the interpreter: small tiles, so that the short sequences of the CPU tests still walk
+# several blocks, unmasked and masked, and causal programs have two blocks on their diagonal.
+_INTERPRETER_PLAN = _Plan(32, 16, 4, 1)
+_MIN_BLOCK = 16  # tl.dot's smallest tile side
+
+
+def _attention_settings(head_dim: int, dtype: torch.dtype, seq_len: int) -> _Plan:
+    """The launch plan for a problem: tiles, warps and stages by head_dim and dtype (see ``_PLANS``).
+
+    Tiles shrink (powers of two, not below 16) for sequences shorter than a tile.
+    """
+    if head_dim not in _HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {', '.join(map(str, _HEAD_DIMS))}, got {head_dim}")
+    plan = _INTERPRETER_PLAN if interpreting() else _PLANS[(head_dim, 4 if dtype == torch.float32 else 2)]
+    cap = max(_MIN_BLOCK, next_power_of_2(seq_len))
+    block_m = min(plan.block_m, cap)
+    return plan._replace(block_m=block_m, block_n=min(plan.block_n, block_m))
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool, scale: float, plan: _Plan) -> None:
+    batch, heads, seq_len, head_dim = q.shape
+    if plan.block_m % plan.block_n or plan.block_n < _MIN_BLOCK or plan.block_n & (plan.block_n - 1):
+        raise ValueError(f"plan {plan}: block_n must be a power of two >= {_MIN_BLOCK} dividing block_m")
+    if batch * heads > _MAX_GRID_Y:
+        raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
+    grid = (triton.cdiv(seq_len, plan.block_m), batch * heads)
+    _attention_fwd_kernel[grid](
+        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        heads, seq_len, scale * _LOG2E,
+        HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
+        FAST_EXP=not interpreting(), DOT_IN_FP32=interpreting(),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",  # tf32: unused by 16-bit dots
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
+    )
+
+
+# --------------------------------------------------------------------------- public functions
+
+
+def _check(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(t, name, dtypes=_INPUT_DTYPES, ndim=4)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            f"q, k and v must have one shape (batch, heads, seq, head_dim), got "
+            f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
+    if q.shape[-1] not in _HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {', '.join(map(str, _HEAD_DIMS))}, got {q.shape[-1]}")
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return scale
+
+
+def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
+          plan: _Plan | None = None) -> torch.Tensor:
+    """``softmax(q @ k^T * scale) @ v`` in one Triton kernel (the module docstring), optionally causal.
+
+    q, k, v: one shape (batch, heads, seq, head_dim), float16, bfloat16 or float32, any
+    strides, one device; head_dim 64 or 128. ``scale`` defaults to 1/sqrt(head_dim).
+    ``causal``: query i sees keys 0..i (torch's ``is_causal``). Scores, max and sum in
+    float32; returns a contiguous tensor of q's shape and dtype. ``plan`` overrides the
+    launch heuristic (``_attention_settings``), for tests and benchmarks.
+    """
+    _check(q, k, v)
+    scale = _scale(q, scale)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.numel() == 0:
+        return out
+    _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2]))
+    return out
+
+
+def unfused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """Attention as people write it: scores, scale, mask, softmax, @ v, one kernel each.
+
+    Traffic per line for q, k, v of shape (B, H, N, D), in elements of q's dtype; the
+    causal mask is bool (bytes).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1)  # read 2BHND elements ; write BHNN elements
+    scores = scores * scale  # read BHNN elements ; write BHNN elements
+    if causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, dtype=torch.bool, device=q.device)  # read nothing ; write NN bytes
+        mask = mask.triu(1)  # read NN bytes ; write NN bytes
+        scores.masked_fill_(mask, float("-inf"))  # read BHNN elements + NN bytes ; write BHNN elements
+    probs = torch.softmax(scores, dim=-1)  # read BHNN elements ; write BHNN elements
+    return probs @ v  # read BHNN + BHND elements ; write BHND elements
+
+
+def budget(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None) -> Budget:
+    """Compulsory traffic of attention: q, k and v read once, the output written once.
+
+    ``causal`` and ``scale`` change nothing (accepted so that a call's arguments can be
+    passed on as they are). Reads shapes only: meta tensors work, so budgets of large
+    problems cost no memory.
+    """
+    b, h, n, d = q.shape
+    elt = q.element_size()
+    return Budget(read_bytes=3 * b * h * n * d * elt, write_bytes=b * h * n * d * elt, label="attention")
+
+
+def unfused_traffic(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    scale: float | None = None) -> Budget:
+    """Traffic of ``unfused(q, k, v, causal=causal)``: the sum of its line comments.
+
+    The (N, N) scores are written three times and read three times (four of each with the
+    causal mask), so this grows as N^2 where ``budget`` grows as N.
+    """
+    b, h, n, d = q.shape
+    elt = q.element_size()
+    bhnn, bhnd = b * h * n * n, b * h * n * d
+    reads = 2 * bhnd + bhnn + bhnn + (bhnn + bhnd)  # scores, * scale, softmax, @ v
+    writes = bhnn + bhnn + bhnn + bhnd
+    read_bytes, write_bytes = reads * elt, writes * elt
+    if causal:
+        read_bytes += bhnn * elt + n * n + n * n  # masked_fill_ (scores + mask), triu
+        write_bytes += bhnn * elt + n * n + n * n  # masked_fill_, ones, triu
+    label = "attention, unfused" + (" causal" if causal else "")
+    return Budget(read_bytes=read_bytes, write_bytes=write_bytes, label=label)
