@@ -146,6 +146,8 @@ class _Recorders:
         """The launcher hook (``_compat.triton_launch_hook``): record, then launch."""
         import torch
 
+        if warmup:  # a compile without a launch (JITFunction.warmup): nothing runs on the device
+            return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
         name = getattr(jitfn, "__name__", None) or getattr(getattr(jitfn, "fn", None), "__name__", "triton_kernel")
         bound = bound_launch_args(jitfn, args, kwargs)
         metadata = declared_launch_metadata(jitfn, name, grid, bound)

@@ -111,9 +111,73 @@ def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unu
     never read)."""
     if group > 1 and interpreting():
         raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-    n_programs = max(1, min(n_rows * group, max(1, per_sm) * sm_count(device)))
+    n_programs = _programs(n_rows, group, per_sm, device)
     if group == 1:
         return n_programs, unused, unused
     part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
     sync = torch.zeros((n_rows + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
     return n_programs, part, sync
+
+
+def _programs(n_rows: int, group: int, per_sm: int, device: torch.device) -> int:
+    return max(1, min(n_rows * group, max(1, per_sm) * sm_count(device)))
+
+
+# --------------------------------------------------------------------------- co-residency
+
+# Programs an SM of each compiled split-walk kernel, by launch key: read from the compiled
+# kernel (registers, shared memory, warps) the first time a key launches (``resident_per_sm``).
+RESIDENT: dict = {}
+
+
+def resident_per_sm(n_regs: int, num_warps: int, shared_bytes: int, *, regs_per_sm: int = 65536,
+                    threads_per_sm: int = 2048, smem_per_sm: int = 233472, blocks_per_sm: int = 32) -> int:
+    """Programs of a kernel that fit one SM at once (Hopper's limits by default; the caller passes
+    the device's): registers go to a warp in steps of 256, and each program reserves 1 KiB of
+    shared memory beside its own."""
+    regs_per_warp = -(-max(1, n_regs) * 32 // 256) * 256
+    by_regs = regs_per_sm // (regs_per_warp * num_warps)
+    by_threads = threads_per_sm // (32 * num_warps)
+    by_smem = smem_per_sm // (shared_bytes + 1024)
+    return max(0, min(by_regs, by_threads, by_smem, blocks_per_sm))
+
+
+def split_run(kernel, make_args, n_rows: int, group: int, per_sm: int, device: torch.device,
+              unused: torch.Tensor, **launch) -> int:
+    """Launch ``kernel`` on a split-walk grid of ``per_sm`` programs an SM, or of as many as the
+    compiled kernel keeps resident when that is fewer, so that the planned programs run at
+    once (docs/kernels.md, "The split walk"). ``make_args(part, sync, n_programs)`` gives the
+    positional arguments. Returns the programs launched."""
+    n_programs, part, sync = split_launch(n_rows, group, per_sm, device, unused)
+    args = make_args(part, sync, n_programs)
+    if per_sm > 1 and not interpreting() and device.type == "cuda":
+        resident = _resident(kernel, args, launch, device)
+        if resident is not None and 0 < resident < per_sm:
+            n_programs = _programs(n_rows, group, resident, device)
+            args = make_args(part, sync, n_programs)
+    kernel[(n_programs,)](*args, **launch)
+    return n_programs
+
+
+def _resident(kernel, args: tuple, launch: dict, device: torch.device) -> int | None:
+    """Programs an SM of ``kernel`` compiled for ``args`` / ``launch`` (cached per key), or None when
+    this Triton cannot say (the plan's figure is used then)."""
+    key = (getattr(kernel, "__name__", str(kernel)), device.index,
+           tuple(sorted((k, v) for k, v in launch.items() if isinstance(v, (int, bool, str)))),
+           tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args))
+    if key not in RESIDENT:
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), **launch)
+            if hasattr(compiled, "_init_handles"):
+                compiled._init_handles()
+            props = torch.cuda.get_device_properties(device)
+            RESIDENT[key] = resident_per_sm(
+                compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared,
+                regs_per_sm=getattr(props, "regs_per_multiprocessor", 65536),
+                threads_per_sm=getattr(props, "max_threads_per_multi_processor", 2048),
+                smem_per_sm=getattr(props, "shared_memory_per_multiprocessor", 233472),
+            )
+        except (AttributeError, TypeError, RuntimeError):  # an older or newer Triton: keep the plan's figure
+            RESIDENT[key] = None
+    return RESIDENT[key]
+

@@ -42,7 +42,7 @@ from ._split_walk import (
     first_tile,
     prefetch_target,
     split_group,
-    split_launch,
+    split_run,
     tile_start,
 )
 
@@ -741,10 +741,13 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     group, slice_cols = split_group(n_cols, plan.block_n, plan.group)
-    n_programs, part, sync = split_launch(n_rows, group, plan.per_sm, x2.device, mean)
-    _layer_norm_fwd_split_kernel[(n_programs,)](
-        x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
-        n_programs, eps, GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
+    split_run(
+        _layer_norm_fwd_split_kernel,
+        lambda part, sync, n_programs: (
+            x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
+            n_programs, eps),
+        n_rows, group, plan.per_sm, x2.device, mean,
+        GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
         SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
         EARLY=group == 1 and slice_cols == plan.block_n, num_warps=plan.num_warps,
     )

@@ -36,7 +36,7 @@ from pytest_fusioncheck.budget import Budget
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
 from ._math import exp
 from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, vec_end
-from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_launch, tile_start
+from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -369,9 +369,11 @@ def _phase_rows(n_cols: int) -> bool:
 
 def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
     group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
-    n_programs, part, sync = split_launch(n_rows, group, plan.per_sm, r.x.device, r.x)
-    _softmax_split_kernel[(n_programs,)](
-        r.x, r.y, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, slice_cols, n_programs,
+    split_run(
+        _softmax_split_kernel,
+        lambda part, sync, n_programs: (
+            r.x, r.y, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, slice_cols, n_programs),
+        n_rows, group, plan.per_sm, r.x.device, r.x,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
         EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps, **_reg_cap(plan),

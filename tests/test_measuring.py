@@ -315,6 +315,22 @@ def test_an_interpreted_triton_launch_gets_bytes_its_launch_metadata_declares_fr
     assert torch.equal(y, 2 * x)
 
 
+def test_a_triton_warmup_compile_in_a_region_is_not_recorded_as_a_launch():
+    """``JITFunction.warmup`` compiles without launching (the split walk reads registers from it)."""
+    from pytest_fusioncheck.capture import _Recorders
+
+    rec = _Recorders("cpu", "region")
+    calls = []
+
+    def original(jitfn, *args, grid, warmup, **kwargs):
+        calls.append(warmup)
+        return "compiled"
+
+    jitfn = types.SimpleNamespace(__name__="_k")
+    assert rec.triton_launch(jitfn, original, (torch.empty(4),), {}, (1,), True, False) == "compiled"
+    assert calls == [True] and rec.triton == []
+
+
 # --------------------------------------------------------------------------- default budget
 
 

@@ -430,3 +430,74 @@ def test_phased_reads_in_place_where_the_phases_agree_and_copies_where_they_do_n
     buf = torch.empty(4 * 50 + 1, device=DEVICE)
     r = phased(torch.randn(4, 50, device=DEVICE), buf[1:].view(4, 50))  # an out at phase 1
     assert r.y_out is not None and r.phase == 0
+
+
+def test_resident_programs_follow_the_compiled_kernels_registers_warps_and_shared_memory():
+    from reference_kernels._split_walk import resident_per_sm
+
+    # the H200 figures behind the register caps (docs/kernels.md, "Ragged rows"; ncu occupancy)
+    assert resident_per_sm(106, 8, 0) == 2  # the split kernel before its cap: two of the three planned
+    assert resident_per_sm(80, 8, 0) == 3
+    assert resident_per_sm(95, 16, 0) == 1  # the phased rows kernel before its cap: 25% occupancy
+    assert resident_per_sm(57, 16, 0) == 2
+    assert resident_per_sm(32, 4, 0) == 16  # threads, not registers, bound it
+    assert resident_per_sm(32, 4, 100 * 1024) == 2  # shared memory (with 1 KiB reserved a program)
+    assert resident_per_sm(255, 32, 0) == 0  # does not fit at all
+
+
+def test_a_split_launch_sizes_its_grid_from_the_programs_the_compiled_kernel_keeps_resident(monkeypatch):
+    import types
+
+    from reference_kernels import _split_walk
+
+    monkeypatch.setattr(_split_walk, "interpreting", lambda: False)
+    monkeypatch.setattr(_split_walk, "sm_count", lambda device: 132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace())
+    monkeypatch.setattr(_split_walk, "RESIDENT", {})
+    grids = []
+
+    class FakeKernel:
+        __name__ = "_fake_split_kernel"
+
+        def __init__(self, regs):
+            self.regs = regs
+
+        def warmup(self, *args, grid, **launch):
+            return types.SimpleNamespace(n_regs=self.regs, metadata=types.SimpleNamespace(num_warps=launch["num_warps"], shared=0))
+
+        def __getitem__(self, grid):
+            return lambda *args, **launch: grids.append((grid, args[-1]))
+
+    unused = torch.empty(1)
+    cuda = torch.device("cuda", 0)
+    make = lambda part, sync, n_programs: (n_programs,)  # noqa: E731
+    assert _split_walk.split_run(FakeKernel(106), make, 100000, 1, 3, cuda, unused, num_warps=8) == 264
+    assert grids[-1] == ((264,), 264)  # two resident an SM, not the three planned
+    assert _split_walk.split_run(FakeKernel(80), make, 100000, 1, 3, cuda, unused, num_warps=4) == 396
+    assert _split_walk.split_run(FakeKernel(200), make, 100, 1, 1, cuda, unused, num_warps=16) == 100  # one an SM: no check
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (4096, 50257)), (torch.float32, (512, 262144)), (torch.bfloat16, (512, 262144))], ids=str)
+def test_split_plans_finish_with_right_results_while_another_stream_holds_the_sms(dtype, shape):
+    """The split walk's programs wait on each other; with matmuls on another stream holding SMs
+    not all of them are resident, and every launch must still finish and be right."""
+    x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
+    plan = softmax._softmax_settings(*shape, x.element_size())
+    assert plan.mode == "split" and plan.group > 1, plan
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) / 90.0
+    c = torch.empty_like(a)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(40):  # ~50 ms of work on every SM
+            torch.mm(a, a, out=c)
+    outs = [poisoned_like(x) for _ in range(5)]
+    for out in outs:
+        softmax.fused(x, out=out)
+    torch.cuda.synchronize()
+    for out in outs:
+        assert not out.isnan().any()
+        assert_close_to_row_scale(out, expected, dtype)
+
