@@ -1,0 +1,174 @@
+"""Attention forward on the GPU: ours against torch SDPA (flash backend) and the unfused chain.
+
+Shapes as in the FlashAttention-2 paper's benchmarks: 16384 tokens a batch (batch = 16384 /
+seq) and a model width of 2048 (heads = 2048 / head_dim), for seq 512 to 8192, head_dim 64
+and 128, causal and not. TFLOPS count the two matmuls, 4 * B * H * N^2 * D, halved when
+causal (the convention of FlashAttention's benchmarks); times are medians with the L2
+flushed between runs. "bytes" are the fused budget (q, k, v read once, o written once) and
+``attention.unfused_traffic`` (the N x N scores written and read by each op of the chain).
+``--variants`` also times launch plans around ``attention._attention_settings``' pick: the
+heuristics are not yet measured (docs/kernels.md, "attention"), and this is the sweep that
+should set them.
+
+    PYTHONPATH=. python3 benchmarks/bench_attention.py                     # full table, bf16
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --out gpu-results   # also gpu-results/bench_attention.{txt,json}
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --variants --seqs 2048,8192
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --dtype float16 --impls ours,flash
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks._common import add_out_option, bench_ms, header, markdown_table, write_output_to  # noqa: E402
+from reference_kernels import attention  # noqa: E402
+
+TOKENS = 16384
+MODEL_WIDTH = 2048
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+IMPLS = ("ours", "flash", "unfused")
+MiB = 2**20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timing runs")
+    parser.add_argument("--seqs", default="512,1024,2048,4096,8192", help="comma-separated sequence lengths")
+    parser.add_argument("--head-dims", default="64,128", help="comma-separated head dims (64, 128)")
+    parser.add_argument("--causal", default="both", choices=("both", "yes", "no"))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
+    parser.add_argument("--variants", action="store_true", help="also time launch plans around the default")
+    parser.add_argument("--json", default="", help="write every figure to this file (default with --out: DIR/bench_attention.json)")
+    add_out_option(parser)
+    args = parser.parse_args(argv)
+    unknown = set(args.impls.split(",")) - set(IMPLS)
+    if unknown:
+        parser.error(f"unknown impls {', '.join(sorted(unknown))}; choose from {', '.join(IMPLS)}")
+    return args
+
+
+def flops(b: int, h: int, n: int, d: int, causal: bool) -> float:
+    return 4.0 * b * h * n * n * d / (2 if causal else 1)
+
+
+def flash_sdpa(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def plan_variants(default: attention._Plan) -> list[tuple[str, attention._Plan]]:
+    """The default plan's neighbours in tile shape, warps and stages (``--variants``)."""
+    P = attention._Plan
+    out = [("default", default)]
+    seen = {default}
+    for bm, bn in ((128, 64), (128, 128), (64, 64), (128, 32), (64, 32)):
+        for warps in (4, 8):
+            for stages in (2, 3, 4):
+                plan = P(bm, bn, warps, stages)
+                if plan not in seen:
+                    seen.add(plan)
+                    out.append((f"{bm}x{bn} w{warps} s{stages}", plan))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py needs a CUDA GPU")
+    out_dir = write_output_to(args.out, __file__)
+    json_file = args.json or (str(out_dir / "bench_attention.json") if out_dir else "")
+    timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)
+    dtype = DTYPES[args.dtype]
+    impls = args.impls.split(",")
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    print(header(), flush=True)
+    print("launch plans: not yet measured defaults (docs/kernels.md, attention)", flush=True)
+
+    records, rows = [], []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        for n in (int(x) for x in args.seqs.split(",")):
+            b, h = max(1, TOKENS // n), MODEL_WIDTH // d
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+            fused_bytes = attention.budget(q, k, v).total
+            for causal in causals:
+                shape = f"{b}x{h}x{n}x{d}"
+                rec = {"dtype": args.dtype, "shape": shape, "causal": causal, "tflops": {},
+                       "fused_bytes": fused_bytes,
+                       "unfused_bytes": attention.unfused_traffic(q, k, v, causal=causal).total,
+                       "plan": attention._attention_settings(d, dtype, n)._asdict()}
+                fns = {
+                    "ours": lambda: attention.fused(q, k, v, causal=causal),
+                    "flash": lambda: flash_sdpa(q, k, v, causal),
+                    "unfused": lambda: attention.unfused(q, k, v, causal=causal),
+                }
+                work = flops(b, h, n, d, causal)
+                if "ours" in impls or "flash" in impls:
+                    try:
+                        expected = flash_sdpa(q, k, v, causal).float()
+                        rec["max_abs_err_vs_flash"] = (attention.fused(q, k, v, causal=causal).float() - expected).abs().max().item()
+                        del expected
+                    except Exception as exc:
+                        print(f"  check failed at {shape}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                for name in impls:
+                    try:
+                        ms = bench_ms(fns[name], **timing)
+                        rec["tflops"][name] = work / (ms * 1e-3) / 1e12
+                    except Exception as exc:  # flash missing for a dtype, the chain out of memory: n/a
+                        print(f"  {name} failed at {shape}: {type(exc).__name__}: {exc}"[:300], flush=True)
+                        rec["tflops"][name] = None
+                    torch.cuda.empty_cache()
+                if args.variants:
+                    rec["variants"] = {}
+                    out = torch.empty_like(q)
+                    scale = d**-0.5
+                    for label, plan in plan_variants(attention._attention_settings(d, dtype, n)):
+                        try:
+                            ms = bench_ms(lambda: attention._launch(q, k, v, out, causal, scale, plan), **timing)
+                            rec["variants"][label] = work / (ms * 1e-3) / 1e12
+                            print(f"  variant {shape} causal={causal} {label}: {rec['variants'][label]:.0f} TFLOPS", flush=True)
+                        except Exception as exc:  # out of shared memory or registers: skipped
+                            print(f"  variant {label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                records.append(rec)
+                rows.append(table_row(rec, impls))
+                print(" | ".join(str(c) for c in rows[-1]), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    print()
+    print(markdown_table(table_headers(impls), rows))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+
+
+def table_headers(impls: list[str]) -> list[str]:
+    cols = ["dtype", "B x H x N x D", "causal"] + [f"{name} TFLOPS" for name in impls]
+    if "ours" in impls and "flash" in impls:
+        cols.append("ours / flash")
+    return cols + ["fused MiB", "unfused MiB", "unfused / fused bytes", "max err vs flash"]
+
+
+def table_row(rec: dict, impls: list[str]) -> list[object]:
+    t = rec["tflops"]
+    row: list[object] = [rec["dtype"], rec["shape"], "yes" if rec["causal"] else "no"]
+    row += ["n/a" if t.get(name) is None else f"{t[name]:.0f}" for name in impls]
+    if "ours" in impls and "flash" in impls:
+        row.append(f"{t['ours'] / t['flash']:.2f}x" if t.get("ours") and t.get("flash") else "n/a")
+    err = rec.get("max_abs_err_vs_flash")
+    row += [f"{rec['fused_bytes'] / MiB:.0f}", f"{rec['unfused_bytes'] / MiB:.0f}",
+            f"{rec['unfused_bytes'] / rec['fused_bytes']:.0f}x", "n/a" if err is None else f"{err:.1e}"]
+    return row
+
+
+if __name__ == "__main__":
+    main()
