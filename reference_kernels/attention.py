@@ -21,8 +21,8 @@ The walk is cut in two stages so that masks cost only where they are needed:
 
 Exponentials are base 2 (the log2(e) folded into the scale), by ``ex2.approx`` on the GPU
 (``_math.exp2``). ``_attention_settings`` holds the launch heuristics; they are Hopper
-defaults from the FlashAttention-2 paper and Triton's fused-attention tutorial, **not yet
-measured on a GPU** (docs/kernels.md, "attention").
+defaults from the FlashAttention-2 paper and Triton's fused-attention tutorial, checked to
+compile for sm_90 without spills but **not yet timed on a GPU** (docs/kernels.md, "attention").
 """
 
 from __future__ import annotations
@@ -68,10 +68,10 @@ def _attention_blocks(
     l_i,  # (BLOCK_M,) float32 running sum of exponentials
     m_i,  # (BLOCK_M,) float32 running max of the (base-2 scaled) scores
     q,  # (BLOCK_M, HEAD_DIM) the program's query rows (float32 under the interpreter)
-    k_base,  # k of this (batch, head): row n at k_base + n * stride_kn
+    k_base,  # k of this (batch, head): row n at k_base + n * stride_kn, head_dim contiguous
     v_base,  # v of this (batch, head)
-    stride_kn, stride_kd,
-    stride_vn, stride_vd,
+    stride_kn,
+    stride_vn,
     offs_m,  # (BLOCK_M,) query row indices
     offs_d,  # (HEAD_DIM,)
     lo,  # first key column (a multiple of BLOCK_N)
@@ -88,8 +88,8 @@ def _attention_blocks(
     """One stage of the walk over key/value blocks [lo, hi): the online-softmax update per block."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
         if MASKED:
             in_seq = offs_n < seq_len
             k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
@@ -123,12 +123,12 @@ def _attention_blocks(
 
 @triton.jit(launch_metadata=_launch_metadata)
 def _attention_fwd_kernel(
-    q_ptr, k_ptr, v_ptr,  # (B, H, N, HEAD_DIM), any strides
+    q_ptr, k_ptr, v_ptr,  # (B, H, N, HEAD_DIM), any strides but a unit one for HEAD_DIM (vector loads, cp.async)
     o_ptr,  # (B, H, N, HEAD_DIM) output
-    stride_qb, stride_qh, stride_qn, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_on, stride_od,
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_on,
     n_heads,  # H
     seq_len,  # N
     qk_scale,  # softmax scale x log2(e)
@@ -157,7 +157,7 @@ def _attention_fwd_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < seq_len
     # Rows past N load zeros (uniform scores, never nan) and are not stored.
-    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    q = tl.load(q_base + offs_m[:, None] * stride_qn + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
@@ -171,16 +171,16 @@ def _attention_fwd_kernel(
         full_hi = (seq_len // BLOCK_N) * BLOCK_N  # whole blocks; the ragged rest is masked
         masked_hi = seq_len
     acc, l_i, m_i = _attention_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         0, full_hi, seq_len, qk_scale, BLOCK_N, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
     )
     acc, l_i, m_i = _attention_blocks(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, offs_m, offs_d,
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         full_hi, masked_hi, seq_len, qk_scale, BLOCK_N, True, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
     )
     # Every row saw column 0 (the walk starts there), so l_i >= 1.
     out = acc / l_i[:, None]
-    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -196,17 +196,19 @@ class _Plan(NamedTuple):
     num_stages: int  # software-pipelining depth of the key/value loop
 
 
-# Launch heuristics by (head_dim, element size). NOT YET MEASURED ON A GPU: these are the Hopper
-# defaults of FlashAttention-2 and Triton's fused-attention tutorial (06), 128 x 64 tiles on 16-bit
-# inputs, 4 warps at head_dim 64 and 8 at 128 (the 128 x 128 fp32 accumulator is 64 registers a
-# thread on 8 warps), three stages (k + v tiles 3 x 32 KB at head_dim 128, under the 228 KB of
-# shared memory with q). float32 runs its dots in IEEE fp32 (no tensor cores) on half-height tiles.
-# benchmarks/bench_attention.py --variants times the neighbours; docs/kernels.md, "attention".
+# Launch heuristics by (head_dim, element size). NOT YET TIMED ON A GPU: 16-bit inputs take the
+# Hopper defaults of FlashAttention-2 and Triton's fused-attention tutorial (06), 128 x 64 tiles,
+# 4 warps at head_dim 64 and 8 at 128, three stages. What is checked, from sm_90 compiles of the
+# launch's specialisation (docs/kernels.md, "attention"): no register spills (head_dim 64: 228-238
+# registers a thread; 128: 181-196; 4 warps at 128 spilled 232-312 bytes), k and v loaded by
+# cp.async through 64 / 128 KB of shared memory. float32 runs IEEE fp32 dots (no tensor cores):
+# 64 x 32 and 128 x 64-wide fp32 tiles spilled 320-1600 bytes, these smaller ones none (74-86
+# registers). benchmarks/bench_attention.py --variants times the neighbours that should set them.
 _PLANS = {
     (64, 2): _Plan(128, 64, 4, 3),
     (128, 2): _Plan(128, 64, 8, 3),
-    (64, 4): _Plan(64, 32, 4, 2),
-    (128, 4): _Plan(64, 32, 8, 2),
+    (64, 4): _Plan(64, 16, 8, 2),
+    (128, 4): _Plan(32, 16, 8, 2),
 }
 # Under the interpreter: small tiles, so that the short sequences of the CPU tests still walk
 # several blocks, unmasked and masked, and causal programs have two blocks on their diagonal.
@@ -238,7 +240,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
     grid = (triton.cdiv(seq_len, plan.block_m), batch * heads)
     _attention_fwd_kernel[grid](
-        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         heads, seq_len, scale * _LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
         FAST_EXP=not interpreting(), DOT_IN_FP32=interpreting(),
@@ -275,12 +277,18 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return scale
 
 
+def _unit_head_dim_stride(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy when its head_dim is strided: the kernel's loads need a unit stride
+    there to be 16-byte vectors and software-pipelined (the sm_90 compile of a runtime stride did neither)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
           plan: _Plan | None = None) -> torch.Tensor:
     """``softmax(q @ k^T * scale) @ v`` in one Triton kernel (the module docstring), optionally causal.
 
-    q, k, v: one shape (batch, heads, seq, head_dim), float16, bfloat16 or float32, any
-    strides, one device; head_dim 64 or 128. ``scale`` defaults to 1/sqrt(head_dim).
+    q, k, v: one shape (batch, heads, seq, head_dim), float16, bfloat16 or float32, one
+    device; head_dim 64 or 128. Any strides (a head_dim whose stride is not 1 costs a copy). ``scale`` defaults to 1/sqrt(head_dim).
     ``causal``: query i sees keys 0..i (torch's ``is_causal``). Scores, max and sum in
     float32; returns a contiguous tensor of q's shape and dtype. ``plan`` overrides the
     launch heuristic (``_attention_settings``), for tests and benchmarks.
@@ -290,6 +298,7 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0:
         return out
+    q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
     _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2]))
     return out
 

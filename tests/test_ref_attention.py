@@ -90,7 +90,7 @@ def test_an_explicit_scale_is_applied_before_the_max(scale):
     "plan",
     [
         attention._Plan(128, 64, 8, 3),  # the GPU's 16-bit tiles: one program, most rows past N
-        attention._Plan(64, 32, 4, 2),  # the GPU's fp32 tiles
+        attention._Plan(32, 16, 8, 2),  # the GPU's fp32 tiles at head_dim 128
         attention._Plan(16, 16, 1, 1),  # the smallest: block_m == block_n, one diagonal block
         attention._Plan(64, 16, 4, 1),  # four blocks on each diagonal
     ],
@@ -186,7 +186,8 @@ def test_gpu_plans_are_128x64_tiles_for_16_bit_inputs_and_shrink_for_short_seque
     for dtype in (torch.float16, torch.bfloat16):
         assert S(64, dtype, 4096) == attention._Plan(128, 64, 4, 3)
         assert S(128, dtype, 4096) == attention._Plan(128, 64, 8, 3)
-    assert S(128, torch.float32, 4096) == attention._Plan(64, 32, 8, 2)
+    assert S(64, torch.float32, 4096) == attention._Plan(64, 16, 8, 2)
+    assert S(128, torch.float32, 4096) == attention._Plan(32, 16, 8, 2)
     assert S(128, torch.bfloat16, 37) == attention._Plan(64, 64, 8, 3)
     assert S(64, torch.bfloat16, 5) == attention._Plan(16, 16, 4, 3)
     for plan in attention._PLANS.values():
