@@ -8,7 +8,7 @@ import torch
 
 from fidelity_cases import Attention, GPT2MLP
 from pytest_fusioncheck import FusionAssertionError, assert_max_kernels, profile
-from pytest_fusioncheck.sources.bytes_model import module_from_stack_key
+from pytest_fusioncheck.sources.bytes_model import merge_module_paths, module_from_stack_key
 
 
 class Block(torch.nn.Module):
@@ -62,6 +62,34 @@ def test_a_compiled_models_generated_kernels_name_their_module(model):
     report = profile(torch.compile(model), torch.randn(2, 8, 32))
     generated = [k for k in report.kernels if k.name.startswith("cpp_")]
     assert generated and all(k.module and k.module.startswith("layers.") for k in generated), str(report)
+
+
+def test_a_generated_kernel_inductor_reuses_across_layers_names_their_common_module_not_the_last_one(model):
+    """Inductor emits one kernel for identical code in several layers; naming it after the
+    last layer compiled (``layers.3``) put layer 0's kernel in layer 3."""
+    report = profile(torch.compile(model), torch.randn(2, 8, 32))
+    names = [k.name for k in report.kernels if k.name.startswith("cpp_")]
+    reused = {n for n in names if names.count(n) > 1}
+    assert reused, str(report)  # the four layers share kernels
+    for k in report.kernels:
+        if k.name in reused:
+            assert k.module is not None and k.module.startswith("layers.*"), str(report)
+
+
+@pytest.mark.parametrize(
+    "old, new, merged",
+    [
+        (None, "layers.0.mlp", "layers.0.mlp"),
+        ("layers.0.mlp", "layers.0.mlp", "layers.0.mlp"),
+        ("layers.0.mlp", "layers.1.mlp", "layers.*.mlp"),
+        ("layers.*.mlp", "layers.3.mlp", "layers.*.mlp"),
+        ("layers.0.norm", "layers.1.attn", "layers.*"),
+        ("encoder.ln", "decoder.ln", None),
+        ("layers.0", "layers.0.mlp", "layers.0"),
+    ],
+)
+def test_module_paths_of_a_shared_kernel_merge_to_their_common_form(old, new, merged):
+    assert merge_module_paths(old, new) == merged
 
 
 def test_a_long_report_leads_with_the_per_module_summary_folded_by_repeated_structure(model):

@@ -31,6 +31,7 @@ _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
 _inductor_estimates: dict[str, int] = {}
 _inductor_modules: dict[str, str] = {}
+_inductor_module_scopes: dict[str, Any] = {}  # kernel name -> the graph it was last recorded for
 _inductor_origins: dict[str, list[str]] = {}
 
 
@@ -58,11 +59,18 @@ def inductor_kernel_origins(name: str) -> list[str]:
         return list(_inductor_origins.get(name, []))
 
 
-def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None, module: str | None = None) -> None:
+def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None,
+            module: str | None = None, scope: Any = None) -> None:
+    """Remember what codegen knows of kernels ``names``. ``scope`` identifies the graph being
+    compiled: a kernel Inductor reuses at several call sites of one graph gets their modules'
+    common path; a later graph that reuses the name replaces it (kernel names restart each graph)."""
     with _lock:
         for n in names:
             if module:
-                _inductor_modules[n] = module
+                previous = _inductor_module_scopes.get(n)
+                merged = merge_module_paths(_inductor_modules.get(n), module) if scope is not None and previous == scope else module
+                _inductor_modules[n] = merged
+                _inductor_module_scopes[n] = scope
             if nbytes is not None:
                 _inductor_bytes[n] = int(nbytes)
             if estimate is not None:
@@ -236,6 +244,24 @@ def module_from_stack_key(qualname: str) -> str:
     return ".".join(p for p in parts if p != "_modules")
 
 
+def merge_module_paths(old: str | None, new: str) -> str | None:
+    """The module path of a generated kernel that Inductor reuses for several modules: the
+    paths' common form, repeated-structure indices as ``*`` (``layers.0.mlp`` and
+    ``layers.1.mlp``: ``layers.*.mlp``), cut where they part otherwise (``layers.0.norm`` and
+    ``layers.1.attn``: ``layers.*``); None when nothing is common."""
+    if old is None or old == new:
+        return new
+    out = []
+    for a, b in zip(old.split("."), new.split(".")):
+        if a == b:
+            out.append(a)
+        elif (a.isdigit() or a == "*") and (b.isdigit() or b == "*"):
+            out.append("*")
+        else:
+            break
+    return ".".join(out) or None
+
+
 def _module(nodes: Any) -> str | None:
     """The innermost module most of a kernel's ops came from (Dynamo's ``nn_module_stack``)."""
     counts: dict[str, int] = {}
@@ -298,6 +324,7 @@ def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: 
         _attempt(lambda: _origins(nodes)),
         estimate=_attempt(lambda: _cpp_kernel_bytes(list(nodes))),
         module=_attempt(lambda: _module(nodes)),
+        scope=_graph_scope(),
     )
 
 
@@ -308,7 +335,27 @@ def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
         _attempt(lambda: _origins(node_schedule)),
         estimate=_attempt(lambda: int(kernel.estimate_kernel_num_bytes())),
         module=_attempt(lambda: _module(node_schedule)),
+        scope=_graph_scope(),
     )
+
+
+_scopes = iter(range(1, 1 << 62))
+
+
+def _graph_scope() -> Any:
+    """A token for the graph Inductor is generating code for (never reused, unlike ``id``),
+    or None outside codegen."""
+    try:
+        from torch._inductor.virtualized import V
+
+        graph = V.graph
+        token = getattr(graph, "_fusioncheck_scope", None)
+        if token is None:
+            token = next(_scopes)
+            graph._fusioncheck_scope = token
+        return token
+    except Exception:
+        return None
 
 
 def _attempt(fn: Any) -> Any:
