@@ -24,6 +24,11 @@ def inputs(name, device):
         a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
         return (a, b), {"bias": torch.randn(n, device=device, dtype=torch.bfloat16), "activation": "gelu"}
+    if name == "attention":
+        shape = (2, 8, 2048, 64) if big else (1, 2, 40, 64)
+        dtype = torch.bfloat16 if big else torch.float32
+        q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+        return (q, k, v), {"causal": True}
     x = torch.randn(8192 if big else 64, 8192 if big else 256, device=device, dtype=torch.bfloat16)
     return (x, torch.randn(x.shape[-1], device=device, dtype=torch.bfloat16)), {"p": 0.1, "seed": 1234}
 
@@ -39,7 +44,7 @@ def test_the_fused_kernel_is_one_launch_within_its_byte_budget_and_matches_the_u
         fusion.assert_matches_reference(subject.fused, subject.unfused, *args, **kwargs)
 
 
-@pytest.mark.parametrize("name", ["softmax", "layer_norm"])
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "attention"])
 def test_the_unfused_code_moves_what_its_line_comments_add_up_to(fusion, name):
     subject = load(name)
     args, kwargs = inputs(name, fusion.device)

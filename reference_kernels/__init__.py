@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-SUBJECTS: tuple[str, ...] = ("softmax", "layer_norm", "gemm_epilogue", "bias_gelu_dropout")
+SUBJECTS: tuple[str, ...] = ("softmax", "layer_norm", "gemm_epilogue", "bias_gelu_dropout", "attention")
 
 
 def load(name: str) -> ModuleType:
