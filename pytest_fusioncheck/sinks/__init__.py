@@ -36,7 +36,9 @@ class SessionSinks:
         if plot_path:
             from .plot_sink import PlotSink
 
-            self.files.append(PlotSink(plot_path))
+            from ..state import SETTINGS
+
+            self.files.append(PlotSink(plot_path, config.stash.get(SETTINGS, None)))
         update = bool(get_option(config, "update_baseline"))
         path = get_option(config, "baseline") or (DEFAULT_BASELINE if update else None)
         self.baseline = None
@@ -68,9 +70,13 @@ class SessionSinks:
             return []
         lines = list(self.lines)
         failed = {getattr(rep, "nodeid", "") for rep in terminalreporter.stats.get("failed", [])}
+        outcomes = {getattr(rep, "nodeid", ""): word for word in ("xfailed", "xpassed", "error", "failed")
+                    for rep in terminalreporter.stats.get(word, [])}
         for sink in self.files:
             if hasattr(sink, "failed"):
                 sink.failed = failed
+            if hasattr(sink, "outcomes"):
+                sink.outcomes = outcomes
             lines += sink.write(collected)
         if self.baseline is not None:
             lines += self.baseline.improvement_lines()

@@ -1,10 +1,13 @@
 """Report sink: one self-contained HTML page of the session's reports (``--fusion-html``).
 
 No scripts and no external assets: a file a CI job can keep as an artifact and anyone can
-open. Per test: each report's summary line, its headroom and notes, a per-module summary
-(models: repeated layers folded) and the full kernel table, which JSON aside is the only
-place a 165-kernel model's every row is shown. Everything is escaped (kernel names hold
-``<`` and ``>``).
+open. Failing tests come first. Per test: its verdict, each report's summary line, modelled
+bytes against the budget as a bar, a strip of its kernels in launch order (widths by time,
+the launch gaps as one hatched share), graph breaks and recompiles with their source lines,
+headroom and notes, a per-module summary (models: repeated layers folded) and the full kernel
+table, which JSON aside is the only place a 165-kernel model's every row is shown. Everything
+is escaped (kernel names hold ``<`` and ``>``). ``tests/test_html_report.py`` loads the page
+in headless Chromium when it is installed.
 """
 
 from __future__ import annotations
@@ -19,9 +22,21 @@ _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; border-top: 1px solid #ccc; padding-top: 1em; }
 table { border-collapse: collapse; margin: .5em 0 1em; } td, th { padding: 2px 8px; text-align: left; }
-th { background: #eee; } tr:nth-child(even) td { background: #f8f8f8; } td.n { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #eee; } tr:nth-child(even) td { background: #f8f8f8; } td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .summary { font-family: monospace; } .note { color: #555; } .failed { color: #b00; } .unmodelled { color: #b60; }
+.verdict { font-weight: bold; } .verdict.failed, .verdict.error { color: #b00; } .verdict.passed { color: #070; }
+.verdict.xfailed, .verdict.xpassed { color: #776; } td.id { max-width: 60em; overflow-wrap: anywhere; }
+.caption { color: #777; font-size: .85em; margin: .1em 0; }
+.bar { position: relative; width: 32em; height: 1.1em; background: #eee; margin: .3em 0; }
+.bar div { position: absolute; top: 0; bottom: 0; left: 0; } .bar .budget { border-right: 2px solid #222; }
+.bar .modelled { background: #69c; opacity: .8; } .bar.over .modelled { background: #c66; }
+.strip { display: flex; width: 48em; height: 1.4em; margin: .3em 0 1em; border: 1px solid #ccc; }
+.strip div { height: 100%; border-right: 1px solid #fff; min-width: 1px; }
+.strip .gap { background: repeating-linear-gradient(45deg, #ddd, #ddd 4px, #f4f4f4 4px, #f4f4f4 8px); }
+.break { font-family: monospace; color: #8a4b00; }
 """
+# Kernel colours in the strip, by kind: copies grey, kernels cycling through a few hues.
+_HUES = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f")
 
 
 def _bytes(n: Any) -> str:
@@ -36,20 +51,27 @@ def _time(s: Any) -> str:
     return format_time(s)
 
 
-def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[str] | None = None) -> str:
-    """The page for ``[(test id, kernel tables as text, [report dict, ...])]``."""
-    failed = failed or set()
+def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[str] | None = None,
+           outcomes: dict[str, str] | None = None) -> str:
+    """The page for ``[(test id, kernel tables as text, [report dict, ...])]``; ``failed`` the
+    test ids that failed, ``outcomes`` other verdicts by test id (``xfailed``, ``error``, ...)."""
+    failed = set(failed or ()) | {n for n, word in (outcomes or {}).items() if word in ("failed", "error")}
+    words = {n: (outcomes or {}).get(n) or ("failed" if n in failed else "passed") for n, _, _ in collected}
     esc = html.escape
+    collected = sorted(collected, key=lambda entry: entry[0] not in failed)  # failing tests first, stable
+    n_failed = sum(1 for nodeid, _, _ in collected if nodeid in failed)
     out = [
         "<!doctype html><html><head><meta charset='utf-8'><title>fusioncheck report</title>",
         f"<style>{_STYLE}</style></head><body>",
         "<h1>fusioncheck: kernels, bytes and time per profiled test</h1>",
-        "<table><tr><th>test</th><th>reports</th><th>kernels</th><th>modelled</th><th>budget</th><th>time</th></tr>",
+        f"<p>{len(collected)} profiled test(s), <span class='failed'>{n_failed} failed</span>.</p>",
+        "<table id='tests'><tr><th>test</th><th>verdict</th><th>reports</th><th>kernels</th><th>modelled</th>"
+        "<th>budget</th><th>time</th></tr>",
     ]
     for i, (nodeid, _, reports) in enumerate(collected):
         cls = " class='failed'" if nodeid in failed else ""
         out.append(
-            f"<tr><td><a href='#t{i}'{cls}>{esc(nodeid)}</a></td><td class='n'>{len(reports)}</td>"
+            f"<tr><td class='id'><a href='#t{i}'{cls}>{esc(nodeid)}</a></td>{_verdict(words[nodeid])}<td class='n'>{len(reports)}</td>"
             f"<td class='n'>{sum(r.get('kernel_count', 0) for r in reports)}</td>"
             f"<td class='n'>{esc(_bytes(sum(r.get('bytes') or 0 for r in reports)))}</td>"
             f"<td class='n'>{esc(_bytes(sum((r.get('budget') or {}).get('total') or 0 for r in reports)))}</td>"
@@ -58,10 +80,65 @@ def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[s
     out.append("</table>")
     for i, (nodeid, _, reports) in enumerate(collected):
         out.append(f"<h2 id='t{i}'{' class=failed' if nodeid in failed else ''}>{esc(nodeid)}</h2>")
+        out.append(f"<p>{_verdict(words[nodeid], 'span')}</p>")
         for r in reports:
             out.append(_report_section(r))
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _verdict(word: str, tag: str = "td") -> str:
+    return f"<{tag} class='verdict {word}'>{word}</{tag}>"
+
+
+def _bytes_bar(r: dict[str, Any]) -> str:
+    """Modelled bytes against the budget: a bar scaled to the larger, the budget as a line."""
+    modelled, budget = r.get("bytes"), (r.get("budget") or {}).get("total")
+    if not modelled or not budget:
+        return ""
+    top = max(modelled, budget)
+    over = " over" if modelled > budget else ""
+    return (
+        f"<div class='bar{over}' title='modelled {html.escape(_bytes(modelled))} against a budget of "
+        f"{html.escape(_bytes(budget))} ({modelled / budget:.2f}x)'>"
+        f"<div class='modelled' style='width:{100 * modelled / top:.1f}%'></div>"
+        f"<div class='budget' style='width:{100 * budget / top:.1f}%'></div></div>"
+        f"<p class='caption'>modelled bytes {modelled / budget:.2f}x the budget (the line)</p>"
+    )
+
+
+def _time_strip(r: dict[str, Any]) -> str:
+    """The kernels in launch order, widths by time; on a GPU the wall time the device sat idle
+    (launch gaps) as one hatched share at the end. Not a timeline: gaps are not placed."""
+    kernels = [k for k in (r.get("kernels") or []) + (r.get("copies") or []) if k.get("time_s")]
+    busy = sum(k["time_s"] for k in kernels)
+    if not kernels or busy <= 0:
+        return ""
+    wall = r.get("wall_time_s") if r.get("device") == "cuda" else None
+    gap = max(0.0, wall - busy) if wall else 0.0
+    total = busy + gap
+    cells = []
+    for i, k in enumerate(kernels):
+        colour = "#999" if k.get("kind") == "copy" else _HUES[i % len(_HUES)]
+        title = f"{i}: {_short(str(k.get('name')))}, {_time(k['time_s'])}, {_bytes(k.get('bytes'))}"
+        cells.append(f"<div style='flex:{k['time_s'] / total:.6f};background:{colour}' title='{html.escape(title)}'></div>")
+    if gap > 0:
+        cells.append(f"<div class='gap' style='flex:{gap / total:.6f}' title='{html.escape(f'launch gaps: {_time(gap)}')}'></div>")
+    caption = "kernels in launch order, widths by time (hover for each)" + ("; hatched: launch gaps" if gap > 0 else "")
+    return "<div class='strip'>" + "".join(cells) + f"</div><p class='caption'>{caption}</p>"
+
+
+def _breaks(r: dict[str, Any]) -> list[str]:
+    esc = html.escape
+    lines = []
+    for b in r.get("graph_breaks") or []:
+        where = b.get("location") if isinstance(b, dict) else None
+        reason = b.get("reason") if isinstance(b, dict) else str(b)
+        lines.append(f"<p class='break'>graph break at {esc(str(where or '?'))}: {esc(str(reason))}</p>")
+    for c in r.get("recompiles") or []:
+        text = f"recompiled {c.get('function')} ({c.get('location')}): {c.get('reason')}" if isinstance(c, dict) else str(c)
+        lines.append(f"<p class='break'>{esc(text)}</p>")
+    return lines
 
 
 def _report_section(r: dict[str, Any]) -> str:
@@ -73,7 +150,10 @@ def _report_section(r: dict[str, Any]) -> str:
         + f", budget {esc(_bytes((r.get('budget') or {}).get('total')))}, time {esc(_time(r.get('time_s')))}"
         + (f", wall {esc(_time(r.get('wall_time_s')))}" if r.get("device") == "cuda" and r.get("wall_time_s") else "")
         + (f", {r['efficiency']:.0%} of peak" if r.get("efficiency") else "")
-        + "</p>"
+        + "</p>",
+        _bytes_bar(r),
+        _time_strip(r),
+        *_breaks(r),
     ]
     for chain in r.get("headroom") or []:
         parts.append(
@@ -123,10 +203,11 @@ class HtmlSink:
     def __init__(self, path: str) -> None:
         self.path = path
         self.failed: set[str] = set()  # test ids the session summary marks red
+        self.outcomes: dict[str, str] = {}  # other verdicts by test id: xfailed, xpassed, error
 
     def write(self, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(render(collected, self.failed))
+            fh.write(render(collected, self.failed, self.outcomes))
         os.replace(tmp, self.path)
         return [f"fusioncheck: HTML report of {len(collected)} test(s) written to {self.path}"]
