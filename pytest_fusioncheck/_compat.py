@@ -107,6 +107,59 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+# --------------------------------------------------------------------------- FLOP formulas
+
+
+_flop_formulas: dict[str, Callable[..., Any]] | None = None
+
+
+def flop_formulas() -> dict[str, Callable[..., Any]]:
+    """torch's own FLOP formulas (``torch.utils.flop_counter``'s registry, not part of its
+    ``__all__``) keyed by qualified op name (``"aten::mm"``), built once. Each is called as
+    ``FlopCounterMode`` calls it, ``formula(*args, **kwargs, out_val=out)`` with the op's
+    real arguments and output (``_shapes_first`` makes the common case cheaper). ``{}``
+    with a warning when the registry has moved."""
+    global _flop_formulas
+    if _flop_formulas is None:
+        table: dict[str, Callable[..., Any]] = {}
+        try:
+            from torch.utils import flop_counter
+
+            for key, formula in dict(flop_counter.flop_registry).items():
+                name = getattr(key, "_qualified_op_name", None)
+                if isinstance(name, str) and callable(formula):
+                    table[name] = _shapes_first(formula)
+        except Exception as exc:
+            _warn_once("FLOP counts (torch.utils.flop_counter.flop_registry)", exc)
+        _flop_formulas = table
+    return _flop_formulas
+
+
+def _shapes_first(formula: Callable[..., Any]) -> Callable[..., Any]:
+    """``formula`` as ``FlopCounterMode`` calls it, but a formula torch wraps to take shapes
+    (``shape_wrapper``: ``__wrapped__`` takes shapes) gets them directly when every tensor
+    is a top-level argument or the output: torch's ``tree_map`` over the arguments costs
+    ~10 us an op. Anything nested goes through torch's own wrapper."""
+    raw = getattr(formula, "__wrapped__", None)
+    if raw is None:
+        return formula
+
+    def shape(value: Any) -> Any:
+        return value.shape if hasattr(value, "shape") and hasattr(value, "dtype") else value
+
+    def nested(value: Any) -> bool:
+        return isinstance(value, (list, tuple, dict)) and any(hasattr(v, "shape") for v in (value.values() if isinstance(value, dict) else value))
+
+    @functools.wraps(formula)
+    def call(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
+        if any(nested(a) for a in args) or any(nested(v) for v in kwargs.values()) or isinstance(out_val, dict):
+            return formula(*args, out_val=out_val, **kwargs)
+        out_shape = tuple(shape(o) for o in out_val) if isinstance(out_val, (list, tuple)) else shape(out_val)
+        return raw(*(shape(a) for a in args), out_shape=out_shape, **{k: shape(v) for k, v in kwargs.items()})
+
+    return call
+
+
 # --------------------------------------------------------------------------- dynamo
 
 

@@ -34,8 +34,10 @@ from .sources.bytes_model import (
     bound_launch_args,
     declared_launch_metadata,
     inductor_hooks,
+    launch_dtype,
     launch_tensors,
     triton_launch_bytes,
+    triton_launch_flops,
 )
 from .state import current_log, record_report
 from .where import is_internal, relpath, user_source
@@ -154,6 +156,7 @@ class _Recorders:
         tensors = launch_tensors(list(args) + list(kwargs.values()))
         index = len(self.triton)
         launch = TritonLaunch(index, name, triton_launch_bytes(metadata, tensors), user_source(2), interpreted=interpreted)
+        launch.flops, launch.dtype = triton_launch_flops(metadata), launch_dtype(tensors)
         self.triton.append(launch)
         if not interpreted:
             return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)

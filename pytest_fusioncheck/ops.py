@@ -79,6 +79,9 @@ class OpRecord:
     reads: dict = field(default_factory=dict)  # storage key -> bytes read there
     writes: dict = field(default_factory=dict)  # storage key -> bytes written there
     module: str | None = None  # the nn.Module path that ran it (module_path)
+    flops: int | None = None  # op_flops: None when unknown, never 0 for unknown
+    flops_estimated: bool = False  # True: one FLOP per element, not a formula
+    dtype: str | None = None  # compute dtype (op_dtype): what the roofline's ceiling is
 
     @property
     def bytes(self) -> int | None:
@@ -248,6 +251,137 @@ def _gather_reads(name: str, args: tuple, kwargs: dict, returned: list) -> list:
 
 
 
+# --------------------------------------------------------------------------- FLOPs
+
+# Ops that only move, select or fill data: 0 FLOP, a known figure (docs/roofline.md).
+_ZERO_FLOP_OPS = frozenset(
+    {
+        "copy_", "_to_copy", "clone", "contiguous", "_copy_from", "_copy_from_and_resize",
+        "cat", "stack", "index_select", "gather", "take", "index", "_unsafe_index",
+        "embedding", "index_put", "index_put_", "_unsafe_index_put", "_index_put_impl_",
+        "scatter", "scatter_", "select_scatter", "slice_scatter", "diagonal_scatter",
+        "as_strided_scatter", "masked_scatter", "masked_scatter_", "masked_select",
+        "fill", "fill_", "zero_", "zeros", "zeros_like", "ones", "ones_like", "full",
+        "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor",
+        "constant_pad_nd", "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+        "replication_pad1d", "replication_pad2d", "replication_pad3d",
+        "repeat", "repeat_interleave", "roll", "flip", "tril", "triu", "tril_", "triu_",
+        "masked_fill", "masked_fill_", "where", "expand_copy", "permute_copy",
+        "transpose_copy", "t_copy", "view_copy", "unsqueeze_copy", "squeeze_copy",
+        "narrow_copy", "slice_copy", "select_copy", "split_copy", "unbind_copy",
+        "_reshape_copy", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+        "native_channel_shuffle", "unfold_copy", "im2col", "col2im",
+    }
+)
+
+
+def _mm_flops(a: Any, b: Any) -> int:
+    return 2 * a.shape[0] * a.shape[-1] * (b.shape[-1] if b.dim() > 1 else 1)
+
+
+# Matmul-class ops torch's registry lacks (or names differently): exact formulas, called
+# as fn(args, kwargs, out). Aliases reuse torch's formula under another op's name.
+_OWN_FORMULAS: dict[str, Any] = {
+    "mv": lambda a, k, o: _mm_flops(a[0], a[1]),  # 2*M*N
+    "addmv": lambda a, k, o: _mm_flops(a[1], a[2]),
+    "dot": lambda a, k, o: 2 * a[0].numel(),
+    "vdot": lambda a, k, o: 2 * a[0].numel(),
+    "addbmm": lambda a, k, o: 2 * a[1].shape[0] * a[1].shape[1] * a[1].shape[2] * a[2].shape[2],
+}
+_ALIASES = {
+    "_addmm_activation": "aten::addmm",  # addmm with a fused relu/gelu epilogue
+    "_scaled_dot_product_flash_attention_for_cpu": "aten::_scaled_dot_product_flash_attention",
+}
+_ALIAS_ARITY = {"_addmm_activation": 3, "_scaled_dot_product_flash_attention_for_cpu": 3}
+
+_FLOP_RULES: dict = {}
+
+
+def _flop_rule(func: Any) -> tuple[str, Any]:
+    """How one overload's FLOPs are found, cached per overload: ``("formula", fn)``,
+    ``("zero", None)`` or ``("estimate", None)``."""
+    try:
+        return _FLOP_RULES[func]
+    except (KeyError, TypeError):
+        pass
+    from ._compat import flop_formulas
+
+    name = _static_kind(func)[0]
+    qualified = getattr(getattr(func, "_schema", None), "name", None) or f"aten::{name}"
+    if not qualified.startswith("aten::"):
+        name = ""  # another namespace's op: only torch's registry may know it
+    formulas = flop_formulas()
+    rule: tuple[str, Any]
+    if qualified in formulas:
+        torch_formula = formulas[qualified]
+        rule = ("formula", lambda a, k, o: torch_formula(*a, **k, out_val=o))
+    elif name in _ALIASES and _ALIASES[name] in formulas:
+        alias, arity = formulas[_ALIASES[name]], _ALIAS_ARITY[name]
+        rule = ("formula", lambda a, k, o: alias(*a[:arity], out_val=o))
+    elif name in _OWN_FORMULAS:
+        rule = ("formula", _OWN_FORMULAS[name])
+    elif name in _ZERO_FLOP_OPS:
+        rule = ("zero", None)
+    else:
+        rule = ("estimate", None)
+    try:
+        _FLOP_RULES[func] = rule
+    except TypeError:
+        pass
+    return rule
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any, reads: list, writes: list) -> tuple[int | None, bool]:
+    """``(FLOPs, estimated)`` of one computing op (docs/roofline.md).
+
+    Matmul-class ops (mm, addmm, bmm, baddbmm, convolution, SDPA, ...) get the exact
+    figure of torch's own formulas (``torch.utils.flop_counter``: 2*M*N*K for a GEMM; a
+    bias add and a causal mask are not counted, as torch counts). Ops that only move or
+    fill data get 0. Any other op that reads or writes floating-point tensors gets an
+    *estimate*, one FLOP per element of the larger of its output and its largest input (an
+    elementwise op's output, a reduction's input), flagged ``estimated``. Anything else
+    (integer-only work, a formula that fails) is ``None``: unknown, never 0.
+    """
+    kind, formula = _flop_rule(func)
+    if kind == "formula":
+        try:
+            value = formula(args, kwargs, out)
+            return (int(value), False) if value is not None and value >= 0 else (None, False)
+        except Exception:
+            return None, False
+    if kind == "zero":
+        return 0, False
+    floating_in = [t.numel() for t in reads if t.is_floating_point() or t.is_complex()]
+    floating_out = [t.numel() for t in writes if t.is_floating_point() or t.is_complex()]
+    if not floating_in and not floating_out:
+        return None, False
+    return max(sum(floating_out), max(floating_in, default=0)), True
+
+
+def op_dtype(func: Any, reads: list, writes: list) -> str | None:
+    """The dtype an op computes in (its first floating-point input, else output):
+    ``"float32"``, ``"bfloat16"``, ... and ``"tf32"`` for a float32 matmul or convolution
+    on CUDA when torch lets cuBLAS / cuDNN use TF32 (the ceiling is then TF32's)."""
+    tensor = next((t for t in reads if t.is_floating_point()), None)
+    if tensor is None:
+        tensor = next((t for t in writes if t.is_floating_point()), None)
+    if tensor is None:
+        return None
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype == "float32" and tensor.device.type == "cuda" and _flop_rule(func)[0] == "formula":
+        import torch
+
+        name = _static_kind(func)[0]
+        try:
+            conv = "conv" in name
+            allowed = torch.backends.cudnn.allow_tf32 if conv else torch.backends.cuda.matmul.allow_tf32
+        except Exception:
+            allowed = False
+        if allowed:
+            return "tf32"
+    return dtype
+
+
 def module_names(roots: list[Any]) -> dict[int, str]:
     """``id(module) -> path`` for every submodule of ``roots`` (``layers.2.mlp.down_proj``;
     a root itself is named by its class)."""
@@ -324,13 +458,18 @@ def _build_observer_class() -> Any:
             else:
                 out = func(*args, **kwargs)
             wall = time.perf_counter_ns() - t0
+            flops, estimated, dtype = None, False, None
             try:
                 reads, writes = op_tensors(func, args, kwargs, out)
                 storages = (bytes_by_storage(reads), bytes_by_storage(writes))
                 read_b, write_b = sum(storages[0].values()), sum(storages[1].values())
+                if kind == "kernel":  # copies carry no FLOP figure
+                    flops, estimated = op_flops(func, args, kwargs, out, reads, writes)
+                    dtype = op_dtype(func, reads, writes)
             except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
                 read_b, write_b, storages = None, None, ({}, {})
             record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
+            record.flops, record.flops_estimated, record.dtype = flops, estimated, dtype
             if self.modules:
                 record.module = module_path(self.modules)
             self.records.append(record)
@@ -349,3 +488,5 @@ class TritonLaunch:
     source: str | None
     wall_ns: int = 0
     interpreted: bool = False
+    flops: int | None = None  # what its launch_metadata declares, else unknown
+    dtype: str | None = None  # its first floating-point tensor argument's dtype

@@ -24,6 +24,11 @@ class Kernel:
     ATen op that launched it or the origin of a generated kernel; ``source`` the user
     ``file:line``; ``bytes_estimate`` is Inductor's own figure for a generated kernel,
     kept where the compulsory model (``bytes``) differs from it (``docs/bytes.md``).
+    ``flops`` is the floating-point work of the launch (``None`` when unknown, never 0
+    for unknown: Inductor-generated kernels, Triton kernels declaring none); exact for
+    matmul-class ops, one FLOP per element when ``flops_estimated`` (docs/roofline.md).
+    ``dtype`` is what the op computes in (``"tf32"`` for a TF32 GEMM), for the roofline's
+    compute ceiling.
     """
 
     name: str
@@ -39,6 +44,9 @@ class Kernel:
     # Storage key -> bytes, of the op behind the kernel: what fusion headroom chains by.
     reads: dict = field(default_factory=dict, repr=False, compare=False)
     writes: dict = field(default_factory=dict, repr=False, compare=False)
+    flops: int | None = None  # floating-point operations; None: unknown
+    flops_estimated: bool = False  # one FLOP per element, not an exact formula
+    dtype: str | None = None  # the compute dtype, when known
 
     @property
     def short_name(self) -> str:

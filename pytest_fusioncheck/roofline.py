@@ -12,6 +12,10 @@
   A region's time is its kernels' device time in its one run. Timing is lazy: it runs
   when an efficiency is asked for.
 * Efficiency = (budget bytes / peak bandwidth) / time.
+* The roofline plot's ceilings (``--fusion-roofline``, docs/roofline.md): the peak
+  bandwidth above when it is known without measuring (override, this session, pytest's
+  cache), else a datasheet default per device (``DEFAULT_BANDWIDTH``); peak FLOP/s per
+  dtype from a datasheet table (``PEAK_FLOPS``), or a nominal figure on CPU.
 """
 
 from __future__ import annotations
@@ -112,3 +116,107 @@ def ensure_efficiency(report: FusionReport, settings: Settings | None = None) ->
             )
             if msg not in report.warnings:
                 report.warnings.append(msg)
+
+
+# --------------------------------------------------------------------------- the plot's ceilings
+
+# Datasheet HBM bandwidth (bytes/s) by a substring of the device name, first match wins:
+# used only when no measured or overriding figure is known. CPU: a nominal dual-channel
+# desktop figure; pass --fusion-peak-bandwidth (or run a bandwidth check once) for yours.
+DEFAULT_BANDWIDTH: list[tuple[str, float]] = [
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM
+    ("A100", 2.0e12),  # 80 GB SXM (the 40 GB part: 1.56e12)
+    ("cpu", 20e9),
+]
+
+# Dense peak FLOP/s by device-name substring and compute dtype (NVIDIA datasheets, no
+# sparsity). bf16/fp16/tf32/fp8 are tensor-core peaks (what a GEMM can reach); an
+# elementwise kernel's ceiling on CUDA cores is lower, but such kernels sit far left of
+# the ridge, under the bandwidth slope.
+PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
+    ("H200", {"float64": 67e12, "float32": 67e12, "tf32": 495e12, "bfloat16": 989e12, "float16": 989e12, "float8": 1979e12}),
+    ("H100 PCIe", {"float64": 51e12, "float32": 51e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12, "float8": 1513e12}),
+    ("H100", {"float64": 67e12, "float32": 67e12, "tf32": 495e12, "bfloat16": 989e12, "float16": 989e12, "float8": 1979e12}),
+    ("A100", {"float64": 19.5e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
+]
+
+
+def _device_name(device_kind: str) -> tuple[str, str]:
+    device, _, name = device_kind.partition(":")
+    return device, name
+
+
+def known_peak_bandwidth(device_kind: str, settings: Settings | None = None, reported: float | None = None) -> tuple[float, str] | None:
+    """``(bytes/s, where from)`` for the roofline's slope without measuring anything: the
+    ``--fusion-peak-bandwidth`` override, a figure a report carries (measured this session),
+    the session's measurements, pytest's cache; else the datasheet default
+    (``DEFAULT_BANDWIDTH``); else ``None``."""
+    if settings is not None and settings.peak_bandwidth:
+        return settings.peak_bandwidth, "--fusion-peak-bandwidth"
+    if reported:
+        return reported, "measured"
+    device, name = _device_name(device_kind)
+    key = _device_key(device, name)
+    if settings is not None and key in settings.peaks:
+        return settings.peaks[key], "measured"
+    cache = settings.peak_cache if settings is not None else None
+    if cache is not None:
+        try:
+            cached = cache.get(f"{CACHE_KEY}/{key}", None)
+        except Exception:
+            cached = None
+        if isinstance(cached, (int, float)) and cached > 0:
+            return float(cached), "measured (cached)"
+    target = name if device != "cpu" else "cpu"
+    for pattern, value in DEFAULT_BANDWIDTH:
+        if pattern in target:
+            return value, "datasheet default, not measured" if device != "cpu" else "nominal default, not measured"
+    return None
+
+
+def _dtype_key(dtype: str | None) -> str:
+    dtype = dtype or "float32"
+    return "float8" if dtype.startswith("float8") else dtype
+
+
+def peak_flops(device_kind: str, dtype: str | None) -> tuple[float, str] | None:
+    """``(FLOP/s, where from)``: the datasheet dense peak for a known GPU and dtype
+    (``PEAK_FLOPS``), the nominal CPU figure (``cpu_nominal_flops``), else ``None``."""
+    device, name = _device_name(device_kind)
+    key = _dtype_key(dtype)
+    if device == "cpu":
+        value = cpu_nominal_flops()
+        return (value / 2 if key == "float64" else value), "nominal: cores x clock x FLOP/cycle"
+    for pattern, table in PEAK_FLOPS:
+        if pattern in name:
+            if key in table:
+                return table[key], "datasheet, dense"
+            return None
+    return None
+
+
+def cpu_nominal_flops() -> float:
+    """A CPU's nominal fp32 peak: cores x clock x FLOP per cycle per core (64 with AVX-512,
+    two FMA units; 32 with AVX2; 8 otherwise), from ``/proc/cpuinfo`` where there is one
+    (clock 2.5 GHz when unknown). A ceiling to read the plot against, not a measurement;
+    bf16/fp16 get the same figure (no AMX assumed)."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    per_cycle, ghz = 8, 2.5
+    try:
+        with open("/proc/cpuinfo") as fh:
+            text = fh.read(200_000)
+        flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+        per_cycle = 64 if " avx512f" in flags else 32 if " avx2" in flags else 8
+        mhz = next((line.split(":")[1] for line in text.splitlines() if line.startswith("cpu MHz")), None)
+        if mhz is not None and float(mhz) > 100:
+            ghz = float(mhz) / 1000
+    except (OSError, ValueError, IndexError):
+        pass
+    return cores * ghz * 1e9 * per_cycle

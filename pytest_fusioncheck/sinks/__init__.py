@@ -34,9 +34,8 @@ class SessionSinks:
             self.files.append(HtmlSink(html_path))
         plot_path = get_option(config, "roofline")
         if plot_path:
-            from .plot_sink import PlotSink
-
             from ..state import SETTINGS
+            from .plot_sink import PlotSink
 
             self.files.append(PlotSink(plot_path, config.stash.get(SETTINGS, None)))
         update = bool(get_option(config, "update_baseline"))

@@ -1,4 +1,4 @@
-"""Report sink: the roofline plot of the session (``--fusion-roofline``)."""
+"""Report sink: the roofline of the session's kernels (``--fusion-roofline``, docs/roofline.md)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ from typing import Any
 
 
 class PlotSink:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, settings: Any = None) -> None:
         self.path = path
+        self.settings = settings  # the session's Settings: peak-bandwidth override, measured peaks, cache
 
     def write(self, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
         from .plot import roofline_plot
 
         try:
-            roofline_plot([r for _, _, reports in collected for r in reports], self.path)
+            shown, left = roofline_plot(collected, self.path, self.settings)
         except ImportError as exc:
             return [f"fusioncheck: no roofline plot ({exc}); pip install 'pytest-fusioncheck[plot]' (matplotlib)"]
-        return [f"fusioncheck: roofline plot written to {self.path}"]
+        missing = f"; {left.total} without FLOPs, bytes or time not shown" if left.total else ""
+        return [f"fusioncheck: roofline of {shown} kernel(s) written to {self.path}{missing}"]

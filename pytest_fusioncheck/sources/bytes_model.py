@@ -15,7 +15,8 @@ storages, observed as the op runs). Two other sources live here:
   off while it is open: recompiling costs time, but every kernel then has a figure.
 * Triton kernels launched directly: the ``"bytes"`` their ``launch_metadata`` declares,
   else the distinct bytes of their tensor arguments and of the tensors behind their TMA
-  descriptors; a launch with neither is unmodelled (``None``).
+  descriptors; a launch with neither is unmodelled (``None``). Their FLOPs are only what
+  the metadata declares (``"flops"``), else unknown.
 """
 
 from __future__ import annotations
@@ -408,6 +409,30 @@ def triton_launch_bytes(metadata: dict[str, Any] | None, tensors: list[Any]) -> 
     if not tensors:
         return None
     return distinct_bytes(tensors)
+
+
+def triton_launch_flops(metadata: dict[str, Any] | None) -> int | None:
+    """The FLOPs a directly launched Triton kernel's ``launch_metadata`` declares:
+    ``"flops"``, else the sum of Proton's per-width keys (``"flops16"``, ``"flops32"``,
+    ...); ``None`` when it declares none (never guessed from the arguments)."""
+    if not metadata:
+        return None
+
+    def count(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+    if count(metadata.get("flops")):
+        return int(metadata["flops"])
+    widths = [v for k, v in metadata.items() if re.fullmatch(r"flops\d+", str(k)) and count(v)]
+    return int(sum(widths)) if widths else None
+
+
+def launch_dtype(tensors: list[Any]) -> str | None:
+    """The dtype of a launch's first floating-point tensor (``"bfloat16"``), if any."""
+    for t in tensors:
+        if t.is_floating_point():
+            return str(t.dtype).removeprefix("torch.")
+    return None
 
 
 def launch_tensors(values: Any) -> list[Any]:

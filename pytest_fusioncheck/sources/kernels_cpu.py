@@ -3,6 +3,8 @@
 Each Inductor-generated C++ kernel (Inductor's kernel profiling names it in the profiler),
 each eager ATen op that computes (seen by the op observer), and each Triton launch run by
 the interpreter counts as one kernel; ``.item()`` and cross-device transfers are copies.
+An op's FLOPs and dtype (``ops.op_flops``) ride along; Inductor's C++ kernels have none
+(``flops`` ``None``: Inductor gives no FLOP figure for a generated kernel).
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
             writes=op.writes,
             module=op.module,
             start_ns=e.start_ns() if e is not None else 0,
+            flops=op.flops,
+            flops_estimated=op.flops_estimated,
+            dtype=op.dtype,
         )
         (copies if op.kind == "copy" else kernels).append(k)
     for launch in triton:
@@ -85,6 +90,8 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                 op="triton",
                 source=launch.source,
                 start_ns=e.start_ns() if e is not None else 0,
+                flops=launch.flops,
+                dtype=launch.dtype,
             )
         )
     kernels.sort(key=lambda k: k.start_ns)

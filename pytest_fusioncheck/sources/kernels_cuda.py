@@ -4,7 +4,8 @@ Kernels count; memcpy/memset are copies. Each activity is attributed, through it
 correlation id, to the innermost ATen op range open on the launching thread (the op
 observer's ``fusioncheck::op#<i>``), else to a directly launched Triton kernel of the same
 name, else to the Inductor kernel it is. One op's traffic goes to its longest compute
-kernel; a copy carries its own size (docs/bytes.md).
+kernel, and so do its FLOPs; a copy carries its own size (docs/bytes.md). Inductor's
+generated kernels have no FLOP figure (``None``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> Kernel
     return main
 
 
+def attribute_op_flops(activities: list[Kernel], main: Kernel | None, op: OpRecord) -> None:
+    """Give one op's FLOPs to the kernel its bytes went to (``attribute_op_bytes``'s
+    ``main``); its other compute kernels carry 0 (their work is inside that figure), or
+    ``None`` when the op's FLOPs are unknown. Every kernel of the op gets its dtype."""
+    for k in activities:
+        if k.kind == "copy":
+            continue
+        k.flops = op.flops if k is main else (0 if op.flops is not None else None)
+        k.flops_estimated = op.flops_estimated
+        k.dtype = op.dtype
+
+
 def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
     """Device activities from Kineto, each attributed to the op or Triton launch behind it."""
     from torch.autograd import DeviceType
@@ -137,6 +150,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
         elif queue and not is_copy:
             launch = queue.pop(0)
             k.op, k.source, k.bytes = "triton", launch.source, launch.bytes
+            k.flops, k.dtype = launch.flops, launch.dtype
         elif not is_copy:
             est = inductor_kernel_bytes(name)
             if est is not None or name.startswith("triton_"):
@@ -146,6 +160,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
         (copies if is_copy else kernels).append(k)
     for index, group in by_op.items():
         main = attribute_op_bytes(group, by_index[index].bytes)
+        attribute_op_flops(group, main, by_index[index])
         if main is not None:  # the op's storages, for fusion headroom
             main.reads, main.writes = by_index[index].reads, by_index[index].writes
     return kernels, copies
