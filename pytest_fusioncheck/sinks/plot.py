@@ -254,7 +254,7 @@ def roofline_plot(collected: list[tuple[str, str, list[dict[str, Any]]]], path: 
         share = ""
         if roof:
             fraction = p.flops_per_s / roof
-            share = f", {fraction:.0%} of roof" if fraction >= 0.1 else f", {fraction:.1%} of roof"
+            share = f", {fraction:.0%} of roof" if fraction >= 0.1 else f", {fraction:.1%} of roof" if fraction >= 0.001 else ", <0.1% of roof"
         est = " (est.)" if p.estimated else ""
         key_lines.append(
             f"{i}. {_short_test(p.test, 40)}: {shorten_kernel_name(p.kernel, 40)}{where}  "
