@@ -3,6 +3,7 @@ a browser shows it (headless Chromium, when installed: ``apt-get install chromiu
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -58,6 +59,14 @@ def test_the_kernel_strip_has_one_cell_a_kernel_by_time_and_a_gpus_launch_gaps_a
     gpu = render([("t.py::x", "", [_report("x", kernels, device="cuda", wall_time_s=8e-6)])])
     strip = re.search(r"<div class='strip'>(.*?)</div></div>", gpu).group(0)
     assert strip.count("flex:") == 3 and "class='gap' style='flex:0.500000'" in strip  # 4 us busy in 8 us
+
+
+def test_the_roofline_heads_the_page_inline_or_a_line_says_why_not():
+    kernels = [("k", 1e-6, 8)]
+    page = render([("t.py::x", "", [_report("x", kernels)])], roofline="<svg xmlns='http://www.w3.org/2000/svg'></svg>")
+    assert page.index("<h2 id='roofline'>") < page.index("<svg") < page.index("<h2 id='t0'")
+    page = render([("t.py::x", "", [_report("x", kernels)])], roofline="no roofline: no kernel has FLOPs, bytes and time")
+    assert "<p class='note'>no roofline: no kernel has FLOPs, bytes and time</p>" in page
 
 
 def test_graph_breaks_and_recompiles_are_listed_with_their_lines():
@@ -131,10 +140,14 @@ def test_the_html_report_renders_in_a_browser_with_every_test_failing_first_and_
 
     dom = Dom()
     dom.feed(shown.stdout)  # the DOM the browser built, not the file's text
-    assert dom.h2[0] == "test_h.py::test_split", dom.h2  # the failing test first
-    assert sorted(dom.h2) == ["test_h.py::test_compiled_break", "test_h.py::test_demo", "test_h.py::test_ok", "test_h.py::test_split"]
+    tests = [h for h in dom.h2 if h.startswith("test_h.py::")]
+    assert tests[0] == "test_h.py::test_split", dom.h2  # the failing test first
+    assert sorted(tests) == ["test_h.py::test_compiled_break", "test_h.py::test_demo", "test_h.py::test_ok", "test_h.py::test_split"]
     assert "<span class=\"verdict xfailed\">xfailed</span>" in shown.stdout
     assert "graph break at test_h.py:" in shown.stdout
+    if importlib.util.find_spec("matplotlib"):  # the session's roofline, inline
+        roof = shown.stdout[shown.stdout.index("id=\"roofline\""):]
+        assert "<svg" in roof[:2000] and "ridge" in roof, roof[:500]
     shot = pytester.path / "report.png"
     subprocess.run([*common, "--window-size=1280,1600", f"--screenshot={shot}", page.as_uri()],
                    capture_output=True, text=True, timeout=120, check=True)

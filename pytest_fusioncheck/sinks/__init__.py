@@ -29,9 +29,10 @@ class SessionSinks:
             self.files.append(JsonSink(json_path))
         html_path = get_option(config, "html")
         if html_path:
+            from ..state import SETTINGS
             from .html_sink import HtmlSink
 
-            self.files.append(HtmlSink(html_path))
+            self.files.append(HtmlSink(html_path, config.stash.get(SETTINGS, None)))
         plot_path = get_option(config, "roofline")
         if plot_path:
             from ..state import SETTINGS

@@ -1,7 +1,8 @@
 """Report sink: one self-contained HTML page of the session's reports (``--fusion-html``).
 
 No scripts and no external assets: a file a CI job can keep as an artifact and anyone can
-open. Failing tests come first. Per test: its verdict, each report's summary line, modelled
+open. The session's roofline (inline SVG, when matplotlib is installed) heads it; failing
+tests come first. Per test: its verdict, each report's summary line, modelled
 bytes against the budget as a bar, a strip of its kernels in launch order (widths by time,
 the launch gaps as one hatched share), graph breaks and recompiles with their source lines,
 headroom and notes, a per-module summary (models: repeated layers folded) and the full kernel
@@ -52,9 +53,10 @@ def _time(s: Any) -> str:
 
 
 def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[str] | None = None,
-           outcomes: dict[str, str] | None = None) -> str:
+           outcomes: dict[str, str] | None = None, roofline: str | None = None) -> str:
     """The page for ``[(test id, kernel tables as text, [report dict, ...])]``; ``failed`` the
-    test ids that failed, ``outcomes`` other verdicts by test id (``xfailed``, ``error``, ...)."""
+    test ids that failed, ``outcomes`` other verdicts by test id (``xfailed``, ``error``, ...),
+    ``roofline`` the session's roofline as SVG markup (``roofline_svg``) or a line saying why none."""
     failed = set(failed or ()) | {n for n, word in (outcomes or {}).items() if word in ("failed", "error")}
     words = {n: (outcomes or {}).get(n) or ("failed" if n in failed else "passed") for n, _, _ in collected}
     esc = html.escape
@@ -78,6 +80,9 @@ def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[s
             f"<td class='n'>{esc(_time(sum(r.get('time_s') or 0 for r in reports)))}</td></tr>"
         )
     out.append("</table>")
+    if roofline:
+        out.append("<h2 id='roofline'>roofline of the session's kernels</h2>")
+        out.append(roofline if roofline.lstrip().startswith("<svg") else f"<p class='note'>{esc(roofline)}</p>")
     for i, (nodeid, _, reports) in enumerate(collected):
         out.append(f"<h2 id='t{i}'{' class=failed' if nodeid in failed else ''}>{esc(nodeid)}</h2>")
         out.append(f"<p>{_verdict(words[nodeid], 'span')}</p>")
@@ -199,15 +204,34 @@ def _short(name: str) -> str:
     return shorten_kernel_name(name, width=90)
 
 
+def roofline_svg(collected: list[tuple[str, str, list[dict[str, Any]]]], settings: Any = None) -> str:
+    """The session's roofline (docs/roofline.md) as inline SVG markup, or why there is none."""
+    import tempfile
+
+    from .plot import roofline_plot
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "roofline.svg")
+            shown, _ = roofline_plot(collected, path, settings)
+            text = open(path, encoding="utf-8").read()
+    except ImportError as exc:
+        return f"no roofline ({exc}): pip install 'pytest-fusioncheck[plot]' (matplotlib)"
+    if not shown:
+        return "no roofline: no kernel has FLOPs, bytes and time"
+    return text[text.index("<svg"):]
+
+
 class HtmlSink:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, settings: Any = None) -> None:
         self.path = path
+        self.settings = settings  # for the roofline's ceilings (measured peak bandwidth)
         self.failed: set[str] = set()  # test ids the session summary marks red
         self.outcomes: dict[str, str] = {}  # other verdicts by test id: xfailed, xpassed, error
 
     def write(self, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(render(collected, self.failed, self.outcomes))
+            fh.write(render(collected, self.failed, self.outcomes, roofline_svg(collected, self.settings)))
         os.replace(tmp, self.path)
         return [f"fusioncheck: HTML report of {len(collected)} test(s) written to {self.path}"]
