@@ -105,6 +105,9 @@ def _check_stored(record: Any, where: str) -> str | None:
     kernels = record.get("kernels", [])
     if not isinstance(kernels, list) or not all(isinstance(k, str) for k in kernels):
         return f"{where}: 'kernels' should be a list of kernel names"
+    modules = record.get("modules", {})
+    if not isinstance(modules, dict) or not all(isinstance(m, str) and _is_count(n) for m, n in modules.items()):
+        return f"{where}: 'modules' should map module paths to kernel counts"
     return None
 
 
@@ -275,6 +278,9 @@ class Comparison:
     bytes_after: int | None
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    # (module pattern, kernels before, kernels after) where a model's module launched more kernels;
+    # repeated layers folded (``layers.*.mlp``); from the records' per-module counts
+    modules_grown: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def new(self) -> bool:
@@ -335,6 +341,9 @@ class Comparison:
             lines.append(line + ")")
         elif self.bytes_after != self.bytes_before:
             lines.append(f"  bytes:   {format_bytes(self.bytes_before)} -> {format_bytes(self.bytes_after)} (not compared)")
+        if self.modules_grown:
+            lines.append("  modules with more kernels:")
+            lines += [f"    {pattern}: {before} -> {after}" for pattern, before, after in self.modules_grown]
         for sign, label, names in (("+", "added", self.added), ("-", "removed", self.removed)):
             if names:
                 lines.append(f"  kernels {label}:")
@@ -371,7 +380,28 @@ def compare(expected_record: Mapping[str, Any] | None, actual_record: Mapping[st
         bytes_after=actual.get("bytes"),
         added=tuple(sorted((after - before).elements())),
         removed=tuple(sorted((before - after).elements())),
+        modules_grown=modules_grown(expected_record.get("modules") or {}, actual.get("modules") or {}),
     )
+
+
+def module_pattern(path: str) -> str:
+    """A module path with its repeated-structure indices as ``*`` (``layers.3.mlp``: ``layers.*.mlp``)."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def module_counts(modules: Iterable[str | None]) -> dict[str, int]:
+    """Kernels per module path (kernels without a module are not counted), for a record's ``modules``."""
+    return dict(Counter(m for m in modules if m))
+
+
+def modules_grown(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[tuple[str, int, int], ...]:
+    """(pattern, before, after) for each module pattern whose kernels grew, most grown first."""
+    folded: dict[str, list[int]] = {}
+    for side, counts in ((0, before), (1, after)):
+        for path, n in counts.items():
+            folded.setdefault(module_pattern(path), [0, 0])[side] += n
+    grown = [(p, b, a) for p, (b, a) in folded.items() if a > b]
+    return tuple(sorted(grown, key=lambda t: (t[1] - t[2], t[0])))
 
 
 # --- writing ------------------------------------------------------------------------

@@ -119,3 +119,70 @@ def test_a_short_report_or_one_without_modules_has_no_module_summary():
 )
 def test_dynamos_module_stack_paths_read_as_module_paths(qualname, path):
     assert module_from_stack_key(qualname) == path
+
+
+# --------------------------------------------------------------------------- baseline per module
+
+from pytest_fusioncheck import baseline as baseline_mod  # noqa: E402
+
+
+def test_a_baseline_comparison_names_the_module_patterns_whose_kernels_grew():
+    before = {"layers.0.mlp": 2, "layers.1.mlp": 2, "layers.0.ln": 1, "layers.1.ln": 1, "head": 1}
+    after = {"layers.0.mlp": 3, "layers.1.mlp": 3, "layers.0.ln": 1, "layers.1.ln": 1, "head": 2, "new": 1}
+    assert baseline_mod.modules_grown(before, after) == (("layers.*.mlp", 4, 6), ("head", 1, 2), ("new", 0, 1))
+    assert baseline_mod.modules_grown(after, before) == ()
+    assert baseline_mod.module_pattern("model.layers.12.self_attn") == "model.layers.*.self_attn"
+    assert baseline_mod.module_counts(["a", None, "a", "b"]) == {"a": 2, "b": 1}
+    old = baseline_mod.make_record("t::x", "cpu", ["k"] * 7, modules=before)
+    new = baseline_mod.make_record("t::x", "cpu", ["k"] * 10, modules=after)
+    text = baseline_mod.compare(old, new).describe()
+    assert "modules with more kernels:\n    layers.*.mlp: 4 -> 6\n    head: 1 -> 2\n    new: 0 -> 1" in text
+    with pytest.raises(ValueError, match="'modules' should map module paths to kernel counts"):
+        baseline_mod.make_record("t::x", "cpu", ["k"], modules={"a": -1})
+
+
+MODEL_FILE = """
+import pytest, torch
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.fc(x)){extra}
+
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(16)
+        self.mlp = MLP()
+    def forward(self, x):
+        return x + self.mlp(self.ln(x))
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer() for _ in range(3)])
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+def test_model(fusion):
+    with torch.no_grad():
+        fusion.profile(Model(), torch.randn(4, 16))
+"""
+
+
+def test_a_model_whose_mlp_launches_more_kernels_fails_against_its_baseline_naming_the_mlp(run_pytest, pytester):
+    pytester.makepyfile(test_m=MODEL_FILE.format(extra=""))
+    run_pytest("--fusion-baseline", "base.json", "--fusion-update-baseline").assert_outcomes(passed=1)
+    import json
+
+    entry = next(iter(json.loads((pytester.path / "base.json").read_text())["entries"].values()))
+    assert entry["cpu"]["modules"]["layers.0.mlp.fc"] >= 1 and entry["cpu"]["modules"]["layers.2.ln"] == 1
+    pytester.makepyfile(test_m=MODEL_FILE.format(extra=" * 2"))  # one more kernel in every layer's mlp
+    result = run_pytest("--fusion-baseline", "base.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*modules with more kernels:*", "*layers.*.mlp: 3 -> 6*"])
+    assert "layers.*.ln:" not in result.stdout.str()

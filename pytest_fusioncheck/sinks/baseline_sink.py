@@ -39,12 +39,14 @@ class BaselineSink:
     @staticmethod
     def record_for(nodeid: str, reports: list[Any]) -> dict[str, Any]:
         names = [k.name for r in reports for k in r.kernels]
+        modules = baseline.module_counts(k.module for r in reports for k in r.kernels)
         return baseline.make_record(
             nodeid,
             reports[0].device_kind,
             names,
             bytes=sum(r.bytes for r in reports),
             kernel_count=sum(r.kernel_count for r in reports),
+            **({"modules": modules} if modules else {}),  # models: kernels per module, so a failure names where they grew
         )
 
     def compare(self, item: pytest.Item, reports: list[Any]) -> Any:
