@@ -224,12 +224,31 @@ def inductor_switches() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None]) -> Iterator[None]:
+def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None],
+                  on_module: Callable[..., None] | None = None) -> Iterator[None]:
     """While open, ``on_cpp(self, name, src_code, nodes, args, kwargs)`` runs after each
-    C++ kernel Inductor defines and ``on_triton(name, node_schedule, kernel)`` after each
-    Triton kernel. A hook that raises is ignored (code generation must not break).
-    Restored on exit."""
-    patches: list[tuple[type, Callable[..., Any]]] = []
+    C++ kernel Inductor defines, ``on_triton(name, node_schedule, kernel)`` after each
+    Triton kernel and ``on_module(graph, module)`` after a graph's wrapper module is written
+    (``GraphLowering.compile_to_module``; checked on torch 2.11 and 2.13). A hook that raises
+    is ignored (code generation must not break). Restored on exit."""
+    patches: list[tuple[type, str, Callable[..., Any]]] = []
+    if on_module is not None:
+        try:
+            from torch._inductor.graph import GraphLowering
+
+            original_module = GraphLowering.compile_to_module
+
+            @functools.wraps(original_module)
+            def compile_to_module(self, *args, **kwargs):
+                module = original_module(self, *args, **kwargs)
+                with contextlib.suppress(Exception):
+                    on_module(self, module)
+                return module
+
+            patches.append((GraphLowering, "compile_to_module", original_module))
+            GraphLowering.compile_to_module = compile_to_module
+        except Exception as exc:
+            _warn_once("modules of extern kernels in compiled code (torch._inductor.graph.GraphLowering.compile_to_module)", exc)
     try:
         from torch._inductor.codegen.cpp import CppScheduling
 
@@ -242,7 +261,7 @@ def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None]) -
                 on_cpp(self, name, src_code, nodes, args, kwargs)
             return name
 
-        patches.append((CppScheduling, original_cpp))
+        patches.append((CppScheduling, "define_kernel", original_cpp))
         CppScheduling.define_kernel = cpp_define_kernel
     except Exception as exc:
         _warn_once("C++ kernel bytes (torch._inductor.codegen.cpp.CppScheduling.define_kernel)", exc)
@@ -258,7 +277,7 @@ def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None]) -
                 on_triton(name, node_schedule, kernel)
             return name
 
-        patches.append((TritonScheduling, original_triton))
+        patches.append((TritonScheduling, "define_kernel", original_triton))
         TritonScheduling.define_kernel = triton_define_kernel
     except ImportError:
         pass  # a torch without Triton: no Triton kernels to hook
@@ -267,8 +286,8 @@ def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None]) -
     try:
         yield
     finally:
-        for cls, original in reversed(patches):
-            cls.define_kernel = original
+        for cls, attr, original in reversed(patches):
+            setattr(cls, attr, original)
 
 
 # --------------------------------------------------------------------------- triton

@@ -11,6 +11,7 @@ wraps it in a profiler range so CUDA kernels can be attributed to the op that la
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -387,8 +388,11 @@ def module_names(roots: list[Any]) -> dict[int, str]:
     a root itself is named by its class)."""
     names: dict[int, str] = {}
     for root in roots:
+        root = getattr(root, "_orig_mod", root)  # torch.compile's wrapper: name the model it wraps
         for name, module in root.named_modules():
-            names.setdefault(id(module), name or type(root).__name__)
+            # a compiled submodule's wrapper and the module it wraps share one path
+            path = ".".join(part for part in name.split(".") if part != "_orig_mod") if name else ""
+            names.setdefault(id(module), path or type(root).__name__)
     return names
 
 
@@ -404,6 +408,54 @@ def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
                 return names[id(owner)]
         frame = frame.f_back
         depth += 1
+    return None
+
+
+# Generated wrapper files -> {FX node name: module path}: what an extern kernel called from the
+# wrapper (cuBLAS/ATen GEMMs, attention) ran for. The wrapper names a call's source nodes in
+# the comment above it ("# Topologically Sorted Source Nodes: [linear_3], ...").
+_wrapper_nodes: dict[str, dict[str, str]] = {}
+_wrapper_lines: dict[tuple[str, int], str | None] = {}
+_SOURCE_NODES = re.compile(r"#\s*Topologically Sorted Source Nodes: \[([^\]]*)\]")
+
+
+def register_wrapper(path: str, nodes: dict[str, str]) -> None:
+    """Remember a generated wrapper file's {FX node name: module path} (sources/bytes_model.py)."""
+    _wrapper_nodes[path] = nodes
+    for key in [k for k in _wrapper_lines if k[0] == path]:
+        del _wrapper_lines[key]
+
+
+def wrapper_module(frame: Any, max_depth: int = 30) -> str | None:
+    """The module an op called from a compiled graph's wrapper ran for, from the source nodes
+    the wrapper names above the calling line; None when the op is not called from one."""
+    if not _wrapper_nodes:
+        return None
+    depth = 0
+    while frame is not None and depth < max_depth:
+        filename = frame.f_code.co_filename
+        nodes = _wrapper_nodes.get(filename)
+        if nodes is not None:
+            key = (filename, frame.f_lineno)
+            if key not in _wrapper_lines:
+                _wrapper_lines[key] = _module_above(filename, frame.f_lineno, nodes)
+            return _wrapper_lines[key]
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def _module_above(filename: str, lineno: int, nodes: dict[str, str]) -> str | None:
+    import linecache
+
+    for line in range(lineno - 1, max(0, lineno - 40), -1):
+        match = _SOURCE_NODES.search(linecache.getline(filename, line))
+        if match:
+            names = [n.strip() for n in match.group(1).split(",")]
+            for name in reversed(names):  # the call's own node comes last
+                if name in nodes:
+                    return nodes[name]
+            return None
     return None
 
 
@@ -471,7 +523,8 @@ def _build_observer_class() -> Any:
             record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
             record.flops, record.flops_estimated, record.dtype = flops, estimated, dtype
             if self.modules:
-                record.module = module_path(self.modules)
+                # an extern kernel of a compiled graph: the module its wrapper call ran for
+                record.module = wrapper_module(sys._getframe(1)) or module_path(self.modules)
             self.records.append(record)
             return out
 

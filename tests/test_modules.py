@@ -64,6 +64,17 @@ def test_a_compiled_models_generated_kernels_name_their_module(model):
     assert generated and all(k.module and k.module.startswith("layers.") for k in generated), str(report)
 
 
+def test_a_compiled_models_extern_kernels_name_the_module_their_wrapper_call_ran_for(model):
+    """GEMMs stay ATen/cuBLAS calls in the compiled graph's wrapper: no module forward runs,
+    so they took the root's name; the wrapper's comment names their source nodes."""
+    report = profile(torch.compile(model), torch.randn(2, 8, 32))
+    extern = [k for k in report.kernels if not k.name.startswith("cpp_")]
+    assert extern, str(report)
+    modules = [k.module for k in extern]
+    assert all(m and m.startswith("layers.") for m in modules), str(report)
+    assert {"layers.0.attn.c_attn", "layers.3.mlp.c_proj"} <= set(modules), str(report)
+
+
 def test_a_generated_kernel_inductor_reuses_across_layers_names_their_common_module_not_the_last_one(model):
     """Inductor emits one kernel for identical code in several layers; naming it after the
     last layer compiled (``layers.3``) put layer 0's kernel in layer 3."""

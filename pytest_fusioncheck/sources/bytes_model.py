@@ -27,6 +27,7 @@ import threading
 from typing import Any, Iterator
 
 from .. import _compat
+from ..ops import register_wrapper
 
 _lock = threading.Lock()
 _inductor_bytes: dict[str, int] = {}
@@ -359,6 +360,30 @@ def _graph_scope() -> Any:
         return None
 
 
+def _on_wrapper_module(graph: Any, module: Any) -> None:
+    """After a graph's wrapper is written: its FX nodes' modules, for its extern kernels (ops.wrapper_module)."""
+    path = getattr(module, "__file__", None)
+    gm = getattr(graph, "module", None)
+    if not path or gm is None:
+        return
+    nodes: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        meta = getattr(node, "meta", {}) or {}
+        stack = meta.get("nn_module_stack") or {}
+        if not stack:
+            continue
+        module_path = module_from_stack_key(str(list(stack.values())[-1][0]))
+        if not module_path:
+            continue
+        nodes.setdefault(node.name, module_path)
+        # The wrapper's comments name the user-level ops (Dynamo's nodes: linear_3, silu),
+        # which these post-autograd nodes record as their source.
+        source = meta.get("source_fn_stack") or []
+        if source:
+            nodes[str(source[-1][0])] = module_path
+    register_wrapper(path, nodes)
+
+
 def _attempt(fn: Any) -> Any:
     """``fn()``, or ``None`` when it fails: a figure Inductor's internals cannot give is
     left out (the kernel is then unmodelled), never a broken compile."""
@@ -385,7 +410,7 @@ def inductor_hooks() -> Iterator[None]:
         finally:
             _hooks_open.depth -= 1
         return
-    with _compat.inductor_switches(), _compat.codegen_hooks(_on_cpp_kernel, _on_triton_kernel):
+    with _compat.inductor_switches(), _compat.codegen_hooks(_on_cpp_kernel, _on_triton_kernel, _on_wrapper_module):
         _hooks_open.depth = 1
         try:
             yield
