@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(PY) -m pytest examples -p no:cacheprovider --fusion-report -q $(PYTEST_ARGS)
+	$(PY) -m pytest examples -p no:cacheprovider --fusion-report --fusion-baseline examples/fusion_baseline.json -q $(PYTEST_ARGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest tests -q -ra --timeout=600 $(PYTEST_ARGS)

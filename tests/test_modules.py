@@ -197,3 +197,15 @@ def test_a_model_whose_mlp_launches_more_kernels_fails_against_its_baseline_nami
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*modules with more kernels:*", "*layers.*.mlp: 3 -> 6*"])
     assert "layers.*.ln:" not in result.stdout.str()
+
+
+def test_the_whole_model_example_runs_with_module_paths_in_its_tables(run_pytest, pytester):
+    """examples/test_whole_model.py as CI runs it: eager and compiled, per-module tables."""
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / "examples" / "test_whole_model.py"
+    pytester.makepyfile(test_whole=source.read_text())
+    result = run_pytest("--fusion-report")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*per module (repeated structure folded):*", "*layers.*.mlp.down: 1 kernels x 2*"])
+    result.stdout.fnmatch_lines(["*aten::mm*layers.1.mlp.down*"])  # the compiled model's extern GEMM
