@@ -16,7 +16,7 @@ The fix keeps every bulk access vectorised. A row's elements sit at *virtual* co
   few elements of the first and last vector that belong to the neighbouring rows (or lie
   past the tensor's end, inside the same 16-byte vector, so inside the allocation's
   granule: never a fault) are replaced in registers (``in_row``).
-* Stores write the vectors wholly inside the row (``body``); the at most ``VEC - 1``
+* Stores write the vectors wholly inside the row (``body_bounds``); the at most ``VEC - 1``
   elements at each end are written by a small masked store (``edges``).
 
 ``VEC`` 1 is the aligned case: every helper reduces to the plain row arithmetic, so that
