@@ -296,8 +296,10 @@ def _softmax_settings(
     ``elem_size`` sizes the persistent and split chunks (bytes in flight).
     """
     widest = max_row if max_row is not None else _MAX_ROW
-    if ragged_width(n_cols, elem_size) <= widest:
-        block_n = next_power_of_2(ragged_width(n_cols, elem_size))
+    # the columns a rows-plan program covers: with the widest phase where it reads aligned vectors
+    width = ragged_width(n_cols, elem_size) if _phase_rows(n_cols) else n_cols
+    if width <= widest:
+        block_n = next_power_of_2(width)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
     wide_plan = wide or _WIDE_ROWS_PLAN

@@ -285,6 +285,8 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
     assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
     assert softmax._softmax_settings(2048, 65536, 4).mode == "split"
+    # unaligned rows read as aligned vectors need room for the widest phase; on Triton's scalar path they do not
+    assert softmax._softmax_settings(1000, 1023, 2).block_n == 1024 and softmax._softmax_settings(1000, 4093, 2).block_n == 8192
     assert softmax._softmax_settings(2048, 16385, 4).mode == "split"  # fp32: always split
     assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
     assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used: not enough
