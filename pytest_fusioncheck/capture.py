@@ -26,7 +26,7 @@ from typing import Any, Callable
 from . import _compat
 from .budget import Budget, callable_modules, default_budget, iter_tensors, storage_key
 from .headroom import find_chains
-from .ops import TritonLaunch, make_op_observer, module_names
+from .ops import TritonLaunch, flat_instances, make_op_observer, module_names
 from .ranges import TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
 from .sources import kernel_source
@@ -224,13 +224,7 @@ def iter_modules(obj: Any) -> list[Any]:
     """``nn.Module`` objects among a call's arguments (nested in lists, tuples, dicts)."""
     import torch
 
-    if isinstance(obj, torch.nn.Module):
-        return [obj]
-    if isinstance(obj, dict):
-        return [m for v in obj.values() for m in iter_modules(v)]
-    if isinstance(obj, (list, tuple)):
-        return [m for v in obj for m in iter_modules(v)]
-    return []
+    return flat_instances(obj, torch.nn.Module)
 
 
 def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionReport:

@@ -132,7 +132,7 @@ def classify_op(func: Any, args: tuple, kwargs: dict) -> str:
     name, kind = _static_kind(func)
     if kind is not None:
         return kind
-    tensors = [a for a in _flat_tensors(args) + _flat_tensors(kwargs)]
+    tensors = _flat_tensors(args) + _flat_tensors(kwargs)
     if name in _COPY_OPS:
         devices = {t.device.type for t in tensors}
         if name == "_to_copy" and kwargs.get("device") is not None:
@@ -150,16 +150,21 @@ def classify_op(func: Any, args: tuple, kwargs: dict) -> str:
     return "kernel"
 
 
+def flat_instances(obj: Any, cls: type | tuple[type, ...]) -> list:
+    """Every ``cls`` instance inside ``obj``, through nested lists, tuples and dict values."""
+    if isinstance(obj, cls):
+        return [obj]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in flat_instances(v, cls)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in flat_instances(v, cls)]
+    return []
+
+
 def _flat_tensors(obj: Any) -> list:
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _flat_tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _flat_tensors(v)]
-    return []
+    return flat_instances(obj, torch.Tensor)
 
 
 def op_traffic(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:

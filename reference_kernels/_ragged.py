@@ -140,6 +140,11 @@ class Phased(NamedTuple):
     y_rows: torch.Tensor  # the (M, N) rows the kernel writes
     y_out: torch.Tensor | None  # where ``finish`` copies them, when the kernel ran on a copy
 
+    @classmethod
+    def plain(cls, x2: torch.Tensor, y2: torch.Tensor) -> "Phased":
+        """The rows as they are, for Triton's own accesses (``VEC`` 1, no copies)."""
+        return cls(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
+
     def finish(self) -> None:
         if self.y_out is not None:
             self.y_out.copy_(self.y_rows)
@@ -153,7 +158,7 @@ def phased(x2: torch.Tensor, y2: torch.Tensor) -> Phased:
     write of the tensor concerned; call ``finish()`` after the launch.
     """
     if aligned(x2, y2):
-        return Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
+        return Phased.plain(x2, y2)
     vec = vector_elems(x2)
 
     def agree() -> bool:

@@ -351,7 +351,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     if plan.mode != "rows" or _phase_rows(n_cols):
         r = phased(x2, y2)
     else:  # Triton's own (scalar, for unaligned rows) accesses
-        r = Phased(x2, y2, 0, 1, x2.stride(0), y2.stride(0), y2, None)
+        r = Phased.plain(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
