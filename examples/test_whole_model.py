@@ -104,8 +104,10 @@ def test_eager_decoder_kernels_per_module_kind(fusion, model, ids):
     kinds = kernels_per_kind(report)
     # Each RMSNorm is pow, mean, add, rsqrt, mul, mul: six kernels eager.
     assert kinds["layers.*.attn_norm"] == 2 * 6 and kinds["norm"] == 6, str(report)
-    # The gated MLP: three GEMMs, the silu and the product.
-    assert kinds["layers.*.mlp.gate"] == kinds["layers.*.mlp.up"] == kinds["layers.*.mlp.down"] == 2
+    # The gated MLP: three GEMMs, the silu and the product. On a GPU cuBLAS may split a
+    # GEMM's K into a GEMM kernel and a reduce kernel: up to two kernels a Linear.
+    for linear in ("gate", "up", "down"):
+        assert 2 <= kinds[f"layers.*.mlp.{linear}"] <= 2 * 2, str(report)
     assert kinds["layers.*.mlp"] == 2 * 2, str(report)
     assert report.kernel_count > 30 and "per module (repeated structure folded)" in str(report)  # led by the summary
 
