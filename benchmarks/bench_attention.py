@@ -6,14 +6,15 @@ and 128, causal and not. TFLOPS count the two matmuls, 4 * B * H * N^2 * D, halv
 causal (the convention of FlashAttention's benchmarks); times are medians with the L2
 flushed between runs. "bytes" are the fused budget (q, k, v read once, o written once) and
 ``attention.unfused_traffic`` (the N x N scores written and read by each op of the chain).
-``--variants`` also times launch plans around ``attention._attention_settings``' pick: the
-heuristics are not yet measured (docs/kernels.md, "attention"), and this is the sweep that
-should set them.
+``--variants`` also times launch plans around ``attention._attention_settings``' pick (the
+sweep behind the plan table, docs/kernels.md "attention"). ``--plugin-bytes`` prints instead
+what the plugin itself counts of one head, fused vs unfused, as N grows.
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py                     # full table, bf16
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --out gpu-results   # also gpu-results/bench_attention.{txt,json}
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --variants --seqs 2048,8192
     PYTHONPATH=. python3 benchmarks/bench_attention.py --dtype float16 --impls ours,flash
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --plugin-bytes 1024,2048,4096,8192,16384,32768
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
     parser.add_argument("--variants", action="store_true", help="also time launch plans around the default")
+    parser.add_argument("--plugin-bytes", default="", metavar="SEQS",
+                        help="instead: the plugin's kernels and modelled bytes, fused vs unfused, at these sequence "
+                             "lengths (one batch, one head of 64, causal; e.g. 1024,2048,4096,8192,16384,32768)")
     parser.add_argument("--json", default="", help="write every figure to this file (default with --out: DIR/bench_attention.json)")
     add_out_option(parser)
     args = parser.parse_args(argv)
@@ -93,7 +97,10 @@ def main(argv: list[str] | None = None) -> None:
     impls = args.impls.split(",")
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     print(header(), flush=True)
-    print("launch plans: not yet measured defaults (docs/kernels.md, attention)", flush=True)
+    if args.plugin_bytes:
+        plugin_bytes([int(x) for x in args.plugin_bytes.split(",")], dtype, args.dtype, json_file)
+        return
+    print("launch plans: attention._attention_settings (docs/kernels.md, attention)", flush=True)
 
     records, rows = [], []
     for d in (int(x) for x in args.head_dims.split(",")):
@@ -149,6 +156,44 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown_table(table_headers(impls), rows))
     if json_file:
         Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+
+
+def plugin_bytes(seqs: list[int], dtype: torch.dtype, dtype_name: str, json_file: str) -> None:
+    """What the plugin sees of one head (B = H = 1, D = 64, causal): kernels and modelled bytes.
+
+    The point of the seed in numbers: the unfused chain's bytes grow as N^2 (the scores go
+    through HBM once per op), the fused kernel's as N (q, k, v read once, o written once).
+    """
+    from pytest_fusioncheck import profile
+
+    records, rows = [], []
+    for n in seqs:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 1, n, 64, device="cuda", dtype=dtype) for _ in range(3))
+        fused = profile(attention.fused, q, k, v, causal=True)
+        try:
+            unfused = profile(attention.unfused, q, k, v, causal=True)
+        except torch.OutOfMemoryError:
+            unfused = None
+        rec = {"seq": n, "fused_kernels": fused.kernel_count, "fused_bytes": fused.bytes,
+               "budget": attention.budget(q, k, v).total,
+               "unfused_kernels": unfused.kernel_count if unfused else None,
+               "unfused_bytes": unfused.bytes if unfused else None,
+               "unfused_commented": attention.unfused_traffic(q, k, v, causal=True).total}
+        records.append(rec)
+        ratio = f"{rec['unfused_bytes'] / rec['fused_bytes']:.0f}x" if unfused and rec["fused_bytes"] else "n/a"
+        rows.append([dtype_name, n, rec["fused_kernels"], f"{rec['fused_bytes'] / MiB:.2f}",
+                     "n/a" if unfused is None else rec["unfused_kernels"],
+                     "n/a" if unfused is None else f"{rec['unfused_bytes'] / MiB:.0f}",
+                     f"{rec['unfused_commented'] / MiB:.0f}", ratio])
+        print(" | ".join(str(c) for c in rows[-1]), flush=True)
+        del q, k, v, fused, unfused
+        torch.cuda.empty_cache()
+    print()
+    print(markdown_table(["dtype", "N", "fused kernels", "fused MiB (plugin)", "unfused kernels",
+                          "unfused MiB (plugin)", "unfused MiB (line comments)", "unfused / fused"], rows))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"header": header(), "plugin_bytes": records}, indent=1))
 
 
 def table_headers(impls: list[str]) -> list[str]:

@@ -306,7 +306,7 @@ def profile_call(
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
     report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn)
-    report.headroom = find_chains(report.kernels, returned={storage_key(t) for t in iter_tensors(output)})
+    report.headroom = find_chains(report.kernels, returned={storage_key(t) for t in iter_tensors(output)}, device_time=report.device == "cuda")
     arg_devices = {t.device.type for t in iter_tensors((args, kwargs))}
     if arg_devices and dev not in arg_devices:
         report.warnings.append(
@@ -364,7 +364,7 @@ class Region:
         if exc_type is not None:
             return
         report = _build_report(self._rec, self.label, self._source)
-        report.headroom = find_chains(report.kernels)
+        report.headroom = find_chains(report.kernels, device_time=report.device == "cuda")
         if self._breaks is not None:
             report.graph_breaks = list(getattr(self._breaks, "breaks", []))
             report.recompiles = list(getattr(self._breaks, "recompiles", []))

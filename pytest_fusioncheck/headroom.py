@@ -39,6 +39,7 @@ class Chain:
     source: str | None
     bytes: int  # what the chain's kernels moved (modelled)
     fused_bytes: int  # what one fused kernel would move
+    time_s: float | None = None  # the chain's device time (GPU); None on CPU: bytes only
 
     @property
     def excess(self) -> int:
@@ -49,8 +50,17 @@ class Chain:
         return self.bytes / self.fused_bytes if self.fused_bytes else float("inf")
 
     def saving_s(self, peak_bandwidth: float | None) -> float | None:
-        """The time the excess costs at the peak bandwidth (``None`` without a peak)."""
-        return self.excess / peak_bandwidth if peak_bandwidth else None
+        """The time fusing would save (``None`` without a peak; docs/headroom.md).
+
+        With the chain's device time: that time less one fused kernel's at the peak (the
+        chain's kernels rarely run at the peak themselves); without (CPU): the excess bytes
+        at the peak.
+        """
+        if not peak_bandwidth:
+            return None
+        if self.time_s is not None:
+            return max(0.0, self.time_s - self.fused_bytes / peak_bandwidth)
+        return self.excess / peak_bandwidth
 
     def describe(self, peak_bandwidth: float | None = None, region_time_s: float | None = None) -> str:
         from .budget import format_bytes
@@ -83,7 +93,7 @@ def memory_bound(kernel: Any) -> bool:
     return kernel.op not in _COMPUTE_BOUND and kernel.kind != "copy"
 
 
-def find_chains(kernels: list[Any], returned: Iterable[tuple] | None = None) -> list[Chain]:
+def find_chains(kernels: list[Any], returned: Iterable[tuple] | None = None, *, device_time: bool = False) -> list[Chain]:
     """The chains of ``kernels`` (two kernels or more each), largest excess first.
 
     ``returned`` holds the storage keys of the call's returned tensors: a chain must
@@ -113,11 +123,11 @@ def find_chains(kernels: list[Any], returned: Iterable[tuple] | None = None) -> 
     groups: dict[int, list[int]] = {}
     for i in candidates:
         groups.setdefault(find(i), []).append(i)
-    chains = [_chain(kernels, members, returned) for members in groups.values() if len(members) > 1]
+    chains = [_chain(kernels, members, returned, device_time) for members in groups.values() if len(members) > 1]
     return sorted(chains, key=lambda c: -c.excess)
 
 
-def _chain(kernels: list[Any], members: list[int], returned: set | None) -> Chain:
+def _chain(kernels: list[Any], members: list[int], returned: set | None, device_time: bool) -> Chain:
     inside = set(members)
     external_reads: dict[tuple, int] = {}
     written: dict[tuple, int] = {}
@@ -146,4 +156,5 @@ def _chain(kernels: list[Any], members: list[int], returned: set | None) -> Chai
         source=sources[0] if sources else None,
         bytes=sum(kernels[i].bytes or 0 for i in members),
         fused_bytes=sum(external_reads.values()) + sum(external_writes.values()),
+        time_s=sum(kernels[i].time_s for i in members) if device_time else None,
     )

@@ -161,7 +161,7 @@ def headroom_share(report: FusionReport, settings: Settings) -> tuple[float, str
 
         roofline.ensure_efficiency(report, settings)
         if report.peak_bandwidth and report.time_s:
-            return (excess / report.peak_bandwidth) / report.time_s, "of its device time"
+            return sum(c.saving_s(report.peak_bandwidth) for c in report.headroom) / report.time_s, "of its device time"
     return (excess / report.bytes if report.bytes else 0.0), "of its modelled bytes"
 
 

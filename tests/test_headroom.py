@@ -65,6 +65,18 @@ def test_in_a_region_outputs_nobody_reads_back_count_as_leaving_the_chain():
     assert chain.fused_bytes == 200
 
 
+def test_with_device_time_the_saving_is_the_chains_time_less_one_fused_kernel_at_the_peak():
+    kernels = [_k("add", {"x": 100, "b": 1}, {"t": 100}), _k("gelu", {"t": 100}, {"y": 100})]
+    kernels[0].time_s, kernels[1].time_s = 3e-6, 2e-6
+    (bytes_only,) = find_chains(kernels, returned={"y"})
+    (timed,) = find_chains(kernels, returned={"y"}, device_time=True)
+    assert bytes_only.time_s is None and bytes_only.saving_s(100e6) == pytest.approx(200 / 100e6)
+    assert timed.time_s == pytest.approx(5e-6)
+    assert timed.saving_s(100e6) == pytest.approx(5e-6 - 201 / 100e6)  # 5 us less 2.01 us
+    assert timed.saving_s(10e6) == 0.0  # a chain faster than the fused kernel at the peak: nothing to save
+    assert timed.saving_s(None) is None and bytes_only.saving_s(0) is None
+
+
 def test_the_eager_five_op_softmax_is_one_chain_at_four_times_its_fused_budget():
     x = torch.randn(256, 1024)
     report = profile(five_op_softmax, x)
