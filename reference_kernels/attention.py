@@ -197,16 +197,14 @@ class _Plan(NamedTuple):
 
 
 # Launch heuristics by (head_dim, element size). NOT YET TIMED ON A GPU: 16-bit inputs take the
-# Hopper defaults of FlashAttention-2 and Triton's fused-attention tutorial (06), 128 x 64 tiles,
-# 4 warps at head_dim 64 and 8 at 128, three stages. What is checked, from sm_90 compiles of the
-# launch's specialisation (docs/kernels.md, "attention"): no register spills (head_dim 64: 228-238
-# registers a thread; 128: 181-196; 4 warps at 128 spilled 232-312 bytes), k and v loaded by
-# cp.async through 64 / 128 KB of shared memory. float32 runs IEEE fp32 dots (no tensor cores):
-# 64 x 32 and 128 x 64-wide fp32 tiles spilled 320-1600 bytes, these smaller ones none (74-86
-# registers). benchmarks/bench_attention.py --variants times the neighbours that should set them.
+# 16-bit inputs: 64 x 64 tiles, 4 warps, three stages, timed on the H200 against the Hopper
+# defaults of FlashAttention-2 and Triton's fused-attention tutorial (06) (128 x 64, 4 / 8 warps)
+# and their neighbours (benchmarks/bench_attention.py --variants; docs/kernels.md, "attention").
+# float32 runs IEEE fp32 dots (no tensor cores): 64 x 32 and 128 x 64-wide fp32 tiles spilled
+# 320-1600 bytes in sm_90 compiles, these smaller ones none (74-86 registers); not timed.
 _PLANS = {
-    (64, 2): _Plan(128, 64, 4, 3),
-    (128, 2): _Plan(128, 64, 8, 3),
+    (64, 2): _Plan(64, 64, 4, 3),
+    (128, 2): _Plan(64, 64, 4, 3),
     (64, 4): _Plan(64, 16, 8, 2),
     (128, 4): _Plan(32, 16, 8, 2),
 }
