@@ -15,8 +15,14 @@ Two kernels share one epilogue:
   under the interpreter.
 
 ``_gemm_path`` and ``_gemm_configs`` are the launch heuristics: which kernel, which
-tile shapes; when several configs remain, the launcher times each once per problem
-key and keeps the fastest (``_tuned``).
+tile shapes; when several configs remain, the launcher times each once per shape
+bucket and keeps the fastest (``_tuned``).
+
+Small and skinny problems (few output tiles for 132 SMs) get smaller tiles, or split-K:
+``_gemm_splitk_kernel`` writes fp32 partial sums of a K range to a workspace and
+``_splitk_epilogue_kernel`` sums them and applies the epilogue once (two launches).
+Candidates come from a cost model (``_ranked_configs``); each shape bucket (M, N, K rounded
+up to powers of two) times its candidates once per process. docs/kernels.md, "gemm_epilogue".
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pytest_fusioncheck.budget import Budget
 from ._common import check_tensor, interpreting, sm_count
 from ._math import gelu
 
-_INPUT_DTYPES = (torch.float16, torch.bfloat16)
+_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh")
 _APPROXIMATIONS = ("none", "tanh")
 
@@ -125,6 +131,7 @@ def _gemm_epilogue_kernel(
     HAS_RESIDUAL: tl.constexpr,
     GELU_DEGREE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+    INPUT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32" or "ieee" (torch's allow_tf32); else unused
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -143,7 +150,7 @@ def _gemm_epilogue_kernel(
         if DOT_IN_FP32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
@@ -175,6 +182,7 @@ def _gemm_epilogue_tma_kernel(
     HAS_RESIDUAL: tl.constexpr,
     GELU_DEGREE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+    INPUT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32" or "ieee" (torch's allow_tf32); else unused
 ):
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -199,7 +207,7 @@ def _gemm_epilogue_tma_kernel(
             if DOT_IN_FP32:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
 
         tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
@@ -223,32 +231,171 @@ def _gemm_epilogue_tma_kernel(
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
+def _splitk_metadata(grid, kernel, args):
+    """The split-K main loop: reads a and b, writes SPLIT_K fp32 partial (M, N) tiles."""
+    M, N, K, S = args["M"], args["N"], args["K"], args["SPLIT_K"]
+    a = args["a"]
+    elt = (a.base if hasattr(a, "base") else a).element_size()
+    nbytes = elt * (M * K + K * N) + 4 * S * M * N
+    return {"name": f"{kernel.name} [M={M}, N={N}, K={K}, split={S}]", "bytes": nbytes, "flops": 2 * M * N * K}
+
+
+def _splitk_epilogue_metadata(grid, kernel, args):
+    """The split-K epilogue: reads the SPLIT_K fp32 partials (and bias, residual), writes the output."""
+    M, N, S = args["M"], args["N"], args["SPLIT_K"]
+    elt = args["c_ptr"].element_size()
+    nbytes = 4 * S * M * N + elt * M * N
+    if args["HAS_BIAS"]:
+        nbytes += elt * N
+    if args["HAS_RESIDUAL"]:
+        nbytes += elt * M * N
+    return {"name": f"{kernel.name} [M={M}, N={N}, split={S}]", "bytes": nbytes, "flops": (S - 1) * M * N}
+
+
+@triton.jit(launch_metadata=_splitk_metadata)
+def _gemm_splitk_kernel(
+    a,  # (M, K): a TMA descriptor, block (BLOCK_M, BLOCK_K), if USE_TMA, else a pointer
+    b,  # (K, N): descriptor, block (BLOCK_K, BLOCK_N), or (N, K), block (BLOCK_N, BLOCK_K) if B_KMAJOR; or a pointer
+    ws_ptr,  # (SPLIT_K, M, N) fp32 workspace: one partial sum per K range
+    M,  # rows of a and c
+    N,  # columns of b and c
+    K,  # columns of a, rows of b
+    stride_am, stride_ak,  # a strides (pointer path)
+    stride_bk, stride_bn,  # b strides (pointer path)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # K ranges a tile is cut into; the host keeps it <= cdiv(K, BLOCK_K)
+    USE_TMA: tl.constexpr,
+    B_KMAJOR: tl.constexpr,  # TMA path: b is a transposed view of a contiguous (N, K) tensor
+    DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+    INPUT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32" or "ieee"; else unused
+):
+    """One program per (tile, K range): the K ranges of a tile are neighbours in launch order."""
+    pid = tl.program_id(0)
+    split = pid % SPLIT_K
+    pid_m, pid_n = _tile_coords(pid // SPLIT_K, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    k_lo = split * k_tiles // SPLIT_K  # balanced ranges: none is empty while SPLIT_K <= k_tiles
+    k_hi = (split + 1) * k_tiles // SPLIT_K
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    rows = off_m + tl.arange(0, BLOCK_M)
+    cols = off_n + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if USE_TMA:
+        for ki in range(k_lo, k_hi):
+            off_k = ki * BLOCK_K
+            x = a.load([off_m, off_k])
+            if B_KMAJOR:
+                y = b.load([off_n, off_k]).T
+            else:
+                y = b.load([off_k, off_n])
+            if DOT_IN_FP32:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y, acc, input_precision=INPUT_PRECISION)
+    else:
+        rows_in = tl.where(rows < M, rows, 0).to(tl.int64)  # past the edge: row/column 0, never stored
+        cols_in = tl.where(cols < N, cols, 0).to(tl.int64)
+        ks = k_lo * BLOCK_K + tl.arange(0, BLOCK_K)
+        a_ptrs = a + rows_in[:, None] * stride_am + ks[None, :].to(tl.int64) * stride_ak
+        b_ptrs = b + ks[:, None].to(tl.int64) * stride_bk + cols_in[None, :] * stride_bn
+        for ki in range(k_lo, k_hi):
+            k_left = K - ki * BLOCK_K
+            x = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+            y = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+            if DOT_IN_FP32:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y, acc, input_precision=INPUT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+    mn = M.to(tl.int64) * N
+    ws_ptrs = ws_ptr + split * mn + rows.to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(ws_ptrs, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit(launch_metadata=_splitk_epilogue_metadata)
+def _splitk_epilogue_kernel(
+    ws_ptr,  # (SPLIT_K, M, N) fp32 partial sums
+    c_ptr,  # (M, N) output
+    bias_ptr,  # (N,) or None
+    res_ptr,  # (M, N) or None
+    M,
+    N,
+    stride_cm,  # output row stride (unit column stride)
+    stride_rm, stride_rn,  # residual strides
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GELU_DEGREE: tl.constexpr,
+):
+    """Sum the K ranges in a fixed order (the result does not depend on launch timing), then the epilogue."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
+    mn = M.to(tl.int64) * N
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * mn + offs, mask=mask, other=0.0)
+    acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+                    HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
 # --------------------------------------------------------------------------- plan: launch heuristics
 
+# A config: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps, programs an SM,
+# SPLIT_K). EPILOGUE_SPLIT and programs an SM are read by the persistent TMA kernel only; SPLIT_K > 1
+# takes the two split-K kernels instead of the one-kernel paths.
 _TMA_CONFIGS = [
-    # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, EPILOGUE_SPLIT, num_stages, num_warps, programs an SM;
-    # the last is read by the TMA kernel only): the four that came within 10% of the best at
-    # 4096^3 or 8192^3 on the H200 (docs/kernels.md, "gemm_epilogue").
-    (128, 256, 64, 8, 1, 3, 8, 1),
-    (128, 256, 64, 8, 2, 3, 8, 1),
-    (128, 256, 64, 8, 2, 4, 8, 1),
-    (128, 128, 64, 8, 1, 4, 8, 1),
+    # The four that came within 10% of the best at 4096^3 or 8192^3 on the H200 (docs/kernels.md,
+    # "gemm_epilogue"): the list for problems of at least two waves of 128x256 tiles.
+    (128, 256, 64, 8, 1, 3, 8, 1, 1),
+    (128, 256, 64, 8, 2, 3, 8, 1, 1),
+    (128, 256, 64, 8, 2, 4, 8, 1, 1),
+    (128, 128, 64, 8, 1, 4, 8, 1, 1),
 ]
 _TILED_CONFIGS = [
-    (128, 256, 64, 8, 1, 3, 8, 1),
-    (128, 128, 64, 8, 1, 4, 8, 1),
-    (128, 128, 32, 8, 1, 4, 4, 1),
+    (128, 256, 64, 8, 1, 3, 8, 1, 1),
+    (128, 128, 64, 8, 1, 4, 8, 1, 1),
+    (128, 128, 32, 8, 1, 4, 4, 1, 1),
 ]
-_SMALL_CONFIG = (128, 128, 64, 8, 1, 3, 8, 1)
-_INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1)
+_INTERPRETER_CONFIG = (32, 32, 16, 2, 1, 1, 1, 1, 1)
+_IEEE_CONFIG = (64, 64, 32, 8, 1, 3, 4, 1, 1)  # fp32 without TF32: the FMA dot, one modest tile, no tuning
+# Tile shapes the cost model ranks below two waves of 128x256 tiles: (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_stages, num_warps, the share of an SM's matrix rate its main loop is assumed to reach). BLOCK_M
+# 64 is one warpgroup's wgmma height; the shares are guesses ordered by tile size: the timing of
+# the ranked candidates, not the model, picks the config.
+_TILE_SHAPES = [
+    (128, 256, 64, 3, 8, 0.85),
+    (128, 128, 64, 4, 8, 0.75),
+    (64, 256, 64, 4, 8, 0.65),
+    (64, 128, 64, 4, 4, 0.55),
+    (64, 64, 64, 6, 4, 0.40),
+]
+_SPLITS = (2, 3, 4, 6, 8)  # split-K factors the model considers
+_MIN_K_STEPS = 4  # BLOCK_K steps each K range keeps, so its loads still pipeline
+_SM_FLOPS = 6.0e12  # bf16 FLOP/s an H200 SM (790 TFLOP/s measured for torch.mm / 132); fp32 (TF32) half
+_DRAM_BYTES_PER_S = 4.0e12  # a device-to-device copy on the H200
+_WAVE_S = 1e-6  # pipeline fill and epilogue, per wave of tiles
+_SECOND_LAUNCH_S = 2e-6  # split-K's epilogue launch and its gap
+_CANDIDATES = 4  # ranked configs timed per shape bucket
 # The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
 # (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
 # configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
 # degree 9's accuracy.
 _GELU_DEGREE = 7
-_SMALL_PROBLEM = 1 << 30  # M*N*K below this: one config, no tuning
-_tuned: dict = {}
+_tuned: dict = {}  # shape bucket -> the config its timing picked
+_timings: dict = {}  # shape bucket -> [(config, ms)] of its tuning, for benchmarks/bench_gemm_epilogue.py
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -271,14 +418,76 @@ def _gemm_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
     return "tma" if (_tma_ok(a) and b_ok and _tma_ok(out)) else "tiled"
 
 
-def _gemm_configs(path: str, M: int, N: int, K: int) -> list[tuple]:
-    """Candidate configs: one for small problems and the interpreter, a short list to time otherwise."""
+def _input_precision(dtype: torch.dtype) -> str:
+    """tl.dot's precision: fp32 inputs use TF32 only where torch's matmul flag allows it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, sms: int) -> float:
+    """Modelled seconds of one config: waves of tiles at the tile's rate, or the compulsory bytes
+    (plus split-K's fp32 partials written and read) at copy speed, whichever is longer."""
+    BM, BN, BK, _, _, share = tile
+    units = triton.cdiv(M, BM) * triton.cdiv(N, BN) * split
+    waves = triton.cdiv(units, sms)
+    k_steps = triton.cdiv(triton.cdiv(K, BK), split)
+    rate = _SM_FLOPS * share * (0.5 if elt == 4 else 1.0)
+    compute = waves * 2 * BM * BN * k_steps * BK / rate
+    nbytes = elt * (M * K + K * N + M * N) + (8 * split * M * N if split > 1 else 0)
+    return max(compute, nbytes / _DRAM_BYTES_PER_S) + waves * _WAVE_S + (_SECOND_LAUNCH_S if split > 1 else 0)
+
+
+def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int) -> list[tuple]:
+    """The configs to time for one problem: the measured big-tile list when 128x256 tiles fill two
+    waves, else the cost model's best ``_CANDIDATES`` of the smaller tiles and split-K factors.
+
+    Split-K is considered only while the output has fewer tiles than SMs, keeping at least
+    ``_MIN_K_STEPS`` K steps a range and at most three waves. fp32 inputs halve BLOCK_K and drop the
+    128x256 tile (shared memory).
+    """
+    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * sms:
+        configs = list(_TMA_CONFIGS if path == "tma" else _TILED_CONFIGS)
+    else:
+        scored = []
+        for tile in _TILE_SHAPES:
+            BM, BN, BK, stages, warps, _ = tile
+            tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+            k_steps = triton.cdiv(K, BK)
+            for split in (1,) + _SPLITS:
+                if split > 1 and (tiles >= sms or k_steps < split * _MIN_K_STEPS or tiles * split > 3 * sms):
+                    continue
+                config = (BM, BN, BK, 8, 1, stages, warps, 1, split)
+                scored.append((_estimate_s(M, N, K, tile, split, elt, sms), config))
+        configs = [config for _, config in sorted(scored)[:_CANDIDATES]]
+    if elt == 4:  # fp32: BLOCK_K 32, and no 128x256 tile (its fp32 output tile alone takes 128 KB)
+        configs = [(c[0], c[1], min(c[2], 32)) + c[3:] for c in configs if c[0] * c[1] <= 128 * 128]
+        configs = configs or [(128, 128, 32, 8, 1, 4, 8, 1, 1)]
+    return configs
+
+
+def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
+                  device: torch.device | None = None) -> list[tuple]:
+    """Candidate configs: one under the interpreter and for IEEE fp32, else ``_ranked_configs``."""
     if interpreting():
         return [_INTERPRETER_CONFIG]
-    configs = _TMA_CONFIGS if path == "tma" else _TILED_CONFIGS
-    if M * N * K < _SMALL_PROBLEM:
-        return [_SMALL_CONFIG]
-    return list(configs)
+    if _input_precision(dtype) == "ieee":
+        return [_IEEE_CONFIG]
+    elt = torch.empty((), dtype=dtype).element_size()
+    return _ranked_configs(path, M, N, K, elt, sm_count(device or torch.device("cuda")))
+
+
+def _bucket(n: int) -> int:
+    """The shape bucket of one dimension: n rounded up to a power of two."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _time_ms(launch, small: bool) -> float:
+    """Median milliseconds of ``launch()`` (L2 flushed between runs); shorter runs for small problems."""
+    from triton.testing import do_bench
+
+    warmup, rep = (5, 25) if small else (25, 100)
+    return do_bench(launch, warmup=warmup, rep=rep, return_mode="median")
 
 
 # --------------------------------------------------------------------------- launchers
@@ -287,62 +496,99 @@ def _gemm_configs(path: str, M: int, N: int, K: int) -> list[tuple]:
 def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
     M, K = a.shape
     N = b.shape[1]
-    BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm = cfg
+    BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm, split_k = cfg
     degree = _GELU_DEGREE if gelu_degree is None else gelu_degree
     if degree not in (5, 7, 9):
         raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
-    flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
-                 GELU_DEGREE=degree, DOT_IN_FP32=interpreting())
+    split_k = max(1, min(split_k, triton.cdiv(K, BK)))  # K = 0 or a short K: one range
+    dot_flags = dict(DOT_IN_FP32=interpreting(), INPUT_PRECISION=_input_precision(a.dtype))
+    epi_flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
+                     GELU_DEGREE=degree)
     rs = residual.stride() if residual is not None else (0, 0)
+    b_kmajor = path == "tma" and not _tma_ok(b)
     if path == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [BM, BK])
-        b_kmajor = not _tma_ok(b)
+        a_arg = TensorDescriptor(a, [M, K], [a.stride(0), 1], [BM, BK])
         if b_kmajor:
             bt = b.T
-            b_desc = TensorDescriptor(bt, [N, K], [bt.stride(0), 1], [BN, BK])
+            b_arg = TensorDescriptor(bt, [N, K], [bt.stride(0), 1], [BN, BK])
         else:
-            b_desc = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
+            b_arg = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
+    else:
+        a_arg, b_arg = a, b
+    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    if split_k > 1:
+        # docs/kernels.md, "gemm_epilogue": two launches, fp32 partials (4 * split_k * M * N bytes
+        # written, then read) between them.
+        ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+        _gemm_splitk_kernel[(tiles * split_k,)](
+            a_arg, b_arg, ws, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, SPLIT_K=split_k, USE_TMA=path == "tma",
+            B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags,
+        )
+        EM, EN = (16, 128) if not interpreting() else (16, 32)
+        _splitk_epilogue_kernel[(triton.cdiv(M, EM), triton.cdiv(N, EN))](
+            ws, out, bias, residual, M, N, out.stride(0), rs[0], rs[1],
+            SPLIT_K=split_k, BLOCK_M=EM, BLOCK_N=EN, num_warps=4, **epi_flags,
+        )
+    elif path == "tma":
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
         programs = per_sm * sm_count(a.device)
-        grid = (min(programs, triton.cdiv(M, BM) * triton.cdiv(N, BN)),)
-        _gemm_epilogue_tma_kernel[grid](
-            a_desc, b_desc, c_desc, bias, residual, M, N, K, rs[0], rs[1],
+        _gemm_epilogue_tma_kernel[(min(programs, tiles),)](
+            a_arg, b_arg, c_desc, bias, residual, M, N, K, rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, EPILOGUE_SPLIT=SPLIT,
-            NUM_PROGRAMS=programs, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **flags,
+            NUM_PROGRAMS=programs, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags, **epi_flags,
         )
     else:
-        grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
-        _gemm_epilogue_kernel[grid](
+        _gemm_epilogue_kernel[(tiles,)](
             a, b, out, bias, residual, M, N, K,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), rs[0], rs[1],
-            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps, **flags,
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps,
+            **dot_flags, **epi_flags,
         )
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gelu_degree=None):
-    """Pick the path and config (timing the candidates once per problem key), then launch.
+    """Pick the path and config, then launch; returns (path, config).
 
+    Several candidate configs are timed once per shape bucket (M, N, K each rounded up to a power
+    of two, with the dtype, the epilogue, b's layout and the device) and the fastest is kept in
+    ``_tuned``: a later problem of the same bucket reuses it untimed. While a CUDA graph is being
+    captured nothing is timed: an untuned bucket takes the model's first candidate, uncached.
     ``path``, ``config`` and ``gelu_degree`` force a choice (tests and benchmarks use them).
     """
     M, K = a.shape
     N = b.shape[1]
     path = path or _gemm_path(a, b, out)
-    configs = [config] if config else _gemm_configs(path, M, N, K)
+    configs = [config] if config else _gemm_configs(path, M, N, K, a.dtype, a.device)
     if len(configs) > 1:
-        key = (path, M, N, K, a.dtype, bias is not None, activation_code, residual is not None,
-               a.stride(), b.stride(), a.device, gelu_degree)
-        if key not in _tuned:
-            from triton.testing import do_bench
-
-            launches = [lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code, gelu_degree)
-                        for c in configs]
-            for launch in launches:  # compile them all first, so no timing follows an idle compile
-                launch()
-            times = [do_bench(launch, warmup=25, rep=100, return_mode="median") for launch in launches]
+        key = (path, a.dtype, _input_precision(a.dtype), _bucket(M), _bucket(N), _bucket(K), bias is not None,
+               activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree)
+        if key in _tuned:
+            configs = [_tuned[key]]
+        elif not _capturing(a.device):
+            kept, launches = [], []
+            for c in configs:  # compile them all first, so no timing follows an idle compile
+                launch = lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code, gelu_degree)  # noqa: E731
+                try:
+                    launch()
+                except triton.runtime.errors.OutOfResources:  # a tile this GPU's shared memory cannot hold
+                    continue
+                kept.append(c)
+                launches.append(launch)
+            if not launches:
+                raise RuntimeError(f"no candidate config of a {M}x{K} @ {K}x{N} GEMM fits this GPU: {configs}")
+            configs = kept
+            small = 2 * M * N * K < 2**36
+            times = [_time_ms(launch, small) for launch in launches]
+            _timings[key] = list(zip(configs, times))
             _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
-        configs = [_tuned[key]]
+            configs = [_tuned[key]]
     _launch(path, configs[0], a, b, out, bias, residual, activation_code, gelu_degree)
     return path, configs[0]
 
@@ -390,10 +636,13 @@ def _activation_code(activation, approximate="none") -> int:
 
 
 def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):
-    """``act(a @ b + bias) + residual`` in one Triton kernel; fp32 accumulation, output in a's dtype.
+    """``act(a @ b + bias) + residual`` in one Triton kernel (two on the split-K path that small-M,
+    long-K problems take); fp32 accumulation, output in a's dtype.
 
     a: (M, K), b: (K, N) (row-major, or the transpose of a contiguous (N, K) weight),
-    bias: (N,), residual: (M, N), all fp16 or all bf16. ``activation`` is "gelu" (exact
+    bias: (N,), residual: (M, N), all fp16, all bf16 or all fp32 (fp32 products in TF32 when
+    ``torch.backends.cuda.matmul.allow_tf32`` is set, else in full fp32 on one untuned, slow
+    config). ``activation`` is "gelu" (exact
     erf form unless ``approximate="tanh"``), "relu" or None. ``out``, when given, is a
     contiguous (M, N) tensor of a's dtype to write into.
     """

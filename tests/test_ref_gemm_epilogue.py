@@ -81,7 +81,7 @@ def test_each_kernel_writes_every_output_element(path):
 def test_the_split_epilogue_stores_both_column_halves_of_each_tile():
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
-    config = (32, 32, 16, 2, 2, 1, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8, 1)
+    config = (32, 32, 16, 2, 2, 1, 1, 1, 1) if interpreting() else (128, 256, 64, 8, 2, 3, 8, 1, 1)
     M, N, K = (50, 48, 24) if interpreting() else (200, 400, 72)
     a, b, bias, residual = operands(M, N, K, torch.float16)
     out = poisoned(M, N, torch.float16)
@@ -96,9 +96,9 @@ def test_a_persistent_grid_of_one_or_two_programs_an_sm_writes_every_tile(per_sm
     if DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA needs sm_90")
     if interpreting():
-        config, (M, N, K) = (32, 32, 16, 2, split, 1, 1, per_sm), (150, 136, 40)  # 25 tiles over 3 or 6 programs
+        config, (M, N, K) = (32, 32, 16, 2, split, 1, 1, per_sm, 1), (150, 136, 40)  # 25 tiles over 3 or 6 programs
     else:
-        config, (M, N, K) = (128, 128, 64, 8, split, stages, 8, per_sm), (2200, 4104, 136)  # 594 tiles, ragged edges
+        config, (M, N, K) = (128, 128, 64, 8, split, stages, 8, per_sm, 1), (2200, 4104, 136)  # 594 tiles, ragged edges
     a, b, bias, residual = operands(M, N, K, torch.bfloat16)
     out = poisoned(M, N, torch.bfloat16)
     ge._run(a, b, out, bias, residual, ge._activation_code("gelu"), path="tma", config=config)
@@ -191,7 +191,7 @@ def test_a_large_problem_is_tuned_over_the_config_list_and_still_matches():
     a, b, bias, _ = operands(1024, 1024, 1024, torch.bfloat16, residual=False)
     out = torch.full((1024, 1024), float("nan"), device=DEVICE, dtype=torch.bfloat16)
     path, config = ge._run(a, b, out, bias, None, ge._activation_code("gelu"))
-    assert config in (ge._TMA_CONFIGS if path == "tma" else ge._TILED_CONFIGS)
+    assert config in ge._gemm_configs(path, 1024, 1024, 1024, torch.bfloat16, a.device)
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu"), **TOLERANCES[torch.bfloat16])
 
 
@@ -213,7 +213,7 @@ def test_aligned_operands_take_the_tma_path_on_hopper_and_ragged_ones_the_tiled_
 def test_bad_input_raises_a_clear_error():
     a, b, bias, residual = operands(8, 16, 8, torch.bfloat16)
     cases = [
-        ((a.float(), b.float()), {}, TypeError, "dtype float32"),
+        ((a.double(), b.double()), {}, TypeError, "dtype float64"),
         ((a, b.half()), {}, TypeError, "share a dtype"),
         ((a[0], b), {}, ValueError, "2 dimension"),
         ((a, b[:4]), {}, ValueError, "inner dimensions"),
@@ -301,3 +301,252 @@ def test_launch_metadata_declares_the_budget_bytes():
     meta = ge._launch_metadata((1,), SimpleNamespace(name="_gemm_epilogue_kernel"), args)
     assert meta["bytes"] == ge.budget(a, b, bias, "gelu", residual).total
     assert meta["flops"] == 2 * 64 * 32 * 16
+
+
+# --------------------------------------------------------------------------- split-K
+
+
+def _split_config(split):
+    """A split-K config small enough for the interpreter (32x32x16 tiles), or a GPU one."""
+    return (32, 32, 16, 2, 1, 1, 1, 1, split) if interpreting() else (64, 128, 64, 8, 1, 4, 4, 1, split)
+
+
+SPLIT_CASES = [
+    # (M, N, K), dtype, bias, activation, residual, split: ragged M/N tiles and uneven K ranges
+    ((50, 40, 88), torch.bfloat16, True, "gelu", True, 4),  # 6 K steps (interpreter) in ranges of 1, 2, 1, 2
+    ((70, 56, 72), torch.float16, False, "relu", True, 3),
+    ((33, 48, 64), torch.bfloat16, True, None, False, 2),
+    ((40, 24, 96), torch.float16, False, None, False, 2),  # the plain product: the epilogue pass only sums
+]
+
+
+@pytest.mark.parametrize("path", ["tiled", "tma"])
+@pytest.mark.parametrize("mnk, dtype, has_bias, activation, has_residual, split", SPLIT_CASES, ids=str)
+def test_split_k_sums_every_k_range_and_applies_the_epilogue_once(path, mnk, dtype, has_bias, activation,
+                                                                   has_residual, split):
+    if path == "tma" and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    M, N, K = mnk if interpreting() else (mnk[0] * 4, mnk[1] * 8, mnk[2] * 16)
+    a, b, bias, residual = operands(M, N, K, dtype, has_bias, has_residual)
+    out = poisoned(M, N, dtype)
+    ge._run(a, b, out, bias, residual, ge._activation_code(activation), path=path, config=_split_config(split))
+    assert not out.isnan().any(), "an output element was left unwritten"
+    # An epilogue applied per range (bias added split times, GELU of partial sums) would be far off.
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, activation, residual), **TOLERANCES[dtype])
+
+
+def test_split_k_is_deterministic_and_agrees_with_one_range():
+    a, b, bias, residual = operands(50, 40, 88, torch.bfloat16)
+    code = ge._activation_code("gelu")
+    outs = []
+    for split in (3, 3, 1):
+        out = poisoned(50, 40, torch.bfloat16)
+        ge._run(a, b, out, bias, residual, code, path="tiled", config=_split_config(split))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]), "the K ranges are summed in a fixed order"
+    torch.testing.assert_close(outs[0], outs[2], **TOLERANCES[torch.bfloat16])
+
+
+def test_a_split_larger_than_the_k_steps_is_clamped_and_k_zero_still_gets_its_epilogue():
+    for K in (16, 0):  # one K step (interpreter) or none: a single range
+        a, b, bias, residual = operands(40, 24, K, torch.bfloat16)
+        out = poisoned(40, 24, torch.bfloat16)
+        ge._run(a, b, out, bias, residual, ge._activation_code("gelu"), path="tiled", config=_split_config(8))
+        assert not out.isnan().any()
+        torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
+
+
+@pytest.mark.parametrize("has_bias, has_residual", [(False, False), (True, True)])
+def test_the_split_k_launches_declare_the_budget_plus_the_fp32_partials_written_and_read(has_bias, has_residual):
+    M, N, K, S = 64, 32, 48, 3
+    a, b, bias, residual = operands(M, N, K, torch.float16, has_bias, has_residual)
+    out = torch.empty(M, N, device=DEVICE, dtype=torch.float16)
+    main = ge._splitk_metadata((1,), SimpleNamespace(name="_gemm_splitk_kernel"), dict(M=M, N=N, K=K, SPLIT_K=S, a=a))
+    epi = ge._splitk_epilogue_metadata((1,), SimpleNamespace(name="_splitk_epilogue_kernel"),
+                                       dict(M=M, N=N, SPLIT_K=S, c_ptr=out, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual))
+    partials = 4 * S * M * N
+    assert main["bytes"] + epi["bytes"] == ge.budget(a, b, bias, "gelu", residual).total + 2 * partials
+    assert main["bytes"] == 2 * (M * K + K * N) + partials
+    assert main["flops"] == 2 * M * N * K and epi["flops"] == (S - 1) * M * N
+    assert "split=3" in main["name"] and "split=3" in epi["name"]
+
+
+# --------------------------------------------------------------------------- config choice
+
+
+SWEEP_SHAPES = [(m, k, n) for m in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+                for k, n in ((768, 3072), (3072, 768), (4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336),
+                             (5120, 13824), (8192, 28672))]
+
+
+@pytest.mark.parametrize("elt", [2, 4])
+def test_every_ranked_config_is_launchable_and_small_outputs_get_enough_programs(elt):
+    sms = 132
+    for M, K, N in SWEEP_SHAPES:
+        configs = ge._ranked_configs("tma", M, N, K, elt, sms)
+        assert 1 <= len(configs) <= max(ge._CANDIDATES, len(ge._TMA_CONFIGS)) and len(set(configs)) == len(configs)
+        programs = []
+        for BM, BN, BK, _, esplit, stages, warps, _, split in configs:
+            assert BK == (64 if elt == 2 else 32), "fp32 tiles halve BLOCK_K to fit shared memory"
+            epilogue_tile = BM * BN * elt // esplit if split == 1 else 0  # the TMA store's staging tile
+            assert stages * (BM + BN) * BK * elt + epilogue_tile <= 227 * 1024, "fits an SM's shared memory"
+            tiles = triton_cdiv(M, BM) * triton_cdiv(N, BN)
+            if split > 1:
+                assert tiles < sms and triton_cdiv(K, BK) >= split * ge._MIN_K_STEPS
+            programs.append(tiles * split)
+        # The old single 128x256 config gave 128x4096x4096 16 programs for 132 SMs: no candidate list
+        # may leave most SMs idle when the problem has the K to split or the output to cut.
+        if M * N >= 64 * 128 * sms or K >= 128 * ge._MIN_K_STEPS:
+            assert max(programs) >= sms // 2, (M, K, N, configs)
+
+
+def triton_cdiv(x, y):
+    return -(-x // y)
+
+
+def test_big_problems_keep_the_measured_big_tile_list():
+    assert ge._ranked_configs("tma", 8192, 8192, 8192, 2, 132) == ge._TMA_CONFIGS
+    assert ge._ranked_configs("tiled", 8192, 8192, 8192, 2, 132) == ge._TILED_CONFIGS
+
+
+def test_the_model_splits_k_when_few_tiles_cover_a_long_k_and_never_when_k_is_short():
+    best = ge._ranked_configs("tma", 128, 4096, 4096, 2, 132)[0]
+    assert best[-1] > 1, best  # 128x4096 output, K = 4096: split
+    assert all(c[-1] == 1 for c in ge._ranked_configs("tma", 8192, 3072, 768, 2, 132))
+
+
+@pytest.fixture
+def fresh_tuning(monkeypatch):
+    """An empty bucket cache and a fake timer: config -> ms, with a log of what was timed."""
+    monkeypatch.setattr(ge, "_tuned", {})
+    monkeypatch.setattr(ge, "_timings", {})
+    a_cfg, b_cfg = (32, 32, 16, 2, 1, 1, 1, 1, 1), (32, 32, 16, 2, 1, 1, 1, 1, 2)
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [a_cfg, b_cfg])
+    timed, launched = [], []
+    real_launch = ge._launch
+
+    def launch(path, cfg, *args, **kwargs):
+        launched.append(cfg)
+        real_launch(path, cfg, *args, **kwargs)
+
+    def time_ms(fn, small):
+        before = len(launched)
+        fn()
+        timed.append(launched[before])
+        return {a_cfg: 2.0, b_cfg: 1.0}[launched[before]]
+
+    monkeypatch.setattr(ge, "_launch", launch)
+    monkeypatch.setattr(ge, "_time_ms", time_ms)
+    return SimpleNamespace(a=a_cfg, b=b_cfg, timed=timed)
+
+
+def test_each_shape_bucket_times_its_candidates_once_and_reuses_the_fastest(fresh_tuning):
+    code = ge._activation_code("gelu")
+
+    def run(M, N, K, dtype=torch.bfloat16, bias=True):
+        a, b, c, _ = operands(M, N, K, dtype, bias, residual=False)
+        out = poisoned(M, N, dtype)
+        _, config = ge._run(a, b, out, c, None, code)
+        torch.testing.assert_close(out, ge.unfused(a, b, c, "gelu"), **TOLERANCES[dtype])
+        return config
+
+    assert run(50, 40, 24) == fresh_tuning.b  # timed both, kept the faster
+    assert fresh_tuning.timed == [fresh_tuning.a, fresh_tuning.b]
+    assert list(ge._timings.values()) == [[(fresh_tuning.a, 2.0), (fresh_tuning.b, 1.0)]]
+    assert run(60, 33, 30) == fresh_tuning.b  # M 64, N 64, K 32 bucket: cached, not timed again
+    assert len(fresh_tuning.timed) == 2
+    for other in (dict(M=70, N=40, K=24), dict(M=50, N=40, K=24, dtype=torch.float16),
+                  dict(M=50, N=40, K=24, bias=False)):
+        before = len(fresh_tuning.timed)
+        assert run(**other) == fresh_tuning.b
+        assert len(fresh_tuning.timed) == before + 2, f"{other} is a bucket of its own"
+    assert len(ge._tuned) == 4
+
+
+def test_nothing_is_timed_or_cached_while_a_cuda_graph_is_captured(fresh_tuning, monkeypatch):
+    monkeypatch.setattr(ge, "_capturing", lambda device: True)
+    a, b, bias, _ = operands(50, 40, 24, torch.bfloat16, residual=False)
+    out = poisoned(50, 40, torch.bfloat16)
+    _, config = ge._run(a, b, out, bias, None, ge._activation_code("gelu"))
+    assert config == fresh_tuning.a and not fresh_tuning.timed and not ge._tuned
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu"), **TOLERANCES[torch.bfloat16])
+
+
+def test_bucket_rounds_up_to_a_power_of_two():
+    assert [ge._bucket(n) for n in (0, 1, 2, 3, 64, 65, 768, 11008)] == [1, 1, 2, 4, 64, 128, 1024, 16384]
+
+
+# --------------------------------------------------------------------------- fp32 inputs
+
+
+@pytest.fixture
+def allow_tf32():
+    """Set torch's TF32 matmul flag (a property monkeypatch cannot restore) for one test."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+
+    def set_(value):
+        torch.backends.cuda.matmul.allow_tf32 = value
+
+    yield set_
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_fp32_inputs_use_tf32_only_where_torch_allows_it(monkeypatch, allow_tf32):
+    allow_tf32(False)
+    assert ge._input_precision(torch.float32) == "ieee"
+    monkeypatch.setattr(ge, "interpreting", lambda: False)
+    assert ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, torch.device("cpu")) == [ge._IEEE_CONFIG]
+    allow_tf32(True)
+    assert ge._input_precision(torch.float32) == "tf32"
+    assert ge._input_precision(torch.bfloat16) == "tf32"  # unused for 16-bit inputs
+    assert all(c[2] == 32 for c in ge._gemm_configs("tma", 512, 3072, 768, torch.float32, torch.device("cpu")))
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("split", [1, 3])
+def test_fp32_inputs_match_a_float64_reference(allow_tf32, tf32, split):
+    allow_tf32(tf32)
+    M, N, K = (50, 40, 88) if interpreting() else (200, 320, 1408)
+    a, b, bias, residual = operands(M, N, K, torch.float32)
+    out = poisoned(M, N, torch.float32)
+    config = _split_config(split)
+    config = config[:2] + (min(config[2], 32),) + config[3:]
+    ge._run(a, b, out, bias, residual, ge._activation_code("gelu"), config=config)
+    want = ge.unfused(a.double(), b.double(), bias.double(), "gelu", residual.double())
+    rel = ((out.double() - want).norm() / want.norm()).item()
+    assert rel < (2e-3 if tf32 else 1e-5), rel  # TF32 rounds operands to 10 mantissa bits
+
+
+@pytest.mark.gpu
+def test_fp32_without_tf32_is_full_precision_on_the_gpu(allow_tf32):
+    allow_tf32(False)
+    a, b, bias, _ = operands(256, 512, 1024, torch.float32, residual=False)
+    a = a + 1.0  # a TF32 product of these is off by about 1e-4 relative
+    want = ge.unfused(a.double(), b.double(), bias.double(), "gelu")
+    y = ge.fused(a, b, bias, "gelu")
+    assert ((y.double() - want).norm() / want.norm()).item() < 1e-5
+
+
+# --------------------------------------------------------------------------- speed (GPU)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mkn", [(128, 4096, 4096), (512, 768, 3072), (2048, 768, 3072), (64, 4096, 11008)], ids=str)
+def test_small_and_skinny_shapes_run_within_0_9x_of_cublaslt_bias_gelu(mkn):
+    """Issue 12's target at the shapes it named: >= 0.9x ``torch._addmm_activation`` (cuBLASLt's
+    bias + GELU epilogue), device time of CUDA-graph replays over rotated inputs (benchmarks/bench_gemm_epilogue.py)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+    from benchmarks.bench_gemm_epilogue import rotated_device_ms
+
+    M, K, N = mkn
+
+    def make():
+        a, b, bias, _ = operands(M, N, K, torch.bfloat16, residual=False)
+        return a, b, bias
+
+    ours = rotated_device_ms(make, lambda a, b, bias: ge.fused(a, b, bias, "gelu"))
+    lt = rotated_device_ms(make, lambda a, b, bias: torch._addmm_activation(bias, a, b, use_gelu=True))
+    assert lt / ours >= 0.9, f"ours {ours * 1e3:.1f} us, _addmm_activation {lt * 1e3:.1f} us"
