@@ -174,6 +174,56 @@ def phased(x2: torch.Tensor, y2: torch.Tensor) -> Phased:
     return Phased(_aligned_view(x2, phase), _aligned_view(y2, phase), phase, vec, x2.stride(0), y2.stride(0), y2, y_out)
 
 
+class PhasedRows(NamedTuple):
+    """What a kernel that reads several (M, N) tensors and writes several, all at one phase, is launched with
+    (``phased_rows``: ``phased`` for more than one input or output)."""
+
+    reads: tuple  # flat views of each read tensor's storage from the aligned address ``phase`` elements before row 0
+    writes: tuple  # the same for each written tensor
+    phase: int  # row 0's phase (0 when vec == 1)
+    vec: int  # the kernel's VEC: 1 when every row is aligned
+    read_strides: tuple
+    write_strides: tuple
+    write_rows: tuple  # the (M, N) rows the kernel writes, per written tensor
+    write_outs: tuple  # per written tensor: where ``finish`` copies its rows, or None when written in place
+
+    def finish(self) -> None:
+        for rows, out in zip(self.write_rows, self.write_outs):
+            if out is not None:
+                out.copy_(rows)
+
+
+def phased_rows(reads: tuple, writes: tuple) -> PhasedRows:
+    """``phased`` for several tensors: rows of every tensor in ``reads`` and ``writes`` at the same phase, row for row.
+
+    Where every tensor is aligned as Triton specialises (``aligned``) the rows go as they are
+    (``VEC`` 1). Otherwise the tensors that do not agree with the first (phase of row 0, row
+    stride modulo ``VEC``, storage alignment) run on contiguous copies: a read is cloned (one
+    extra read and write of it), a write gets a fresh tensor copied out by ``finish()``.
+    """
+    everything = tuple(reads) + tuple(writes)
+    if all(aligned(everything[0], t) for t in everything):
+        return PhasedRows(tuple(reads), tuple(writes), 0, 1, tuple(t.stride(0) for t in reads),
+                          tuple(t.stride(0) for t in writes), tuple(writes), (None,) * len(writes))
+    vec = vector_elems(everything[0])
+
+    def agree(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return (_storage_aligned(a) and _storage_aligned(b) and _phase0(a, vec) == _phase0(b, vec)
+                and (a.stride(0) - b.stride(0)) % vec == 0)
+
+    def fresh_like(t: torch.Tensor) -> bool:  # what a contiguous allocation of t's shape agrees with
+        return _storage_aligned(t) and _phase0(t, vec) == 0 and (t.stride(0) - t.shape[1]) % vec == 0
+
+    reads = list(reads)
+    if not all(agree(reads[0], t) for t in everything):
+        reads = [t if fresh_like(t) else t.clone(memory_format=torch.contiguous_format) for t in reads]
+    rows = [t if agree(reads[0], t) else torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in writes]
+    outs = [None if r is t else t for r, t in zip(rows, writes)]
+    phase = _phase0(reads[0], vec)
+    return PhasedRows(tuple(_aligned_view(t, phase) for t in reads), tuple(_aligned_view(t, phase) for t in rows), phase,
+                      vec, tuple(t.stride(0) for t in reads), tuple(t.stride(0) for t in rows), tuple(rows), tuple(outs))
+
+
 def ragged_width(n_cols: int, elem_size: int) -> int:
     """Virtual columns of a contiguous row of ``n_cols``: the row plus the widest phase when rows are unaligned."""
     return n_cols if n_cols % _TRITON_DIVISIBILITY == 0 else launch_width(n_cols, max(1, VECTOR_BYTES // elem_size))
@@ -184,4 +234,4 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "launch_width", "vector_elems"]
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "phased_rows", "launch_width", "vector_elems"]

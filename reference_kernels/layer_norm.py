@@ -35,6 +35,18 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
+from ._ragged import (
+    Phased,
+    body_bounds,
+    edges,
+    in_row,
+    launch_width,
+    phased,
+    phased_rows,
+    ragged_width,
+    row_origin,
+    vec_end,
+)
 from ._split_walk import (
     COUNTER_STRIDE,
     COUNTER_STRIDE_INTS,
@@ -59,36 +71,64 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 
 @triton.jit
 def _layer_norm_fwd_kernel(
-    x_ptr,  # (M, N) input; row stride stride_x, column stride 1
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
     w_ptr,  # (N,) weight
     b_ptr,  # (N,) bias
-    y_ptr,  # (M, N) output; row stride stride_y, column stride 1
+    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase as x's, _ragged.phased)
     mean_ptr,  # (M,) float32 row means
     rstd_ptr,  # (M,) float32 reciprocal row standard deviations
+    x_phase,  # phase of row 0 (0 when VEC == 1)
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     eps,  # added to the variance
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N
+    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
 ):
-    """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y."""
+    """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
+
+    Unaligned rows (``_ragged``): x and y in whole aligned vectors from each row's aligned
+    origin, the row's edge elements loaded and stored apart; weight and bias are read at the
+    row's own columns (virtual column - phase), which Triton cannot prove aligned: scalar
+    loads of two (N,) vectors that stay in L1.
+    """
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
-    col_ok = cols < n_cols
-    mask = row_ok[:, None] & col_ok[None, :]
-    rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
+    y_base, _ = row_origin(x_phase, rows, stride_y, VEC)
+    zero = tl.zeros([BLOCK_M], tl.int32)  # makes the row bounds tensors also when VEC == 1 (scalars then)
+    ph = ph + zero
+    ph2 = ph[:, None]
+    v = tl.arange(0, BLOCK_N)[None, :]
+    x = tl.load(x_ptr + x_base[:, None] + v, mask=row_ok[:, None] & (v < (vec_end(ph, n_cols, VEC) + zero)[:, None]),
+                other=0.0)
+    if VEC > 1:  # the row's edge elements, loaded with the body so that their latency overlaps it
+        e, e_ok = edges(ph2, n_cols, VEC)
+        e_ok = e_ok & row_ok[:, None]
+        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
+    mine = _own(v, ph2, n_cols, VEC)
+    x = tl.where(mine, x.to(tl.float32), 0.0)  # the neighbours' elements in the first and last vectors
     mean = tl.sum(x, axis=1) / n_cols
-    centred = tl.where(mask, x - mean[:, None], 0.0)
+    centred = tl.where(mine, x - mean[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = centred * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    if VEC > 1:  # each row's columns sit at its own phase
+        w = tl.load(w_ptr + (v - ph2), mask=mine, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + (v - ph2), mask=mine, other=0.0).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + v, mask=mine, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + v, mask=mine, other=0.0).to(tl.float32)
+    y = centred * rstd[:, None] * w + b
+    first, last = body_bounds(ph, n_cols, VEC)
+    body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
+    tl.store(y_ptr + y_base[:, None] + v, y.to(y_ptr.dtype.element_ty), mask=body)
+    if VEC > 1:
+        we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
+        be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
+        ye = (xe - mean[:, None]) * rstd[:, None] * we + be
+        tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -156,19 +196,20 @@ def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, 
 
 @triton.jit
 def _layer_norm_fwd_split_kernel(
-    x_ptr,  # (M, N) input, unit column stride
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x, unit column stride
     w_ptr,  # (N,) weight
     b_ptr,  # (N,) bias
-    y_ptr,  # (M, N) output, unit column stride
+    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase, _ragged.phased)
     mean_ptr,  # (M,) float32 out: row means
     rstd_ptr,  # (M,) float32 out: 1 / sqrt(var + eps)
     part_ptr,  # (M, GROUP, 2) float32 per-slice (sum, sum of squares) of x - x[row, 0]; unused when GROUP == 1
     sync_ptr,  # ((M + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row, then the ticket; unused when GROUP == 1
+    x_phase,  # phase of row 0 (0 when VEC == 1)
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
-    slice_cols,  # columns per slice: a multiple of BLOCK_N, GROUP slices cover a row, none empty
+    slice_cols,  # virtual columns per slice: a multiple of BLOCK_N, GROUP slices cover N + VEC - 1
     n_programs,  # programs launched (a few an SM)
     eps,  # added to the variance
     GROUP: tl.constexpr,  # slices (programs) per row
@@ -177,6 +218,7 @@ def _layer_norm_fwd_split_kernel(
     SUB: tl.constexpr,  # neighbouring elements summed in-thread before the running sums (16 bytes' worth)
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
 ):
     """The split walk (``_split_walk``, as ``softmax._softmax_split_kernel``) for layer norm: persistent programs, each
     taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
@@ -187,36 +229,44 @@ def _layer_norm_fwd_split_kernel(
     cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
     the walk's ticketed, deadlock-free wait, adding them in slice order (the
     result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
+    Columns are virtual (``_ragged``, as in softmax's walk): slices are cut in that space, a
+    row with a small phase can leave its last slice empty (it publishes zero sums), and the
+    row's edge elements are loaded before pass one and stored after pass two.
     """
     n_tiles = n_rows * GROUP
     tile = first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
     row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
-    x_next = tl.load(x_ptr + row.to(tl.int64) * stride_x + lo + cols, mask=lo + cols < n_cols, other=0.0)
-    shift_next = tl.load(x_ptr + row.to(tl.int64) * stride_x).to(tl.float32)
+    x_next = _fwd_row_chunk(x_ptr, x_phase, row, stride_x, lo, cols, n_cols, VEC)
+    shift_next = _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
-        hi = tl.minimum(lo + slice_cols, n_cols)
-        x_row = x_ptr + row.to(tl.int64) * stride_x
-        y_row = y_ptr + row.to(tl.int64) * stride_y
+        x_base, ph = row_origin(x_phase, row, stride_x, VEC)
+        y_base, _ = row_origin(x_phase, row, stride_y, VEC)
+        hi = tl.minimum(lo + slice_cols, ph + n_cols)
+        x_row = x_ptr + x_base
+        y_row = y_ptr + y_base
+        if VEC > 1:  # the tile's edge elements, loaded now so that their latency hides behind pass one
+            v_e, e_ok = edges(ph, n_cols, VEC)
+            e_ok = e_ok & (v_e >= lo) & (v_e < hi)
+            x_e = tl.load(x_row + v_e, mask=e_ok, other=0.0)
         shift = shift_next
         s1 = tl.zeros([BLOCK_N // SUB], tl.float32)
         s2 = tl.zeros([BLOCK_N // SUB], tl.float32)
         for start in range(lo, hi, BLOCK_N):
-            d = tl.where(start + cols < n_cols, x_next.to(tl.float32) - shift, 0.0)
+            d = tl.where(_own(start + cols, ph, n_cols, VEC), x_next.to(tl.float32) - shift, 0.0)
             if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
                 nxt = start + BLOCK_N
                 nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < n_cols, other=0.0)
+                x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < vec_end(ph, n_cols, VEC), other=0.0)
             d = tl.reshape(d, (BLOCK_N // SUB, SUB))
             s1 += tl.sum(d, axis=1)
             s2 += tl.sum(d * d, axis=1)
         if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
             early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
-            x_next = tl.load(x_ptr + early_row.to(tl.int64) * stride_x + early_lo + cols,
-                             mask=early_lo + cols < n_cols, other=0.0)
+            x_next = _fwd_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
         t1 = tl.sum(s1, axis=0)
         t2 = tl.sum(s2, axis=0)
         if GROUP == 1:
@@ -235,21 +285,53 @@ def _layer_norm_fwd_split_kernel(
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
-        shift_next = tl.load(x_ptr + next_row.to(tl.int64) * stride_x).to(tl.float32)
+        shift_next = _fwd_row_first(x_ptr, x_phase, next_row, stride_x, VEC)
+        first, last = body_bounds(ph, n_cols, VEC)
         for start in range(lo, hi, BLOCK_N):
             if EARLY:
                 x = x_held.to(tl.float32)
             else:
                 x = x_next.to(tl.float32)
                 pre_row, pre_col = prefetch_target(start, hi, row, next_row, next_lo, BLOCK_N)
-                x_next = tl.load(x_ptr + pre_row.to(tl.int64) * stride_x + pre_col + cols,
-                                 mask=pre_col + cols < n_cols, other=0.0)
-            mask = start + cols < n_cols
-            w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+                x_next = _fwd_row_chunk(x_ptr, x_phase, pre_row, stride_x, pre_col, cols, n_cols, VEC)
+            v = start + cols
+            mine = _own(v, ph, n_cols, VEC)
+            w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + (v - ph), mask=mine, other=0.0).to(tl.float32)
             y = (x - mean) * rstd * w + b
-            tl.store(y_row + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+            tl.store(y_row + v, y.to(y_ptr.dtype.element_ty), mask=(v >= first) & (v < last))
+        if VEC > 1:
+            if hi <= lo:  # an empty slice: nothing prefetched the next tile's first chunk
+                x_next = _fwd_row_chunk(x_ptr, x_phase, next_row, stride_x, next_lo, cols, n_cols, VEC)
+            w_e = tl.load(w_ptr + (v_e - ph), mask=e_ok, other=0.0).to(tl.float32)
+            b_e = tl.load(b_ptr + (v_e - ph), mask=e_ok, other=0.0).to(tl.float32)
+            y_e = (x_e.to(tl.float32) - mean) * rstd * w_e + b_e
+            tl.store(y_row + v_e, y_e.to(y_ptr.dtype.element_ty), mask=e_ok)
         tile = next_tile
+
+
+@triton.jit
+def _own(v, ph, n_cols, VEC: tl.constexpr):
+    """Virtual columns ``v`` that hold the row's own elements (``_ragged.in_row``; VEC 1: plain ``v < N``, which
+    Triton's divisibility analysis keeps vectorised)."""
+    if VEC > 1:
+        return in_row(v, ph, n_cols)
+    else:
+        return v < n_cols
+
+
+@triton.jit
+def _fwd_row_chunk(x_ptr, x_phase, row, stride_x, start, cols, n_cols, VEC: tl.constexpr):
+    """The chunk of ``row`` at virtual columns ``start + cols``, whole vectors (_ragged), 0 past the row's last vector."""
+    base, ph = row_origin(x_phase, row, stride_x, VEC)
+    return tl.load(x_ptr + base + start + cols, mask=start + cols < vec_end(ph, n_cols, VEC), other=0.0)
+
+
+@triton.jit
+def _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
+    """x[row, 0] in float32: the shift of the split walk's sums."""
+    base, ph = row_origin(x_phase, row, stride_x, VEC)
+    return tl.load(x_ptr + base + ph).to(tl.float32)
 
 
 # --------------------------------------------------------------------------- kernels: backward
@@ -466,6 +548,89 @@ def _layer_norm_bwd_lean_kernel(
 
 
 @triton.jit
+def _layer_norm_bwd_phased_kernel(
+    x_ptr,  # forward input: row r's first element at x_ptr + x_phase + r * stride_x, unit column stride
+    dy_ptr,  # gradient of y, rows at x's phase (_ragged.phased_rows)
+    w_ptr,  # (N,) weight
+    mean_ptr,  # (M,) float32 row means from the forward
+    rstd_ptr,  # (M,) float32 reciprocal standard deviations from the forward
+    dx_ptr,  # gradient of x, rows at x's phase
+    dw_part_ptr,  # (n_groups, N) float32: this program's share of dweight
+    db_part_ptr,  # (n_groups, N) float32: this program's share of dbias
+    x_phase,  # phase of row 0 (0 when VEC == 1)
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_dy,  # elements between rows of dy
+    stride_dx,  # elements between rows of dx
+    n_groups,  # programs; a multiple of VEC, so that every row a program takes has the same phase
+    BLOCK_N: tl.constexpr,  # virtual columns a program holds: >= N + VEC - 1
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+):
+    """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
+
+    With n_groups a multiple of VEC (and every tensor's rows at x's phase) all of a program's
+    rows share one phase, so dweight/dbias accumulate in the program's virtual columns and
+    shift to the real ones once, at the end; the weight is read at that shift once too. x
+    and dy go in whole aligned vectors, the next row's loads in flight while this row is
+    reduced; dx is stored as whole vectors plus the row's edges, whose x and dy are loaded
+    apart (they stay in L1).
+    """
+    g = tl.program_id(0)
+    v = tl.arange(0, BLOCK_N)
+    _, ph = row_origin(x_phase, g, stride_x, VEC)
+    mine = _own(v, ph, n_cols, VEC)
+    load_ok = v < vec_end(ph, n_cols, VEC)
+    w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0).to(tl.float32)
+    first, last = body_bounds(ph, n_cols, VEC)
+    body = (v >= first) & (v < last)
+    if VEC > 1:
+        e, e_ok = edges(ph, n_cols, VEC)
+        w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    db_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    first_row = tl.minimum(g, n_rows - 1)  # a program without rows loads row n_rows - 1 and never uses it
+    x_base, _ = row_origin(x_phase, first_row, stride_x, VEC)
+    dy_base, _ = row_origin(x_phase, first_row, stride_dy, VEC)
+    x_next = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
+    dy_next = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
+    for r in range(g, n_rows, n_groups):
+        row = tl.cast(r, tl.int64)
+        x_in = x_next
+        dy_in = dy_next
+        x_base, _ = row_origin(x_phase, row, stride_x, VEC)
+        dy_base, _ = row_origin(x_phase, row, stride_dy, VEC)
+        dx_base, _ = row_origin(x_phase, row, stride_dx, VEC)
+        ahead = tl.minimum(row + n_groups, n_rows - 1)  # the last rows reload one that exists
+        a_x, _ = row_origin(x_phase, ahead, stride_x, VEC)
+        a_dy, _ = row_origin(x_phase, ahead, stride_dy, VEC)
+        x_next = tl.load(x_ptr + a_x + v, mask=load_ok, other=0.0)
+        dy_next = tl.load(dy_ptr + a_dy + v, mask=load_ok, other=0.0)
+        if VEC > 1:
+            x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
+            dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        dy = tl.where(mine, dy_in.to(tl.float32), 0.0)
+        xhat = tl.where(mine, (x_in.to(tl.float32) - mean) * rstd, 0.0)
+        dw_acc += dy * xhat
+        db_acc += dy
+        wdy = w * dy
+        c1 = tl.sum(xhat * wdy, axis=0) / n_cols
+        c2 = tl.sum(wdy, axis=0) / n_cols
+        dx = (wdy - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + dx_base + v, dx.to(dx_ptr.dtype.element_ty), mask=body)
+        if VEC > 1:
+            xhat_e = (x_e - mean) * rstd
+            wdy_e = w_e * dy_e
+            dx_e = (wdy_e - (xhat_e * c1 + c2)) * rstd
+            tl.store(dx_ptr + dx_base + e, dx_e.to(dx_ptr.dtype.element_ty), mask=e_ok)
+    share = g.to(tl.int64) * n_cols + (v - ph)
+    tl.store(dw_part_ptr + share, dw_acc, mask=mine)
+    tl.store(db_part_ptr + share, db_acc, mask=mine)
+
+
+@triton.jit
 def _layer_norm_dwdb_kernel(
     dw_part_ptr,  # (n_groups, N) float32 shares of dweight
     db_part_ptr,  # (n_groups, N) float32 shares of dbias
@@ -577,7 +742,16 @@ _DWDB_BLOCK_N = 256
 # _LEAN_FP32_MAX_ROW (40% against 46%) nor rows up to _BWD_MAX_ROW (bf16 60% against 69-72%).
 _BWD_VARIANT = "lean"
 _LEAN_FP32_MAX_ROW = 16384
-_BWD_VARIANTS = ("measured", "lean")
+_BWD_VARIANTS = ("measured", "lean", "phased")
+# Rows that start unaligned (_ragged: N not a multiple of 16 elements), forward: the rows plan reads
+# aligned vectors from _PHASED_ROWS_MIN_COLS columns (narrower, Triton's scalar accesses); the
+# split walk always does. Backward: _layer_norm_bwd_phased_kernel for rows up to
+# _PHASED_BWD_MAX_ROW virtual columns, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a
+# thread, _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
+_PHASED_ROWS_MIN_COLS = 2048
+_PHASED_BWD_MAX_ROW = 16384
+_PHASED_BWD_VECTORS = 2
+_PHASED_BWD_WARPS_PER_SM = 32
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
@@ -602,28 +776,36 @@ def _layer_norm_settings(
     one_pass: bool | None = None,
     variant: str | None = None,
     wide: str | None = None,
+    phased_ok: bool = True,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
     ``max_row`` overrides the widest row held by one program (and is then the chunk or
     step width), ``one_pass`` forces the backward's one-pass (never under the interpreter) or
     two-pass chunked plan: tests use both to reach every code path with small shapes. ``variant``
-    ("measured" or "lean") forces the backward kernel at every shape; left out,
+    ("measured", "lean" or "phased") forces the backward kernel at every shape ("phased": whole
+    rows only); left out, rows that start unaligned (N not a multiple of 16) up to
+    ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in x's dtype), else
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
+    if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
+                                              and n_cols % 16 and ragged_width(n_cols, elem_size) <= _PHASED_BWD_MAX_ROW)):
+        return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
             return _lean_backward_plan(n_rows, n_cols, elem_size, sm_count, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
+    # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
+    width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols) else n_cols
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW
-    if held and elem_size >= 4:
-        return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
-    if n_cols <= widest:
-        block_n = next_power_of_2(n_cols)
+    if held and (elem_size >= 4 or width > _MAX_ROW):  # 16-bit rows too wide for rows once phased (16383): held too
+        return _Plan("persistent", 1, next_power_of_2(width), _HELD_ROWS_WARPS, group=1, per_sm=1)
+    if width <= widest:
+        block_n = next_power_of_2(width)
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
             block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
         else:
@@ -693,6 +875,23 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
     return _Plan(plan, 1, chunk, warps, group=group, per_sm=per_sm)
 
 
+def _phase_rows(n_cols: int) -> bool:
+    """Whether the forward ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``)."""
+    return n_cols >= _PHASED_ROWS_MIN_COLS
+
+
+def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+    """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows."""
+    vec = max(1, 16 // elem_size)
+    block_n = next_power_of_2(launch_width(n_cols, vec))
+    if block_n > _PHASED_BWD_MAX_ROW:
+        raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns, not {n_cols}")
+    warps = max(4, min(32, block_n // (32 * vec * _PHASED_BWD_VECTORS)))
+    per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
+    n_groups = min(triton.cdiv(sm_count * per_sm, vec), triton.cdiv(n_rows, vec)) * vec
+    return _Plan("rows", 1, block_n, warps, n_groups, "phased")
+
+
 def _lean_backward_plan(
     n_rows: int, n_cols: int, elem_size: int, sm_count: int, max_row: int | None, one_pass: bool | None
 ) -> _Plan:
@@ -724,37 +923,45 @@ def _lean_backward_plan(
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    tensors = (x2, weight, bias, y2, mean, rstd)
+    if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols)):
+        r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
+    else:
+        r = phased(x2, y2)
     if plan.mode == "rows":
+        block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
-            *tensors, n_rows, n_cols, x2.stride(0), y2.stride(0), eps,
-            BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+            r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
+            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps,
         )
     elif plan.mode == "looped":
         _layer_norm_fwd_looped_kernel[(n_rows,)](
-            *tensors, n_cols, x2.stride(0), y2.stride(0), eps, n_rows, BLOCK_N=plan.block_n, num_warps=plan.num_warps
+            x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps, n_rows,
+            BLOCK_N=plan.block_n, num_warps=plan.num_warps,
         )
     else:
-        _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps, plan)
+        _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
+    r.finish()
 
 
-def _forward_launch_split(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
-    n_rows, n_cols = x2.shape
-    group, slice_cols = split_group(n_cols, plan.block_n, plan.group)
+def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_cols: int, eps: float, plan: _Plan) -> None:
+    group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
     split_run(
         _layer_norm_fwd_split_kernel,
         lambda part, sync, n_programs: (
-            x2, weight, bias, y2, mean, rstd, part, sync, n_rows, n_cols, x2.stride(0), y2.stride(0), slice_cols,
-            n_programs, eps),
-        n_rows, group, plan.per_sm, x2.device, mean,
+            r.x, weight, bias, r.y, mean, rstd, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
+            slice_cols, n_programs, eps),
+        n_rows, group, plan.per_sm, r.x.device, mean,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
-        SUB=max(1, min(plan.block_n, 16 // x2.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, num_warps=plan.num_warps,
+        SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
+        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps,
     )
 
 
 def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
+    if plan.variant == "phased":
+        _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan)
+        return
     n_chunks = triton.cdiv(n_cols, plan.block_n)
     n_row_blocks = triton.cdiv(n_rows, plan.block_m)
     rows_per_group = triton.cdiv(n_row_blocks, plan.n_groups) * plan.block_m
@@ -785,6 +992,22 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         else:
             kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
             kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+    _sum_shares(dw_part, db_part, dw, db)
+
+
+def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    r = phased_rows((x2, dy2), (dx2,))
+    if plan.n_groups % r.vec:
+        raise ValueError(f"the phased backward needs a multiple of {r.vec} programs, got {plan.n_groups}")
+    dw_part = torch.empty((plan.n_groups, n_cols), dtype=torch.float32, device=x2.device)
+    db_part = torch.empty_like(dw_part)
+    _layer_norm_bwd_phased_kernel[(plan.n_groups,)](
+        *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
+        *r.write_strides, plan.n_groups,
+        BLOCK_N=max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec))), VEC=r.vec, num_warps=plan.num_warps,
+    )
+    r.finish()
     _sum_shares(dw_part, db_part, dw, db)
 
 
@@ -885,6 +1108,7 @@ def backward(
         max_row=max_row,
         one_pass=one_pass,
         variant=variant,
+        phased_ok=dy.dtype == x.dtype,
     )
     _backward_launch(
         dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx.view(x2.shape), dw, db, plan

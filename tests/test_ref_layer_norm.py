@@ -245,7 +245,7 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
 def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
     settings = layer_norm._layer_norm_settings
     assert settings(32768, 4096, 2, backward=True, sm_count=132).prefetch  # bf16 4096: 87% against 74%
-    assert settings(32768, 2049, 2, backward=True, sm_count=132).prefetch
+    assert settings(32768, 2064, 2, backward=True, sm_count=132).prefetch
     assert not settings(32768, 2048, 2, backward=True, sm_count=132).prefetch
     assert not settings(131072, 1024, 2, backward=True, sm_count=132).prefetch  # 68% against 81%
     assert not settings(32768, 4096, 4, backward=True, sm_count=132).prefetch  # fp32: 90% against 93%
@@ -282,7 +282,7 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
 
 def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
     settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132)  # noqa: E731
-    widths = [(1024, 4), (4096, 4), (1024, 2), (4096, 2), (4097, 4), (16384, 4), (16385, 4), (65536, 4), (16384, 2), (65536, 2)]
+    widths = [(1024, 4), (4096, 4), (1024, 2), (4096, 2), (4112, 4), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
     assert [settings(n, s).variant for n, s in widths] == [
         "measured", "measured", "measured", "measured", "lean", "lean", "measured", "measured", "lean", "lean",
     ]
@@ -497,3 +497,171 @@ def test_split_forward_waiting_on_its_peers_matches_torch_every_time(shape, bloc
         x64 = x[keep].double()
         torch.testing.assert_close(mean[keep].double(), x64.mean(-1), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(rstd[keep].double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
+
+
+# Rows that do not start 16-byte aligned (reference_kernels/_ragged.py, docs/kernels.md "Ragged
+# rows"): every row at its own phase, rows of a wider tensor, outputs at odd offsets. Outputs are
+# poisoned with nan, so an edge element or vector left unwritten fails, and compared with float64.
+RAGGED = [
+    (40, 13),  # bf16: 8 a vector, every phase 0..7 among the rows; rows shorter than two vectors
+    (9, 3),  # rows inside one vector, some straddling two
+    (7, 50),  # a body of whole vectors between the edges
+    (3, 2051),  # one row a program, 2051 + 7 virtual columns: a 4096 block
+]
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _check_forward(x, weight, bias, y, mean, rstd, dtype):
+    assert not (y.isnan().any() or mean.isnan().any() or rstd.isnan().any()), "an output element was left unwritten"
+    assert_close(y, torch_reference(x, weight, bias, torch.zeros_like(x))[0], dtype, "y")
+    x64 = x.double()
+    torch.testing.assert_close(mean.double(), x64.mean(-1), atol=1e-5 * x64.abs().max().item(), rtol=1e-5)
+    torch.testing.assert_close(rstd.double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("plan", ["rows", "rows, scalar", "persistent", "split walk, steps"])
+@pytest.mark.parametrize("shape", RAGGED, ids=str)
+def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, plan, dtype, monkeypatch):
+    x, weight, bias = inputs(shape, dtype)
+    if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
+        monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
+        chosen = layer_norm._layer_norm_settings(*shape, x.element_size())
+        assert chosen.mode == "rows" and chosen.block_n >= shape[1] + 16 // x.element_size() - 1
+    elif plan == "rows, scalar":
+        monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1 << 30)
+        chosen = layer_norm._layer_norm_settings(*shape, x.element_size())
+    else:  # one step a row held (HOLD, EARLY), or 8-wide steps walked twice
+        chosen = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=8, wide="persistent")
+        if plan == "persistent":
+            chosen = chosen._replace(block_n=triton.next_power_of_2(shape[1] + 7))
+    y, mean, rstd = _poisoned(shape, dtype), _poisoned(shape[:1], torch.float32), _poisoned(shape[:1], torch.float32)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, chosen)
+    _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+@pytest.mark.parametrize("threshold", [1, 1 << 30], ids=["aligned vectors", "scalar"])
+@pytest.mark.parametrize("offset, width", [(3, 40), (4, 41), (0, 37), (1, 44)],
+                         ids=["odd phase", "same phase, wider stride", "wider stride", "aligned width, odd phase"])
+def test_forward_on_rows_of_a_wider_tensor_reads_in_place_or_from_a_copy_and_matches(offset, width, threshold,
+                                                                                     monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", threshold)
+    big, _, _ = inputs((7, 48), torch.float32)
+    _, weight, bias = inputs((1, width), torch.float32)
+    x = big[:, offset:offset + width]
+    before = big.clone()
+    out = _poisoned(x.shape, torch.float32)
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+    assert y is out and torch.equal(big, before), "the input was written"
+    _check_forward(x, weight, bias, y, mean, rstd, torch.float32)
+    y, *_ = layer_norm.forward(x, weight, bias, max_row=8, )  # the split walk on the same rows
+    assert_close(y, torch_reference(x, weight, bias, torch.zeros_like(x))[0], torch.float32, "y")
+
+
+@pytest.mark.parametrize("max_row", [None, 8], ids=["rows", "split walk"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_forward_into_an_out_at_an_odd_offset_writes_every_element_and_nothing_before(dtype, max_row, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
+    x, weight, bias = inputs((5, 21), dtype)
+    buf = _poisoned((5 * 21 + 3,), dtype)
+    out = buf[3:].view(5, 21)
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out, max_row=max_row)
+    assert buf[:3].isnan().all(), "written before out"
+    _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", RAGGED + [(6, 64)], ids=str)  # 64: aligned rows forced onto the phased kernel (VEC 1)
+def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_element(shape, dtype, unwritten_reads_nan):
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    variant = None if shape[1] % 16 else "phased"
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=3, variant=variant)
+    assert plan.variant == "phased" and plan.n_groups % (16 // x.element_size()) == 0
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, variant=variant)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert not a.isnan().any(), f"{what} left unwritten"
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
+@pytest.mark.parametrize("n_groups", [8, 16, 64], ids=["every row of a phase in one program", "two", "more programs than rows"])
+def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups):
+    x, weight, bias = inputs((37, 27), torch.bfloat16)
+    dy = torch.randn(x.shape, device=DEVICE).bfloat16()
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased")
+    dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+    with pytest.raises(ValueError, match="multiple of 8 programs"):
+        layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan._replace(n_groups=12))
+
+
+@pytest.mark.parametrize("x_offset, dy_offset", [(1, 1), (1, 0), (0, 2)], ids=["same phase", "x unaligned", "dy unaligned"])
+def test_the_phased_backward_on_slices_at_different_phases_matches_torch(x_offset, dy_offset):
+    big_x, weight, bias = inputs((9, 60), torch.float32)
+    big_dy = torch.randn(9, 60, device=DEVICE)
+    x, dy = big_x[:, x_offset:x_offset + 50], big_dy[:, dy_offset:dy_offset + 50]
+    weight, bias = weight[:50], bias[:50]
+    before = (big_x.clone(), big_dy.clone())
+    ours = fused_with_grads(x, weight, bias, dy)
+    assert torch.equal(big_x, before[0]) and torch.equal(big_dy, before[1]), "an input was written"
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.float32, what, inputs=(x, weight, dy))
+
+
+def test_a_gradient_in_another_dtype_than_x_takes_the_plain_backward():
+    x, weight, bias = inputs((6, 50), torch.bfloat16)
+    dy = torch.randn(6, 50, device=DEVICE)  # float32 against bf16 x: no common phase in elements
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert layer_norm._layer_norm_settings(6, 50, 2, backward=True, phased_ok=False).variant != "phased"
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+
+
+def test_phased_rows_reads_in_place_where_every_phase_agrees_and_copies_where_not():
+    from reference_kernels._ragged import phased_rows
+
+    a, b = torch.randn(4, 64, device=DEVICE), torch.randn(4, 64, device=DEVICE)
+    r = phased_rows((a, b), (torch.empty_like(a),))
+    assert (r.vec, r.phase, r.write_outs) == (1, 0, (None,)) and r.reads[0] is a  # Triton's own specialisation
+    big = torch.randn(2, 4, 60, device=DEVICE)
+    a, b = big[0, :, 1:51], big[1, :, 1:51]  # both at phase 1, stride 60 = 50 + 10 against an output of stride 50
+    r = phased_rows((a, b), (torch.empty(4, 50, device=DEVICE),))
+    assert r.phase == 0 and r.read_strides == (50, 50) and r.write_outs == (None,)  # inputs copied
+    a, b = big[0, :, 4:56], big[1, :, 4:56]  # phase 0, stride 60 = 52 + 8: in place
+    r = phased_rows((a, b), (torch.empty(4, 52, device=DEVICE),))
+    assert (r.vec, r.phase, r.read_strides) == (4, 0, (60, 60)) and r.reads[1].data_ptr() == b.data_ptr()
+    buf = torch.full((4 * 50 + 1,), float("nan"), device=DEVICE)
+    out = buf[1:].view(4, 50)
+    a = torch.randn(4, 50, device=DEVICE)
+    r = phased_rows((a,), (out,))  # an output at phase 1: written to a fresh tensor, copied by finish()
+    assert r.write_outs[0] is out and r.write_rows[0] is not out and r.reads[0].data_ptr() == a.data_ptr()
+    r.write_rows[0].copy_(a)
+    r.finish()
+    assert torch.equal(out, a)
+
+
+def test_ragged_widths_take_the_phased_plans_and_aligned_ones_keep_theirs():
+    settings = layer_norm._layer_norm_settings
+    bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in
+           [(1025, 2), (4097, 4), (8191, 2), (16381, 4), (16383, 4), (1024, 2), (4096, 4)]]
+    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "phased", "lean", "measured", "measured"]
+    assert all(p.n_groups % 8 == 0 for p in bwd[:1]) and bwd[1].n_groups % 4 == 0
+    assert bwd[1].block_n == 8192 and bwd[3].block_n == 16384  # 4097 + 3, 16381 + 3 virtual columns
+    assert settings(8192, 1025, 2, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
+    fwd = settings(8192, 4097, 2)
+    assert (fwd.mode, fwd.block_n) == ("rows", 8192)
+    assert settings(8192, 12345, 4) == layer_norm._Plan("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert settings(8192, 16383, 4).block_n == 32768  # 16383 + 3 virtual columns
+    assert settings(8192, 16383, 2) == layer_norm._Plan("persistent", 1, 32768, 32, group=1, per_sm=1)
+    assert settings(8192, 16376, 2).mode == "rows"  # 16376 + 7 fits the 16384 block
