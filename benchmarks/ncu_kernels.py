@@ -65,6 +65,13 @@ CASES = {
     "softmax_bf16_12345": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 12345, torch.bfloat16)),
     "softmax_bf16_17000": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 17000, torch.bfloat16)),
     "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(1024, 50257, torch.bfloat16)),
+    # narrow rows (2^26 elements): width 3 ran at 8% of copy, torch's kernel beside it; 8 is a
+    # MoE router's width; 1023 / 1024 a ragged 16-bit row and its aligned neighbour
+    "softmax_bf16_3": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 3, 3, torch.bfloat16)),
+    "torch_softmax_bf16_3": lambda: (lambda x: lambda: torch.softmax(x, -1))(_inputs(2**26 // 3, 3, torch.bfloat16)),
+    "softmax_bf16_8": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**23, 8, torch.bfloat16)),
+    "softmax_bf16_1023": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(65536, 1023, torch.bfloat16)),
+    "softmax_bf16_1024": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(65536, 1024, torch.bfloat16)),
     "ln_bwd_bf16_1024": lambda: _ln_backward(131072, 1024, torch.bfloat16),
     "ln_bwd_bf16_4096": lambda: _ln_backward(32768, 4096, torch.bfloat16),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),

@@ -162,6 +162,29 @@ def test_settings_hold_rows_up_to_16384_wide_and_pack_narrow_rows():
     assert softmax._softmax_settings(3, 256, 2).block_m == 4  # never more rows per program than rows
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_packed_rows_narrower_than_16_take_compile_time_strides_and_are_right(n, dtype):
+    from reference_kernels._ragged import Phased
+
+    x = torch.randn(301, n, dtype=dtype, device=DEVICE)  # the last program's rows ragged
+    out = poisoned_like(x)
+    softmax.fused(x, out=out)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    assert_close_to_row_scale(out, softmax.unfused(x.float()).to(dtype), dtype)
+    assert softmax._narrow(Phased.plain(x, out), n, n) == n
+    # rows of a wider tensor (stride 2n), a width that is no power of two, 16 columns: runtime strides
+    wide = torch.randn(301, 2 * n, dtype=dtype, device=DEVICE)[:, :n]
+    out = poisoned_like(wide)
+    softmax.fused(wide, out=out)
+    assert not out.isnan().any()
+    assert_close_to_row_scale(out, softmax.unfused(wide.float()).to(dtype), dtype)
+    assert softmax._narrow(Phased.plain(wide, out), n, n) == 0
+    for cols in (3, 16):
+        t = torch.empty(4, cols, dtype=dtype)
+        assert softmax._narrow(Phased.plain(t, t), cols, softmax.next_power_of_2(cols)) == 0
+
+
 def test_settings_refuse_a_wide_row_plan_they_do_not_have():
     with pytest.raises(ValueError, match="unknown wide-row plan 'looped'"):
         softmax._softmax_settings(2048, 65536, 4, wide="looped")
