@@ -327,3 +327,34 @@ def triton_launch_hook(on_launch: Callable[..., Any]) -> Iterator[None]:
     finally:
         for cls, original in reversed(patches):
             cls.run = original
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def abandon_graph_pool(device: int, pool: Any) -> None:
+    """After a CUDA-graph capture into ``pool`` failed, stop the caching allocator from
+    routing to that pool and release it (``torch.cuda.use_mem_pool`` does the same on
+    exit). ``CUDAGraph.capture_end`` skips both when ``cudaStreamEndCapture`` fails (an
+    invalidated capture): left as is, the allocator would defer freeing blocks for as
+    long as the process runs. When the capture got past that point the graph's own reset
+    releases the pool: nothing is done then. (torch 2.13 names the call
+    ``_cuda_endAllocateToPool``; older releases ``_cuda_endAllocateCurrentStreamToPool``.)"""
+    import torch
+
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None) or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if end is None or release is None:
+        _warn_once("releasing a failed CUDA-graph capture's memory pool (torch._C._cuda_endAllocateToPool)")
+        return
+    try:
+        end(device, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": capture_end did it
+        return
+    release(device, pool)
+
+
+def graph_launches(prof: Any) -> int:
+    """How many CUDA graphs a finished profiler session launched (``cudaGraphLaunch``
+    runtime calls): a call compiled with ``mode="reduce-overhead"`` replays its graphs."""
+    return sum(1 for e in kineto_events(prof) if e.name().startswith(("cudaGraphLaunch", "cuGraphLaunch")))

@@ -14,6 +14,11 @@ more with every recorder on:
 Every switch is restored when the call returns. The device's kernel source
 (``sources.kernel_source``) turns the profiler's events into kernels. ``Region`` does the
 same for a ``with`` block (no warm-up: the block runs once).
+
+On a GPU a profiled call can also be replayed from a CUDA graph (``graph_replay.py``):
+asked per call (``graph_replay=True``) or for the session (``--fusion-graph-replay``:
+launch-bound reports, or every report), the report then carries the graph's time a call
+beside the eager wall time, or the reason there is none (docs/launch_bound.md).
 """
 
 from __future__ import annotations
@@ -281,12 +286,17 @@ def profile_call(
     device: str | None = None,
     label: str | None = None,
     budget: Budget | None = None,
+    graph_replay: bool | None = None,
 ) -> FusionReport:
     """The engine behind ``profile`` and ``fusion.profile``."""
     if not callable(fn):
         raise TypeError(f"profile() needs a callable first, got {type(fn).__name__}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a non-negative int, got {warmup!r}")
+    if graph_replay is not None and not isinstance(graph_replay, bool):
+        raise TypeError(
+            f"graph_replay must be True, False or None (None: the session's --fusion-graph-replay), got {graph_replay!r}"
+        )
     dev = resolve_device(device, (args, kwargs))
     label = label or getattr(fn, "__qualname__", None) or getattr(type(fn), "__name__", "call")
     source = user_source(2)
@@ -319,16 +329,45 @@ def profile_call(
     if breaks is not None:
         report.graph_breaks = list(getattr(breaks, "breaks", []))
         report.recompiles = list(getattr(breaks, "recompiles", []))
+    _replay_in_graph(report, graph_replay, rec.prof, fn, args, kwargs)
     return report
 
 
-def profile(fn: Callable[..., Any], *args: Any, warmup: int = 1, device: str | None = None, **kwargs: Any) -> FusionReport:
+def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Callable[..., Any] | None = None, args: tuple = (), kwargs: dict | None = None) -> None:
+    """Fill ``graph_time_s`` (or ``graph_note``) when a replay is asked for: per call, else
+    by the session's ``--fusion-graph-replay`` (docs/launch_bound.md). The graph time is
+    compared with the call's median unprofiled wall time, so the lazy timer runs first."""
+    from . import graph_replay
+
+    if not graph_replay.wanted(asked, current_log().settings.graph_replay, report.launch_bound):
+        return
+    if report.device != "cuda":
+        report.graph_note = f"CUDA graphs need a GPU; this report is on {report.device}"
+        return
+    if fn is None:
+        report.graph_note = graph_replay.NO_CALLABLE
+        return
+    if _compat.graph_launches(prof):
+        report.graph_note = graph_replay.ALREADY_A_GRAPH
+        return
+    timer, report.timer = report.timer, None
+    if timer is not None:
+        report.time_s, _, report.wall_time_s, report.time_source = timer()
+    report.graph_time_s, report.graph_note = graph_replay.replay_time(fn, args, kwargs or {})
+
+
+def profile(
+    fn: Callable[..., Any], *args: Any, warmup: int = 1, device: str | None = None, graph_replay: bool | None = None, **kwargs: Any
+) -> FusionReport:
     """Profile ``fn(*args, **kwargs)``: ``warmup`` unprofiled calls, then one profiled call.
 
-    Usable outside pytest. The report is also recorded as the latest report of the
-    running test (or of the process, outside pytest) for the ``assert_*`` helpers.
+    ``graph_replay=True`` also replays the call from a CUDA graph (GPU) and records the
+    graph's time a call (``report.graph_time_s``) or why it could not (``graph_note``);
+    ``None`` follows ``--fusion-graph-replay`` (off outside pytest). Usable outside
+    pytest. The report is also recorded as the latest report of the running test (or of
+    the process, outside pytest) for the ``assert_*`` helpers.
     """
-    report = profile_call(fn, args, kwargs, warmup=warmup, device=device)
+    report = profile_call(fn, args, kwargs, warmup=warmup, device=device, graph_replay=graph_replay)
     record_report(report)
     return report
 
@@ -368,6 +407,7 @@ class Region:
         if self._breaks is not None:
             report.graph_breaks = list(getattr(self._breaks, "breaks", []))
             report.recompiles = list(getattr(self._breaks, "recompiles", []))
+        _replay_in_graph(report, None, self._rec.prof)  # a block cannot be replayed: the note says so
         self.report = report
         if self._on_report is not None:
             self._on_report(report)

@@ -211,6 +211,7 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
             (f"{prefix}.efficiency", None if r.efficiency is None else round(r.efficiency, 4)),
             (f"{prefix}.time_s", r.time_s),
             (f"{prefix}.wall_time_s", r.wall_time_s),
+            (f"{prefix}.graph_time_s", r.graph_time_s),
         ]
     rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
     rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
@@ -237,6 +238,7 @@ def benchmark_extra_info(reports: list[FusionReport]) -> dict[str, Any]:
         "fusioncheck.time_source": r.time_source,
         "fusioncheck.wall_time_s": r.wall_time_s,
         "fusioncheck.launch_overhead_s": r.launch_overhead_s,
+        "fusioncheck.graph_time_s": r.graph_time_s,
     }
 
 
@@ -299,8 +301,13 @@ class Fusion:
         base = self._item.nodeid + (f"[{what}]" if what else "")
         return base if n == 0 else f"{base}#{n}"
 
-    def profile(self, fn: Callable[..., Any], *args: Any, warmup: int | None = None, budget: Budget | None = None, **kwargs: Any) -> FusionReport:
-        """``warmup`` unprofiled calls (default ``--fusion-warmup``), then one profiled call."""
+    def profile(
+        self, fn: Callable[..., Any], *args: Any, warmup: int | None = None, budget: Budget | None = None,
+        graph_replay: bool | None = None, **kwargs: Any,
+    ) -> FusionReport:
+        """``warmup`` unprofiled calls (default ``--fusion-warmup``), then one profiled call;
+        ``graph_replay=True`` also times the call replayed from a CUDA graph (default:
+        ``--fusion-graph-replay``; docs/launch_bound.md)."""
         from .capture import profile_call
 
         report = profile_call(
@@ -309,6 +316,7 @@ class Fusion:
             device=self.device,
             label=self._label(),
             budget=budget,
+            graph_replay=graph_replay,
         )
         record_report(report, self._state.log)
         return report

@@ -64,10 +64,9 @@ class Chain:
 
     def describe(self, peak_bandwidth: float | None = None, region_time_s: float | None = None) -> str:
         from .budget import format_bytes
-        from .report import format_time
+        from .report import format_time, index_ranges
 
-        first, last = self.kernels[0], self.kernels[-1]
-        span = f"kernels {first}-{last}" if len(self.kernels) == last - first + 1 else "kernels " + ", ".join(map(str, self.kernels))
+        span = "kernels " + index_ranges(self.kernels)  # runs, cut after a few: 0-6, 11-17, ... (35 in all)
         names = ", ".join(dict.fromkeys(op.removeprefix("aten::") for op in self.ops))
         where = f"; {self.source}" if self.source else ""
         text = f"{span} ({names}{where}) move {self.ratio:.1f}x their fused budget: fusing them saves {format_bytes(self.excess)}"

@@ -15,6 +15,7 @@ import pytest
 
 from .baseline import DEFAULT_PATH as DEFAULT_BASELINE
 from .budget import parse_bytes
+from .graph_replay import MODES as GRAPH_REPLAY_MODES
 from .state import Settings
 
 # name -> (help, kind, default). One text serves the CLI option and its ini key.
@@ -31,6 +32,13 @@ OPTIONS: dict[str, tuple[str, str, Any]] = {
     "roofline": ("write a roofline plot (PNG/SVG) of the session's kernels to this path", "string", None),
     "html": ("write one self-contained HTML page of every profiled test's reports (module summaries, headroom, full kernel tables) to this path", "string", None),
     "report": ("print the kernel table of every profiled test in the terminal summary", "bool", False),
+    "graph_replay": (
+        'replay profiled calls from a CUDA graph and report the graph time a call beside the eager wall time: '
+        '"auto" (the flag alone: reports that are launch-bound), "all" (every profiled call) or "off" (default); '
+        "fusion.profile(fn, ..., graph_replay=True) asks for one call",
+        "string",
+        "off",
+    ),
     "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
     "torch_logs": ("keep torch's DEBUG log records in the captured logs of tests that use a fusion feature (default: dropped, so failures show the kernel table)", "bool", False),
 }
@@ -49,14 +57,17 @@ MARKERS = (
 )
 FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "max_launch_overhead", "no_graph_breaks")
 DEVICES = ("cuda", "cpu")
+# Flags whose value may be left out: name -> (the value the flag alone gives, metavar).
+OPTIONAL_VALUE = {"baseline": (DEFAULT_BASELINE, "PATH"), "graph_replay": ("auto", "MODE")}
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("fusioncheck", "kernel-fusion regression checks (pytest-fusioncheck)")
     for name, (help_text, kind, default) in OPTIONS.items():
         flag = "--fusion-" + name.replace("_", "-")
-        if name == "baseline":
-            group.addoption(flag, action="store", nargs="?", const=DEFAULT_BASELINE, default=None, metavar="PATH", help=help_text)
+        if name in OPTIONAL_VALUE:
+            const, metavar = OPTIONAL_VALUE[name]
+            group.addoption(flag, action="store", nargs="?", const=const, default=None, metavar=metavar, help=help_text)
         elif kind == "bool":
             group.addoption(flag, action="store_true", default=None, help=help_text)
         else:
@@ -125,6 +136,11 @@ def settings_from_config(config: pytest.Config) -> Settings:
             f"{where(config, 'counters')} ncu does not run under pytest-xdist (-n): ncu re-runs the "
             "selected tests once, serially, in one child process; drop -n for the counters run"
         )
+    graph_replay = str(get_option(config, "graph_replay") or "off").strip().lower()
+    if graph_replay not in GRAPH_REPLAY_MODES:
+        raise pytest.UsageError(
+            f"{where(config, 'graph_replay')} must be 'off', 'auto' (launch-bound reports) or 'all', got {get_option(config, 'graph_replay')!r}"
+        )
     return Settings(
         enforce_cpu_timing=bool(get_option(config, "enforce_cpu_timing")),
         peak_bandwidth=_peak(config),
@@ -134,6 +150,7 @@ def settings_from_config(config: pytest.Config) -> Settings:
         peak_cache=getattr(config, "cache", None),
         trace_dir=get_option(config, "trace_dir") or None,
         torch_logs=bool(get_option(config, "torch_logs")),
+        graph_replay=graph_replay,
     )
 
 

@@ -2,7 +2,10 @@
 
 The kernel table is the heart of every failure message: index, kernel name (shortened),
 device time, modelled bytes (and measured bytes when counters are on), the ATen op or
-generated kernel's origin, and the user ``file:line`` that launched it.
+generated kernel's origin, and the user ``file:line`` that launched it. A report of more
+than ``LONG_REPORT`` kernels reads at the size of a screen: the per-module summary, then
+the ``TOP_KERNELS`` kernels by time, and a line saying where every row is (``table()``,
+``text(full=True)``, the JSON and the HTML report).
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .budget import Budget, format_bytes
+
+# More kernels than this: the text of a report (str(), failure messages, --fusion-report)
+# shows the per-module summary and the TOP_KERNELS kernels by time, not every row.
+LONG_REPORT = 30
+TOP_KERNELS = 10
 
 
 @dataclass
@@ -111,6 +119,21 @@ def format_bandwidth(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / 1e9:.0f} GB/s"
 
 
+def index_ranges(indices: Any, max_groups: int = 6) -> str:
+    """Kernel indices as runs: ``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3, 7, 9-10``; after
+    ``max_groups`` runs the rest is cut: ``0-6, 11-17, ... (35 in all)``."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:max_groups])
+    if len(runs) > max_groups:
+        text += f", ... ({len(set(indices))} in all)"
+    return text
+
+
 _GEMM_OPS = frozenset(
     f"aten::{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_addmm_activation", "addmv", "mv")
 )
@@ -169,6 +192,10 @@ class FusionReport:
     timer: Any = field(default=None, repr=False, compare=False)
     # The profiler session, kept only to export Chrome traces (--fusion-trace-dir).
     trace: Any = field(default=None, repr=False, compare=False)
+    # The call replayed from a CUDA graph (graph_replay.py, docs/launch_bound.md): seconds
+    # a replay, or None with the reason in graph_note when it was asked for and not measured.
+    graph_time_s: float | None = None
+    graph_note: str | None = None
 
     def release(self) -> None:
         """Drop what keeps tensors or profiler events alive; every figure stays."""
@@ -232,6 +259,16 @@ class FusionReport:
         return share > 0.5 and (self.kernel_time_s / len(self.kernels)) < 10e-6
 
     @property
+    def graph_recovered_share(self) -> float | None:
+        """The share of the launch overhead (wall - device time) that replaying the call
+        from a CUDA graph recovers: ``(wall - graph) / (wall - device)``, in [0, 1]; ``None``
+        without a graph time or an overhead."""
+        overhead = self.launch_overhead_s
+        if self.graph_time_s is None or not overhead or self.wall_time_s is None:
+            return None
+        return min(1.0, max(0.0, (self.wall_time_s - self.graph_time_s) / overhead))
+
+    @property
     def cuda_kernel_range(self) -> tuple[int, int]:
         """The CUDA kernel counts a CPU report stands for: each GEMM op may gain a cuBLAS
         split-K reduce kernel on a GPU (docs/bytes.md). ``(n, n)`` on CUDA."""
@@ -259,14 +296,18 @@ class FusionReport:
 
         return device_kind(self.device, self.device_name)
 
-    def table(self, *, max_rows: int = 60) -> str:
-        """The kernel table, copies listed after the kernels."""
+    def _entries(self) -> list[tuple[str, Kernel]]:
+        """Every row of the table: ``(index, kernel)``, copies (``"copy"``) after the kernels."""
+        return [(str(i), k) for i, k in enumerate(self.kernels)] + [("copy", k) for k in self.copies]
+
+    def _render(self, entries: list[tuple[str, Kernel]]) -> list[str]:
+        """Table lines (header first) of ``entries``; the columns are the report's, whichever rows are shown."""
         show_measured = any(k.bytes_measured is not None for k in self.kernels)
         show_module = any(k.module for k in self.kernels + self.copies)
         headers = ["#", "kernel", "time", "bytes"] + (["measured"] if show_measured else []) + ["op"]
         headers += (["module"] if show_module else []) + ["source"]
         rows = []
-        for i, k in [(str(i), k) for i, k in enumerate(self.kernels)] + [("copy", k) for k in self.copies]:
+        for i, k in entries:
             row = [i, k.short_name, format_time(k.time_s), _modelled(k.bytes)]
             if show_measured:
                 row.append(format_bytes(k.bytes_measured))
@@ -274,21 +315,66 @@ class FusionReport:
             if show_module:
                 row.append(k.module or "-")
             rows.append(row + [k.source or "-"])
-        if not rows:
-            return "  (no kernels launched)"
-        hidden = 0
-        if len(rows) > max_rows:
-            hidden = len(rows) - max_rows
-            rows = rows[:max_rows]
         widths = [max(len(h), *(len(r[c]) for r in rows)) for c, h in enumerate(headers)]
         right = {0, 2, 3, 4} if show_measured else {0, 2, 3}
         lines = []
         for row in [headers] + rows:
             cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))]
             lines.append("  " + "  ".join(cells).rstrip())
+        return lines
+
+    def table(self, *, max_rows: int | None = 60) -> str:
+        """The kernel table in launch order, copies listed after the kernels; at most
+        ``max_rows`` rows (``None``: every row)."""
+        entries = self._entries()
+        if not entries:
+            return "  (no kernels launched)"
+        hidden = 0
+        if max_rows is not None and len(entries) > max_rows:
+            hidden = len(entries) - max_rows
+            entries = entries[:max_rows]
+        lines = self._render(entries)
         if hidden:
             lines.append(f"  ... {hidden} more rows")
         return "\n".join(lines)
+
+    def top_rows(self, n: int = TOP_KERNELS) -> tuple[list[tuple[str, Kernel]], str]:
+        """The ``n`` rows (kernels and copies) that took the most time, and what ranked them:
+        ``"device time"`` on CUDA, ``"time"`` on CPU, ``"modelled bytes"`` when no row has a
+        time (ties keep launch order)."""
+        entries = self._entries()
+        if any(k.time_s for _, k in entries):
+            key, by = (lambda k: k.time_s or 0.0), ("device time" if self.device == "cuda" else "time")
+        else:
+            key, by = (lambda k: k.bytes or 0), "modelled bytes"
+        ranked = sorted(enumerate(entries), key=lambda item: (-key(item[1][1]), item[0]))
+        return [entry for _, entry in ranked[:n]], by
+
+    def top_table(self, n: int = TOP_KERNELS) -> list[str]:
+        """The ``n`` rows that took the most time, most first, under a heading, and a line
+        saying how many rows are left out and where every row is."""
+        entries = self._entries()
+        if len(entries) <= n:
+            return self.table(max_rows=None).splitlines()
+        top, by = self.top_rows(n)
+        lines = [f"top {n} of {len(entries)} rows by {by}:"] + self._render(top)
+        lines.append(
+            f"  ... {len(entries) - n} more rows not shown; every row: report.table() or "
+            "report.text(full=True), --fusion-json, --fusion-html"
+        )
+        return lines
+
+    def details(self, full: bool = False) -> list[str]:
+        """What follows the summary line. A report of more than ``LONG_REPORT`` kernels
+        leads with the per-module summary (when its kernels have modules) and, unless
+        ``full``, shows only the ``TOP_KERNELS`` rows by time; others show the table."""
+        lines: list[str] = []
+        long = self.kernel_count > LONG_REPORT
+        if long and any(k.module for k in self.kernels):
+            lines += self.module_summary()
+        if long and not full:
+            return lines + self.top_table()
+        return lines + self.table(max_rows=None if full else 60).splitlines()
 
     def summary(self) -> str:
         parts = [f"{self.kernel_count} kernel{'s' if self.kernel_count != 1 else ''}"]
@@ -305,8 +391,16 @@ class FusionReport:
         parts.append(f"time {format_time(self.time_s)}")
         if self.device == "cuda" and self.wall_time_s is not None:
             parts.append(f"wall {format_time(self.wall_time_s)}")
+            graph = None
+            if self.graph_time_s is not None:
+                graph = f"replayed from a CUDA graph: {format_time(self.graph_time_s)} a call vs {format_time(self.wall_time_s)} wall"
+                share = self.graph_recovered_share
+                if share is not None:
+                    graph += f" (recovers {share:.0%} of the idle time)"
             if self.launch_bound:
-                parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)")
+                parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)" + (f"; {graph}" if graph else ""))
+            elif graph:
+                parts.append(graph)
         if self.efficiency is not None:
             parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
         lo, hi = self.cuda_kernel_range
@@ -325,12 +419,11 @@ class FusionReport:
             if len(self.headroom) > 1:
                 out[-1] += f" (+{len(self.headroom) - 1} more chain(s))"
         out += self.warnings
+        if self.graph_note:
+            out.append(f"CUDA graph replay not measured: {self.graph_note}")
         missing = self.unmodelled_kernels
         if missing:
-            out.append(
-                f"{len(missing)} kernel(s) have no byte model (bytes '?': #{', #'.join(map(str, missing[:10]))}"
-                f"{', ...' if len(missing) > 10 else ''}); modelled bytes are a lower bound"
-            )
+            out.append(f"{len(missing)} kernel(s) have no byte model (bytes '?': #{index_ranges(missing)}); modelled bytes are a lower bound")
         for i, k in enumerate(self.kernels):
             if k.bytes_estimate is not None and k.bytes is not None and abs(k.bytes_estimate - k.bytes) > 0.05 * max(k.bytes, 1):
                 out.append(
@@ -345,21 +438,21 @@ class FusionReport:
         rows = fold_modules((k.module, k.time_s, k.bytes) for k in self.kernels)
         lines = ["per module (repeated structure folded):"]
         for pattern, per, copies, seconds, nbytes in rows[:max_rows]:
-            count = f"{per} kernels x {copies}" if copies > 1 else f"{per} kernels"
+            count = f"{per} kernel{'s' if per != 1 else ''}" + (f" x {copies}" if copies > 1 else "")
             lines.append(f"  {pattern}: {count}, {format_time(seconds)}, {format_bytes(nbytes)}")
         if len(rows) > max_rows:
             lines.append(f"  ... {len(rows) - max_rows} more")
         return lines
 
+    def text(self, full: bool = False) -> str:
+        """The summary line, ``details(full)`` and the notes: ``str(report)`` is
+        ``text()``; ``text(full=True)`` lists every row of a long report."""
+        lines = [self.summary(), *self.details(full)]
+        lines += [f"  note: {w}" for w in self.notes()]
+        return "\n".join(lines)
+
     def __str__(self) -> str:
-        text = self.summary()
-        if self.kernel_count > 30 and any(k.module for k in self.kernels):
-            text += "\n" + "\n".join(self.module_summary())
-        text += "\n" + self.table()
-        notes = self.notes()
-        if notes:
-            text += "\n" + "\n".join(f"  note: {w}" for w in notes)
-        return text
+        return self.text()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every figure and every kernel (the output tensor is left out)."""
@@ -384,6 +477,9 @@ class FusionReport:
             "launch_overhead_s": self.launch_overhead_s,
             "cuda_kernel_range": list(self.cuda_kernel_range),
             "launch_bound": self.launch_bound,
+            "graph_time_s": self.graph_time_s,
+            "graph_recovered_share": self.graph_recovered_share,
+            "graph_note": self.graph_note,
             "peak_bandwidth": self.peak_bandwidth,
             "efficiency": self.efficiency,
             "graph_breaks": [_gb(g) for g in self.graph_breaks],

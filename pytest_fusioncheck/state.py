@@ -36,6 +36,7 @@ class Settings:
     measured: Any = None  # sources.bytes_ncu.Measured, with --fusion-counters=ncu
     trace_dir: str | None = None
     torch_logs: bool = False  # keep torch's DEBUG records in captured logs
+    graph_replay: str = "off"  # "off", "auto" (launch-bound reports) or "all": CUDA-graph replays
     peaks: dict[str, float] = field(default_factory=dict)  # peak bandwidth measured this session
 
 

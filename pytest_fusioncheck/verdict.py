@@ -46,12 +46,11 @@ def _what_changed(report: FusionReport, log: ReportLog) -> list[str]:
 
 
 def failure_message(report: FusionReport, headline: str, details: list[str] | None = None, log: ReportLog | None = None) -> str:
-    """What changed, the headline figure against its limit, details, the kernel table, notes."""
+    """What changed, the headline figure against its limit, details, the kernel table (of
+    a long report: its per-module summary and top kernels), notes."""
     parts = _what_changed(report, log if log is not None else current_log()) + [headline] + (details or [])
     parts.append(report.summary())
-    if report.kernel_count > 30 and any(k.module for k in report.kernels):
-        parts += report.module_summary()
-    parts.append(report.table())
+    parts += report.details()  # a long report: per-module summary and the top kernels (report.py)
     for note in report.notes():
         parts.append(f"note: {note}")
     return "\n".join(parts)
@@ -197,12 +196,23 @@ def check_launch_overhead(report: FusionReport, fraction: float, where: str, log
     if share is None:
         raise FusionAssertionError(failure_message(report, f"{where}: launch overhead unknown for {report.label} (no wall or device time)", log=log))
     if share > fraction:
+        if report.graph_time_s is not None:
+            graph = (
+                f"replayed from a CUDA graph the call takes {format_time(report.graph_time_s)} "
+                f"(recovers {report.graph_recovered_share or 0:.0%} of the idle time): "
+                "torch.compile(mode='reduce-overhead') or torch.cuda.graphs would recover it; so would fewer launches (fusion)"
+            )
+        else:
+            graph = (
+                "fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it"
+                + ("" if report.graph_note else "; graph_replay=True (or --fusion-graph-replay) measures what a graph recovers")
+            )
         raise FusionAssertionError(
             failure_message(
                 report,
                 f"{where}: {share:.0%} of the wall time is launch overhead > allowed {fraction:.0%} ({report.label}): "
                 f"wall {format_time(report.wall_time_s)}, device {format_time(report.time_s)}, {report.kernel_count} launches",
-                ["fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it"],
+                [graph],
                 log=log,
             )
         )

@@ -109,8 +109,11 @@ def test_a_long_report_leads_with_the_per_module_summary_folded_by_repeated_stru
     text = str(report)
     assert text.index("per module (repeated structure folded):") < text.index("  #  kernel")
     assert "  layers.*.mlp: 2 kernels x 4," in text
-    assert "  layers.*.ln: 1 kernels x 4," in text
-    with pytest.raises(FusionAssertionError, match=r"(?s)32 kernels launched, limit 10.*layers\.\*\.attn\.c_attn: 1 kernels x 4"):
+    assert "  layers.*.ln: 1 kernel x 4," in text
+    # then the ten kernels that took the most time, and where the other 22 rows are
+    assert "top 10 of 32 rows by time:" in text and "  ... 22 more rows not shown; every row: report.table()" in text
+    assert len(report.text(full=True).splitlines()) == len(text.splitlines()) + 32 - 12  # every row, no heading or closing line
+    with pytest.raises(FusionAssertionError, match=r"(?s)32 kernels launched, limit 10.*layers\.\*\.attn\.c_attn: 1 kernel x 4.*top 10 of 32 rows"):
         assert_max_kernels(10, report=report)
 
 

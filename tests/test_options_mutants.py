@@ -51,7 +51,8 @@ def test_help_shows_every_flag_and_ini_key_with_its_own_help_text_and_type(pytes
     text = _squeeze(result.stdout.str())
     for name, (help_text, kind, _) in OPTIONS.items():
         flag = "--fusion-" + name.replace("_", "-")
-        shown = flag + ("=[PATH]" if name == "baseline" else "" if kind == "bool" else f"=FUSION_{name.upper()}")
+        optional = options.OPTIONAL_VALUE.get(name)
+        shown = flag + (f"=[{optional[1]}]" if optional else "" if kind == "bool" else f"=FUSION_{name.upper()}")
         assert _squeeze(f"{shown} {help_text}") in text, name
         assert _squeeze(f"fusioncheck_{name} ({kind}): {help_text}") in text, name
 

@@ -8,7 +8,7 @@ profiling), so every figure is known in advance.
 import pytest
 
 from pytest_fusioncheck import Budget, FusionReport, Kernel
-from pytest_fusioncheck.report import fold_modules, format_bandwidth, format_time, shorten_kernel_name
+from pytest_fusioncheck.report import fold_modules, format_bandwidth, format_time, index_ranges, shorten_kernel_name
 
 
 def _report(kernels=(), device="cpu", **fields):
@@ -112,19 +112,21 @@ def test_fold_modules_gives_an_uneven_pattern_its_total_as_one_copy():
 
 
 def test_the_module_summary_shows_counts_copies_time_and_bytes_and_how_many_rows_it_hid():
-    """Catches the heading, the `x copies` part (shown for one copy), the row limit or the
-    count of hidden rows wrong."""
+    """Catches the heading, the `x copies` part (shown for one copy), `kernel` pluralised
+    wrongly, the row limit or the count of hidden rows wrong."""
     kernels = [Kernel(name="k", time_s=2e-3, bytes=2048, module=f"m{i}.layers.{j}") for i in range(3) for j in range(2)]
     report = _report(kernels)
     assert report.module_summary(max_rows=2) == [
         "per module (repeated structure folded):",
-        "  m0.layers.*: 1 kernels x 2, 4.00 ms, 4.0 KiB",
-        "  m1.layers.*: 1 kernels x 2, 4.00 ms, 4.0 KiB",
+        "  m0.layers.*: 1 kernel x 2, 4.00 ms, 4.0 KiB",
+        "  m1.layers.*: 1 kernel x 2, 4.00 ms, 4.0 KiB",
         "  ... 1 more",
     ]
-    assert report.module_summary(max_rows=3)[-1] == "  m2.layers.*: 1 kernels x 2, 4.00 ms, 4.0 KiB"
+    assert report.module_summary(max_rows=3)[-1] == "  m2.layers.*: 1 kernel x 2, 4.00 ms, 4.0 KiB"
     single = _report([Kernel(name="k", time_s=1.0, bytes=1, module="head")])
-    assert single.module_summary() == ["per module (repeated structure folded):", "  head: 1 kernels, 1.00 s, 1 B"]
+    assert single.module_summary() == ["per module (repeated structure folded):", "  head: 1 kernel, 1.00 s, 1 B"]
+    pair = _report([Kernel(name="k", time_s=1.0, bytes=1, module="head") for _ in range(2)])
+    assert pair.module_summary()[1] == "  head: 2 kernels, 2.00 s, 2 B"
 
 
 def test_the_module_summary_shows_twelve_rows_by_default():
@@ -326,13 +328,33 @@ def test_notes_lead_with_the_top_headroom_chain_then_warnings_then_unmodelled_ke
     assert two.notes() == ["headroom: fuse a+b (+1 more chain(s))"]
 
 
-def test_the_unmodelled_note_lists_at_most_ten_kernels():
-    """Catches the list not cut at ten, or the `...` shown for ten or fewer."""
+def test_the_unmodelled_note_lists_the_kernels_as_runs_of_indices():
+    """Catches the indices listed one by one, a run broken or merged wrongly, or the note
+    given for a kernel that has a model (even of 0 bytes)."""
     eleven = _report([Kernel(name="k") for _ in range(11)]).notes()
-    assert eleven == ["11 kernel(s) have no byte model (bytes '?': #0, #1, #2, #3, #4, #5, #6, #7, #8, #9, ...); modelled bytes are a lower bound"]
-    ten = _report([Kernel(name="k") for _ in range(10)]).notes()
-    assert ten == ["10 kernel(s) have no byte model (bytes '?': #0, #1, #2, #3, #4, #5, #6, #7, #8, #9); modelled bytes are a lower bound"]
+    assert eleven == ["11 kernel(s) have no byte model (bytes '?': #0-10); modelled bytes are a lower bound"]
+    gaps = _report([Kernel(name="k", bytes=None if i in (0, 2, 3, 5) else 1) for i in range(6)]).notes()
+    assert gaps == ["4 kernel(s) have no byte model (bytes '?': #0, 2-3, 5); modelled bytes are a lower bound"]
     assert _report([Kernel(name="k", bytes=0)]).notes() == []
+
+
+@pytest.mark.parametrize(
+    "indices, text",
+    [
+        ([], ""),
+        ([4], "4"),
+        ([0, 1], "0-1"),
+        ([3, 1, 2, 2], "1-3"),
+        ([0, 2, 4], "0, 2, 4"),
+        ([0, 1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15, 16, 17, 22], "0-6, 11-17, 22"),
+        (list(range(0, 14, 2)), "0, 2, 4, 6, 8, 10, ... (7 in all)"),
+    ],
+)
+def test_index_ranges_compress_runs_and_cut_after_six_of_them(indices, text):
+    """Catches a run's end off by one, duplicates or order kept, or the cut after six runs
+    (and its count of indices) wrong."""
+    assert index_ranges(indices) == text
+    assert index_ranges(list(range(0, 8, 2)), max_groups=2) == "0, 2, ... (4 in all)"
 
 
 def test_a_generated_kernel_whose_estimate_differs_by_more_than_five_percent_is_noted():
@@ -358,15 +380,43 @@ def test_a_generated_kernel_whose_estimate_differs_by_more_than_five_percent_is_
 # --- str and to_dict ---------------------------------------------------------------------
 
 
-def test_str_is_summary_module_summary_table_then_notes():
-    """Catches a part missing, in another order, or notes without their `  note: ` prefix."""
+def test_str_of_a_long_report_is_summary_module_summary_top_kernels_then_notes():
+    """Catches a part missing, in another order, every row shown, or notes without their
+    `  note: ` prefix; text(full=True) shows every row."""
     kernels = [Kernel(name="k", bytes=None, module="layers.0")] + [Kernel(name="k", bytes=1, module="layers.1") for _ in range(30)]
     report = _report(kernels, warnings=["careful"])
-    expected = [report.summary(), *report.module_summary(), *report.table().splitlines()]
-    expected += ["  note: careful", "  note: " + report.notes()[1]]
-    assert str(report).splitlines() == expected
+    notes = ["  note: careful", "  note: " + report.notes()[1]]
+    assert str(report).splitlines() == [report.summary(), *report.module_summary(), *report.top_table(), *notes]
+    assert report.text(full=True).splitlines() == [report.summary(), *report.module_summary(), *report.table(max_rows=None).splitlines(), *notes]
     short = _report([Kernel(name="k", bytes=1)])
-    assert str(short) == short.summary() + "\n" + short.table()
+    assert str(short) == short.summary() + "\n" + short.table() == short.text(full=True)
+
+
+def test_the_top_table_ranks_rows_by_time_and_says_how_many_rows_it_left_out_and_where_they_are():
+    """Catches rows ranked the other way, ties out of launch order, copies left out of the
+    ranking, the original indices lost, or the closing line's count or pointers wrong."""
+    kernels = [Kernel(name=f"k{i}", time_s=(i % 5) * 1e-6, bytes=i) for i in range(12)]
+    copies = [Kernel(name="Memcpy", kind="copy", time_s=1.0, bytes=8)]
+    report = _report(kernels, device="cuda", copies=copies)
+    lines = report.top_table(3)
+    assert lines[0] == "top 3 of 13 rows by device time:"
+    assert [line.split()[:2] for line in lines[2:5]] == [["copy", "Memcpy"], ["4", "k4"], ["9", "k9"]]
+    assert lines[-1] == "  ... 10 more rows not shown; every row: report.table() or report.text(full=True), --fusion-json, --fusion-html"
+    assert _report(kernels).top_rows(1)[1] == "time"  # CPU: the ops' wall time
+    untimed = _report([Kernel(name=f"k{i}", bytes=i) for i in range(4)])
+    top, by = untimed.top_rows(2)
+    assert by == "modelled bytes" and [k.name for _, k in top] == ["k3", "k2"]
+    assert _report(kernels[:2]).top_table(3) == _report(kernels[:2]).table().splitlines()  # nothing to leave out
+
+
+@pytest.mark.parametrize("n, shown", [(31, True), (30, False)])
+def test_a_report_of_more_than_thirty_kernels_shows_the_top_ten_rows_only(n, shown):
+    """Catches the threshold moved or compared with `>=`, or a long table shown whole."""
+    report = _report([Kernel(name=f"k{i}", time_s=i * 1e-6) for i in range(n)])
+    text = str(report)
+    assert ("top 10 of" in text) is shown
+    assert len([line for line in text.splitlines() if line.strip().startswith(("k", "0", "1", "2", "3"))]) >= 10
+    assert (len(text.splitlines()) < 16) is shown
 
 
 @pytest.mark.parametrize("n, module, shown", [(31, "m", True), (30, "m", False), (2, "m", False), (31, None, False)])
@@ -418,6 +468,9 @@ def test_report_to_dict_gives_every_figure():
         "launch_overhead_s": pytest.approx(9e-6),
         "cuda_kernel_range": [1, 1],
         "launch_bound": True,
+        "graph_time_s": None,
+        "graph_recovered_share": None,
+        "graph_note": None,
         "peak_bandwidth": 8e6,
         "efficiency": pytest.approx(1.0),
         "graph_breaks": [{"reason": "print"}, "text break"],

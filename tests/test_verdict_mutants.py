@@ -438,8 +438,26 @@ def test_launch_overhead_at_the_fraction_passes_and_over_it_fails_with_wall_devi
     message = _fails(check_launch_overhead, _launch_report(), 0.5, "w", log=_log())
     assert message.splitlines()[:2] == [
         "w: 75% of the wall time is launch overhead > allowed 50% (made): wall 1.00 ms, device 250.0 us, 4 launches",
-        "fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it",
+        "fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it; "
+        "graph_replay=True (or --fusion-graph-replay) measures what a graph recovers",
     ]
+
+
+def test_a_launch_overhead_failure_gives_the_measured_graph_time_or_why_there_is_none():
+    """Catches the graph replay's time, its recovered share, or the reason it was not
+    measured left out of the advice (the reason is then a note, not repeated)."""
+    measured = _launch_report()
+    measured.graph_time_s = 0.5e-3  # wall 1 ms, device 250 us: recovers 2/3 of the idle time
+    message = _fails(check_launch_overhead, measured, 0.5, "w", log=_log())
+    assert message.splitlines()[1] == (
+        "replayed from a CUDA graph the call takes 500.0 us (recovers 67% of the idle time): "
+        "torch.compile(mode='reduce-overhead') or torch.cuda.graphs would recover it; so would fewer launches (fusion)"
+    )
+    refused = _launch_report()
+    refused.graph_note = "the call synchronises with the host"
+    lines = _fails(check_launch_overhead, refused, 0.5, "w", log=_log()).splitlines()
+    assert lines[1] == "fewer launches (fusion, torch.compile) or a CUDA graph (torch.compile(mode='reduce-overhead')) recovers it"
+    assert "note: CUDA graph replay not measured: the call synchronises with the host" in lines
 
 
 def test_launch_overhead_on_cpu_is_a_note_naming_the_device():
