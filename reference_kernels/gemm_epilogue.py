@@ -482,12 +482,45 @@ def _bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _time_ms(launch, small: bool) -> float:
-    """Median milliseconds of ``launch()`` (L2 flushed between runs); shorter runs for small problems."""
-    from triton.testing import do_bench
+def _timing_sets(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(a, b) and enough copies (same strides) that the sets read twice the L2 together, at most 16:
+    a candidate timed over them finds its operands in DRAM, as a call in a model does."""
+    set_bytes = a.numel() * a.element_size() + b.numel() * b.element_size()
+    l2 = torch.cuda.get_device_properties(a.device).L2_cache_size
+    n = max(1, min(16, -(-2 * l2 // max(set_bytes, 1))))
+    copy = lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)  # noqa: E731
+    return [(a, b)] + [(copy(a), copy(b)) for _ in range(n - 1)]
 
-    warmup, rep = (5, 25) if small else (25, 100)
-    return do_bench(launch, warmup=warmup, rep=rep, return_mode="median")
+
+def _time_ms(launch, sets: list, replays: int = 5) -> float:
+    """Device milliseconds of one ``launch(set)``: calls over the rotating ``sets`` captured in a CUDA
+    graph, the median replay over its calls. A graph replays the launches back to back: timing from
+    the host (``do_bench``) measured the Python launch path instead, 40-150 us for a 7-20 us GEMM,
+    and made the two launches of split-K look 40 us slower (docs/kernels.md, "gemm_epilogue")."""
+    import statistics
+
+    calls = max(len(sets), 4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(sets[0])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            launch(sets[i % len(sets)])
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -558,7 +591,8 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
 
     Several candidate configs are timed once per shape bucket (M, N, K each rounded up to a power
     of two, with the dtype, the epilogue, b's layout and the device) and the fastest is kept in
-    ``_tuned``: a later problem of the same bucket reuses it untimed. While a CUDA graph is being
+    ``_tuned``: a later problem of the same bucket reuses it untimed. Timing is device time of
+    CUDA-graph replays over copies of a and b that together exceed twice the L2 (``_time_ms``). While a CUDA graph is being
     captured nothing is timed: an untuned bucket takes the model's first candidate, uncached.
     ``path``, ``config`` and ``gelu_degree`` force a choice (tests and benchmarks use them).
     """
@@ -574,9 +608,11 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
         elif not _capturing(a.device):
             kept, launches = [], []
             for c in configs:  # compile them all first, so no timing follows an idle compile
-                launch = lambda c=c: _launch(path, c, a, b, out, bias, residual, activation_code, gelu_degree)  # noqa: E731
+                def launch(s, c=c):
+                    _launch(path, c, s[0], s[1], out, bias, residual, activation_code, gelu_degree)
+
                 try:
-                    launch()
+                    launch((a, b))
                 except triton.runtime.errors.OutOfResources:  # a tile this GPU's shared memory cannot hold
                     continue
                 kept.append(c)
@@ -584,8 +620,9 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
             if not launches:
                 raise RuntimeError(f"no candidate config of a {M}x{K} @ {K}x{N} GEMM fits this GPU: {configs}")
             configs = kept
-            small = 2 * M * N * K < 2**36
-            times = [_time_ms(launch, small) for launch in launches]
+            sets = _timing_sets(a, b)
+            times = [_time_ms(launch, sets) for launch in launches]
+            del sets
             _timings[key] = list(zip(configs, times))
             _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
             configs = [_tuned[key]]
