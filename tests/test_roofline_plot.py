@@ -63,14 +63,23 @@ def test_other_ops_get_a_flagged_estimate_data_movement_zero_and_integer_work_no
     assert [k.flops for k in ops["aten::mul"]] == [None]  # integer work: unknown, not 0
 
 
-def test_an_inductor_cpu_kernel_has_no_flops_and_the_extern_gemm_keeps_its_exact_count():
+def test_an_inductor_kernel_estimates_one_flop_per_element_of_each_nodes_iteration_space():
     a, b = torch.randn(M, K), torch.randn(K, N)
+    torch._dynamo.reset()
     compiled = torch.compile(lambda a, b: (a @ b).relu() * 2)
     report = profile(compiled, a, b, device="cpu")
     generated = [k for k in report.kernels if k.op.startswith(("fused", "generated"))]
-    assert generated, str(report)
-    assert all(k.flops is None and not k.flops_estimated for k in generated), str(report)
-    assert [k.flops for k in report.kernels if k.op == "aten::mm"] == [2 * M * N * K], str(report)
+    assert len(generated) == 1, str(report)
+    assert (generated[0].flops, generated[0].flops_estimated) == (M * N, True), str(report)  # one node over M x N
+    assert [k.flops for k in report.kernels if k.op == "aten::mm"] == [2 * M * N * K], str(report)  # extern: exact
+
+    x = torch.randn(M, N)
+    torch._dynamo.reset()
+    (kernel,) = profile(torch.compile(lambda t: t.sum(-1) + 1.0), x, device="cpu").kernels
+    assert (kernel.flops, kernel.flops_estimated) == (M * N + M, True)  # the sum over its input, the add over its output
+    torch._dynamo.reset()
+    (kernel,) = profile(torch.compile(lambda t: t.long() + 1), x, device="cpu").kernels
+    assert (kernel.flops, kernel.flops_estimated) == (None, False)  # integer work: unknown, not 0
 
 
 def test_cuda_attribution_gives_the_ops_flops_to_the_kernel_its_bytes_go_to():

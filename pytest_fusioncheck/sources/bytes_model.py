@@ -35,6 +35,7 @@ _inductor_estimates: dict[str, int] = {}
 _inductor_modules: dict[str, str] = {}
 _inductor_module_scopes: dict[str, Any] = {}  # kernel name -> the graph it was last recorded for
 _inductor_origins: dict[str, list[str]] = {}
+_inductor_flops: dict[str, tuple[int, bool]] = {}  # kernel name -> (FLOPs, estimated)
 
 
 def inductor_kernel_bytes(name: str) -> int | None:
@@ -55,6 +56,12 @@ def inductor_kernel_module(name: str) -> str | None:
         return _inductor_modules.get(name)
 
 
+def inductor_kernel_flops(name: str) -> tuple[int | None, bool]:
+    """(FLOPs, estimated) of a generated kernel (docs/roofline.md), ``(None, False)`` if unknown."""
+    with _lock:
+        return _inductor_flops.get(name, (None, False))
+
+
 def inductor_kernel_origins(name: str) -> list[str]:
     """The ATen ops a generated kernel was fused from (``["add", "gelu"]``), if recorded."""
     with _lock:
@@ -62,7 +69,7 @@ def inductor_kernel_origins(name: str) -> list[str]:
 
 
 def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None,
-            module: str | None = None, scope: Any = None) -> None:
+            module: str | None = None, scope: Any = None, flops: tuple[int, bool] | None = None) -> None:
     """Remember what codegen knows of kernels ``names``. ``scope`` identifies the graph being
     compiled: a kernel Inductor reuses at several call sites of one graph gets their modules'
     common path; a later graph that reuses the name replaces it (kernel names restart each graph)."""
@@ -79,6 +86,10 @@ def _record(names: list[str], nbytes: int | None, origins: list[str] | None = No
                 _inductor_estimates[n] = int(estimate)
             if origins:
                 _inductor_origins[n] = origins
+            if flops is not None:
+                _inductor_flops[n] = flops
+            else:
+                _inductor_flops.pop(n, None)  # a later graph's kernel of the same name
 
 
 def compulsory_bytes(buffers: list[tuple[str, int]]) -> int:
@@ -293,6 +304,40 @@ def _origins(nodes: Any) -> list[str]:
     return out
 
 
+def generated_flops(nodes: Any) -> tuple[int, bool] | None:
+    """(FLOPs, estimated) of a generated kernel's scheduler nodes; ``None`` when unknown.
+
+    Template and extern nodes (GEMM templates under ``max-autotune``) count exactly, by
+    Inductor's ``estimate_flops()`` (torch's FLOP formulas); every other node that computes
+    a floating-point buffer counts one FLOP per element of its iteration space (its
+    pointwise and reduction ranges), the convention of the eager estimate (docs/roofline.md).
+    """
+    from torch._inductor.utils import sympy_product
+    from torch._inductor.virtualized import V
+
+    exact = estimated = 0
+    known = False
+    for node in nodes:
+        if not hasattr(node, "get_ranges"):  # the schedule's reduction markers
+            continue
+        if node.is_template() or node.is_extern():
+            flops = node.estimate_flops()
+            if flops:
+                exact += int(flops)
+                known = True
+            continue
+        buffer = getattr(node, "node", None)
+        dtype = buffer.get_dtype() if buffer is not None else None
+        if dtype is None or not dtype.is_floating_point:
+            continue
+        sizes, reduction = node.get_ranges()
+        count = V.graph.sizevars.optimization_hint(sympy_product([*sizes, *reduction]), fallback=0)
+        if count:
+            estimated += int(count)
+            known = True
+    return (exact + estimated, estimated > 0) if known else None
+
+
 def _cpp_kernel_bytes(scheduled_nodes: list[Any]) -> int:
     """Bytes of the fused scheduler nodes whose parts make up one C++ kernel."""
     from torch._inductor.virtualized import V
@@ -327,6 +372,7 @@ def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: 
         estimate=_attempt(lambda: _cpp_kernel_bytes(list(nodes))),
         module=_attempt(lambda: _module(nodes)),
         scope=_graph_scope(),
+        flops=_attempt(lambda: generated_flops(list(nodes))),
     )
 
 
@@ -338,6 +384,7 @@ def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
         estimate=_attempt(lambda: int(kernel.estimate_kernel_num_bytes())),
         module=_attempt(lambda: _module(node_schedule)),
         scope=_graph_scope(),
+        flops=_attempt(lambda: generated_flops(list(node_schedule))),
     )
 
 

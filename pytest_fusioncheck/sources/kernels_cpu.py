@@ -3,8 +3,8 @@
 Each Inductor-generated C++ kernel (Inductor's kernel profiling names it in the profiler),
 each eager ATen op that computes (seen by the op observer), and each Triton launch run by
 the interpreter counts as one kernel; ``.item()`` and cross-device transfers are copies.
-An op's FLOPs and dtype (``ops.op_flops``) ride along; Inductor's C++ kernels have none
-(``flops`` ``None``: Inductor gives no FLOP figure for a generated kernel).
+An op's FLOPs and dtype (``ops.op_flops``) ride along; Inductor's C++ kernels carry the
+estimate recorded at code generation (``bytes_model.generated_flops``, docs/roofline.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .bytes_model import (
     inductor_cpu_kernel,
     inductor_kernel_bytes,
     inductor_kernel_estimate,
+    inductor_kernel_flops,
     inductor_kernel_module,
 )
 
@@ -48,6 +49,9 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
             kname = inductor_cpu_kernel(name)
             if kname is not None:
                 nbytes = inductor_kernel_bytes(name)
+                flops, estimated = inductor_kernel_flops(name)
+                if flops is None:
+                    flops, estimated = inductor_kernel_flops(kname)
                 kernels.append(
                     Kernel(
                         name=kname,
@@ -58,6 +62,8 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                         bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
                         module=_first_not_none(inductor_kernel_module(name), inductor_kernel_module(kname)),
                         start_ns=e.start_ns(),
+                        flops=flops,
+                        flops_estimated=estimated,
                     )
                 )
     for op in ops:

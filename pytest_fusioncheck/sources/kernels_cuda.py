@@ -16,7 +16,7 @@ from .._compat import device_activity_kind, kineto_events
 from ..ops import OpRecord, TritonLaunch
 from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
-from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate, inductor_kernel_module
+from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate, inductor_kernel_flops, inductor_kernel_module
 
 
 class CudaKernels:
@@ -157,6 +157,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
                 k.op, k.bytes = generated_origin(name), est
                 k.bytes_estimate = inductor_kernel_estimate(name)
                 k.module = inductor_kernel_module(name)
+                k.flops, k.flops_estimated = inductor_kernel_flops(name)
         (copies if is_copy else kernels).append(k)
     for index, group in by_op.items():
         main = attribute_op_bytes(group, by_index[index].bytes)
