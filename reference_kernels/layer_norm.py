@@ -566,14 +566,15 @@ def _layer_norm_bwd_phased_kernel(
     n_groups,  # programs; a multiple of VEC, so that every row a program takes has the same phase
     BLOCK_N: tl.constexpr,  # virtual columns a program holds: >= N + VEC - 1
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+    PREFETCH: tl.constexpr,  # the next row's x and dy loaded before this row is reduced
 ):
     """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
 
     With n_groups a multiple of VEC (and every tensor's rows at x's phase) all of a program's
     rows share one phase, so dweight/dbias accumulate in the program's virtual columns and
     shift to the real ones once, at the end; the weight is read at that shift once too. x
-    and dy go in whole aligned vectors, the next row's loads in flight while this row is
-    reduced; dx is stored as whole vectors plus the row's edges, whose x and dy are loaded
+    and dy go in whole aligned vectors (with PREFETCH the next row's loads in flight while this
+    row is reduced); dx is stored as whole vectors plus the row's edges, whose x and dy are loaded
     apart (they stay in L1).
     """
     g = tl.program_id(0)
@@ -592,20 +593,25 @@ def _layer_norm_bwd_phased_kernel(
     first_row = tl.minimum(g, n_rows - 1)  # a program without rows loads row n_rows - 1 and never uses it
     x_base, _ = row_origin(x_phase, first_row, stride_x, VEC)
     dy_base, _ = row_origin(x_phase, first_row, stride_dy, VEC)
-    x_next = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
-    dy_next = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
+    if PREFETCH:
+        x_next = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
+        dy_next = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
     for r in range(g, n_rows, n_groups):
         row = tl.cast(r, tl.int64)
-        x_in = x_next
-        dy_in = dy_next
         x_base, _ = row_origin(x_phase, row, stride_x, VEC)
         dy_base, _ = row_origin(x_phase, row, stride_dy, VEC)
         dx_base, _ = row_origin(x_phase, row, stride_dx, VEC)
-        ahead = tl.minimum(row + n_groups, n_rows - 1)  # the last rows reload one that exists
-        a_x, _ = row_origin(x_phase, ahead, stride_x, VEC)
-        a_dy, _ = row_origin(x_phase, ahead, stride_dy, VEC)
-        x_next = tl.load(x_ptr + a_x + v, mask=load_ok, other=0.0)
-        dy_next = tl.load(dy_ptr + a_dy + v, mask=load_ok, other=0.0)
+        if PREFETCH:
+            x_in = x_next
+            dy_in = dy_next
+            ahead = tl.minimum(row + n_groups, n_rows - 1)  # the last rows reload one that exists
+            a_x, _ = row_origin(x_phase, ahead, stride_x, VEC)
+            a_dy, _ = row_origin(x_phase, ahead, stride_dy, VEC)
+            x_next = tl.load(x_ptr + a_x + v, mask=load_ok, other=0.0)
+            dy_next = tl.load(dy_ptr + a_dy + v, mask=load_ok, other=0.0)
+        else:
+            x_in = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
+            dy_in = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
         if VEC > 1:
             x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
@@ -679,7 +685,7 @@ class _Plan(NamedTuple):
     num_warps: int
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
-    max_regs: int | None = None  # backward lean only: ptxas register cap (maxnreg), None for ptxas's choice
+    max_regs: int | None = None  # backward lean and phased, forward unaligned rows: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
@@ -749,9 +755,13 @@ _BWD_VARIANTS = ("measured", "lean", "phased")
 # _PHASED_BWD_MAX_ROW virtual columns, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a
 # thread, _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
 _PHASED_ROWS_MIN_COLS = 2048
-_PHASED_BWD_MAX_ROW = 16384
-_PHASED_BWD_VECTORS = 2
+_PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
+_PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
+_PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
+_PHASED_BWD_MIN_COLS = 256  # narrower rows keep the measured kernel's many rows a step (phased: one row a step)
+_PHASED_BWD_VECTORS = 1
 _PHASED_BWD_WARPS_PER_SM = 32
+_PHASED_BWD_PREFETCH = False
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
@@ -784,16 +794,18 @@ def _layer_norm_settings(
     step width), ``one_pass`` forces the backward's one-pass (never under the interpreter) or
     two-pass chunked plan: tests use both to reach every code path with small shapes. ``variant``
     ("measured", "lean" or "phased") forces the backward kernel at every shape ("phased": whole
-    rows only); left out, rows that start unaligned (N not a multiple of 16) up to
-    ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in x's dtype), else
+    rows only); left out, rows that start unaligned (N not a multiple of 16) from
+    ``_PHASED_BWD_MIN_COLS`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
+    x's dtype), else
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
-    if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
-                                              and n_cols % 16 and ragged_width(n_cols, elem_size) <= _PHASED_BWD_MAX_ROW)):
+    if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok and n_cols % 16
+                                              and _PHASED_BWD_MIN_COLS <= n_cols
+                                              and ragged_width(n_cols, elem_size) <= _PHASED_BWD_MAX_ROW)):
         return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
@@ -801,9 +813,14 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols) else n_cols
-    held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW
-    if held and (elem_size >= 4 or width > _MAX_ROW):  # 16-bit rows too wide for rows once phased (16383): held too
-        return _Plan("persistent", 1, next_power_of_2(width), _HELD_ROWS_WARPS, group=1, per_sm=1)
+    held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
+    if held and elem_size >= 4:
+        return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
+    if not backward and width != n_cols and width <= widest:  # unaligned rows read as aligned vectors
+        block_n = next_power_of_2(width)
+        block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
+        warps = max(warps_for(block_m * block_n), min(32, block_m * block_n // (32 * _PHASED_ROWS_ELEMS)))
+        return _Plan("rows", block_m, block_n, warps, max_regs=_PHASED_MAX_REGS)
     if width <= widest:
         block_n = next_power_of_2(width)
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
@@ -820,7 +837,7 @@ def _layer_norm_settings(
         prefetch = backward and elem_size == 2 and max_row is None and n_cols > _BWD_PREFETCH_16BIT_MIN
         plan = _Plan("rows", block_m, block_n, warps, prefetch=prefetch)
         n_chunks = 1
-    elif not backward:
+    elif not backward:  # wider rows, and unaligned ones whose phase overflows the 16384 block (16383)
         return _wide_forward_plan(n_cols, elem_size, wide, max_row)
     else:
         chunk = next_power_of_2(max_row) if max_row is not None else _BWD_CHUNK
@@ -881,7 +898,9 @@ def _phase_rows(n_cols: int) -> bool:
 
 
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
-    """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows."""
+    """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
+    ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
+    (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``."""
     vec = max(1, 16 // elem_size)
     block_n = next_power_of_2(launch_width(n_cols, vec))
     if block_n > _PHASED_BWD_MAX_ROW:
@@ -889,7 +908,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     warps = max(4, min(32, block_n // (32 * vec * _PHASED_BWD_VECTORS)))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
     n_groups = min(triton.cdiv(sm_count * per_sm, vec), triton.cdiv(n_rows, vec)) * vec
-    return _Plan("rows", 1, block_n, warps, n_groups, "phased")
+    return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH)
 
 
 def _lean_backward_plan(
@@ -932,6 +951,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps,
+            **(_reg_cap(plan) if r.vec > 1 else {}),
         )
     elif plan.mode == "looped":
         _layer_norm_fwd_looped_kernel[(n_rows,)](
@@ -1005,10 +1025,16 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     _layer_norm_bwd_phased_kernel[(plan.n_groups,)](
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, plan.n_groups,
-        BLOCK_N=max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec))), VEC=r.vec, num_warps=plan.num_warps,
+        BLOCK_N=max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec))), VEC=r.vec, PREFETCH=plan.prefetch,
+        num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)
+
+
+def _reg_cap(plan: _Plan) -> dict:
+    """Launch options capping registers (``_Plan.max_regs``); none under the interpreter."""
+    return {"maxnreg": plan.max_regs} if plan.max_regs and not interpreting() else {}
 
 
 def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:

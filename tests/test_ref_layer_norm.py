@@ -451,7 +451,7 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows,
     # 16-bit ones there 64 elements a thread
     assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert settings(2048, 8193, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert settings(2048, 8208, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
     assert settings(2048, 8192, 4) == P("rows", 1, 8192, 8)
     assert settings(2048, 16384, 2) == P("rows", 1, 16384, 8)
     assert settings(2048, 16384, 4, max_row=16384).mode == "rows"  # tests' max_row keeps the rows plan
@@ -579,7 +579,7 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    variant = None if shape[1] % 16 else "phased"
+    variant = None if shape[1] % 16 and shape[1] >= layer_norm._PHASED_BWD_MIN_COLS else "phased"
     plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=3, variant=variant)
     assert plan.variant == "phased" and plan.n_groups % (16 // x.element_size()) == 0
     dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, variant=variant)
@@ -589,12 +589,13 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["loads in step", "next row prefetched"])
 @pytest.mark.parametrize("n_groups", [8, 16, 64], ids=["every row of a phase in one program", "two", "more programs than rows"])
-def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups):
+def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch):
     x, weight, bias = inputs((37, 27), torch.bfloat16)
     dy = torch.randn(x.shape, device=DEVICE).bfloat16()
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased")
+    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased", prefetch=prefetch)
     dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
     layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
     _, *expected = torch_reference(x, weight, bias, dy)
@@ -605,7 +606,9 @@ def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_
 
 
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 1), (1, 0), (0, 2)], ids=["same phase", "x unaligned", "dy unaligned"])
-def test_the_phased_backward_on_slices_at_different_phases_matches_torch(x_offset, dy_offset):
+def test_the_phased_backward_on_slices_at_different_phases_matches_torch(x_offset, dy_offset, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MIN_COLS", 1)
+    assert layer_norm._layer_norm_settings(9, 50, 4, backward=True).variant == "phased"
     big_x, weight, bias = inputs((9, 60), torch.float32)
     big_dy = torch.randn(9, 60, device=DEVICE)
     x, dy = big_x[:, x_offset:x_offset + 50], big_dy[:, dy_offset:dy_offset + 50]
@@ -653,15 +656,16 @@ def test_phased_rows_reads_in_place_where_every_phase_agrees_and_copies_where_no
 
 def test_ragged_widths_take_the_phased_plans_and_aligned_ones_keep_theirs():
     settings = layer_norm._layer_norm_settings
+    P = layer_norm._Plan
     bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in
-           [(1025, 2), (4097, 4), (8191, 2), (16381, 4), (16383, 4), (1024, 2), (4096, 4)]]
-    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "phased", "lean", "measured", "measured"]
-    assert all(p.n_groups % 8 == 0 for p in bwd[:1]) and bwd[1].n_groups % 4 == 0
-    assert bwd[1].block_n == 8192 and bwd[3].block_n == 16384  # 4097 + 3, 16381 + 3 virtual columns
+           [(1025, 2), (4097, 4), (8189, 4), (8191, 2), (1024, 2), (4096, 4)]]
+    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "lean", "measured", "measured"]
+    assert bwd[0] == P("rows", 1, 2048, 8, 528, "phased", 64)  # 1025 + 7 virtual columns, 4 programs an SM
+    assert bwd[1] == P("rows", 1, 8192, 32, 132, "phased", 64)  # 4097 + 3: one 32-warp program an SM
     assert settings(8192, 1025, 2, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
-    fwd = settings(8192, 4097, 2)
-    assert (fwd.mode, fwd.block_n) == ("rows", 8192)
-    assert settings(8192, 12345, 4) == layer_norm._Plan("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert settings(8192, 16383, 4).block_n == 32768  # 16383 + 3 virtual columns
-    assert settings(8192, 16383, 2) == layer_norm._Plan("persistent", 1, 32768, 32, group=1, per_sm=1)
+    assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
+    assert settings(8192, 4097, 2) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
+    assert settings(8192, 12345, 4) == P("rows", 1, 16384, 32, max_regs=64)  # not the held plan: it spills
+    assert settings(8192, 999, 2).max_regs is None  # below _PHASED_ROWS_MIN_COLS: Triton's scalar path
+    assert settings(8192, 16383, 4).mode == "split" and settings(8192, 16383, 2).mode == "looped"  # 16384 + 2, + 6
     assert settings(8192, 16376, 2).mode == "rows"  # 16376 + 7 fits the 16384 block
