@@ -336,7 +336,8 @@ def profile_call(
 def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Callable[..., Any] | None = None, args: tuple = (), kwargs: dict | None = None) -> None:
     """Fill ``graph_time_s`` (or ``graph_note``) when a replay is asked for: per call, else
     by the session's ``--fusion-graph-replay`` (docs/launch_bound.md). The graph time is
-    compared with the call's median unprofiled wall time, so the lazy timer runs first."""
+    compared with the call's median unprofiled wall time, so the lazy timer runs first (for
+    a call that already replays graphs too: its timed wall time is then the graph's)."""
     from . import graph_replay
 
     if not graph_replay.wanted(asked, current_log().settings.graph_replay, report.launch_bound):
@@ -347,12 +348,12 @@ def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Ca
     if fn is None:
         report.graph_note = graph_replay.NO_CALLABLE
         return
-    if _compat.graph_launches(prof):
-        report.graph_note = graph_replay.ALREADY_A_GRAPH
-        return
     timer, report.timer = report.timer, None
     if timer is not None:
         report.time_s, _, report.wall_time_s, report.time_source = timer()
+    if _compat.graph_launches(prof):  # reduce-overhead: its timed wall time is the graph's
+        report.graph_note = graph_replay.ALREADY_A_GRAPH
+        return
     report.graph_time_s, report.graph_note = graph_replay.replay_time(fn, args, kwargs or {})
 
 

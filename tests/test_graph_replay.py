@@ -192,9 +192,10 @@ def test_a_profiled_call_gets_its_timed_wall_time_and_the_replays_time(monkeypat
 def test_a_call_that_already_replays_a_graph_or_a_with_region_gets_the_reason_not_a_capture(monkeypatch):
     monkeypatch.setattr(graph_replay, "replay_time", lambda *a: pytest.fail("no capture expected"))
     monkeypatch.setattr(capture._compat, "graph_launches", lambda prof: 3)
-    compiled = _decode()
+    compiled = _decode(timer=lambda: (90e-6, 10, 120e-6, "median device time"))
     capture._replay_in_graph(compiled, True, None, object())
     assert compiled.graph_note == ALREADY_A_GRAPH and compiled.graph_time_s is None
+    assert compiled.wall_time_s == 120e-6  # timed: the wall time of its own graph replays
     region = _decode()
     capture._replay_in_graph(region, True, None)
     assert region.graph_note == NO_CALLABLE
