@@ -137,6 +137,22 @@ def test_asks(fusion):
     result.stdout.fnmatch_lines(["*note: CUDA graph replay not measured: CUDA graphs need a GPU; this report is on cpu*"])
 
 
+def test_the_decode_step_example_runs_with_its_long_reports_cut_to_the_top_kernels(run_pytest, pytester):
+    """examples/test_decode_step.py as CI runs it: on CPU its GPU-only test is skipped with
+    the reason, the others pass, and the eager step's table shows its top 10 rows only."""
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / "examples" / "test_decode_step.py"
+    pytester.makepyfile(test_decode=source.read_text())
+    result = run_pytest("--fusion-report", "-rs")
+    if torch.cuda.is_available():
+        result.assert_outcomes(passed=4)
+        return
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines(["*launch overhead and CUDA graphs are GPU figures; on CPU the tests check kernel counts only*"])
+    result.stdout.fnmatch_lines(["top 10 of 56 rows by time:", "*... 46 more rows not shown; every row: report.table()*"])
+
+
 # --- the report, with a faked measurement ---------------------------------------------------
 
 
@@ -297,7 +313,7 @@ def test_a_reduce_overhead_callable_is_said_to_be_a_graph_already_and_the_next_p
 @pytest.mark.gpu
 def test_auto_replays_a_launch_bound_test_and_the_json_and_message_carry_the_graph_time(run_pytest, pytester):
     pytester.makepyfile(
-        """
+        test_graph="""
 import pytest, torch
 
 def chain(x):
