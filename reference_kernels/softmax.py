@@ -54,7 +54,7 @@ def _softmax_fwd_kernel(
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
+    BLOCK_N: tl.constexpr,  # columns per program: >= N (virtual columns past it are edges, _ragged.edges)
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     NARROW: tl.constexpr,  # 0, or N = BLOCK_N = both strides for packed rows narrower than 16 elements
 ):
@@ -80,7 +80,13 @@ def _softmax_fwd_kernel(
     if VEC > 1:  # the neighbours' elements in the first and last vectors
         x = tl.where(in_row(v, ph2, n_cols), x, -float("inf"))
     row_max = tl.max(x, axis=1)
-    inv_sum = 1.0 / tl.sum(tl.exp(x - row_max[:, None]), axis=1)
+    if VEC > 1:  # a row whose phase carries it past the tile: its last elements are only edges
+        past = e_ok & (e >= BLOCK_N)
+        row_max = tl.maximum(row_max, tl.max(tl.where(past, xe, -float("inf")), axis=1))
+        row_sum = tl.sum(tl.exp(x - row_max[:, None]), axis=1) + tl.sum(tl.where(past, tl.exp(xe - row_max[:, None]), 0.0), axis=1)
+    else:
+        row_sum = tl.sum(tl.exp(x - row_max[:, None]), axis=1)
+    inv_sum = 1.0 / row_sum
     y = tl.exp(x - row_max[:, None]) * inv_sum[:, None]
     first, last = body_bounds(ph, n_cols, VEC)
     body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
@@ -301,10 +307,11 @@ def _softmax_settings(
     ``elem_size`` sizes the persistent and split chunks (bytes in flight).
     """
     widest = max_row if max_row is not None else _MAX_ROW
-    # the columns a rows-plan program covers: with the widest phase where it reads aligned vectors
-    width = ragged_width(n_cols, elem_size) if _phase_rows(n_cols) else n_cols
-    if width <= widest:
-        block_n = next_power_of_2(width)
+    # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned
+    # row past it, those last few elements are edges (``_softmax_fwd_kernel``): a 4095-wide
+    # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
+    if n_cols <= widest:
+        block_n = next_power_of_2(n_cols)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
     wide_plan = wide or _WIDE_ROWS_PLAN
@@ -358,7 +365,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     else:  # Triton's own (scalar, for unaligned rows) accesses
         r = Phased.plain(x2, y2)
     if plan.mode == "rows":
-        block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
+        block_n = max(plan.block_n, next_power_of_2(n_cols))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, NARROW=_narrow(r, n_cols, block_n),

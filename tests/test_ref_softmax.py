@@ -308,8 +308,10 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(2048, 65536, 2).mode == "persistent"
     assert softmax._softmax_settings(2048, 65537, 2).mode == "split"
     assert softmax._softmax_settings(2048, 65536, 4).mode == "split"
-    # unaligned rows read as aligned vectors need room for the widest phase; on Triton's scalar path they do not
-    assert softmax._softmax_settings(1000, 1023, 2).block_n == 1024 and softmax._softmax_settings(1000, 4093, 2).block_n == 8192
+    # unaligned rows read as aligned vectors: the tile covers the row's width, a phase that carries
+    # a row past it leaves its last elements to the edges
+    assert softmax._softmax_settings(1000, 1023, 2).block_n == 1024 and softmax._softmax_settings(1000, 4093, 2).block_n == 4096
+    assert softmax._softmax_settings(1000, 16383, 2).mode == "rows"
     assert softmax._softmax_settings(2048, 16385, 4).mode == "split"  # fp32: always split
     assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
     assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used: not enough
@@ -388,6 +390,8 @@ RAGGED = [
     (5, 50),  # a body of whole vectors between the edges (rows plan: Triton's scalar path)
     (6, 100),  # rows plan reading aligned vectors (softmax._phase_rows), several rows a program
     (3, 2051),  # the same, one row a program
+    (9, 127),  # every phase; from phase 2 a row runs past its 128-lane tile (the rest are edges)
+    (3, 4095),  # the same, one row a program
 ]
 
 
