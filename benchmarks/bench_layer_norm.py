@@ -9,6 +9,9 @@ in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --passes backward --widths 65536
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --sweep --impls ours  # launch-plan variants too
     PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --quick --out gpu-results  # also gpu-results/bench_layer_norm.{txt,json}
+    PYTHONPATH=. python3 benchmarks/bench_layer_norm.py --sweep --impls ours,torch --widths 1025,4097,12345  # ragged rows
+
+A width given with ``--widths`` that the anchor shapes lack is timed with 2^27 elements.
 
 ``--sweep`` times, for the backward, the measured plans and the register-lean kernel
 (``layer_norm._BWD_VARIANT = "lean"``) with a few of its neighbours, in the same run.
@@ -36,6 +39,15 @@ from reference_kernels import layer_norm  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536)]
+ELEMENTS = 2**27  # a width asked for with --widths that SHAPES lacks (a ragged one, say) gets this many elements
+
+
+def shapes(widths: set) -> list[tuple[int, int]]:
+    """SHAPES, or the ones of ``widths`` (--widths), each width SHAPES lacks with ``ELEMENTS`` elements."""
+    if not widths:
+        return SHAPES
+    known = dict((n, m) for m, n in SHAPES)
+    return [(known.get(n, max(1, ELEMENTS // n)), n) for n in sorted(widths)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 EPS = 1e-5
 
@@ -90,6 +102,24 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
     if backward and plans[0][1].mode == "rows" and plans[0][1].variant == "measured":
         plans.append(("default, prefetch", plans[0][1]._replace(prefetch=True)))
     P = layer_norm._Plan
+    default = plans[0][1]
+    if default.variant == "phased":  # unaligned rows (docs/kernels.md, "layer_norm: backward"): its neighbours,
+        # then the kernels it replaced (Triton's scalar accesses on these rows)
+        plans += [("phased prefetch", default._replace(prefetch=True)),
+                  ("phased no register cap", default._replace(max_regs=None)),
+                  ("phased half the groups", default._replace(n_groups=max(16, default.n_groups // 2 // 16 * 16)))]
+        if default.num_warps >= 8:
+            plans.append(("phased 2 vectors a thread", default._replace(num_warps=default.num_warps // 2)))
+        for variant in ("measured", "lean"):
+            plans.append((f"{variant} (scalar)", layer_norm._layer_norm_settings(m, n, size, backward=True, sm_count=sm,
+                                                                                 variant=variant)))
+        return plans
+    if not backward and default.mode == "rows" and default.max_regs:  # unaligned rows read as aligned vectors
+        for warps in (default.num_warps // 2, default.num_warps * 2):
+            if 4 <= warps <= 32:
+                plans.append((f"phased rows w={warps}", default._replace(num_warps=warps)))
+        plans += [("phased rows no register cap", default._replace(max_regs=None)),
+                  ("phased rows regs=80", default._replace(max_regs=80))]
     if not backward:
         if n <= 1024:
             for tile, warps in ((2048, 4), (8192, 8)):
@@ -161,9 +191,7 @@ def main() -> None:
         backward = direction == "backward"
         for dtype_name in args.dtypes.split(","):
             dtype = DTYPES[dtype_name]
-            for m, n in SHAPES:
-                if widths and n not in widths:
-                    continue
+            for m, n in shapes(widths):
                 x = torch.randn(m, n, device="cuda", dtype=dtype)
                 w = torch.randn(n, device="cuda", dtype=dtype)
                 b = torch.randn(n, device="cuda", dtype=dtype)
