@@ -70,30 +70,32 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 
 
 @triton.jit
-def _layer_norm_fwd_kernel(
-    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
-    w_ptr,  # (N,) weight
-    b_ptr,  # (N,) bias
-    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase as x's, _ragged.phased)
-    mean_ptr,  # (M,) float32 row means
-    rstd_ptr,  # (M,) float32 reciprocal row standard deviations
-    x_phase,  # phase of row 0 (0 when VEC == 1)
-    n_rows,  # M
-    n_cols,  # N
-    stride_x,  # elements between rows of x
-    stride_y,  # elements between rows of y
-    eps,  # added to the variance
-    BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
-    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-):
-    """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
+def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    mask = row_ok[:, None] & col_ok[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / n_cols
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(centred * centred, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = centred * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
-    Unaligned rows (``_ragged``): x and y in whole aligned vectors from each row's aligned
-    origin, the row's edge elements loaded and stored apart; weight and bias are read at the
-    row's own columns (virtual column - phase), which Triton cannot prove aligned: scalar
-    loads of two (N,) vectors that stay in L1.
-    """
+
+@triton.jit
+def _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
+                            stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """``_layer_norm_fwd_kernel`` for unaligned rows read as aligned vectors (``_ragged``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
@@ -131,6 +133,39 @@ def _layer_norm_fwd_kernel(
         tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # output: row r's first element at y_ptr + x_phase + r * stride_y (same phase as x's, _ragged.phased)
+    mean_ptr,  # (M,) float32 row means
+    rstd_ptr,  # (M,) float32 reciprocal row standard deviations
+    x_phase,  # phase of row 0 (0 when VEC == 1)
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    eps,  # added to the variance
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+):
+    """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
+
+    Unaligned rows (``_ragged``): x and y in whole aligned vectors from each row's aligned
+    origin, the row's edge elements loaded and stored apart; weight and bias are read at the
+    row's own columns (virtual column - phase), which Triton cannot prove aligned: scalar
+    loads of two (N,) vectors that stay in L1.
+    """
+    if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
+        _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
+                                 eps, BLOCK_M, BLOCK_N)
+    else:
+        _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
+                                stride_y, eps, BLOCK_M, BLOCK_N, VEC)
 
 
 @triton.jit
@@ -755,10 +790,13 @@ _BWD_VARIANTS = ("measured", "lean", "phased")
 # _PHASED_BWD_MAX_ROW virtual columns, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a
 # thread, _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
 _PHASED_ROWS_MIN_COLS = 2048
+# fp32 only, forward and backward: the H200 sweep of 16-bit ragged rows (1023-12345) put the
+# phased kernels level with or behind the scalar ones (docs/kernels.md, "layer_norm: forward").
+_PHASED_MIN_ELEM_SIZE = 4
 _PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
 _PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
-_PHASED_BWD_MIN_COLS = 256  # narrower rows keep the measured kernel's many rows a step (phased: one row a step)
+_PHASED_BWD_MIN_COLS = 2048  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
 _PHASED_BWD_VECTORS = 1
 _PHASED_BWD_WARPS_PER_SM = 32
 _PHASED_BWD_PREFETCH = False
@@ -804,7 +842,7 @@ def _layer_norm_settings(
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
     if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok and n_cols % 16
-                                              and _PHASED_BWD_MIN_COLS <= n_cols
+                                              and _PHASED_BWD_MIN_COLS <= n_cols and elem_size >= _PHASED_MIN_ELEM_SIZE
                                               and ragged_width(n_cols, elem_size) <= _PHASED_BWD_MAX_ROW)):
         return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant or _BWD_VARIANT) == "lean":
@@ -812,7 +850,7 @@ def _layer_norm_settings(
             return _lean_backward_plan(n_rows, n_cols, elem_size, sm_count, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
-    width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols) else n_cols
+    width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
     if held and elem_size >= 4:
         return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
@@ -892,9 +930,9 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
     return _Plan(plan, 1, chunk, warps, group=group, per_sm=per_sm)
 
 
-def _phase_rows(n_cols: int) -> bool:
+def _phase_rows(n_cols: int, elem_size: int) -> bool:
     """Whether the forward ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``)."""
-    return n_cols >= _PHASED_ROWS_MIN_COLS
+    return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
@@ -942,7 +980,7 @@ def _lean_backward_plan(
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols)):
+    if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols, x2.element_size())):
         r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
     else:
         r = phased(x2, y2)

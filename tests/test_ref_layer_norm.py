@@ -529,6 +529,7 @@ def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, 
     x, weight, bias = inputs(shape, dtype)
     if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
+        monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
         chosen = layer_norm._layer_norm_settings(*shape, x.element_size())
         assert chosen.mode == "rows" and chosen.block_n >= shape[1] + 16 // x.element_size() - 1
     elif plan == "rows, scalar":
@@ -549,6 +550,7 @@ def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, 
 def test_forward_on_rows_of_a_wider_tensor_reads_in_place_or_from_a_copy_and_matches(offset, width, threshold,
                                                                                      monkeypatch):
     monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", threshold)
+    monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)
     big, _, _ = inputs((7, 48), torch.float32)
     _, weight, bias = inputs((1, width), torch.float32)
     x = big[:, offset:offset + width]
@@ -565,6 +567,7 @@ def test_forward_on_rows_of_a_wider_tensor_reads_in_place_or_from_a_copy_and_mat
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_forward_into_an_out_at_an_odd_offset_writes_every_element_and_nothing_before(dtype, max_row, monkeypatch):
     monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
+    monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
     x, weight, bias = inputs((5, 21), dtype)
     buf = _poisoned((5 * 21 + 3,), dtype)
     out = buf[3:].view(5, 21)
@@ -579,7 +582,9 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    variant = None if shape[1] % 16 and shape[1] >= layer_norm._PHASED_BWD_MIN_COLS else "phased"
+    default = (shape[1] % 16 and shape[1] >= layer_norm._PHASED_BWD_MIN_COLS
+               and x.element_size() >= layer_norm._PHASED_MIN_ELEM_SIZE)
+    variant = None if default else "phased"
     plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=3, variant=variant)
     assert plan.variant == "phased" and plan.n_groups % (16 // x.element_size()) == 0
     dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, variant=variant)
@@ -654,18 +659,20 @@ def test_phased_rows_reads_in_place_where_every_phase_agrees_and_copies_where_no
     assert torch.equal(out, a)
 
 
-def test_ragged_widths_take_the_phased_plans_and_aligned_ones_keep_theirs():
+def test_ragged_fp32_widths_from_2048_take_the_phased_plans_and_the_rest_keep_theirs():
+    # The H200 sweep (docs/kernels.md, "layer_norm: forward" / "backward"): the phased kernels
+    # won for fp32 rows from 2048 columns and lost or tied elsewhere.
     settings = layer_norm._layer_norm_settings
     P = layer_norm._Plan
     bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in
-           [(1025, 2), (4097, 4), (8189, 4), (8191, 2), (1024, 2), (4096, 4)]]
-    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "lean", "measured", "measured"]
-    assert bwd[0] == P("rows", 1, 2048, 8, 528, "phased", 64)  # 1025 + 7 virtual columns, 4 programs an SM
+           [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (8191, 2), (1024, 2), (4096, 4)]]
+    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "measured", "measured", "lean", "lean",
+                                        "measured", "measured"]
     assert bwd[1] == P("rows", 1, 8192, 32, 132, "phased", 64)  # 4097 + 3: one 32-warp program an SM
-    assert settings(8192, 1025, 2, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
+    assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
-    assert settings(8192, 4097, 2) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
+    assert settings(8192, 4097, 4) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
     assert settings(8192, 12345, 4) == P("rows", 1, 16384, 32, max_regs=64)  # not the held plan: it spills
-    assert settings(8192, 999, 2).max_regs is None  # below _PHASED_ROWS_MIN_COLS: Triton's scalar path
-    assert settings(8192, 16383, 4).mode == "split" and settings(8192, 16383, 2).mode == "looped"  # 16384 + 2, + 6
-    assert settings(8192, 16376, 2).mode == "rows"  # 16376 + 7 fits the 16384 block
+    assert settings(8192, 16383, 4).mode == "split"  # 16384 + 2: past the rows plan's block
+    for n in (999, 4097, 12345, 16383):  # 16-bit rows: Triton's scalar path in the plain rows plan
+        assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
