@@ -9,8 +9,8 @@
 #   --out DIR   logs, tables and JSON go here (default: ./gpu-results)
 #   --sweep     the kernel benchmarks also time their launch-plan variants (--sweep /
 #               --variants): the sweeps behind docs/kernels.md
-#   STAGE       plugin kernels examples softmax layer_norm dropout gemm overhead
-#               (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
+#   STAGE       plugin kernels examples softmax layer_norm dropout gemm attention decode
+#               overhead sweep (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
 #               writes DIR/fidelity_h200.json, to copy to tests/data/ when the model changes)
 #
 # DIR/environment.txt names the GPU and versions; the test stages log to DIR/<stage>.log,
@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     *) STAGES+=("$1"); shift ;;
     esac
 done
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm overhead)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm attention decode overhead sweep)
 
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -74,7 +74,10 @@ run_stage() {
     layer_norm) "$PY" benchmarks/bench_layer_norm.py --quick --out "$OUT" $(sweep --sweep) ;;
     dropout) "$PY" benchmarks/bench_bias_gelu_dropout.py --quick --out "$OUT" $(sweep --variants) ;;
     gemm) "$PY" benchmarks/bench_gemm_epilogue.py --quick --out "$OUT" $(sweep --variants) ;;
+    attention) "$PY" benchmarks/bench_attention.py --quick --out "$OUT" $(sweep --variants) ;;
+    decode) "$PY" benchmarks/bench_decode.py --out "$OUT" ;;
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
+    sweep) "$PY" benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out "$OUT" ;;
     fidelity) "$PY" benchmarks/fidelity.py --out "$OUT" --write-data "$OUT/fidelity_h200.json" ;;
     *) echo "gpu_check.sh: unknown stage $1 (see --help)" >&2; return 2 ;;
     esac
