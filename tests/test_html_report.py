@@ -61,6 +61,27 @@ def test_the_kernel_strip_has_one_cell_a_kernel_by_time_and_a_gpus_launch_gaps_a
     assert strip.count("flex:") == 3 and "class='gap' style='flex:0.500000'" in strip  # 4 us busy in 8 us
 
 
+def test_a_launch_bound_report_says_so_with_its_graph_replay_or_why_there_is_none():
+    kernels = [("k0", 3e-6, 8), ("k1", 1e-6, 8)]
+    replayed = render([("t.py::x", "", [_report("x", kernels, device="cuda", wall_time_s=100e-6, launch_bound=True,
+                                                 launch_overhead_s=96e-6, graph_time_s=5e-6,
+                                                 graph_recovered_share=95 / 96)])])
+    assert "launch-bound: 96% of the wall time the GPU was idle" in replayed
+    assert "replayed from a CUDA graph: 5.0 us a call vs 100.0 us wall (recovers 99% of the idle time)" in replayed
+    refused = render([("t.py::x", "", [_report("x", kernels, device="cuda", wall_time_s=100e-6, launch_bound=True,
+                                                launch_overhead_s=96e-6, graph_note="the call synchronises: .item()")])])
+    assert "no CUDA-graph replay: the call synchronises: .item()" in refused and "replayed from" not in refused
+    quiet = render([("t.py::x", "", [_report("x", kernels)])])
+    assert "launch-bound" not in quiet and "CUDA-graph" not in quiet
+
+
+def test_headroom_lists_its_kernels_as_runs():
+    chain = {"kernels": [0, 1, 2, 3, 7, 9, 10], "ops": ["aten::add", "aten::mul"], "bytes": 300, "fused_bytes": 100,
+             "excess": 200}
+    page = render([("t.py::x", "", [_report("x", [("k", 1e-6, 8)], headroom=[chain])])])
+    assert "headroom: kernels 0-3, 7, 9-10 (add, mul) move" in page
+
+
 def test_the_roofline_heads_the_page_inline_or_a_line_says_why_not():
     kernels = [("k", 1e-6, 8)]
     page = render([("t.py::x", "", [_report("x", kernels)])], roofline="<svg xmlns='http://www.w3.org/2000/svg'></svg>")

@@ -17,7 +17,7 @@ import html
 import os
 from typing import Any
 
-from ..report import fold_modules
+from ..report import fold_modules, index_ranges
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
@@ -146,6 +146,23 @@ def _breaks(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _launch_lines(r: dict[str, Any]) -> list[str]:
+    """The launch-bound verdict and the CUDA-graph replay figure (or why there is none)."""
+    esc = html.escape
+    lines = []
+    if r.get("launch_bound"):
+        share = (r.get("launch_overhead_s") or 0) / r["wall_time_s"] if r.get("wall_time_s") else 0.0
+        lines.append(f"<p class='note launch'>launch-bound: {share:.0%} of the wall time the GPU was idle</p>")
+    if r.get("graph_time_s") is not None:
+        text = f"replayed from a CUDA graph: {_time(r['graph_time_s'])} a call vs {_time(r.get('wall_time_s'))} wall"
+        if r.get("graph_recovered_share") is not None:
+            text += f" (recovers {r['graph_recovered_share']:.0%} of the idle time)"
+        lines.append(f"<p class='note launch'>{esc(text)}</p>")
+    elif r.get("graph_note"):
+        lines.append(f"<p class='note launch'>no CUDA-graph replay: {esc(str(r['graph_note']))}</p>")
+    return lines
+
+
 def _report_section(r: dict[str, Any]) -> str:
     esc = html.escape
     parts = [
@@ -160,9 +177,10 @@ def _report_section(r: dict[str, Any]) -> str:
         _time_strip(r),
         *_breaks(r),
     ]
+    parts.extend(_launch_lines(r))
     for chain in r.get("headroom") or []:
         parts.append(
-            f"<p class='note'>headroom: kernels {', '.join(map(str, chain['kernels']))} "
+            f"<p class='note'>headroom: kernels {esc(index_ranges(chain['kernels']))} "
             f"({esc(', '.join(dict.fromkeys(op.removeprefix('aten::') for op in chain['ops'])))}) move "
             f"{esc(_bytes(chain['bytes']))} for a fused budget of {esc(_bytes(chain['fused_bytes']))}: "
             f"fusing saves {esc(_bytes(chain['excess']))}</p>"
