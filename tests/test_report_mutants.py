@@ -347,6 +347,7 @@ def test_the_unmodelled_note_lists_the_kernels_as_runs_of_indices():
         ([3, 1, 2, 2], "1-3"),
         ([0, 2, 4], "0, 2, 4"),
         ([0, 1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15, 16, 17, 22], "0-6, 11-17, 22"),
+        (list(range(0, 12, 2)), "0, 2, 4, 6, 8, 10"),  # six runs: all shown
         (list(range(0, 14, 2)), "0, 2, 4, 6, 8, 10, ... (7 in all)"),
     ],
 )
@@ -407,6 +408,30 @@ def test_the_top_table_ranks_rows_by_time_and_says_how_many_rows_it_left_out_and
     top, by = untimed.top_rows(2)
     assert by == "modelled bytes" and [k.name for _, k in top] == ["k3", "k2"]
     assert _report(kernels[:2]).top_table(3) == _report(kernels[:2]).table().splitlines()  # nothing to leave out
+    assert _report(kernels[:3]).top_table(3) == _report(kernels[:3]).table().splitlines()  # exactly n: all of them
+
+
+def test_the_top_rows_keep_launch_order_in_ties_and_rank_unmodelled_rows_as_zero_bytes():
+    """Catches ties ordered by the row's label (as text, "10" before "9") instead of its
+    index, and an unmodelled kernel ranked as if it moved bytes."""
+    tied = _report([Kernel(name=f"k{i}", time_s=1e-6) for i in range(12)])
+    assert [k.name for _, k in tied.top_rows(3)[0]] == ["k0", "k1", "k2"]
+    untimed = _report([Kernel(name="unmodelled", bytes=None), Kernel(name="zero", bytes=0), Kernel(name="one", bytes=1)])
+    assert [k.name for _, k in untimed.top_rows(3)[0]] == ["one", "unmodelled", "zero"]
+
+
+def test_details_cut_a_long_report_to_its_top_rows_and_a_short_one_with_many_copies_at_sixty_rows():
+    """Catches `details()` showing every row by default, or the 60-row cut of a short
+    report's table (30 kernels and 31 copies) moved or dropped."""
+    long = _report([Kernel(name=f"k{i}", time_s=i * 1e-6, module="layers.0") for i in range(31)])
+    assert long.details() == [*long.module_summary(), *long.top_table()]
+    assert long.details(full=True) == [*long.module_summary(), *long.table(max_rows=None).splitlines()]
+    copies = [Kernel(name="Memcpy", kind="copy", bytes=8) for _ in range(31)]
+    short = _report([Kernel(name=f"k{i}", bytes=1) for i in range(30)], copies=copies)
+    assert short.details() == short.table(max_rows=60).splitlines()
+    assert short.details()[-1] == "  ... 1 more rows" and len(short.details()) == 1 + 60 + 1  # header, rows, cut
+    assert short.details(full=True) == short.table(max_rows=None).splitlines()  # header and 61 rows, no cut
+    assert "more rows" not in short.details(full=True)[-1]
 
 
 @pytest.mark.parametrize("n, shown", [(31, True), (30, False)])
