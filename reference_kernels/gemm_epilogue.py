@@ -607,9 +607,12 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
             configs = [_tuned[key]]
         elif not _capturing(a.device):
             kept, launches = [], []
+            # The candidates write a scratch output: ``out`` may be the residual itself (an
+            # in-place residual add), which a second launch would then add twice.
+            scratch = torch.empty_like(out)
             for c in configs:  # compile them all first, so no timing follows an idle compile
                 def launch(s, c=c):
-                    _launch(path, c, s[0], s[1], out, bias, residual, activation_code, gelu_degree)
+                    _launch(path, c, s[0], s[1], scratch, bias, residual, activation_code, gelu_degree)
 
                 try:
                     launch((a, b))
@@ -622,7 +625,7 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
             configs = kept
             sets = _timing_sets(a, b)
             times = [_time_ms(launch, sets) for launch in launches]
-            del sets
+            del sets, scratch
             _timings[key] = list(zip(configs, times))
             _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
             configs = [_tuned[key]]

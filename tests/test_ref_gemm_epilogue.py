@@ -466,6 +466,16 @@ def test_each_shape_bucket_times_its_candidates_once_and_reuses_the_fastest(fres
     assert len(ge._tuned) == 4
 
 
+def test_tuning_an_in_place_residual_add_adds_the_residual_once(fresh_tuning):
+    # out is the residual: the timed candidates must not write it, or each launch adds it again.
+    a, b, bias, residual = operands(50, 40, 24, torch.bfloat16)
+    expected = ge.unfused(a, b, bias, "gelu", residual=residual)
+    out = residual.clone()
+    ge.fused(a, b, bias, "gelu", residual=out, out=out)
+    assert fresh_tuning.timed == [fresh_tuning.a, fresh_tuning.b]  # both candidates ran
+    torch.testing.assert_close(out, expected, **TOLERANCES[torch.bfloat16])
+
+
 def test_nothing_is_timed_or_cached_while_a_cuda_graph_is_captured(fresh_tuning, monkeypatch):
     monkeypatch.setattr(ge, "_capturing", lambda device: True)
     a, b, bias, _ = operands(50, 40, 24, torch.bfloat16, residual=False)
