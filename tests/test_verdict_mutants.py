@@ -453,6 +453,10 @@ def test_a_launch_overhead_failure_gives_the_measured_graph_time_or_why_there_is
         "replayed from a CUDA graph the call takes 500.0 us (recovers 67% of the idle time): "
         "torch.compile(mode='reduce-overhead') or torch.cuda.graphs would recover it; so would fewer launches (fusion)"
     )
+    slower = _launch_report()
+    slower.graph_time_s = 2e-3  # the replay slower than the eager wall time: recovers nothing, not all
+    message = _fails(check_launch_overhead, slower, 0.5, "w", log=_log())
+    assert message.splitlines()[1].startswith("replayed from a CUDA graph the call takes 2.00 ms (recovers 0% of the idle time): ")
     refused = _launch_report()
     refused.graph_note = "the call synchronises with the host"
     lines = _fails(check_launch_overhead, refused, 0.5, "w", log=_log()).splitlines()
