@@ -39,6 +39,7 @@ def _settings(pytester, *args, ini=None):
         (("--fusion-graph-replay=all",), None, "all"),
         (("--fusion-graph-replay", "off"), "fusioncheck_graph_replay = all", "off"),
         ((), "fusioncheck_graph_replay = auto", "auto"),
+        ((), "fusioncheck_graph_replay =", "off"),  # an empty ini value: the default
         (("--fusion-graph-replay=AUTO",), None, "auto"),
     ],
 )
