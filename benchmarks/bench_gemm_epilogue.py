@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks._common import add_out_option, header, markdown_table, write_output_to  # noqa: E402
 from reference_kernels import gemm_epilogue as ge  # noqa: E402
+from reference_kernels._common import graph_device_ms  # noqa: E402
 
 MS = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 KNS = [(768, 3072), (3072, 768), (4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (5120, 13824),
@@ -59,30 +59,9 @@ def rotated_device_ms(make, fn, min_bytes: int = 128 << 20, reps: int = 7) -> fl
     set_bytes = sum(t.numel() * t.element_size() for t in sets[0] if isinstance(t, torch.Tensor))
     n = max(1, min(32, math.ceil(min_bytes / set_bytes)))
     sets += [make() for _ in range(n - 1)]
-    calls = max(n, 4)
     for s in sets:
         fn(*s)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(*sets[0])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(*sets[i % n])
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
+    return graph_device_ms(lambda s: fn(*s), sets, replays=reps)
 
 
 def main() -> int:

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks._common import add_out_option, bench_ms, gbps, header, markdown_table, write_output_to  # noqa: E402
+from reference_kernels._common import graph_device_ms  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Row widths of public model configs: hidden sizes (BERT, GPT-2, Llama, Mistral, Qwen, ...)
@@ -106,33 +107,12 @@ def device_ms(fn, calls: int = 10, reps: int = 5) -> tuple[float, str]:
     over twice the L2, so consecutive calls do not find theirs there. Falls back to
     ``bench_ms`` (timer "events") where capture fails.
     """
-    import statistics
-
     fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
+        return graph_device_ms(lambda _: fn(), [None] * calls, replays=reps), "graph"
     except Exception as exc:  # e.g. an anchor that synchronises: capture is refused
         torch.cuda.synchronize()
         return bench_ms(fn, 10, 50), f"events ({type(exc).__name__}: {str(exc)[:80]})"
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times), "graph"
 
 
 _COMPILED: dict = {}

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import check_tensor, interpreting, sm_count
+from ._common import check_tensor, graph_device_ms, interpreting, sm_count
 from ._math import gelu
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -492,37 +492,6 @@ def _timing_sets(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, t
     return [(a, b)] + [(copy(a), copy(b)) for _ in range(n - 1)]
 
 
-def _time_ms(launch, sets: list, replays: int = 5) -> float:
-    """Device milliseconds of one ``launch(set)``: calls over the rotating ``sets`` captured in a CUDA
-    graph, the median replay over its calls. A graph replays the launches back to back: timing from
-    the host (``do_bench``) measured the Python launch path instead, 40-150 us for a 7-20 us GEMM,
-    and made the two launches of split-K look 40 us slower (docs/kernels.md, "gemm_epilogue")."""
-    import statistics
-
-    calls = max(len(sets), 4)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        launch(sets[0])
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            launch(sets[i % len(sets)])
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
-
-
 # --------------------------------------------------------------------------- launchers
 
 
@@ -592,7 +561,7 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
     Several candidate configs are timed once per shape bucket (M, N, K each rounded up to a power
     of two, with the dtype, the epilogue, b's layout and the device) and the fastest is kept in
     ``_tuned``: a later problem of the same bucket reuses it untimed. Timing is device time of
-    CUDA-graph replays over copies of a and b that together exceed twice the L2 (``_time_ms``). While a CUDA graph is being
+    CUDA-graph replays over copies of a and b that together exceed twice the L2 (``graph_device_ms``). While a CUDA graph is being
     captured nothing is timed: an untuned bucket takes the model's first candidate, uncached.
     ``path``, ``config`` and ``gelu_degree`` force a choice (tests and benchmarks use them).
     """
@@ -624,7 +593,7 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
                 raise RuntimeError(f"no candidate config of a {M}x{K} @ {K}x{N} GEMM fits this GPU: {configs}")
             configs = kept
             sets = _timing_sets(a, b)
-            times = [_time_ms(launch, sets) for launch in launches]
+            times = [graph_device_ms(launch, sets) for launch in launches]
             del sets, scratch
             _timings[key] = list(zip(configs, times))
             _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]

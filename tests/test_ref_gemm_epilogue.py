@@ -436,7 +436,7 @@ def fresh_tuning(monkeypatch):
         return {a_cfg: 2.0, b_cfg: 1.0}[launched[before]]
 
     monkeypatch.setattr(ge, "_launch", launch)
-    monkeypatch.setattr(ge, "_time_ms", time_ms)
+    monkeypatch.setattr(ge, "graph_device_ms", time_ms)
     monkeypatch.setattr(ge, "_timing_sets", lambda a, b: [(a, b)])
     return SimpleNamespace(a=a_cfg, b=b_cfg, timed=timed)
 
