@@ -119,6 +119,14 @@ def format_bandwidth(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / 1e9:.0f} GB/s"
 
 
+def format_graph_replay(graph_time_s: float, wall_time_s: float | None, recovered_share: float | None) -> str:
+    """The graph-replay figure as reports print it (the summary line, the HTML page)."""
+    text = f"replayed from a CUDA graph: {format_time(graph_time_s)} a call vs {format_time(wall_time_s)} wall"
+    if recovered_share is not None:
+        text += f" (recovers {recovered_share:.0%} of the idle time)"
+    return text
+
+
 def index_ranges(indices: Any, max_groups: int = 6) -> str:
     """Kernel indices as runs: ``[0, 1, 2, 3, 7, 9, 10]`` -> ``0-3, 7, 9-10``; after
     ``max_groups`` runs the rest is cut: ``0-6, 11-17, ... (35 in all)``."""
@@ -393,10 +401,7 @@ class FusionReport:
             parts.append(f"wall {format_time(self.wall_time_s)}")
             graph = None
             if self.graph_time_s is not None:
-                graph = f"replayed from a CUDA graph: {format_time(self.graph_time_s)} a call vs {format_time(self.wall_time_s)} wall"
-                share = self.graph_recovered_share
-                if share is not None:
-                    graph += f" (recovers {share:.0%} of the idle time)"
+                graph = format_graph_replay(self.graph_time_s, self.wall_time_s, self.graph_recovered_share)
             if self.launch_bound:
                 parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)" + (f"; {graph}" if graph else ""))
             elif graph:

@@ -17,7 +17,7 @@ import html
 import os
 from typing import Any
 
-from ..report import fold_modules, index_ranges
+from ..report import fold_modules, format_graph_replay, index_ranges
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; }
@@ -154,9 +154,7 @@ def _launch_lines(r: dict[str, Any]) -> list[str]:
         share = (r.get("launch_overhead_s") or 0) / r["wall_time_s"] if r.get("wall_time_s") else 0.0
         lines.append(f"<p class='note launch'>launch-bound: {share:.0%} of the wall time the GPU was idle</p>")
     if r.get("graph_time_s") is not None:
-        text = f"replayed from a CUDA graph: {_time(r['graph_time_s'])} a call vs {_time(r.get('wall_time_s'))} wall"
-        if r.get("graph_recovered_share") is not None:
-            text += f" (recovers {r['graph_recovered_share']:.0%} of the idle time)"
+        text = format_graph_replay(r["graph_time_s"], r.get("wall_time_s"), r.get("graph_recovered_share"))
         lines.append(f"<p class='note launch'>{esc(text)}</p>")
     elif r.get("graph_note"):
         lines.append(f"<p class='note launch'>no CUDA-graph replay: {esc(str(r['graph_note']))}</p>")
