@@ -74,6 +74,12 @@ CASES = {
     "softmax_bf16_1024": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(65536, 1024, torch.bfloat16)),
     "ln_bwd_bf16_1024": lambda: _ln_backward(131072, 1024, torch.bfloat16),
     "ln_bwd_bf16_4096": lambda: _ln_backward(32768, 4096, torch.bfloat16),
+    "ln_bwd_bf16_8192": lambda: _ln_backward(8192, 8192, torch.bfloat16),
+    # ragged layer-norm rows (docs/kernels.md, "layer_norm: forward") against aligned 4096
+    "ln_fwd_fp32_4097": lambda: _ln_forward(8192, 4097, torch.float32),
+    "ln_fwd_bf16_4097": lambda: _ln_forward(16384, 4097, torch.bfloat16),
+    "ln_fwd_bf16_4096": lambda: _ln_forward(16384, 4096, torch.bfloat16),
+    "softmax_bf16_4097": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(16384, 4097, torch.bfloat16)),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
     "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
 }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_LOG2E = tl.constexpr(1.4426950408889634)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def exp2(x, FAST: tl.constexpr):
 def exp(x, FAST: tl.constexpr):
     """exp(x) as 2^(x log2 e); ``FAST``: one ``ex2.approx.ftz`` (tl.exp2 adds three instructions for
     subnormal results, which a softmax flushes to 0 anyway)."""
-    return exp2(x * _LOG2E, FAST)
+    return exp2(x * LOG2E, FAST)
 
 
 @triton.jit

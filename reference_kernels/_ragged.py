@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import next_power_of_2
+
 VECTOR_BYTES = 16
 _TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments divisible by 16
 
@@ -224,6 +226,32 @@ def phased_rows(reads: tuple, writes: tuple) -> PhasedRows:
                       vec, tuple(t.stride(0) for t in reads), tuple(t.stride(0) for t in rows), tuple(rows), tuple(outs))
 
 
+def row_pieces(need: int, vec: int, max_pieces: int, slack: float) -> tuple[int, int, int]:
+    """Up to ``max_pieces`` (at most 3) powers of two, side by side, covering ``need`` virtual columns, 0s after.
+
+    A rows kernel holds a row as these pieces instead of one power of two, so that few of its
+    lanes are masked: 16-bit rows are issue-bound and a masked lane costs what a loaded one
+    does (4104 lanes for a 4097-wide bf16 row, not 8192). Largest power of two first, the
+    last rounded up (at least ``vec``, so every piece starts on a vector); the fewest pieces
+    that leave at most ``slack`` of the lanes masked, else the fewest masked lanes (each piece
+    costs its own reductions). One piece: ``need``'s own power of two.
+    """
+    best = (next_power_of_2(need), 0, 0)
+    for count in range(2, min(max_pieces, 3) + 1):
+        pieces, rest = [], need
+        while rest > 0 and len(pieces) < count - 1:
+            p = 1 << (rest.bit_length() - 1)
+            pieces.append(p)
+            rest -= p
+        if rest > 0:
+            pieces.append(max(vec, next_power_of_2(rest)))
+        if sum(pieces) < sum(best):
+            best = (tuple(pieces) + (0, 0))[:3]
+        if sum(best) - need <= slack * sum(best):
+            break
+    return best
+
+
 def ragged_width(n_cols: int, elem_size: int) -> int:
     """Virtual columns of a contiguous row of ``n_cols``: the row plus the widest phase when rows are unaligned."""
     return n_cols if n_cols % _TRITON_DIVISIBILITY == 0 else launch_width(n_cols, max(1, VECTOR_BYTES // elem_size))
@@ -234,4 +262,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "phased_rows", "launch_width", "vector_elems"]
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "phased_rows", "launch_width", "vector_elems",
+           "row_pieces"]

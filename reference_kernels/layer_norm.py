@@ -45,6 +45,7 @@ from ._ragged import (
     phased_rows,
     ragged_width,
     row_origin,
+    row_pieces,
     vec_end,
 )
 from ._split_walk import (
@@ -71,68 +72,123 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 
 @triton.jit
 def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                             BLOCK_U: tl.constexpr):
     """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
-    col_ok = cols < n_cols
-    mask = row_ok[:, None] & col_ok[None, :]
     rows64 = rows.to(tl.int64)
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    mean = tl.sum(x, axis=1) / n_cols
-    centred = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(centred * centred, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = centred * rstd[:, None] * w[None, :] + b[None, :]
-    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y, mean_ptr,
+                           rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
 
 
 @triton.jit
 def _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
-                            stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+                            stride_y, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                            BLOCK_U: tl.constexpr, VEC: tl.constexpr):
     """``_layer_norm_fwd_kernel`` for unaligned rows read as aligned vectors (``_ragged``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
     y_base, _ = row_origin(x_phase, rows, stride_y, VEC)
-    zero = tl.zeros([BLOCK_M], tl.int32)  # makes the row bounds tensors also when VEC == 1 (scalars then)
+    zero = tl.zeros([BLOCK_M], tl.int32)  # one phase a row, as a tensor
     ph = ph + zero
-    ph2 = ph[:, None]
-    v = tl.arange(0, BLOCK_N)[None, :]
-    x = tl.load(x_ptr + x_base[:, None] + v, mask=row_ok[:, None] & (v < (vec_end(ph, n_cols, VEC) + zero)[:, None]),
-                other=0.0)
-    if VEC > 1:  # the row's edge elements, loaded with the body so that their latency overlaps it
+    first, last = body_bounds(ph, n_cols, VEC)
+    _layer_norm_row_pieces(x_ptr + x_base[:, None], w_ptr, b_ptr, y_ptr + y_base[:, None], mean_ptr, rstd_ptr, rows,
+                           row_ok, ph[:, None], n_cols, (first + zero)[:, None], (last + zero)[:, None], eps, BLOCK_N,
+                           BLOCK_T, BLOCK_U, VEC)
+
+
+@triton.jit
+def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, ph2, n_cols, first, last, eps,
+                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr):
+    """The rows kernels' body: rows at ``x_row`` ((BLOCK_M, 1) pointers, virtual columns) held as up to three
+    pieces (``_row_pieces``). The body, the whole vectors in [first, last) (VEC 1: [0, N)), is masked a
+    vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart."""
+    x = _ln_piece(x_row, 0, BLOCK_N, first, last, row_ok, VEC)
+    total = tl.sum(x, axis=1)
+    if BLOCK_T > 0:
+        x_t = _ln_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok, VEC)
+        total += tl.sum(x_t, axis=1)
+    if BLOCK_U > 0:
+        x_u = _ln_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok, VEC)
+        total += tl.sum(x_u, axis=1)
+    if VEC > 1:
         e, e_ok = edges(ph2, n_cols, VEC)
         e_ok = e_ok & row_ok[:, None]
-        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
-    mine = _own(v, ph2, n_cols, VEC)
-    x = tl.where(mine, x.to(tl.float32), 0.0)  # the neighbours' elements in the first and last vectors
-    mean = tl.sum(x, axis=1) / n_cols
-    centred = tl.where(mine, x - mean[:, None], 0.0)
-    var = tl.sum(centred * centred, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt(var + eps)
-    if VEC > 1:  # each row's columns sit at its own phase
-        w = tl.load(w_ptr + (v - ph2), mask=mine, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + (v - ph2), mask=mine, other=0.0).to(tl.float32)
-    else:
-        w = tl.load(w_ptr + v, mask=mine, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + v, mask=mine, other=0.0).to(tl.float32)
-    y = centred * rstd[:, None] * w + b
-    first, last = body_bounds(ph, n_cols, VEC)
-    body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
-    tl.store(y_ptr + y_base[:, None] + v, y.to(y_ptr.dtype.element_ty), mask=body)
+        xe = tl.load(x_row + e, mask=e_ok, other=0.0).to(tl.float32)
+        total += tl.sum(xe, axis=1)
+    mean = total / n_cols
+    var = _ln_piece_sq(x, 0, BLOCK_N, mean, first, last, VEC)
+    if BLOCK_T > 0:
+        var += _ln_piece_sq(x_t, BLOCK_N, BLOCK_T, mean, first, last, VEC)
+    if BLOCK_U > 0:
+        var += _ln_piece_sq(x_u, BLOCK_N + BLOCK_T, BLOCK_U, mean, first, last, VEC)
+    if VEC > 1:
+        ce = tl.where(e_ok, xe - mean[:, None], 0.0)
+        var += tl.sum(ce * ce, axis=1)
+    rstd = 1.0 / tl.sqrt(var / n_cols + eps)
+    # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
+    # is large against the spread (a constant row: 5e-4 off, on the H200)
+    _ln_piece_out(y_row, w_ptr, b_ptr, 0, BLOCK_N, x, mean, rstd, ph2, n_cols, first, last, row_ok, VEC)
+    if BLOCK_T > 0:
+        _ln_piece_out(y_row, w_ptr, b_ptr, BLOCK_N, BLOCK_T, x_t, mean, rstd, ph2, n_cols, first, last, row_ok, VEC)
+    if BLOCK_U > 0:
+        _ln_piece_out(y_row, w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, ph2, n_cols, first, last,
+                      row_ok, VEC)
     if VEC > 1:
         we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
         be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
         ye = (xe - mean[:, None]) * rstd[:, None] * we + be
-        tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
+        tl.store(y_row + e, ye.to(y_row.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _in_body(v, first, last, VEC: tl.constexpr):
+    """Virtual columns ``v`` of the body's whole vectors (VEC 1: ``v < N``, ``last``)."""
+    if VEC > 1:
+        return (v >= first) & (v < last)
+    else:
+        return v < last
+
+
+@triton.jit
+def _ln_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_ok, VEC: tl.constexpr):
+    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` in float32: the body, 0 elsewhere."""
+    v = start + tl.arange(0, SIZE)[None, :]
+    return tl.load(x_row + v, mask=row_ok[:, None] & _in_body(v, first, last, VEC), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _ln_piece_sq(x, start: tl.constexpr, SIZE: tl.constexpr, mean, first, last, VEC: tl.constexpr):
+    """Sum over the body's columns of a piece of (x - mean)^2, per row."""
+    v = start + tl.arange(0, SIZE)[None, :]
+    centred = tl.where(_in_body(v, first, last, VEC), x - mean[:, None], 0.0)
+    return tl.sum(centred * centred, axis=1)
+
+
+@triton.jit
+def _ln_piece_out(y_row, w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, ph2, n_cols, first,
+                  last, row_ok, VEC: tl.constexpr):
+    """y over a piece's body columns.
+
+    Weight and bias are read at the row's own columns (virtual column - phase): where VEC > 1
+    no phase makes that provably aligned, so scalar loads (of two (N,) vectors in L1)."""
+    if VEC > 1:
+        v = start + tl.arange(0, SIZE)[None, :]
+        body = row_ok[:, None] & _in_body(v, first, last, VEC)
+        w = tl.load(w_ptr + (v - ph2), mask=body, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + (v - ph2), mask=body, other=0.0).to(tl.float32)
+    else:
+        c = start + tl.arange(0, SIZE)
+        w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
+        b = tl.load(b_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
+        v = c[None, :]
+        body = row_ok[:, None] & (v < n_cols)
+    y = (x - mean[:, None]) * rstd[:, None] * w + b
+    tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=body)
 
 
 @triton.jit
@@ -150,11 +206,15 @@ def _layer_norm_fwd_kernel(
     stride_y,  # elements between rows of y
     eps,  # added to the variance
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N + VEC - 1
+    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (``_row_pieces``: all pieces >= N + VEC - 1)
+    BLOCK_T: tl.constexpr,  # columns of the second piece, from BLOCK_N on; 0: none
+    BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
+    A row is held as up to three power-of-two pieces (4096 + 1024 for 5120): few masked lanes
+    (softmax's rows kernel does the same; docs/kernels.md, "layer_norm: forward").
     Unaligned rows (``_ragged``): x and y in whole aligned vectors from each row's aligned
     origin, the row's edge elements loaded and stored apart; weight and bias are read at the
     row's own columns (virtual column - phase), which Triton cannot prove aligned: scalar
@@ -162,10 +222,10 @@ def _layer_norm_fwd_kernel(
     """
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
-                                 eps, BLOCK_M, BLOCK_N)
+                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U)
     else:
         _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
-                                stride_y, eps, BLOCK_M, BLOCK_N, VEC)
+                                stride_y, eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC)
 
 
 @triton.jit
@@ -790,6 +850,12 @@ _BWD_VARIANTS = ("measured", "lean", "phased")
 # _PHASED_BWD_MAX_ROW virtual columns, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a
 # thread, _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
 _PHASED_ROWS_MIN_COLS = 2048
+# Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
+_ROW_PIECES = 3
+_PIECE_SLACK = 0.125
+_PIECES_MIN_COLS = 256
+_PIECE_WASTE_ALIGNED = 0.45
+_PIECES_ALIGNED_WIDE = 8192
 # fp32 only, forward and backward: the H200 sweep of 16-bit ragged rows (1023-12345) put the
 # phased kernels level with or behind the scalar ones (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
@@ -978,6 +1044,23 @@ def _lean_backward_plan(
 # --------------------------------------------------------------------------- launchers
 
 
+def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_T, BLOCK_U) of the forward rows kernel (``_ragged.row_pieces``): pieces covering
+    every phase of the row (N + VEC - 1 virtual columns). H200 sweep (docs/kernels.md, "layer_norm:
+    forward"): unaligned rows gain from them at every width (fp32 4097 51 -> 80% of copy with the
+    vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
+    lost 3-24 points at 768-6144 and gained 11 at 10000, so up to ``_PIECES_ALIGNED_WIDE`` they keep
+    their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
+    ``_PIECES_MIN_COLS``: one piece."""
+    pieces = _ROW_PIECES if max_pieces is None else max_pieces
+    need = launch_width(n_cols, vec)
+    single = next_power_of_2(need)
+    if n_cols < _PIECES_MIN_COLS or (n_cols % 16 == 0 and need <= _PIECES_ALIGNED_WIDE
+                                     and single - need < _PIECE_WASTE_ALIGNED * single):
+        pieces = 1
+    return row_pieces(need, vec, pieces, _PIECE_SLACK)
+
+
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols, x2.element_size())):
@@ -986,9 +1069,14 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         r = phased(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
+        pieces = _row_pieces(n_cols, r.vec) if block_n == next_power_of_2(launch_width(n_cols, r.vec)) else (block_n, 0, 0)
+        warps = plan.num_warps
+        if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
+            warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
-            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, num_warps=plan.num_warps,
+            BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
+            num_warps=warps,
             **(_reg_cap(plan) if r.vec > 1 else {}),
         )
     elif plan.mode == "looped":

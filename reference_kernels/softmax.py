@@ -35,7 +35,7 @@ from pytest_fusioncheck.budget import Budget
 
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
 from ._math import exp
-from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, vec_end
+from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, row_pieces, vec_end
 from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -54,11 +54,18 @@ def _softmax_fwd_kernel(
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     BLOCK_M: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # columns per program: >= N (virtual columns past it are edges, _ragged.edges)
+    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (_row_pieces)
+    BLOCK_T: tl.constexpr,  # columns of the second piece, from BLOCK_N on; 0: none
+    BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     NARROW: tl.constexpr,  # 0, or N = BLOCK_N = both strides for packed rows narrower than 16 elements
+    FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
 ):
-    """Whole rows in registers: BLOCK_M rows a program, one read and one write (_ragged: unaligned rows)."""
+    """Whole rows in registers: BLOCK_M rows a program, one read and one write (_ragged: unaligned rows).
+
+    A row is held as up to three power-of-two pieces side by side (4096 + 1024 for 5120, 4096
+    + 8 for a 4097-wide bf16 row), so that few lanes are masked: 16-bit rows are issue-bound
+    and a masked lane costs as much as a loaded one (docs/kernels.md, "softmax")."""
     if NARROW > 0:  # compile-time row length and strides: the rows of a program load as vectors
         n_cols = NARROW
         stride_x = NARROW
@@ -69,31 +76,62 @@ def _softmax_fwd_kernel(
     y_base, _ = row_origin(x_phase, rows, stride_y, VEC)
     zero = tl.zeros([BLOCK_M], tl.int32)  # makes the row bounds tensors also when VEC == 1 (scalars then)
     ph = ph + zero
-    v = tl.arange(0, BLOCK_N)[None, :]
-    ph2 = ph[:, None]
-    x = tl.load(x_ptr + x_base[:, None] + v, mask=row_ok[:, None] & (v < (vec_end(ph, n_cols, VEC) + zero)[:, None]), other=-float("inf"))
-    if VEC > 1:  # the row's edge elements, loaded with the body so that their latency overlaps it
-        e, e_ok = edges(ph2, n_cols, VEC)
-        e_ok = e_ok & row_ok[:, None]
-        xe = tl.load(x_ptr + x_base[:, None] + e, mask=e_ok, other=0.0).to(tl.float32)
-    x = x.to(tl.float32)
-    if VEC > 1:  # the neighbours' elements in the first and last vectors
-        x = tl.where(in_row(v, ph2, n_cols), x, -float("inf"))
-    row_max = tl.max(x, axis=1)
-    if VEC > 1:  # a row whose phase carries it past the tile: its last elements are only edges
-        past = e_ok & (e >= BLOCK_N)
-        row_max = tl.maximum(row_max, tl.max(tl.where(past, xe, -float("inf")), axis=1))
-        row_sum = tl.sum(tl.exp(x - row_max[:, None]), axis=1) + tl.sum(tl.where(past, tl.exp(xe - row_max[:, None]), 0.0), axis=1)
-    else:
-        row_sum = tl.sum(tl.exp(x - row_max[:, None]), axis=1)
-    inv_sum = 1.0 / row_sum
-    y = tl.exp(x - row_max[:, None]) * inv_sum[:, None]
+    # The body (whole vectors inside the row) is masked a vector at a time; the at most
+    # 2 (VEC - 1) elements around it are the edges, loaded apart: no element-wise select.
     first, last = body_bounds(ph, n_cols, VEC)
-    body = row_ok[:, None] & (v >= (first + zero)[:, None]) & (v < (last + zero)[:, None])
-    tl.store(y_ptr + y_base[:, None] + v, y.to(y_ptr.dtype.element_ty), mask=body)
+    first = (first + zero)[:, None]
+    last = (last + zero)[:, None]
+    x_row = x_ptr + x_base[:, None]
+    x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
+    row_max = tl.max(x, axis=1)
+    if BLOCK_T > 0:
+        x_t = _row_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok)
+        row_max = tl.maximum(row_max, tl.max(x_t, axis=1))
+    if BLOCK_U > 0:
+        x_u = _row_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok)
+        row_max = tl.maximum(row_max, tl.max(x_u, axis=1))
     if VEC > 1:
-        ye = tl.exp(xe - row_max[:, None]) * inv_sum[:, None]
-        tl.store(y_ptr + y_base[:, None] + e, ye.to(y_ptr.dtype.element_ty), mask=e_ok)
+        e, e_ok = edges(ph[:, None], n_cols, VEC)
+        e_ok = e_ok & row_ok[:, None]
+        xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
+        row_max = tl.maximum(row_max, tl.max(xe, axis=1))
+    # exponentials once, in place of x (masked lanes: -inf -> 0). exp(x - max), not 2^(x log2 e -
+    # max log2 e) in one FMA: that loses |x| 2^-24 in the exponent (logits of 1e4: 6e-4 relative).
+    x = exp(x - row_max[:, None], FAST_EXP)
+    row_sum = tl.sum(x, axis=1)
+    if BLOCK_T > 0:
+        x_t = exp(x_t - row_max[:, None], FAST_EXP)
+        row_sum += tl.sum(x_t, axis=1)
+    if BLOCK_U > 0:
+        x_u = exp(x_u - row_max[:, None], FAST_EXP)
+        row_sum += tl.sum(x_u, axis=1)
+    if VEC > 1:
+        xe = exp(xe - row_max[:, None], FAST_EXP)
+        row_sum += tl.sum(tl.where(e_ok, xe, 0.0), axis=1)
+    inv_sum = (1.0 / row_sum)[:, None]
+    y_row = y_ptr + y_base[:, None]
+    _store_piece(y_row, 0, BLOCK_N, x * inv_sum, first, last, row_ok)
+    if BLOCK_T > 0:
+        _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok)
+    if BLOCK_U > 0:
+        _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok)
+    if VEC > 1:
+        tl.store(y_row + e, (xe * inv_sum).to(y_ptr.dtype.element_ty), mask=e_ok)
+
+
+@triton.jit
+def _row_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_ok):
+    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` ((BLOCK_M, 1) pointers) in
+    float32: the body's whole vectors ([first, last), _ragged.body_bounds), -inf elsewhere."""
+    v = start + tl.arange(0, SIZE)[None, :]
+    return tl.load(x_row + v, mask=row_ok[:, None] & (v >= first) & (v < last), other=-float("inf")).to(tl.float32)
+
+
+@triton.jit
+def _store_piece(y_row, start: tl.constexpr, SIZE: tl.constexpr, y, first, last, row_ok):
+    """A piece of the output: the body's whole vectors ([first, last))."""
+    v = start + tl.arange(0, SIZE)[None, :]
+    tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & (v >= first) & (v < last))
 
 
 @triton.jit
@@ -286,6 +324,17 @@ _ROWS_MAX_REGS = 64
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
+# Rows held as up to _ROW_PIECES power-of-two pieces (``_row_pieces``): fewer masked lanes than the
+# row's own power of two (4097 bf16: 4104 lanes, not 8192). Two, not three: a third piece lost 13-27
+# points at 7000 and 12345 (H200). A second piece only while over _PIECE_SLACK of the lanes would be
+# masked, and only where the row's own power of two masks _piece_waste of them.
+_ROW_PIECES = 2
+_PIECE_SLACK = 0.125
+_PIECES_MIN_COLS = 256
+_PIECES_WIDE = 4096
+_PIECE_WASTE_NARROW = 0.45
+_PIECE_WASTE_WIDE_16BIT = 0.2
+_PIECE_WASTE_WIDE_FP32 = 0.3
 _PHASED_NARROW_COLS = (64, 128)
 
 
@@ -366,14 +415,50 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         r = Phased.plain(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(n_cols))
+        pieces = (_row_pieces(n_cols, r.vec, x2.element_size()) if block_n == next_power_of_2(n_cols)
+                  else (block_n, 0, 0))
+        warps = plan.num_warps if pieces[1] == 0 else _piece_warps(plan.block_m * sum(pieces))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
-            BLOCK_M=plan.block_m, BLOCK_N=block_n, VEC=r.vec, NARROW=_narrow(r, n_cols, block_n),
-            num_warps=plan.num_warps, **_reg_cap(plan),
+            BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
+            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(), num_warps=warps,
+            **_reg_cap(plan),
         )
     else:
         _launch_split(r, n_rows, n_cols, plan)
     r.finish()
+
+
+def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_T, BLOCK_U) of the rows kernel (``_ragged.row_pieces``).
+
+    The pieces cover every whole vector a row can hold; the edges take the rest
+    (``_softmax_fwd_kernel``): N virtual columns for aligned rows, the vectors up to N + VEC -
+    1 for unaligned ones. A row keeps its own power of two unless that leaves at least
+    ``_piece_waste`` of its lanes masked (each piece adds two row reductions).
+    """
+    need = (n_cols + vec - 1) // vec * vec if vec > 1 else n_cols
+    pieces = _ROW_PIECES if max_pieces is None else max_pieces
+    single = next_power_of_2(need)
+    if n_cols < _PIECES_MIN_COLS or (single - need) < _piece_waste(need, elem_size) * single:
+        pieces = 1
+    return row_pieces(need, vec, pieces, _PIECE_SLACK)
+
+
+def _piece_waste(need: int, elem_size: int) -> float:
+    """Share of masked lanes from which a row is held in pieces (H200 sweep, docs/kernels.md "softmax"):
+    rows narrower than 4096 only just above a power of two (1025, 2049: 50%; 768, 1536, 2560 lost
+    6-8 points in pieces); wider ones from 20% in 16-bit (5120, 10000, 12288 gained 7-16 points) and
+    30% in fp32 (6144 lost 5)."""
+    if need < _PIECES_WIDE:
+        return _PIECE_WASTE_NARROW
+    return _PIECE_WASTE_WIDE_16BIT if elem_size < 4 else _PIECE_WASTE_WIDE_FP32
+
+
+def _piece_warps(lanes: int) -> int:
+    """Warps of a rows program holding ``lanes`` in pieces: ``warps_for`` of the largest power of two
+    under ``lanes`` (32 elements a thread: 4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
+    return warps_for(1 << (lanes.bit_length() - 1))
 
 
 def _narrow(r: Phased, n_cols: int, block_n: int) -> int:

@@ -507,6 +507,8 @@ RAGGED = [
     (9, 3),  # rows inside one vector, some straddling two
     (7, 50),  # a body of whole vectors between the edges
     (3, 2051),  # one row a program, 2051 + 7 virtual columns: a 4096 block
+    (9, 2049),  # rows plan: two pieces (2048 + a vector, _row_pieces) at every phase
+    (9, 7001),  # three pieces (4096 + 2048 + 1024) at every phase
 ]
 
 
@@ -657,6 +659,31 @@ def test_phased_rows_reads_in_place_where_every_phase_agrees_and_copies_where_no
     r.write_rows[0].copy_(a)
     r.finish()
     assert torch.equal(out, a)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 1040), (2, 2064), (2, 10000)], ids=str)
+def test_aligned_forward_rows_in_pieces_write_every_element_and_match_torch(shape, dtype):
+    assert layer_norm._row_pieces(shape[1], 1)[1] > 0  # more than one piece
+    x, weight, bias = inputs(shape, dtype)
+    y, mean, rstd = _poisoned(shape, dtype), _poisoned(shape[:1], torch.float32), _poisoned(shape[:1], torch.float32)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, layer_norm._layer_norm_settings(*shape, x.element_size()))
+    _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+def test_forward_rows_pieces_cover_every_phase():
+    assert layer_norm._row_pieces(4097, 4) == (4096, 4, 0)  # 4097 + 3 virtual columns
+    assert layer_norm._row_pieces(4097, 8) == (4096, 8, 0)
+    assert layer_norm._row_pieces(4089, 8) == (4096, 0, 0)  # 4089 + 7 fits the power of two
+    assert layer_norm._row_pieces(12345, 8) == (8192, 4096, 64)
+    assert layer_norm._row_pieces(5120, 1) == (8192, 0, 0)  # aligned, up to 8192: only just above a power of two
+    assert layer_norm._row_pieces(4112, 1) == (4096, 16, 0)
+    assert layer_norm._row_pieces(10000, 1) == (8192, 2048, 0)  # aligned and wider
+    assert layer_norm._row_pieces(7000, 1) == (4096, 2048, 1024)  # Triton's scalar path: ragged
+    assert layer_norm._row_pieces(255, 1) == (256, 0, 0)  # narrow rows: one piece
+    for n in range(1, 20000, 89):
+        for vec in (1, 4, 8):
+            assert sum(layer_norm._row_pieces(n, vec)) >= n + vec - 1, (n, vec)
 
 
 def test_ragged_fp32_widths_from_2048_take_the_phased_plans_and_the_rest_keep_theirs():

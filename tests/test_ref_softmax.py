@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+import triton
 
 from reference_kernels import softmax
 from reference_kernels._split_walk import split_group
@@ -392,6 +393,8 @@ RAGGED = [
     (3, 2051),  # the same, one row a program
     (9, 127),  # every phase; from phase 2 a row runs past its 128-lane tile (the rest are edges)
     (3, 4095),  # the same, one row a program
+    (9, 2049),  # two pieces (2048 + one vector: softmax._row_pieces) at every phase
+    (3, 1025),  # two pieces on Triton's scalar path (1024 + 1)
 ]
 
 
@@ -429,6 +432,39 @@ def test_an_out_at_an_odd_offset_gets_every_element(max_row):
     assert buf[:3].isnan().all(), "written before out"
     assert not out.isnan().any()
     assert_close_to_row_scale(out, reference(x), torch.float16)
+
+
+@pytest.mark.parametrize("shape", [(4, 1000), (3, 2049)], ids=str)
+def test_large_logits_keep_full_float32_precision(shape):
+    # exp(x - max), exactly as written: folding the shift into one FMA (2^(x log2 e - max log2 e))
+    # loses |x| 2^-24 in the exponent, 6e-4 relative at logits of 1e4
+    x = torch.randn(shape, device=DEVICE) * 3 + 1e4
+    torch.testing.assert_close(softmax.fused(x).double(), torch.softmax(x.double(), -1), atol=1e-7, rtol=1e-5)
+
+
+def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vector():
+    pieces = softmax._row_pieces
+    assert pieces(4097, 8, 2) == (4096, 8, 0)  # bf16: the last vector of a phase-7 row ends at 4104
+    assert pieces(4097, 4, 4) == (4096, 4, 0)
+    assert pieces(4095, 8, 2) == (4096, 0, 0)  # a phase past 4096 leaves only edge elements there
+    assert pieces(5120, 1, 2) == (4096, 1024, 0)
+    assert pieces(10000, 8, 2) == (8192, 2048, 0)
+    assert pieces(12288, 1, 2) == (8192, 4096, 0)  # 16-bit rows from 4096: a quarter masked is enough
+    assert pieces(12288, 1, 4) == (16384, 0, 0)  # fp32: not
+    assert pieces(2560, 1, 2) == (4096, 0, 0)  # narrower rows: only just above a power of two
+    assert pieces(2049, 8, 2) == (2048, 8, 0)
+    assert pieces(4096, 1, 2) == (4096, 0, 0)
+    assert pieces(300, 1, 2) == (512, 0, 0)
+    assert pieces(200, 8, 2) == (256, 0, 0)  # under _PIECES_MIN_COLS: the row's power of two
+    assert pieces(5120, 1, 2, max_pieces=1) == (8192, 0, 0)
+    assert pieces(12345, 8, 2, max_pieces=3) == (8192, 4096, 64)  # a third piece where allowed
+    for n in range(1, 20000, 97):
+        for vec, size in ((1, 2), (1, 4), (4, 4), (8, 2)):
+            got = pieces(n, vec, size, max_pieces=3)
+            need = (n + vec - 1) // vec * vec if vec > 1 else n
+            assert sum(got) >= need, (n, vec, got)
+            assert all(p == 0 or p & (p - 1) == 0 for p in got) and (got[2] == 0 or got[1] > 0), (n, vec, got)
+            assert all(p == 0 or p % vec == 0 for p in got), (n, vec, got)
 
 
 def test_the_rows_plan_reads_aligned_vectors_only_at_the_widths_where_that_measured_faster():
