@@ -168,35 +168,44 @@ def main() -> int:
                 records.append(rec)
                 del x, fns
             torch.cuda.empty_cache()
-    _summarise(records)
+    n_failed = _summarise(records)
     path = args.json or (str(out / "sweep.json") if out else "")
     if path:
         Path(path).write_text(json.dumps({"header": header(), "copy_gbps": copy, "records": records}, indent=1))
-    return 0
+    return 1 if n_failed else 0
 
 
-def _summarise(records: list[dict]) -> None:
-    rows, misses = [], []
+def _summarise(records: list[dict]) -> int:
+    """Print the per-subject summary, the widths below target and those where ours failed; returns how many failed."""
+    rows, misses, failed = [], [], []
     groups: dict = {}
     for rec in records:
         groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
     for (name, dname), recs in groups.items():
         ours = [r for r in recs if r["pct"].get("ours") is not None]
+        failed += [[name, dname, r["width"], r.get("errors", {}).get("ours", "no figure")] for r in recs
+                   if r["pct"].get("ours") is None]
+        if not ours:
+            continue
         worst = min(ours, key=lambda r: r["pct"]["ours"])
         ratios = [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r) for r in ours
                   if any(v for k, v in r["pct"].items() if k != "ours")]
         worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
         below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
-        rows.append([name, dname, len(recs), f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
+        rows.append([name, dname, f"{len(ours)} of {len(recs)}", f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
                      f"{worst['pct']['ours']:.0f}% at {worst['width']}",
                      f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}", len(below)])
         misses += [[name, dname, r["width"], f"{r['pct']['ours']:.0f}%", f"{r['target']}%",
                     " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
     print()
-    print(markdown_table(["subject", "dtype", "widths", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
+    print(markdown_table(["subject", "dtype", "widths timed", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
     if misses:
         print("\nBelow target:\n")
         print(markdown_table(["subject", "dtype", "width", "ours %copy", "target", "anchors %copy"], misses))
+    if failed:  # ours raised: loud, never a width silently left out of the figures above
+        print("\nOurs failed:\n")
+        print(markdown_table(["subject", "dtype", "width", "error"], failed))
+    return len(failed)
 
 
 if __name__ == "__main__":

@@ -130,16 +130,18 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
     rstd = 1.0 / tl.sqrt(var / n_cols + eps)
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
     # is large against the spread (a constant row: 5e-4 off, on the H200)
-    _ln_piece_out(y_row, w_ptr, b_ptr, 0, BLOCK_N, x, mean, rstd, ph2, n_cols, first, last, row_ok, VEC)
+    w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
+    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, n_cols, first, last, row_ok, VEC)
     if BLOCK_T > 0:
-        _ln_piece_out(y_row, w_ptr, b_ptr, BLOCK_N, BLOCK_T, x_t, mean, rstd, ph2, n_cols, first, last, row_ok, VEC)
+        w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, n_cols, first, last, row_ok, VEC)
     if BLOCK_U > 0:
-        _ln_piece_out(y_row, w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, ph2, n_cols, first, last,
-                      row_ok, VEC)
+        w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, n_cols, first, last, row_ok, VEC)
     if VEC > 1:
-        we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
-        be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0).to(tl.float32)
-        ye = (xe - mean[:, None]) * rstd[:, None] * we + be
+        we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0)
+        be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0)
+        ye = (xe - mean[:, None]) * rstd[:, None] * we.to(tl.float32) + be.to(tl.float32)
         tl.store(y_row + e, ye.to(y_row.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
@@ -170,24 +172,34 @@ def _ln_piece_sq(x, start: tl.constexpr, SIZE: tl.constexpr, mean, first, last, 
 
 
 @triton.jit
-def _ln_piece_out(y_row, w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, ph2, n_cols, first,
-                  last, row_ok, VEC: tl.constexpr):
-    """y over a piece's body columns.
+def _ln_piece_wb(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph2, n_cols, first, last, row_ok,
+                 VEC: tl.constexpr):
+    """(weight, bias) over a piece's body columns, in their own dtype.
 
-    Weight and bias are read at the row's own columns (virtual column - phase): where VEC > 1
-    no phase makes that provably aligned, so scalar loads (of two (N,) vectors in L1)."""
+    Read at the row's own columns (virtual column - phase): where VEC > 1 no phase makes that
+    provably aligned, so scalar loads (of two (N,) vectors in L1)."""
     if VEC > 1:
         v = start + tl.arange(0, SIZE)[None, :]
         body = row_ok[:, None] & _in_body(v, first, last, VEC)
-        w = tl.load(w_ptr + (v - ph2), mask=body, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + (v - ph2), mask=body, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + (v - ph2), mask=body, other=0.0)
+        b = tl.load(b_ptr + (v - ph2), mask=body, other=0.0)
     else:
         c = start + tl.arange(0, SIZE)
-        w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
-        b = tl.load(b_ptr + c, mask=c < n_cols, other=0.0).to(tl.float32)[None, :]
-        v = c[None, :]
+        w = tl.load(w_ptr + c, mask=c < n_cols, other=0.0)[None, :]
+        b = tl.load(b_ptr + c, mask=c < n_cols, other=0.0)[None, :]
+    return w, b
+
+
+@triton.jit
+def _ln_piece_out(y_row, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, w, b, n_cols, first, last, row_ok,
+                  VEC: tl.constexpr):
+    """y over a piece's body columns (``w``, ``b`` from ``_ln_piece_wb``)."""
+    v = start + tl.arange(0, SIZE)[None, :]
+    if VEC > 1:
+        body = row_ok[:, None] & _in_body(v, first, last, VEC)
+    else:
         body = row_ok[:, None] & (v < n_cols)
-    y = (x - mean[:, None]) * rstd[:, None] * w + b
+    y = (x - mean[:, None]) * rstd[:, None] * w.to(tl.float32) + b.to(tl.float32)
     tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=body)
 
 

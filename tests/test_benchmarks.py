@@ -1,0 +1,41 @@
+"""The benchmark scripts' own logic, on CPU: what they print must not hide a failure."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+
+from benchmarks.sweep import _summarise  # noqa: E402
+
+
+def _record(width, ours, torch_pct, error=None):
+    rec = {"subject": "layer_norm_fwd", "dtype": "bfloat16", "width": width, "rows": 8, "target": 90,
+           "pct": {"ours": ours, "torch": torch_pct}}
+    if error:
+        rec["errors"] = {"ours": error}
+    return rec
+
+
+def test_a_width_where_ours_failed_is_listed_and_counted_not_left_out(capsys):
+    # A kernel that raised used to drop out of the figures silently: the summary then showed
+    # the other widths' median and no miss, as if the failed widths had met their target.
+    records = [_record(1024, 95.0, 60.0), _record(4097, None, 20.0, "CompilationError: loop-carried type"),
+               _record(8191, 50.0, 22.0)]
+    assert _summarise(records) == 1
+    out = capsys.readouterr().out
+    assert "2 of 3" in out  # widths timed
+    assert "Ours failed" in out and "| 4097 | CompilationError: loop-carried type |" in out
+    assert "| 8191 | 50% | 90% |" in out  # the miss is still listed
+
+
+def test_a_sweep_where_every_width_ran_reports_no_failure(capsys):
+    assert _summarise([_record(1024, 95.0, 60.0), _record(2048, 92.0, 61.0)]) == 0
+    out = capsys.readouterr().out
+    assert "Ours failed" not in out and "2 of 2" in out and "Below target" not in out
+
+
+def test_a_subject_with_no_width_timed_is_still_reported(capsys):
+    assert _summarise([_record(4097, None, 20.0, "RuntimeError: x")]) == 1
+    assert "| 4097 | RuntimeError: x |" in capsys.readouterr().out
