@@ -33,7 +33,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
+from ._common import ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
 from ._math import exp
 from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, row_pieces, vec_end
 from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
@@ -335,6 +335,7 @@ _PIECES_WIDE = 4096
 _PIECE_WASTE_NARROW = 0.45
 _PIECE_WASTE_WIDE_16BIT = 0.2
 _PIECE_WASTE_WIDE_FP32 = 0.3
+_PIECE_MIN_WARPS = 2  # 2049 bf16 on 2 warps (32 elements a thread): 73 -> 90%+ of copy (H200)
 _PHASED_NARROW_COLS = (64, 128)
 
 
@@ -456,9 +457,9 @@ def _piece_waste(need: int, elem_size: int) -> float:
 
 
 def _piece_warps(lanes: int) -> int:
-    """Warps of a rows program holding ``lanes`` in pieces: ``warps_for`` of the largest power of two
-    under ``lanes`` (32 elements a thread: 4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
-    return warps_for(1 << (lanes.bit_length() - 1))
+    """Warps of a rows program holding ``lanes`` in pieces: 32 elements a thread over the largest power of
+    two under ``lanes``, ``_PIECE_MIN_WARPS`` to 16 (4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
+    return max(_PIECE_MIN_WARPS, min(16, (1 << (lanes.bit_length() - 1)) // (32 * ELEMS_PER_THREAD)))
 
 
 def _narrow(r: Phased, n_cols: int, block_n: int) -> int:

@@ -27,9 +27,11 @@ CASES = [
     ("softmax", BF16, (2048, 30522), 2, 0.4),  # BERT vocab: 50%
     ("softmax", FP32, (1024, 33000), 2, 0.6),  # 73%
     ("softmax", BF16, (512, 128256), 2, 0.55),  # Llama-3 vocab: 70%
+    ("softmax", BF16, (16384, 4097), 1, 0.75),  # just above a power of two: two pieces, 90%+ (was 50%)
     ("softmax", BF16, (4, 1000), 1, None),  # small: launch-bound, bytes and count only
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
+    ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # 89%
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%

@@ -457,6 +457,7 @@ def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vecto
     assert pieces(300, 1, 2) == (512, 0, 0)
     assert pieces(200, 8, 2) == (256, 0, 0)  # under _PIECES_MIN_COLS: the row's power of two
     assert pieces(5120, 1, 2, max_pieces=1) == (8192, 0, 0)
+    assert [softmax._piece_warps(n) for n in (1032, 2056, 4104, 10240, 20000)] == [2, 2, 4, 8, 16]
     assert pieces(12345, 8, 2, max_pieces=3) == (8192, 4096, 64)  # a third piece where allowed
     for n in range(1, 20000, 97):
         for vec, size in ((1, 2), (1, 4), (4, 4), (8, 2)):
