@@ -887,7 +887,6 @@ _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
-_PIECES_ALIGNED_WIDE = 8192
 # fp32 only, forward and backward: the H200 sweep of 16-bit ragged rows (1023-12345) put the
 # phased kernels level with or behind the scalar ones (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
@@ -1081,14 +1080,13 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None) -> tuple[i
     every phase of the row (N + VEC - 1 virtual columns). H200 sweep (docs/kernels.md, "layer_norm:
     forward"): unaligned rows gain from them at every width (fp32 4097 51 -> 80% of copy with the
     vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
-    lost 3-24 points at 768-6144 and gained 11 at 10000, so up to ``_PIECES_ALIGNED_WIDE`` they keep
-    their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
+    lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
+    keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
     ``_PIECES_MIN_COLS``: one piece."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
-    if n_cols < _PIECES_MIN_COLS or (n_cols % 16 == 0 and need <= _PIECES_ALIGNED_WIDE
-                                     and single - need < _PIECE_WASTE_ALIGNED * single):
+    if n_cols < _PIECES_MIN_COLS or (n_cols % 16 == 0 and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 
