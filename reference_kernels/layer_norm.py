@@ -149,7 +149,7 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
         var += tl.sum(ce * ce, axis=1)
     rstd = 1.0 / tl.sqrt(var / n_cols + eps)
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
-    # is large against the spread (a constant row: 5e-4 off, on the H200)
+    # is large against the spread (a one-wide row: 5e-4 off, on the H200)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
     _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, n_cols, first, last, row_ok, VEC)
     if BLOCK_T > 0:

@@ -63,9 +63,10 @@ def _softmax_fwd_kernel(
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read and one write (_ragged: unaligned rows).
 
-    A row is held as up to three power-of-two pieces side by side (4096 + 1024 for 5120, 4096
-    + 8 for a 4097-wide bf16 row), so that few lanes are masked: 16-bit rows are issue-bound
-    and a masked lane costs as much as a loaded one (docs/kernels.md, "softmax")."""
+    A row is held as up to three power-of-two pieces side by side (the plan takes two: 4096 +
+    1024 for 5120, 4096 + 8 for a 4097-wide bf16 row), so that few lanes are masked: 16-bit
+    rows are issue-bound and a masked lane costs as much as a loaded one (docs/kernels.md,
+    "softmax", "The rows kernel")."""
     if NARROW > 0:  # compile-time row length and strides: the rows of a program load as vectors
         n_cols = NARROW
         stride_x = NARROW
