@@ -57,6 +57,25 @@ def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
 
 ANCHORS = ("torch", "compile", "liger")
 
+# Liger-Kernel's functions that the benchmarks time, by subject: (module, names).
+_LIGER_OPS = {
+    "softmax": ("liger_kernel.ops.softmax", ("_softmax_forward",)),
+    "layer_norm": ("liger_kernel.ops.layer_norm", ("layer_norm_forward", "layer_norm_backward")),
+}
+
+
+def liger_ops(subject: str) -> tuple | None:
+    """Liger-Kernel's functions for ``subject`` ("softmax": (forward,); "layer_norm": (forward,
+    backward)), or None when Liger-Kernel is not installed (an optional anchor: its column reads n/a)."""
+    import importlib
+
+    module, names = _LIGER_OPS[subject]
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return None
+    return tuple(getattr(mod, name) for name in names)
+
 
 def bandwidth_headers(impls: list[str]) -> list[str]:
     """Columns of a bandwidth table: GB/s and % of copy per implementation, then ours/best anchor."""

@@ -33,6 +33,7 @@ import triton  # noqa: E402
 
 from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
+from benchmarks import _common  # noqa: E402
 from benchmarks._common import json_path, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import layer_norm  # noqa: E402
@@ -53,11 +54,8 @@ EPS = 1e-5
 
 
 def liger_ops():
-    try:
-        from liger_kernel.ops.layer_norm import layer_norm_backward, layer_norm_forward
-    except ImportError:
-        return None, None
-    return layer_norm_forward, layer_norm_backward
+    """(forward, backward) of Liger-Kernel's layer norm, or (None, None) without it."""
+    return _common.liger_ops("layer_norm") or (None, None)
 
 
 def forward_fns(x, w, b, impls) -> dict:

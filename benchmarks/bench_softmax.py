@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 from benchmarks._common import ANCHORS, bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
-from benchmarks._common import json_path, write_output_to  # noqa: E402
+from benchmarks._common import json_path, liger_ops, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
 from reference_kernels import softmax  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
@@ -39,12 +39,9 @@ def anchor_fns(x: torch.Tensor) -> dict:
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: torch.softmax(t, dim=-1), dynamic=False)
     fns["compile"] = lambda: compiled(x)
-    try:
-        from liger_kernel.ops.softmax import _softmax_forward
-
-        fns["liger"] = lambda: _softmax_forward(x)[0]
-    except ImportError:
-        pass
+    liger = liger_ops("softmax")
+    if liger is not None:
+        fns["liger"] = lambda: liger[0](x)[0]
     return fns
 
 

@@ -10,7 +10,8 @@ prints the worst width and its ratio to the best anchor, then every width below 
     PYTHONPATH=. python3 benchmarks/sweep.py --dense                 # every multiple of 64 up to 16384 too
     PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
 
-Anchors: torch eager always; ``--compile`` adds ``torch.compile(dynamic=True)`` (one
+Anchors: torch eager always, Liger-Kernel when it is installed (it refuses softmax rows over
+65536: "n/a" there); ``--compile`` adds ``torch.compile(dynamic=True)`` (one
 compilation for every width, so a sweep stays minutes long; a static compile per width
 can be faster and is what bench_softmax.py times). Each input reads ``--mib`` MiB (default
 128, twice the H200's L2), rows = that / the row's bytes. The copy roofline is one
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import add_out_option, bench_ms, gbps, header, markdown_table, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, bench_ms, gbps, header, liger_ops, markdown_table, write_output_to  # noqa: E402
 from reference_kernels._common import graph_device_ms  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,6 +76,9 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
         if compile_:
             fn = _compiled(name, lambda t: torch.softmax(t, dim=-1))
             fns["compile"] = lambda: fn(x)
+        liger = liger_ops("softmax")
+        if liger is not None:
+            fns["liger"] = lambda: liger[0](x)[0]
         return softmax.budget(x).total, fns
     w = torch.randn(n, device=x.device, dtype=x.dtype, generator=_GEN)
     b = torch.randn(n, device=x.device, dtype=x.dtype, generator=_GEN)
@@ -84,6 +88,9 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
         if compile_:
             fn = _compiled(name, lambda t, w_, b_: F.layer_norm(t, (t.shape[-1],), w_, b_))
             fns["compile"] = lambda: fn(x, w, b)
+        liger = liger_ops("layer_norm")
+        if liger is not None:
+            fns["liger"] = lambda: liger[0](x, w, b, 1e-5)
         return layer_norm.budget(x, w, b).total, fns
     if name == "layer_norm_bwd":
         dy = torch.randn(x.shape, device=x.device, dtype=x.dtype, generator=_GEN)
@@ -94,6 +101,9 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
         bt = b.detach().requires_grad_()
         yt = F.layer_norm(xt, (n,), wt, bt)
         fns["torch"] = lambda: torch.autograd.grad(yt, (xt, wt, bt), dy, retain_graph=True)
+        liger = liger_ops("layer_norm")
+        if liger is not None:
+            fns["liger"] = lambda: liger[1](dy, x, w, b, mean, rstd)
         return layer_norm.budget(x, w, b, backward=True).total, fns
     raise ValueError(f"unknown subject {name!r}; choose from {sorted(TARGETS)}")
 

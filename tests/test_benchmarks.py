@@ -39,3 +39,21 @@ def test_a_sweep_where_every_width_ran_reports_no_failure(capsys):
 def test_a_subject_with_no_width_timed_is_still_reported(capsys):
     assert _summarise([_record(4097, None, 20.0, "RuntimeError: x")]) == 1
     assert "| 4097 | RuntimeError: x |" in capsys.readouterr().out
+
+
+def test_liger_is_an_anchor_of_the_sweep_when_installed_and_absent_otherwise(monkeypatch):
+    import types
+
+    import torch
+
+    from benchmarks import sweep
+
+    x = torch.randn(4, 8)
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.softmax", None)  # not installed: import fails
+    assert "liger" not in sweep.subject("softmax", x, compile_=False)[1]
+    fake = types.ModuleType("liger_kernel.ops.softmax")
+    fake._softmax_forward = lambda t: (t * 2, "cache")
+    monkeypatch.setitem(sys.modules, "liger_kernel.ops.softmax", fake)
+    nbytes, fns = sweep.subject("softmax", x, compile_=False)
+    assert set(fns) == {"ours", "torch", "liger"} and nbytes == 2 * x.numel() * 4
+    assert torch.equal(fns["liger"](), x * 2)
