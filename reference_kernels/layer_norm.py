@@ -693,16 +693,18 @@ def _layer_norm_bwd_phased_kernel(
     n_groups,  # programs; a multiple of VEC, so that every row a program takes has the same phase
     BLOCK_N: tl.constexpr,  # virtual columns a program holds: >= N + VEC - 1
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-    PREFETCH: tl.constexpr,  # the next row's x and dy loaded before this row is reduced
+    PREFETCH: tl.constexpr,  # the next row's x and dy loaded (into registers) before this row is reduced
+    STAGES: tl.constexpr = 1,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
 ):
     """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
 
     With n_groups a multiple of VEC (and every tensor's rows at x's phase) all of a program's
     rows share one phase, so dweight/dbias accumulate in the program's virtual columns and
     shift to the real ones once, at the end; the weight is read at that shift once too. x
-    and dy go in whole aligned vectors (with PREFETCH the next row's loads in flight while this
-    row is reduced); dx is stored as whole vectors plus the row's edges, whose x and dy are loaded
-    apart (they stay in L1).
+    and dy go in whole aligned vectors; dx is stored as whole vectors plus the row's edges, whose
+    x and dy are loaded apart (they stay in L1). The next rows' loads are in flight while this row
+    is reduced: with STAGES > 1 through shared memory (``tl.range``'s pipeliner, ``cp.async``: no
+    registers held), with PREFETCH in registers (docs/kernels.md, "layer_norm: backward").
     """
     g = tl.program_id(0)
     v = tl.arange(0, BLOCK_N)
@@ -723,7 +725,7 @@ def _layer_norm_bwd_phased_kernel(
     if PREFETCH:
         x_next = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
         dy_next = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
-    for r in range(g, n_rows, n_groups):
+    for r in tl.range(g, n_rows, n_groups, num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         x_base, _ = row_origin(x_phase, row, stride_x, VEC)
         dy_base, _ = row_origin(x_phase, row, stride_dy, VEC)
@@ -816,6 +818,7 @@ class _Plan(NamedTuple):
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
+    stages: int = 1  # backward "phased": software-pipelining depth of the row loop (rows in flight: stages - 1)
 
 
 # The heuristics, from the H200 sweeps (docs/kernels.md, "layer_norm: forward" / "backward").
@@ -893,10 +896,18 @@ _PHASED_MIN_ELEM_SIZE = 4
 _PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
 _PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
-_PHASED_BWD_MIN_COLS = 2048  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
-_PHASED_BWD_VECTORS = 1
+_PHASED_BWD_MIN_COLS = 1025  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
+_PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66% against 50% / 46% on one
 _PHASED_BWD_WARPS_PER_SM = 32
 _PHASED_BWD_PREFETCH = False
+# The phased backward's row loop pipelined (_PHASED_BWD_STAGES - 1 rows of x and dy in flight in shared
+# memory, within _PHASED_BWD_SMEM_BYTES an SM); it also takes aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS
+# and 16-bit unaligned rows (_PHASED_BWD_MIN_ELEM_SIZE) (docs/kernels.md, "layer_norm: backward").
+_PHASED_BWD_STAGES = 3
+_PHASED_BWD_SMEM_BYTES = 196608
+_PHASED_BWD_ALIGNED_MIN_COLS = 4097
+_PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band (3072: 70% against 76%)
+_PHASED_BWD_MIN_ELEM_SIZE = 2
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
@@ -938,9 +949,8 @@ def _layer_norm_settings(
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
-    if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok and n_cols % 16
-                                              and _PHASED_BWD_MIN_COLS <= n_cols and elem_size >= _PHASED_MIN_ELEM_SIZE
-                                              and ragged_width(n_cols, elem_size) <= _PHASED_BWD_MAX_ROW)):
+    if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
+                                              and _phased_backward(n_cols, elem_size))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
@@ -1032,18 +1042,34 @@ def _phase_rows(n_cols: int, elem_size: int) -> bool:
     return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
+def _phased_backward(n_cols: int, elem_size: int) -> bool:
+    """Whether the backward's default plan for rows of ``n_cols`` is "phased" (dy in x's dtype)."""
+    if ragged_width(n_cols, elem_size) > _PHASED_BWD_MAX_ROW:
+        return False
+    if n_cols % 16 == 0:
+        lo, hi = _PHASED_BWD_ALIGNED_16BIT
+        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or (elem_size < 4 and lo <= n_cols <= hi)
+    return n_cols >= _PHASED_BWD_MIN_COLS and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
+
+
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``."""
     vec = max(1, 16 // elem_size)
-    block_n = next_power_of_2(launch_width(n_cols, vec))
+    block_n = next_power_of_2(ragged_width(n_cols, elem_size))
     if block_n > _PHASED_BWD_MAX_ROW:
         raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns, not {n_cols}")
-    warps = max(4, min(32, block_n // (32 * vec * _PHASED_BWD_VECTORS)))
+    warps = max(4, min(32, block_n // (32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2])))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
-    n_groups = min(triton.cdiv(sm_count * per_sm, vec), triton.cdiv(n_rows, vec)) * vec
-    return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH)
+    stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
+    if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
+        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * block_n * elem_size * 2)))
+    n_groups = min(sm_count * per_sm, n_rows)
+    if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
+        n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
+    return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH,
+                 stages=stages)
 
 
 def _lean_backward_plan(
@@ -1174,15 +1200,16 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
 def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     r = phased_rows((x2, dy2), (dx2,))
-    if plan.n_groups % r.vec:
-        raise ValueError(f"the phased backward needs a multiple of {r.vec} programs, got {plan.n_groups}")
-    dw_part = torch.empty((plan.n_groups, n_cols), dtype=torch.float32, device=x2.device)
+    # every row of a program at one phase: a multiple of r.vec programs (rounded down; the plan's
+    # count already is one where rows of its width start at several phases)
+    n_groups = max(r.vec, plan.n_groups // r.vec * r.vec)
+    dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
-    _layer_norm_bwd_phased_kernel[(plan.n_groups,)](
+    _layer_norm_bwd_phased_kernel[(n_groups,)](
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
-        *r.write_strides, plan.n_groups,
+        *r.write_strides, n_groups,
         BLOCK_N=max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec))), VEC=r.vec, PREFETCH=plan.prefetch,
-        num_warps=plan.num_warps, **_reg_cap(plan),
+        STAGES=plan.stages, num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

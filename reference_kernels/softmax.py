@@ -33,7 +33,8 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
+from ._common import (ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
+                      warps_for)
 from ._math import exp
 from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, row_pieces, vec_end
 from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
@@ -60,18 +61,38 @@ def _softmax_fwd_kernel(
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     NARROW: tl.constexpr,  # 0, or N = BLOCK_N = both strides for packed rows narrower than 16 elements
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
+    STAGES: tl.constexpr = 0,  # 0: one block of rows a program; else persistent, pipelined STAGES deep
 ):
-    """Whole rows in registers: BLOCK_M rows a program, one read and one write (_ragged: unaligned rows).
+    """Whole rows in registers: BLOCK_M rows a step, one read and one write (_ragged: unaligned rows).
 
     A row is held as up to three power-of-two pieces side by side (the plan takes two: 4096 +
     1024 for 5120, 4096 + 8 for a 4097-wide bf16 row), so that few lanes are masked: 16-bit
     rows are issue-bound and a masked lane costs as much as a loaded one (docs/kernels.md,
-    "softmax", "The rows kernel")."""
+    "softmax", "The rows kernel").
+
+    ``STAGES`` > 0 (the "staged" plan): a program an SM walks blocks g, g + G, ... in a loop that
+    Triton software-pipelines, so the next STAGES - 1 blocks' loads are in flight in shared memory
+    (``cp.async``) while this one is reduced: one program an SM keeps bytes in flight through its
+    reductions without registers to spare (docs/kernels.md, "softmax", "The staged plan")."""
     if NARROW > 0:  # compile-time row length and strides: the rows of a program load as vectors
         n_cols = NARROW
         stride_x = NARROW
         stride_y = NARROW
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if STAGES == 0:
+        _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, tl.program_id(0),
+                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP)
+    else:
+        for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
+            _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block,
+                          BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP)
+
+
+@triton.jit
+def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
+                  FAST_EXP: tl.constexpr):
+    """Rows ``block * BLOCK_M ..`` of ``_softmax_fwd_kernel`` (its arguments)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
     y_base, _ = row_origin(x_phase, rows, stride_y, VEC)
@@ -277,13 +298,15 @@ def _row_values(chunk, start, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.c
 class _Plan(NamedTuple):
     """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
 
-    mode: str  # "rows", "persistent" or "split"
+    mode: str  # "rows", "staged", "persistent" or "split"
     block_m: int
     block_n: int
     num_warps: int
     group: int = 1  # "split": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # "persistent", "split": programs launched per SM
+    per_sm: int = 0  # "staged", "persistent", "split": programs launched per SM
     max_regs: int = 0  # registers a thread may use (Triton's maxnreg), 0: the compiler's choice
+    stages: int = 0  # "staged": software-pipelining depth of the row loop
+    pieces: tuple = ()  # "staged": (BLOCK_N, BLOCK_T, BLOCK_U) of a contiguous input's rows (_row_pieces)
 
 
 # The heuristics, from the H200 sweeps (docs/kernels.md, "softmax"): rows up to
@@ -298,7 +321,19 @@ _ROWS_TILE = 2048
 # Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73% (fp32
 # slices held in registers 80% / 75%), against Liger 62-64% (65536; it refuses 262144).
 _WIDE_ROWS_PLAN = "auto"
-_WIDE_PLANS = ("auto", "persistent", "split")
+_WIDE_PLANS = ("auto", "staged", "persistent", "split")
+# "staged" (_softmax_fwd_kernel, STAGES > 0), "auto"'s choice from _STAGED_MIN_COLS to _STAGED_MAX_COLS: whole
+# rows in registers (_STAGED_ELEMS a thread, up to 32 warps, capped at 64 registers), a persistent
+# program walking rows with the next rows' loads in flight through shared memory (Triton's pipeliner,
+# up to _STAGED_STAGES - 1 rows, within _STAGED_SMEM_BYTES a program) (docs/kernels.md, "softmax").
+_STAGED_MIN_COLS = 16385
+_STAGED_MAX_COLS = 32768
+_STAGED_ELEMS = 32
+_STAGED_STAGES = 3
+_STAGED_SMEM_BYTES = 196608
+_STAGED_PIECES = 3  # fp32; 16-bit rows one piece (28000: 81% against 59% in three)
+_STAGED_PIECE_WASTE = 0.05
+_STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
 _PERSISTENT_MIN_LANE_USE = 0.99  # rows that leave more of their last chunk empty go to "split" (28000-32000: 76% vs 64-72%)
@@ -361,13 +396,21 @@ def _softmax_settings(
     # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned
     # row past it, those last few elements are edges (``_softmax_fwd_kernel``): a 4095-wide
     # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
+    wide_plan = wide or _WIDE_ROWS_PLAN
+    if wide_plan not in _WIDE_PLANS:
+        raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
+    staged_ok = ragged_width(n_cols, elem_size) <= _STAGED_MAX_COLS
+    if wide == "staged" and not staged_ok:
+        raise ValueError(f"the staged plan holds rows up to {_STAGED_MAX_COLS} columns, not {n_cols}")
+    if staged_ok and (wide == "staged" or (wide_plan == "staged" and n_cols > widest)
+                      or (max_row is None and wide_plan == "auto" and _staged_default(n_cols, elem_size))):
+        return _staged_plan(n_cols, elem_size)
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
-    wide_plan = wide or _WIDE_ROWS_PLAN
-    if wide_plan not in _WIDE_PLANS:
-        raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
+    if wide_plan == "staged":  # _WIDE_ROWS_PLAN "staged", a row too wide for it: the wide plans' choice
+        wide_plan = "auto"
     if wide_plan == "auto":
         wide_plan = _auto_wide_plan(n_cols, elem_size)
     split = wide_plan == "split"
@@ -386,6 +429,37 @@ def _softmax_settings(
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
     return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
+
+
+def _staged_default(n_cols: int, elem_size: int) -> bool:
+    """Whether "auto" takes the staged plan (from ``_STAGED_MIN_COLS``; H200 sweep, docs/kernels.md "softmax"):
+    fp32 rows, and 16-bit rows that are aligned and fill ``_STAGED_MIN_LANE_USE_16BIT`` of their power of
+    two; the edges of unaligned 16-bit rows are 2-byte loads outside the pipeline (16385: 46% against 57%)."""
+    if n_cols < _STAGED_MIN_COLS:
+        return False
+    if elem_size >= 4:
+        return True
+    return ragged_width(n_cols, elem_size) == n_cols and n_cols / next_power_of_2(n_cols) >= _STAGED_MIN_LANE_USE_16BIT
+
+
+def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
+    """The staged plan: the rows kernel, one row a step, persistent and pipelined. The row in up to
+    ``_STAGED_PIECES`` pieces (``_row_pieces``, from ``_STAGED_PIECE_WASTE`` of masked lanes) on
+    ``_STAGED_ELEMS`` elements a thread (4 to 32 warps, 64 registers); as many rows in flight (stages
+    - 1) as ``_STAGED_SMEM_BYTES`` holds, up to ``_STAGED_STAGES - 1``; as many programs an SM as
+    registers and shared memory allow. ``vec``: the launch's (default: that of a contiguous tensor)."""
+    if vec is None:
+        vec = 1 if ragged_width(n_cols, elem_size) == n_cols else max(1, 16 // elem_size)
+    pieces = _row_pieces(n_cols, vec, elem_size, max_pieces=_STAGED_PIECES if elem_size >= 4 else 1,
+                         waste=_STAGED_PIECE_WASTE)
+    lanes = sum(pieces)
+    warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _STAGED_ELEMS))))
+    row_bytes = lanes * elem_size
+    stages = max(1, min(_STAGED_STAGES, 1 + _STAGED_SMEM_BYTES // row_bytes))
+    by_regs = _REGS_PER_SM // (warps * 32 * _ROWS_MAX_REGS)
+    by_smem = _STAGED_SMEM_BYTES // ((stages - 1) * row_bytes) if stages > 1 else by_regs
+    return _Plan("staged", 1, pieces[0], warps, per_sm=max(1, min(by_regs, by_smem)), max_regs=_ROWS_MAX_REGS,
+                 stages=stages, pieces=pieces)
 
 
 def _resident_regs(warps: int, per_sm: int) -> int:
@@ -411,6 +485,19 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
+    if plan.mode == "staged":
+        r = phased(x2, y2)
+        if launch_width(n_cols, r.vec) > _STAGED_MAX_COLS:  # an aligned width at an odd offset, too wide
+            r.finish()
+            return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), max_row=_MAX_ROW))
+        plan = _staged_plan(n_cols, x2.element_size(), r.vec)
+        _softmax_fwd_kernel[(max(1, min(n_rows, sm_count(x2.device) * plan.per_sm)),)](
+            r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
+            BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
+            FAST_EXP=not interpreting(), STAGES=plan.stages, num_warps=plan.num_warps, **_reg_cap(plan),
+        )
+        r.finish()
+        return
     if plan.mode != "rows" or _phase_rows(n_cols):
         r = phased(x2, y2)
     else:  # Triton's own (scalar, for unaligned rows) accesses
@@ -431,7 +518,8 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     r.finish()
 
 
-def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | None = None) -> tuple[int, int, int]:
+def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | None = None,
+                waste: float | None = None) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_T, BLOCK_U) of the rows kernel (``_ragged.row_pieces``).
 
     The pieces cover every whole vector a row can hold; the edges take the rest
@@ -442,7 +530,7 @@ def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | Non
     need = (n_cols + vec - 1) // vec * vec if vec > 1 else n_cols
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     single = next_power_of_2(need)
-    if n_cols < _PIECES_MIN_COLS or (single - need) < _piece_waste(need, elem_size) * single:
+    if n_cols < _PIECES_MIN_COLS or (single - need) < (_piece_waste(need, elem_size) if waste is None else waste) * single:
         pieces = 1
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 

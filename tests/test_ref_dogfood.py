@@ -29,12 +29,17 @@ CASES = [
     ("softmax", BF16, (512, 128256), 2, 0.55),  # Llama-3 vocab: 70%
     ("softmax", BF16, (16384, 4097), 1, 0.75),  # just above a power of two: two pieces, 90%+ (was 50%)
     ("softmax", BF16, (4, 1000), 1, None),  # small: launch-bound, bytes and count only
+    ("softmax", FP32, (4096, 20000), 1, 0.65),  # staged, in two pieces: 82% (split walk: 73%)
+    ("softmax", BF16, (4096, 32768), 1, 0.7),  # staged: 86% (persistent walk: 70%)
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
     ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # 89%
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
+    ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)
+    ("layer_norm_backward", BF16, (16384, 8192), 3, 0.65),  # pipelined phased plan: 80%+ (was 51%)
+    ("layer_norm_backward", BF16, (16384, 2049), 3, 0.25),  # ragged 16-bit, phased: 38% (was 26%)
 ]
 
 

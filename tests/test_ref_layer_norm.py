@@ -282,9 +282,9 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
 
 def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
     settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132)  # noqa: E731
-    widths = [(1024, 4), (4096, 4), (1024, 2), (4096, 2), (4112, 4), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
+    widths = [(1024, 4), (4096, 4), (3072, 2), (4096, 2), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
     assert [settings(n, s).variant for n, s in widths] == [
-        "measured", "measured", "measured", "measured", "lean", "lean", "measured", "measured", "lean", "lean",
+        "measured", "measured", "measured", "measured", "lean", "measured", "measured", "lean", "lean",
     ]
     monkeypatch.setattr(layer_norm, "_BWD_VARIANT", "measured")
     assert all(settings(n, s).variant == "measured" for n, s in widths)
@@ -588,11 +588,9 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    default = (shape[1] % 16 and shape[1] >= layer_norm._PHASED_BWD_MIN_COLS
-               and x.element_size() >= layer_norm._PHASED_MIN_ELEM_SIZE)
-    variant = None if default else "phased"
+    variant = None if layer_norm._phased_backward(shape[1], x.element_size()) else "phased"
     plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=3, variant=variant)
-    assert plan.variant == "phased" and plan.n_groups % (16 // x.element_size()) == 0
+    assert plan.variant == "phased" and (plan.n_groups % (16 // x.element_size()) == 0 or shape[1] % 16 == 0)
     dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, variant=variant)
     _, *expected = torch_reference(x, weight, bias, dy)
     for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
@@ -600,20 +598,43 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["loads in step", "next row prefetched"])
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [768, 2048, 2049, 4097, 5120, 6144, 7001, 8192])
+def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_model_widths(n, dtype):
+    shape = (2**21 // n, n)
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=132, variant="phased")
+    assert plan.stages > 1
+    first = layer_norm.backward(dy, x, weight, mean, rstd, variant="phased")
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), first, expected):
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+    for a, b in zip(first, layer_norm.backward(dy, x, weight, mean, rstd, variant="phased")):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("prefetch, stages", [(False, 1), (True, 1), (False, 3)],
+                         ids=["loads in step", "next row prefetched", "pipelined through shared memory"])
 @pytest.mark.parametrize("n_groups", [8, 16, 64], ids=["every row of a phase in one program", "two", "more programs than rows"])
-def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch):
+def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch, stages):
     x, weight, bias = inputs((37, 27), torch.bfloat16)
     dy = torch.randn(x.shape, device=DEVICE).bfloat16()
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased", prefetch=prefetch)
+    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased", prefetch=prefetch, stages=stages)
     dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
     layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
     _, *expected = torch_reference(x, weight, bias, dy)
     for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
         assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
-    with pytest.raises(ValueError, match="multiple of 8 programs"):
-        layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan._replace(n_groups=12))
+    # a count that is not a multiple of VEC is rounded down to one (12 -> 8; 3 -> 8, the least)
+    for odd in (12, 3):
+        dx2, dw2, db2 = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+        layer_norm._backward_launch(dy, x, weight, mean, rstd, dx2, dw2, db2, plan._replace(n_groups=odd))
+        for what, a, e in zip(("dx", "dweight", "dbias"), (dx2, dw2, db2), expected):
+            assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
 
 
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 1), (1, 0), (0, 2)], ids=["same phase", "x unaligned", "dy unaligned"])
@@ -691,16 +712,23 @@ def test_forward_rows_pieces_cover_every_phase():
             assert sum(layer_norm._row_pieces(n, vec)) >= n + vec - 1, (n, vec)
 
 
-def test_ragged_fp32_widths_from_2048_take_the_phased_plans_and_the_rest_keep_theirs():
-    # The H200 sweep (docs/kernels.md, "layer_norm: forward" / "backward"): the phased kernels
-    # won for fp32 rows from 2048 columns and lost or tied elsewhere.
+def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster():
+    # The H200 sweep (docs/kernels.md, "layer_norm: backward"): whole rows walked by persistent
+    # programs with the next rows in flight through shared memory won for unaligned rows from 1025
+    # columns, aligned rows from 4097 (fp32 4608-8192: 51-61% -> 80%+), and 16-bit aligned rows of
+    # 768-2048; it lost at 16-bit 3072 and rows past 8192 columns do not fit its registers.
     settings = layer_norm._layer_norm_settings
     P = layer_norm._Plan
-    bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in
-           [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (8191, 2), (1024, 2), (4096, 4)]]
-    assert [p.variant for p in bwd] == ["phased", "phased", "phased", "measured", "measured", "lean", "lean",
-                                        "measured", "measured"]
-    assert bwd[1] == P("rows", 1, 8192, 32, 132, "phased", 64)  # 4097 + 3: one 32-warp program an SM
+    cases = [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (7001, 2), (4608, 2), (8192, 4), (768, 2),
+             (2048, 2), (1023, 4), (8191, 2), (1024, 4), (4096, 4), (3072, 2), (3072, 4), (512, 2)]
+    bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in cases]
+    assert [p.variant for p in bwd] == ["phased"] * 11 + ["measured", "lean", "measured", "measured", "measured",
+                                                          "measured", "measured"]
+    # 4097 + 3: one 32-warp program an SM, two 16-byte vectors of x and dy a thread, two rows in flight
+    assert bwd[1] == P("rows", 1, 8192, 32, 132, "phased", 64, stages=3)
+    # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
+    assert bwd[7].n_groups == 132 and bwd[5].n_groups == 128
+    assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
     assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
     assert settings(8192, 4097, 4) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread

@@ -233,7 +233,8 @@ def test_budget_is_one_read_and_one_write_a_quarter_of_the_five_ops():
     "n",
     # narrow, power-of-two edges, and the ragged vocabulary and hidden widths of real models
     # (BERT 30522, GPT-2 50257, Llama-3 128256, Qwen 151936) that start rows unaligned
-    [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16383, 16384, 17000, 30522, 33000, 50257, 100000, 128256, 151936],
+    [1, 2, 3, 255, 256, 1000, 4096, 8191, 8192, 8193, 16383, 16384, 17000, 20000, 30522, 32768, 33000, 50257, 100000, 128256,
+     151936],
 )
 def test_default_plans_match_torch_softmax_across_widths(n, dtype):
     x = torch.randn(max(3, 2**20 // n), n, device="cuda", dtype=dtype)
@@ -295,6 +296,68 @@ def test_wide_row_candidates_give_nan_and_inf_rows_as_torch_softmax_does(wide, m
     assert_close_to_row_scale(y, torch.softmax(x, dim=-1), torch.float32, equal_nan=True)
 
 
+# The staged plan (_softmax_fwd_kernel, STAGES > 0): whole rows in registers, persistent programs walking
+# rows with the next rows' loads pipelined through shared memory (on the GPU; the interpreter runs
+# the same loop unpipelined). Forced with wide="staged" at any width it holds.
+STAGED_SHAPES = [
+    (7, 333),  # ragged width, rows at every phase; 7 rows over the interpreter's 3 x per_sm programs
+    (40, 64),  # aligned, more rows than programs
+    (2, 1000),  # fewer rows than programs
+    (5, 1),  # one-wide rows: the body is empty, the edges carry the row
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", STAGED_SHAPES, ids=str)
+def test_the_staged_plan_matches_the_reference_and_gives_nan_and_inf_rows_as_torch(shape, dtype):
+    x = torch.randn(shape, device=DEVICE).mul_(4).to(dtype)
+    x[0, 0] = float("nan")  # the row is nan
+    x[1, : shape[1] // 2] = -float("inf")  # zeros there (a one-wide row keeps its element)
+    plan = softmax._softmax_settings(*shape, x.element_size(), wide="staged")
+    assert plan.mode == "staged" and plan.stages >= 1 and plan.per_sm >= 1
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    assert out[0].isnan().all() and not out[1:].isnan().any(), "an output element was left unwritten"
+    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).to(dtype), dtype, equal_nan=True)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3], ids=["aligned", "phase 1", "phase 3"])
+def test_the_staged_plan_reads_rows_of_a_wider_tensor_at_any_phase(offset):
+    big = torch.randn(9, 70, device=DEVICE)
+    x = big[:, offset:offset + 64]  # an aligned width whose rows start off the 16-byte grid: a wider block
+    plan = softmax._softmax_settings(9, 64, 4, wide="staged")
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    assert_close_to_row_scale(out, reference(x), torch.float32)
+
+
+def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_measured_faster():
+    # fp32 rows; 16-bit rows aligned and filling 85% of their power of two (H200 sweep, docs/kernels.md)
+    for n, elem in [(16385, 4), (17000, 4), (30522, 4), (32768, 4), (28000, 2), (32000, 2), (32768, 2)]:
+        assert softmax._softmax_settings(2048, n, elem).mode == "staged", (n, elem)
+    for n, elem in [(16384, 2), (16384, 4)]:
+        assert softmax._softmax_settings(2048, n, elem).mode == "rows"
+    for n in (16385, 20000, 24000, 27000, 30522, 32767):  # unaligned, or under 85% of 32768
+        assert softmax._softmax_settings(2048, n, 2).mode != "staged", n
+    assert softmax._softmax_settings(2048, 32769, 2).mode != "staged"
+    assert softmax._softmax_settings(2048, 32767, 4).mode != "staged"  # 32767 + 3 virtual columns
+    assert softmax._softmax_settings(2048, 20000, 4, max_row=4096).mode != "staged"  # tests' wide-row plans
+    with pytest.raises(ValueError, match="staged plan holds rows up to 32768"):
+        softmax._softmax_settings(2048, 40000, 2, wide="staged")
+    # one 32-warp program an SM at 64 registers; as many rows in flight as the shared memory holds
+    assert softmax._softmax_settings(2048, 32768, 2) == softmax._Plan("staged", 1, 32768, 32, per_sm=1, max_regs=64, stages=3,
+                                                                     pieces=(32768, 0, 0))
+    assert softmax._softmax_settings(2048, 32768, 4) == softmax._Plan("staged", 1, 32768, 32, per_sm=1, max_regs=64, stages=2,
+                                                                     pieces=(32768, 0, 0))
+    narrow = softmax._softmax_settings(64, 1000, 2, wide="staged")
+    assert (narrow.num_warps, narrow.per_sm) == (4, 8)  # 4 warps x 8 programs: 2048 threads at 64 registers
+    # fp32 rows in up to three pieces (5% of the lanes masked at most), 16-bit rows in one
+    assert softmax._softmax_settings(2048, 20000, 4).pieces == (16384, 4096, 0)
+    assert softmax._softmax_settings(2048, 28000, 4).pieces == (16384, 8192, 4096)
+    assert softmax._softmax_settings(2048, 28000, 2).pieces == (32768, 0, 0)
+    assert softmax._softmax_settings(2048, 16385, 4).pieces == (16384, 4, 0)  # 16385 + 3 virtual columns
+
+
 def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     monkeypatch.setattr(softmax, "interpreting", lambda: False)
     assert softmax._softmax_settings(2048, 65536, 4, wide="persistent") == softmax._Plan("persistent", 1, 16384, 16, 1, 1)
@@ -313,10 +376,11 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     # a row past it leaves its last elements to the edges
     assert softmax._softmax_settings(1000, 1023, 2).block_n == 1024 and softmax._softmax_settings(1000, 4093, 2).block_n == 4096
     assert softmax._softmax_settings(1000, 16383, 2).mode == "rows"
-    assert softmax._softmax_settings(2048, 16385, 4).mode == "split"  # fp32: always split
+    assert softmax._softmax_settings(2048, 16385, 4).mode == "staged"  # fp32 up to 32768: staged
     assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
-    assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used: not enough
-    assert softmax._softmax_settings(2048, 32768, 2).mode == "persistent"  # one whole chunk
+    assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used, unaligned: not staged either
+    assert softmax._softmax_settings(2048, 32768, 2).mode == "staged"  # one whole chunk, aligned
+    assert softmax._softmax_settings(2048, 32768, 2, wide="persistent").mode == "persistent"
     assert softmax._softmax_settings(2048, 33000, 2).mode == "split"  # two chunks, the second nearly empty
     assert softmax._softmax_settings(2048, 50257, 2).mode == "split"  # 77%
     # fp32 rows under 256 KiB: 16 KB steps re-read from L2, three an SM; held 64 KiB slices from 256 KiB
