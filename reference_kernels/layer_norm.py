@@ -695,6 +695,7 @@ def _layer_norm_bwd_phased_kernel(
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     PREFETCH: tl.constexpr,  # the next row's x and dy loaded (into registers) before this row is reduced
     STAGES: tl.constexpr = 1,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
+    BLOCK_T: tl.constexpr = 0,  # virtual columns of a second piece, from BLOCK_N on (_ragged.row_pieces); 0: none
 ):
     """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -706,6 +707,7 @@ def _layer_norm_bwd_phased_kernel(
     is reduced: with STAGES > 1 through shared memory (``tl.range``'s pipeliner, ``cp.async``: no
     registers held), with PREFETCH in registers (docs/kernels.md, "layer_norm: backward").
     """
+    tl.static_assert(not (PREFETCH and BLOCK_T > 0), "a row in two pieces is not prefetched into registers")
     g = tl.program_id(0)
     v = tl.arange(0, BLOCK_N)
     _, ph = row_origin(x_phase, g, stride_x, VEC)
@@ -714,6 +716,14 @@ def _layer_norm_bwd_phased_kernel(
     w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0).to(tl.float32)
     first, last = body_bounds(ph, n_cols, VEC)
     body = (v >= first) & (v < last)
+    if BLOCK_T > 0:  # the second piece: its own lanes, weight and sums
+        v_t = BLOCK_N + tl.arange(0, BLOCK_T)
+        mine_t = _own(v_t, ph, n_cols, VEC)
+        load_ok_t = v_t < vec_end(ph, n_cols, VEC)
+        w_t = tl.load(w_ptr + (v_t - ph), mask=mine_t, other=0.0).to(tl.float32)
+        body_t = (v_t >= first) & (v_t < last)
+        dw_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
+        db_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if VEC > 1:
         e, e_ok = edges(ph, n_cols, VEC)
         w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
@@ -741,6 +751,9 @@ def _layer_norm_bwd_phased_kernel(
         else:
             x_in = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
             dy_in = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
+        if BLOCK_T > 0:
+            x_t_in = tl.load(x_ptr + x_base + v_t, mask=load_ok_t, other=0.0)
+            dy_t_in = tl.load(dy_ptr + dy_base + v_t, mask=load_ok_t, other=0.0)
         if VEC > 1:
             x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
@@ -751,10 +764,23 @@ def _layer_norm_bwd_phased_kernel(
         dw_acc += dy * xhat
         db_acc += dy
         wdy = w * dy
-        c1 = tl.sum(xhat * wdy, axis=0) / n_cols
-        c2 = tl.sum(wdy, axis=0) / n_cols
+        s1 = tl.sum(xhat * wdy, axis=0)
+        s2 = tl.sum(wdy, axis=0)
+        if BLOCK_T > 0:
+            dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
+            xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
+            dw_acc_t += dy_t * xhat_t
+            db_acc_t += dy_t
+            wdy_t = w_t * dy_t
+            s1 += tl.sum(xhat_t * wdy_t, axis=0)
+            s2 += tl.sum(wdy_t, axis=0)
+        c1 = s1 / n_cols
+        c2 = s2 / n_cols
         dx = (wdy - (xhat * c1 + c2)) * rstd
         tl.store(dx_ptr + dx_base + v, dx.to(dx_ptr.dtype.element_ty), mask=body)
+        if BLOCK_T > 0:
+            dx_t = (wdy_t - (xhat_t * c1 + c2)) * rstd
+            tl.store(dx_ptr + dx_base + v_t, dx_t.to(dx_ptr.dtype.element_ty), mask=body_t)
         if VEC > 1:
             xhat_e = (x_e - mean) * rstd
             wdy_e = w_e * dy_e
@@ -763,6 +789,10 @@ def _layer_norm_bwd_phased_kernel(
     share = g.to(tl.int64) * n_cols + (v - ph)
     tl.store(dw_part_ptr + share, dw_acc, mask=mine)
     tl.store(db_part_ptr + share, db_acc, mask=mine)
+    if BLOCK_T > 0:
+        share_t = g.to(tl.int64) * n_cols + (v_t - ph)
+        tl.store(dw_part_ptr + share_t, dw_acc_t, mask=mine_t)
+        tl.store(db_part_ptr + share_t, db_acc_t, mask=mine_t)
 
 
 @triton.jit
@@ -819,6 +849,7 @@ class _Plan(NamedTuple):
     per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
     stages: int = 1  # backward "phased": software-pipelining depth of the row loop (rows in flight: stages - 1)
+    block_t: int = 0  # backward "phased": a second piece of the row, from block_n on (_ragged.row_pieces)
 
 
 # The heuristics, from the H200 sweeps (docs/kernels.md, "layer_norm: forward" / "backward").
@@ -907,7 +938,13 @@ _PHASED_BWD_STAGES = 3
 _PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_ALIGNED_MIN_COLS = 4097
 _PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band (3072: 70% against 76%)
+_PHASED_BWD_ALIGNED_FP32 = (1025, 4095)  # and fp32 aligned rows in this band, in pieces (1280: 80%+ against 68%)
 _PHASED_BWD_MIN_ELEM_SIZE = 2
+# A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
+# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%) and fp32 rows under 4096; aligned rows wider, or 16-bit,
+# lost (bf16 4608 52 -> 38%, fp32 4608 80+ -> 74%).
+_PHASED_BWD_PIECES = 2
+_PHASED_BWD_PIECE_WASTE = 0.1
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
@@ -1047,8 +1084,8 @@ def _phased_backward(n_cols: int, elem_size: int) -> bool:
     if ragged_width(n_cols, elem_size) > _PHASED_BWD_MAX_ROW:
         return False
     if n_cols % 16 == 0:
-        lo, hi = _PHASED_BWD_ALIGNED_16BIT
-        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or (elem_size < 4 and lo <= n_cols <= hi)
+        lo, hi = _PHASED_BWD_ALIGNED_16BIT if elem_size < 4 else _PHASED_BWD_ALIGNED_FP32
+        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or lo <= n_cols <= hi
     return n_cols >= _PHASED_BWD_MIN_COLS and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
 
 
@@ -1057,19 +1094,25 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``."""
     vec = max(1, 16 // elem_size)
-    block_n = next_power_of_2(ragged_width(n_cols, elem_size))
-    if block_n > _PHASED_BWD_MAX_ROW:
+    need = ragged_width(n_cols, elem_size)
+    if next_power_of_2(need) > _PHASED_BWD_MAX_ROW:
         raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns, not {n_cols}")
-    warps = max(4, min(32, block_n // (32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2])))
+    block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
+    pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
+    if (_PHASED_BWD_PREFETCH or not pieces
+            or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
+        block_n, block_t = next_power_of_2(need), 0
+    lanes = 32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's, at the plan's vectors a thread
+    warps = max(4, min(32, next_power_of_2(triton.cdiv(block_n + block_t, lanes))))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
-        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * block_n * elem_size * 2)))
+        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * (block_n + block_t) * elem_size * 2)))
     n_groups = min(sm_count * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
     return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH,
-                 stages=stages)
+                 stages=stages, block_t=block_t)
 
 
 def _lean_backward_plan(
@@ -1203,13 +1246,15 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     # every row of a program at one phase: a multiple of r.vec programs (rounded down; the plan's
     # count already is one where rows of its width start at several phases)
     n_groups = max(r.vec, plan.n_groups // r.vec * r.vec)
+    need = launch_width(n_cols, r.vec)
+    block_n, block_t = (plan.block_n, plan.block_t) if plan.block_n + plan.block_t >= need else (next_power_of_2(need), 0)
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_phased_kernel[(n_groups,)](
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
-        BLOCK_N=max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec))), VEC=r.vec, PREFETCH=plan.prefetch,
-        STAGES=plan.stages, num_warps=plan.num_warps, **_reg_cap(plan),
+        BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
+        num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

@@ -331,8 +331,9 @@ _STAGED_MAX_COLS = 32768
 _STAGED_ELEMS = 32
 _STAGED_STAGES = 3
 _STAGED_SMEM_BYTES = 196608
-_STAGED_PIECES = 3  # fp32; 16-bit rows one piece (28000: 81% against 59% in three)
+_STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
 _STAGED_PIECE_WASTE = 0.05
+_STAGED_PERSISTENT = {4: False, 2: True}  # by element size
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
@@ -450,8 +451,7 @@ def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
     registers and shared memory allow. ``vec``: the launch's (default: that of a contiguous tensor)."""
     if vec is None:
         vec = 1 if ragged_width(n_cols, elem_size) == n_cols else max(1, 16 // elem_size)
-    pieces = _row_pieces(n_cols, vec, elem_size, max_pieces=_STAGED_PIECES if elem_size >= 4 else 1,
-                         waste=_STAGED_PIECE_WASTE)
+    pieces = _row_pieces(n_cols, vec, elem_size, max_pieces=_STAGED_PIECES, waste=_STAGED_PIECE_WASTE)
     lanes = sum(pieces)
     warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _STAGED_ELEMS))))
     row_bytes = lanes * elem_size
@@ -491,10 +491,13 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
             r.finish()
             return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), max_row=_MAX_ROW))
         plan = _staged_plan(n_cols, x2.element_size(), r.vec)
-        _softmax_fwd_kernel[(max(1, min(n_rows, sm_count(x2.device) * plan.per_sm)),)](
+        persistent = _STAGED_PERSISTENT[4 if x2.element_size() >= 4 else 2]
+        grid = max(1, min(n_rows, sm_count(x2.device) * plan.per_sm)) if persistent else n_rows
+        _softmax_fwd_kernel[(grid,)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
-            FAST_EXP=not interpreting(), STAGES=plan.stages, num_warps=plan.num_warps, **_reg_cap(plan),
+            FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, num_warps=plan.num_warps,
+            **_reg_cap(plan),
         )
         r.finish()
         return

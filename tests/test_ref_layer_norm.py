@@ -583,7 +583,8 @@ def test_forward_into_an_out_at_an_odd_offset_writes_every_element_and_nothing_b
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", RAGGED + [(6, 64)], ids=str)  # 64: aligned rows forced onto the phased kernel (VEC 1)
+# 64: aligned rows forced onto the phased kernel (VEC 1); 80: aligned, in two pieces (64 + 16)
+@pytest.mark.parametrize("shape", RAGGED + [(6, 64), (5, 80)], ids=str)
 def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_element(shape, dtype, unwritten_reads_nan):
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
@@ -616,14 +617,14 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("prefetch, stages", [(False, 1), (True, 1), (False, 3)],
-                         ids=["loads in step", "next row prefetched", "pipelined through shared memory"])
+@pytest.mark.parametrize("prefetch, stages, pieces", [(False, 1, (64, 0)), (True, 1, (64, 0)), (False, 3, (64, 0)), (False, 3, (32, 8))],
+                         ids=["loads in step", "next row prefetched", "pipelined through shared memory", "in two pieces"])
 @pytest.mark.parametrize("n_groups", [8, 16, 64], ids=["every row of a phase in one program", "two", "more programs than rows"])
-def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch, stages):
-    x, weight, bias = inputs((37, 27), torch.bfloat16)
+def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch, stages, pieces):
+    x, weight, bias = inputs((37, 27), torch.bfloat16)  # 27 + 7 virtual columns: 32 + 8 in pieces
     dy = torch.randn(x.shape, device=DEVICE).bfloat16()
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._Plan("rows", 1, 64, 4, n_groups, "phased", prefetch=prefetch, stages=stages)
+    plan = layer_norm._Plan("rows", 1, pieces[0], 4, n_groups, "phased", prefetch=prefetch, stages=stages, block_t=pieces[1])
     dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
     layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
     _, *expected = torch_reference(x, weight, bias, dy)
@@ -715,17 +716,21 @@ def test_forward_rows_pieces_cover_every_phase():
 def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster():
     # The H200 sweep (docs/kernels.md, "layer_norm: backward"): whole rows walked by persistent
     # programs with the next rows in flight through shared memory won for unaligned rows from 1025
-    # columns, aligned rows from 4097 (fp32 4608-8192: 51-61% -> 80%+), and 16-bit aligned rows of
-    # 768-2048; it lost at 16-bit 3072 and rows past 8192 columns do not fit its registers.
+    # columns, aligned rows from 4097 (fp32 4608-8192: 51-61% -> 80%+), 16-bit aligned rows of
+    # 768-2048 and fp32 ones of 1025-4095; it lost at 16-bit 3072, and rows past 8192 columns do not
+    # fit its registers.
     settings = layer_norm._layer_norm_settings
     P = layer_norm._Plan
     cases = [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (7001, 2), (4608, 2), (8192, 4), (768, 2),
-             (2048, 2), (1023, 4), (8191, 2), (1024, 4), (4096, 4), (3072, 2), (3072, 4), (512, 2)]
+             (2048, 2), (1280, 4), (3072, 4), (1023, 4), (8191, 2), (1024, 4), (4096, 4), (3072, 2), (512, 2), (999, 2)]
     bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in cases]
-    assert [p.variant for p in bwd] == ["phased"] * 11 + ["measured", "lean", "measured", "measured", "measured",
+    assert [p.variant for p in bwd] == ["phased"] * 13 + ["measured", "lean", "measured", "measured", "measured",
                                                           "measured", "measured"]
-    # 4097 + 3: one 32-warp program an SM, two 16-byte vectors of x and dy a thread, two rows in flight
-    assert bwd[1] == P("rows", 1, 8192, 32, 132, "phased", 64, stages=3)
+    # unaligned rows (and fp32 ones under 4096) in two pieces where their power of two masks 10% of the
+    # lanes: 4097 + 3 on 4096 + 4 lanes, one 32-warp program an SM, two rows in flight
+    assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
+    assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
+    assert (bwd[7].block_n, bwd[7].block_t) == (8192, 0)  # bf16 4608: aligned 16-bit rows keep their power of two
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
     assert bwd[7].n_groups == 132 and bwd[5].n_groups == 128
     assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM

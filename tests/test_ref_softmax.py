@@ -331,7 +331,7 @@ def test_the_staged_plan_reads_rows_of_a_wider_tensor_at_any_phase(offset):
     assert_close_to_row_scale(out, reference(x), torch.float32)
 
 
-def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_measured_faster():
+def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_measured_faster(monkeypatch):
     # fp32 rows; 16-bit rows aligned and filling 85% of their power of two (H200 sweep, docs/kernels.md)
     for n, elem in [(16385, 4), (17000, 4), (30522, 4), (32768, 4), (28000, 2), (32000, 2), (32768, 2)]:
         assert softmax._softmax_settings(2048, n, elem).mode == "staged", (n, elem)
@@ -351,10 +351,11 @@ def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_mea
                                                                      pieces=(32768, 0, 0))
     narrow = softmax._softmax_settings(64, 1000, 2, wide="staged")
     assert (narrow.num_warps, narrow.per_sm) == (4, 8)  # 4 warps x 8 programs: 2048 threads at 64 registers
-    # fp32 rows in up to three pieces (5% of the lanes masked at most), 16-bit rows in one
-    assert softmax._softmax_settings(2048, 20000, 4).pieces == (16384, 4096, 0)
-    assert softmax._softmax_settings(2048, 28000, 4).pieces == (16384, 8192, 4096)
+    # one piece: the row's own power of two (pieces lost at 25049 and 28000, docs/kernels.md)
+    assert softmax._softmax_settings(2048, 20000, 4).pieces == (32768, 0, 0)
     assert softmax._softmax_settings(2048, 28000, 2).pieces == (32768, 0, 0)
+    monkeypatch.setattr(softmax, "_STAGED_PIECES", 3)
+    assert softmax._softmax_settings(2048, 28000, 4).pieces == (16384, 8192, 4096)
     assert softmax._softmax_settings(2048, 16385, 4).pieces == (16384, 4, 0)  # 16385 + 3 virtual columns
 
 
