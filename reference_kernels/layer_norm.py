@@ -927,6 +927,7 @@ _PHASED_MIN_ELEM_SIZE = 4
 _PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
 _PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
+_PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
 _PHASED_BWD_MIN_COLS = 1025  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66% against 50% / 46% on one
 _PHASED_BWD_WARPS_PER_SM = 32
@@ -1079,9 +1080,24 @@ def _phase_rows(n_cols: int, elem_size: int) -> bool:
     return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
+def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
+    """(BLOCK_N, BLOCK_T) of the phased backward for a contiguous (n_cols)-wide input, or None past what it
+    holds: a first piece of at most ``_PHASED_BWD_MAX_ROW`` and a second of at most ``_PHASED_BWD_MAX_TAIL``."""
+    vec = max(1, 16 // elem_size)
+    need = ragged_width(n_cols, elem_size)
+    block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
+    pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
+    if (_PHASED_BWD_PREFETCH or not pieces
+            or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
+        block_n, block_t = next_power_of_2(need), 0
+    if block_n > _PHASED_BWD_MAX_ROW or block_t > _PHASED_BWD_MAX_TAIL:
+        return None
+    return block_n, block_t
+
+
 def _phased_backward(n_cols: int, elem_size: int) -> bool:
     """Whether the backward's default plan for rows of ``n_cols`` is "phased" (dy in x's dtype)."""
-    if ragged_width(n_cols, elem_size) > _PHASED_BWD_MAX_ROW:
+    if _phased_bwd_pieces(n_cols, elem_size) is None:
         return False
     if n_cols % 16 == 0:
         lo, hi = _PHASED_BWD_ALIGNED_16BIT if elem_size < 4 else _PHASED_BWD_ALIGNED_FP32
@@ -1094,14 +1110,11 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``."""
     vec = max(1, 16 // elem_size)
-    need = ragged_width(n_cols, elem_size)
-    if next_power_of_2(need) > _PHASED_BWD_MAX_ROW:
-        raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns, not {n_cols}")
-    block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
-    pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
-    if (_PHASED_BWD_PREFETCH or not pieces
-            or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
-        block_n, block_t = next_power_of_2(need), 0
+    held = _phased_bwd_pieces(n_cols, elem_size)
+    if held is None:
+        raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns (and a tail of "
+                         f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
+    block_n, block_t = held
     lanes = 32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's, at the plan's vectors a thread
     warps = max(4, min(32, next_power_of_2(triton.cdiv(block_n + block_t, lanes))))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
