@@ -8,7 +8,10 @@ order (in two levels when there are many). No atomics touch the results, so two 
 bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
-16384 wide, backward up to 4096). Wider forward rows take ``split`` / ``persistent`` (the
+16384 wide, backward up to 4096). The backward's ``phased`` plan holds whole rows of up to
+8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
+of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
+read as aligned vectors, ``_ragged``). Wider forward rows take ``split`` / ``persistent`` (the
 split walk of ``_split_walk``, shared with softmax: a few programs an SM taking rows or row
 slices twice with the next chunk in flight; fp32 slices of one step stay in registers,
 slices exchange their sums through a ticketed wait; the default for wide fp32 rows) or
@@ -912,17 +915,18 @@ _LEAN_FP32_MAX_ROW = 16384
 _BWD_VARIANTS = ("measured", "lean", "phased")
 # Rows that start unaligned (_ragged: N not a multiple of 16 elements), forward: the rows plan reads
 # aligned vectors from _PHASED_ROWS_MIN_COLS columns (narrower, Triton's scalar accesses); the
-# split walk always does. Backward: _layer_norm_bwd_phased_kernel for rows up to
-# _PHASED_BWD_MAX_ROW virtual columns, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a
-# thread, _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
+# split walk always does. Backward: _layer_norm_bwd_phased_kernel (aligned rows too, where
+# _phased_backward says) for rows of up to _PHASED_BWD_MAX_ROW virtual columns plus a tail of
+# _PHASED_BWD_MAX_TAIL, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a thread, up to
+# _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
 _PHASED_ROWS_MIN_COLS = 2048
 # Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
 _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
-# fp32 only, forward and backward: the H200 sweep of 16-bit ragged rows (1023-12345) put the
-# phased kernels level with or behind the scalar ones (docs/kernels.md, "layer_norm: forward").
+# Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
+# kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
 _PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
 _PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
@@ -933,8 +937,8 @@ _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66
 _PHASED_BWD_WARPS_PER_SM = 32
 _PHASED_BWD_PREFETCH = False
 # The phased backward's row loop pipelined (_PHASED_BWD_STAGES - 1 rows of x and dy in flight in shared
-# memory, within _PHASED_BWD_SMEM_BYTES an SM); it also takes aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS
-# and 16-bit unaligned rows (_PHASED_BWD_MIN_ELEM_SIZE) (docs/kernels.md, "layer_norm: backward").
+# memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from _PHASED_BWD_MIN_COLS it takes
+# aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
 _PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_ALIGNED_MIN_COLS = 4097

@@ -1,11 +1,15 @@
 """Fused softmax over the last dimension, for any row width.
 
-Three launch plans, on two kernels; ``_softmax_settings`` chooses:
+Four launch plans, on two kernels; ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
   read, one write. Measured 92-100% of copy bandwidth on an H200.
-* ``persistent`` and ``split`` (wider rows: ``_WIDE_ROWS_PLAN = "auto"`` takes
+* ``staged`` (16385-32768: fp32 rows, and aligned 16-bit rows that fill most of 32768): the
+  same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
+  whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
+  fp32 rows one program a row. 69-90% of copy (docs/kernels.md, "The staged plan").
+* ``persistent`` and ``split`` (other wider rows: ``_WIDE_ROWS_PLAN = "auto"`` takes
   ``persistent`` up to 128 KiB a row, ``split`` beyond): ``_softmax_split_kernel``, a few
   programs an SM walking tiles (a whole row, or one of a row's slices whose programs
   exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
@@ -322,10 +326,11 @@ _ROWS_TILE = 2048
 # slices held in registers 80% / 75%), against Liger 62-64% (65536; it refuses 262144).
 _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "staged", "persistent", "split")
-# "staged" (_softmax_fwd_kernel, STAGES > 0), "auto"'s choice from _STAGED_MIN_COLS to _STAGED_MAX_COLS: whole
-# rows in registers (_STAGED_ELEMS a thread, up to 32 warps, capped at 64 registers), a persistent
-# program walking rows with the next rows' loads in flight through shared memory (Triton's pipeliner,
-# up to _STAGED_STAGES - 1 rows, within _STAGED_SMEM_BYTES a program) (docs/kernels.md, "softmax").
+# "staged" (_softmax_fwd_kernel, one row a step), "auto"'s choice from _STAGED_MIN_COLS to _STAGED_MAX_COLS
+# where _staged_default says: whole rows in registers (_STAGED_ELEMS a thread, up to 32 warps, capped at 64
+# registers); where _STAGED_PERSISTENT (16-bit), a persistent program walking rows with the next rows'
+# loads in flight through shared memory (Triton's pipeliner, up to _STAGED_STAGES - 1 rows, within
+# _STAGED_SMEM_BYTES a program), else one program a row (docs/kernels.md, "softmax", "The staged plan").
 _STAGED_MIN_COLS = 16385
 _STAGED_MAX_COLS = 32768
 _STAGED_ELEMS = 32
@@ -333,7 +338,7 @@ _STAGED_STAGES = 3
 _STAGED_SMEM_BYTES = 196608
 _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
 _STAGED_PIECE_WASTE = 0.05
-_STAGED_PERSISTENT = {4: False, 2: True}  # by element size
+_STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
@@ -444,8 +449,8 @@ def _staged_default(n_cols: int, elem_size: int) -> bool:
 
 
 def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
-    """The staged plan: the rows kernel, one row a step, persistent and pipelined. The row in up to
-    ``_STAGED_PIECES`` pieces (``_row_pieces``, from ``_STAGED_PIECE_WASTE`` of masked lanes) on
+    """The staged plan: the rows kernel, one row a step (persistent and pipelined where
+    ``_STAGED_PERSISTENT``). The row in up to ``_STAGED_PIECES`` pieces (``_row_pieces``, from ``_STAGED_PIECE_WASTE`` of masked lanes) on
     ``_STAGED_ELEMS`` elements a thread (4 to 32 warps, 64 registers); as many rows in flight (stages
     - 1) as ``_STAGED_SMEM_BYTES`` holds, up to ``_STAGED_STAGES - 1``; as many programs an SM as
     registers and shared memory allow. ``vec``: the launch's (default: that of a contiguous tensor)."""
