@@ -102,6 +102,46 @@ def edges(ph, n_cols, VEC: tl.constexpr):
     return v, ok
 
 
+@triton.jit
+def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr):
+    """A 16-bit row's edges as 32-bit words: ``(lo, hi, v)``, float32 values and the virtual columns of ``lo``.
+
+    Reads the two aligned vectors that hold the edges, the one before the body ([first - VEC,
+    first)) and the one after it ([max(last, first), + VEC)), as 4-byte words: a few elements a
+    thread of a wide program, and a software-pipelined loop copies 4-byte loads with ``cp.async``
+    (``edges``' 2-byte loads it cannot, so they stayed synchronous in the loop). ``lo`` holds the
+    elements at the even columns ``v``, ``hi`` those at ``v + 1``; the row's own among them:
+    ``in_row`` (the two vectors never overlap the body or each other). ``ptr + base``: the row's
+    aligned origin (``row_origin``). ``ph`` is a scalar or one phase a row shaped (M, 1, 1); the
+    results are (2, VEC // 2) or (M, 2, VEC // 2). Words of a vector holding none of the row read 0.
+    """
+    start, load_ok = _edge_vector_starts(ph, n_cols, VEC)
+    words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
+    words = tl.load(words_ptr + (start // 2 + tl.arange(0, VEC // 2)[None, :]), mask=load_ok, other=0)
+    lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    return lo, hi, edge_word_columns(ph, n_cols, VEC)
+
+
+@triton.jit
+def edge_word_columns(ph, n_cols, VEC: tl.constexpr):
+    """The virtual columns of ``edge_words``' ``lo`` values (its third result), without loading."""
+    start, _ = _edge_vector_starts(ph, n_cols, VEC)
+    return start + 2 * tl.arange(0, VEC // 2)[None, :]
+
+
+@triton.jit
+def _edge_vector_starts(ph, n_cols, VEC: tl.constexpr):
+    """(first column, load mask) of the two aligned vectors around the body: (2, 1), or (M, 2, 1)."""
+    first = (ph + VEC - 1) // VEC * VEC
+    last = tl.maximum((ph + n_cols) // VEC * VEC, first)
+    k = tl.arange(0, 2)[:, None]
+    start = tl.where(k == 0, first - VEC, last)  # multiples of VEC
+    # vector 0 holds some of the row where first > ph, vector 1 where ph + N > last (one tensor compare:
+    # comparing scalars gives the interpreter an int32 mask that its loads refuse)
+    return start, tl.where(k == 0, first, ph + n_cols) > tl.where(k == 0, ph, last)
+
+
 def vector_elems(t: torch.Tensor) -> int:
     """Elements in a 16-byte vector of ``t``'s dtype."""
     return max(1, VECTOR_BYTES // t.element_size())
@@ -262,5 +302,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "phased", "phased_rows", "launch_width", "vector_elems",
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased", "phased_rows", "launch_width", "vector_elems",
            "row_pieces"]

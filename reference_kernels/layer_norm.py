@@ -41,6 +41,8 @@ from ._common import as_rows, check_tensor, interpreting, next_power_of_2, outpu
 from ._ragged import (
     Phased,
     body_bounds,
+    edge_word_columns,
+    edge_words,
     edges,
     in_row,
     launch_width,
@@ -699,6 +701,7 @@ def _layer_norm_bwd_phased_kernel(
     PREFETCH: tl.constexpr,  # the next row's x and dy loaded (into registers) before this row is reduced
     STAGES: tl.constexpr = 1,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
     BLOCK_T: tl.constexpr = 0,  # virtual columns of a second piece, from BLOCK_N on (_ragged.row_pieces); 0: none
+    EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
 ):
     """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -727,7 +730,13 @@ def _layer_norm_bwd_phased_kernel(
         body_t = (v_t >= first) & (v_t < last)
         dw_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
         db_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
-    if VEC > 1:
+    if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words (_ragged.edge_words)
+        e = edge_word_columns(ph, n_cols, VEC)  # (2, 4): the words' even columns; e + 1 the odd ones
+        e_ok = in_row(e, ph, n_cols)
+        e_ok_hi = in_row(e + 1, ph, n_cols)
+        w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
+        w_e_hi = tl.load(w_ptr + (e + 1 - ph), mask=e_ok_hi, other=0.0).to(tl.float32)
+    elif VEC > 1:
         e, e_ok = edges(ph, n_cols, VEC)
         w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
     dw_acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -757,7 +766,10 @@ def _layer_norm_bwd_phased_kernel(
         if BLOCK_T > 0:
             x_t_in = tl.load(x_ptr + x_base + v_t, mask=load_ok_t, other=0.0)
             dy_t_in = tl.load(dy_ptr + dy_base + v_t, mask=load_ok_t, other=0.0)
-        if VEC > 1:
+        if VEC == 8 and EDGE_WORDS:
+            x_e, x_e_hi, _cols = edge_words(x_ptr, x_base, ph, n_cols, VEC)
+            dy_e, dy_e_hi, _cols = edge_words(dy_ptr, dy_base, ph, n_cols, VEC)
+        elif VEC > 1:
             x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row)
@@ -789,6 +801,9 @@ def _layer_norm_bwd_phased_kernel(
             wdy_e = w_e * dy_e
             dx_e = (wdy_e - (xhat_e * c1 + c2)) * rstd
             tl.store(dx_ptr + dx_base + e, dx_e.to(dx_ptr.dtype.element_ty), mask=e_ok)
+            if VEC == 8 and EDGE_WORDS:  # the odd columns of the words
+                dx_e_hi = (w_e_hi * dy_e_hi - ((x_e_hi - mean) * rstd * c1 + c2)) * rstd
+                tl.store(dx_ptr + dx_base + e + 1, dx_e_hi.to(dx_ptr.dtype.element_ty), mask=e_ok_hi)
     share = g.to(tl.int64) * n_cols + (v - ph)
     tl.store(dw_part_ptr + share, dw_acc, mask=mine)
     tl.store(db_part_ptr + share, db_acc, mask=mine)
@@ -940,6 +955,9 @@ _PHASED_BWD_PREFETCH = False
 # memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from _PHASED_BWD_MIN_COLS it takes
 # aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
+# The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
+# with cp.async (2-byte loads it cannot).
+_EDGE_WORDS = True
 _PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_ALIGNED_MIN_COLS = 4097
 _PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band (3072: 70% against 76%)
@@ -1271,7 +1289,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        num_warps=plan.num_warps, **_reg_cap(plan),
+        EDGE_WORDS=_EDGE_WORDS, num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

@@ -40,7 +40,8 @@ from pytest_fusioncheck.budget import Budget
 from ._common import (ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
                       warps_for)
 from ._math import exp
-from ._ragged import Phased, body_bounds, edges, in_row, launch_width, phased, ragged_width, row_origin, row_pieces, vec_end
+from ._ragged import (Phased, body_bounds, edge_words, edges, in_row, launch_width, phased, ragged_width, row_origin,
+                      row_pieces, vec_end)
 from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -66,6 +67,7 @@ def _softmax_fwd_kernel(
     NARROW: tl.constexpr,  # 0, or N = BLOCK_N = both strides for packed rows narrower than 16 elements
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
     STAGES: tl.constexpr = 0,  # 0: one block of rows a program; else persistent, pipelined STAGES deep
+    EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
 ):
     """Whole rows in registers: BLOCK_M rows a step, one read and one write (_ragged: unaligned rows).
 
@@ -84,17 +86,17 @@ def _softmax_fwd_kernel(
         stride_y = NARROW
     if STAGES == 0:
         _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, tl.program_id(0),
-                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP)
+                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
     else:
         for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
             _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block,
-                          BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP)
+                          BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
 
 
 @triton.jit
 def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
-                  FAST_EXP: tl.constexpr):
+                  FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr):
     """Rows ``block * BLOCK_M ..`` of ``_softmax_fwd_kernel`` (its arguments)."""
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
@@ -116,7 +118,16 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
     if BLOCK_U > 0:
         x_u = _row_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok)
         row_max = tl.maximum(row_max, tl.max(x_u, axis=1))
-    if VEC > 1:
+    if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words, (BLOCK_M, 2, 4) each half
+        ph3 = ph[:, None, None]
+        ok3 = row_ok[:, None, None]
+        xe, xe_hi, e = edge_words(x_ptr, x_base[:, None, None], ph3, n_cols, VEC)
+        e_ok = in_row(e, ph3, n_cols) & ok3
+        e_ok_hi = in_row(e + 1, ph3, n_cols) & ok3
+        xe = tl.where(e_ok, xe, -float("inf"))
+        xe_hi = tl.where(e_ok_hi, xe_hi, -float("inf"))
+        row_max = tl.maximum(row_max, tl.max(tl.max(tl.maximum(xe, xe_hi), axis=2), axis=1))
+    elif VEC > 1:
         e, e_ok = edges(ph[:, None], n_cols, VEC)
         e_ok = e_ok & row_ok[:, None]
         xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
@@ -131,7 +142,11 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
     if BLOCK_U > 0:
         x_u = exp(x_u - row_max[:, None], FAST_EXP)
         row_sum += tl.sum(x_u, axis=1)
-    if VEC > 1:
+    if VEC == 8 and EDGE_WORDS:  # masked lanes: -inf -> 0
+        xe = exp(xe - row_max[:, None, None], FAST_EXP)
+        xe_hi = exp(xe_hi - row_max[:, None, None], FAST_EXP)
+        row_sum += tl.sum(tl.sum(xe + xe_hi, axis=2), axis=1)
+    elif VEC > 1:
         xe = exp(xe - row_max[:, None], FAST_EXP)
         row_sum += tl.sum(tl.where(e_ok, xe, 0.0), axis=1)
     inv_sum = (1.0 / row_sum)[:, None]
@@ -141,7 +156,11 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
         _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok)
     if BLOCK_U > 0:
         _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok)
-    if VEC > 1:
+    if VEC == 8 and EDGE_WORDS:
+        y_row3 = y_ptr + y_base[:, None, None]
+        tl.store(y_row3 + e, (xe * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok)
+        tl.store(y_row3 + e + 1, (xe_hi * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok_hi)
+    elif VEC > 1:
         tl.store(y_row + e, (xe * inv_sum).to(y_ptr.dtype.element_ty), mask=e_ok)
 
 
@@ -340,6 +359,7 @@ _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% ag
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
+_STAGED_UNALIGNED_16BIT = False
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
 _PERSISTENT_MIN_LANE_USE = 0.99  # rows that leave more of their last chunk empty go to "split" (28000-32000: 76% vs 64-72%)
@@ -366,6 +386,9 @@ _ROWS_MAX_REGS = 64
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
+# The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
+# pipeline copies with cp.async (2-byte loads it cannot).
+_EDGE_WORDS = True
 # Rows held as up to _ROW_PIECES power-of-two pieces (``_row_pieces``): fewer masked lanes than the
 # row's own power of two (4097 bf16: 4104 lanes, not 8192). Two, not three: a third piece lost 13-27
 # points at 7000 and 12345 (H200). A second piece only while over _PIECE_SLACK of the lanes would be
@@ -445,7 +468,8 @@ def _staged_default(n_cols: int, elem_size: int) -> bool:
         return False
     if elem_size >= 4:
         return True
-    return ragged_width(n_cols, elem_size) == n_cols and n_cols / next_power_of_2(n_cols) >= _STAGED_MIN_LANE_USE_16BIT
+    aligned = ragged_width(n_cols, elem_size) == n_cols
+    return (aligned or _STAGED_UNALIGNED_16BIT) and n_cols / next_power_of_2(n_cols) >= _STAGED_MIN_LANE_USE_16BIT
 
 
 def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
@@ -501,7 +525,8 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         _softmax_fwd_kernel[(grid,)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
-            FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, num_warps=plan.num_warps,
+            FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, EDGE_WORDS=_EDGE_WORDS,
+            num_warps=plan.num_warps,
             **_reg_cap(plan),
         )
         r.finish()
@@ -518,7 +543,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(), num_warps=warps,
+            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(), EDGE_WORDS=_EDGE_WORDS, num_warps=warps,
             **_reg_cap(plan),
         )
     else:
