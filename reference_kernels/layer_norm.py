@@ -956,7 +956,8 @@ _PHASED_BWD_PREFETCH = False
 # aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
 # The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
-# with cp.async (2-byte loads it cannot).
+# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Not
+# with a one-vector tail piece, itself 2-byte loads (1025, 2049, 4097, 8191: 3-7 points lower with words).
 _EDGE_WORDS = True
 _PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_ALIGNED_MIN_COLS = 4097
@@ -1104,15 +1105,17 @@ def _phase_rows(n_cols: int, elem_size: int) -> bool:
 
 def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
     """(BLOCK_N, BLOCK_T) of the phased backward for a contiguous (n_cols)-wide input, or None past what it
-    holds: a first piece of at most ``_PHASED_BWD_MAX_ROW`` and a second of at most ``_PHASED_BWD_MAX_TAIL``."""
+    holds: ``_PHASED_BWD_MAX_ROW`` lanes, or a first piece of that many and a tail of ``_PHASED_BWD_MAX_TAIL``."""
     vec = max(1, 16 // elem_size)
     need = ragged_width(n_cols, elem_size)
     block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
     pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
+    if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
+        pieces = False
     if (_PHASED_BWD_PREFETCH or not pieces
             or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
         block_n, block_t = next_power_of_2(need), 0
-    if block_n > _PHASED_BWD_MAX_ROW or block_t > _PHASED_BWD_MAX_TAIL:
+    if block_n > _PHASED_BWD_MAX_ROW or (block_n + block_t > _PHASED_BWD_MAX_ROW and block_t > _PHASED_BWD_MAX_TAIL):
         return None
     return block_n, block_t
 
@@ -1289,7 +1292,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        EDGE_WORDS=_EDGE_WORDS, num_warps=plan.num_warps, **_reg_cap(plan),
+        EDGE_WORDS=_EDGE_WORDS and block_t == 0, num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

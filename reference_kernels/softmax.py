@@ -359,7 +359,7 @@ _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% ag
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
-_STAGED_UNALIGNED_16BIT = False
+_STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
 _PERSISTENT_MIN_LANE_USE = 0.99  # rows that leave more of their last chunk empty go to "split" (28000-32000: 76% vs 64-72%)
@@ -387,7 +387,7 @@ _ROWS_MAX_REGS = 64
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
 # The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
-# pipeline copies with cp.async (2-byte loads it cannot).
+# pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points (12345: 72 -> 75%).
 _EDGE_WORDS = True
 # Rows held as up to _ROW_PIECES power-of-two pieces (``_row_pieces``): fewer masked lanes than the
 # row's own power of two (4097 bf16: 4104 lanes, not 8192). Two, not three: a third piece lost 13-27
@@ -462,8 +462,8 @@ def _softmax_settings(
 
 def _staged_default(n_cols: int, elem_size: int) -> bool:
     """Whether "auto" takes the staged plan (from ``_STAGED_MIN_COLS``; H200 sweep, docs/kernels.md "softmax"):
-    fp32 rows, and 16-bit rows that are aligned and fill ``_STAGED_MIN_LANE_USE_16BIT`` of their power of
-    two; the edges of unaligned 16-bit rows are 2-byte loads outside the pipeline (16385: 46% against 57%)."""
+    fp32 rows, and 16-bit rows that fill ``_STAGED_MIN_LANE_USE_16BIT`` of their power of two (unaligned ones
+    where ``_STAGED_UNALIGNED_16BIT``; below it the split walk was faster: 16385 46% against 57%)."""
     if n_cols < _STAGED_MIN_COLS:
         return False
     if elem_size >= 4:

@@ -734,6 +734,10 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
     assert (bwd[7].block_n, bwd[7].block_t) == (8192, 0)  # bf16 4608: aligned 16-bit rows keep their power of two
+    # 16-bit unaligned rows: a one-vector tail piece (4097 = 4096 + 8), else whole with the edges read as words
+    assert (bwd[5].block_n, bwd[5].block_t) == (4096, 8)
+    assert [(p.block_n, p.block_t) for p in (settings(8192, 5121, 2, backward=True), settings(8192, 5121, 4, backward=True))] == [
+        (8192, 0), (4096, 2048)]
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
     assert bwd[7].n_groups == 132 and bwd[5].n_groups == 128
     assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM

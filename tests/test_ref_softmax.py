@@ -332,13 +332,15 @@ def test_the_staged_plan_reads_rows_of_a_wider_tensor_at_any_phase(offset):
 
 
 def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_measured_faster(monkeypatch):
-    # fp32 rows; 16-bit rows aligned and filling 85% of their power of two (H200 sweep, docs/kernels.md)
-    for n, elem in [(16385, 4), (17000, 4), (30522, 4), (32768, 4), (28000, 2), (32000, 2), (32768, 2)]:
+    # fp32 rows; 16-bit rows filling 85% of their power of two (H200 sweep, docs/kernels.md)
+    for n, elem in [(16385, 4), (17000, 4), (30522, 4), (32768, 4), (28000, 2), (30522, 2), (32000, 2), (32768, 2)]:
         assert softmax._softmax_settings(2048, n, elem).mode == "staged", (n, elem)
     for n, elem in [(16384, 2), (16384, 4)]:
         assert softmax._softmax_settings(2048, n, elem).mode == "rows"
-    for n in (16385, 20000, 24000, 27000, 30522, 32767):  # unaligned, or under 85% of 32768
+    for n in (16385, 20000, 24000, 27000, 32767):  # under 85% of 32768 (32767 + 7 virtual columns: of 65536)
         assert softmax._softmax_settings(2048, n, 2).mode != "staged", n
+    monkeypatch.setattr(softmax, "_STAGED_UNALIGNED_16BIT", False)
+    assert softmax._softmax_settings(2048, 30522, 2).mode != "staged"
     assert softmax._softmax_settings(2048, 32769, 2).mode != "staged"
     assert softmax._softmax_settings(2048, 32767, 4).mode != "staged"  # 32767 + 3 virtual columns
     assert softmax._softmax_settings(2048, 20000, 4, max_row=4096).mode != "staged"  # tests' wide-row plans
@@ -379,7 +381,7 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
     assert softmax._softmax_settings(1000, 16383, 2).mode == "rows"
     assert softmax._softmax_settings(2048, 16385, 4).mode == "staged"  # fp32 up to 32768: staged
     assert softmax._softmax_settings(2048, 16385, 2).mode == "split"  # 16-bit: 50% of the 64 KiB chunk used
-    assert softmax._softmax_settings(2048, 30522, 2).mode == "split"  # 93% used, unaligned: not staged either
+    assert softmax._softmax_settings(2048, 30522, 2).mode == "staged"  # 93% of 32768: staged
     assert softmax._softmax_settings(2048, 32768, 2).mode == "staged"  # one whole chunk, aligned
     assert softmax._softmax_settings(2048, 32768, 2, wide="persistent").mode == "persistent"
     assert softmax._softmax_settings(2048, 33000, 2).mode == "split"  # two chunks, the second nearly empty
