@@ -302,5 +302,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased", "phased_rows", "launch_width", "vector_elems",
-           "row_pieces"]
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased",
+           "phased_rows", "launch_width", "vector_elems", "row_pieces"]

@@ -955,20 +955,20 @@ _PHASED_BWD_PREFETCH = False
 # memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from _PHASED_BWD_MIN_COLS it takes
 # aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
-# The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
-# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Not
-# with a one-vector tail piece, itself 2-byte loads (1025, 2049, 4097, 8191: 3-7 points lower with words).
-_EDGE_WORDS = True
 _PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_ALIGNED_MIN_COLS = 4097
 _PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band (3072: 70% against 76%)
 _PHASED_BWD_ALIGNED_FP32 = (1025, 4095)  # and fp32 aligned rows in this band, in pieces (1280: 80%+ against 68%)
 _PHASED_BWD_MIN_ELEM_SIZE = 2
 # A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
-# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%) and fp32 rows under 4096; aligned rows wider, or 16-bit,
-# lost (bf16 4608 52 -> 38%, fp32 4608 80+ -> 74%).
+# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see _EDGE_WORDS) and
+# fp32 rows under 4096; aligned rows wider, or 16-bit, lost (bf16 4608 52 -> 38%, fp32 4608 80+ -> 74%).
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
+# The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
+# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Not
+# with a one-vector tail piece, itself 2-byte loads (1025, 2049, 4097, 8191: 3-7 points lower with words).
+_EDGE_WORDS = True
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4

@@ -5,7 +5,7 @@ Four launch plans, on two kernels; ``_softmax_settings`` chooses:
 * ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
   read, one write. Measured 92-100% of copy bandwidth on an H200.
-* ``staged`` (16385-32768: fp32 rows, and aligned 16-bit rows that fill most of 32768): the
+* ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
   whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
   fp32 rows one program a row. 69-90% of copy (docs/kernels.md, "The staged plan").
