@@ -9,6 +9,7 @@ prints the worst width and its ratio to the best anchor, then every width below 
     PYTHONPATH=. python3 benchmarks/sweep.py                         # softmax, sampled widths
     PYTHONPATH=. python3 benchmarks/sweep.py --dense                 # every multiple of 64 up to 16384 too
     PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
+    PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax._STAGED_STAGES=2  # an A/B
 
 Anchors: torch eager always, Liger-Kernel when it is installed (it refuses softmax rows over
 65536: "n/a" there); ``--compile`` adds ``torch.compile(dynamic=True)`` (one
@@ -22,6 +23,8 @@ replayed from a CUDA graph (``device_ms``), so the Python launch path is not tim
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import random
 import statistics
@@ -145,11 +148,16 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(dynamic=True)")
     parser.add_argument("--mib", type=int, default=128, help="MiB each input reads")
     parser.add_argument("--json", default="")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="set a reference_kernels launch-plan constant first, e.g. softmax._STAGED_STAGES=2 "
+                             "(VALUE a Python literal; repeatable): the A/B runs of docs/kernels.md")
     add_out_option(parser)
     args = parser.parse_args()
+    settings = apply_settings(args.set)
     out = write_output_to(args.out, __file__)
     ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
-    print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB")
+    print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB"
+          + (f"; set {', '.join(settings)}" if settings else ""))
     global _GEN
     _GEN = torch.Generator(device="cuda").manual_seed(0)
     src = torch.empty(args.mib * 2**20, dtype=torch.uint8, device="cuda").random_(generator=_GEN)
@@ -181,8 +189,41 @@ def main() -> int:
     n_failed = _summarise(records)
     path = args.json or (str(out / "sweep.json") if out else "")
     if path:
-        Path(path).write_text(json.dumps({"header": header(), "copy_gbps": copy, "records": records}, indent=1))
+        Path(path).write_text(json.dumps({"header": header(), "settings": settings, "copy_gbps": copy, "records": records},
+                                         indent=1))
     return 1 if n_failed else 0
+
+
+def apply_settings(items: list[str]) -> list[str]:
+    """Set ``reference_kernels.<module>.<CONSTANT>`` to a literal for each ``module.CONSTANT=VALUE``, so that
+    one run times a launch-plan rule against the default; returns the settings made, for the header.
+
+    Refused with a clear message: a missing ``=`` or module, a constant the module does not have, a
+    value that is not a Python literal, or one of another type than the constant's (ints and floats mix).
+    """
+    done = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        module_name, dot, attr = key.strip().rpartition(".")
+        if not sep or not dot or not attr:
+            raise SystemExit(f"--set {item!r}: expected MODULE.CONSTANT=VALUE, e.g. softmax._STAGED_STAGES=2")
+        try:
+            module = importlib.import_module(f"reference_kernels.{module_name}")
+        except ModuleNotFoundError:
+            raise SystemExit(f"--set {item!r}: there is no module reference_kernels.{module_name}") from None
+        if not hasattr(module, attr):
+            raise SystemExit(f"--set {item!r}: reference_kernels.{module_name} has no {attr}")
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"--set {item!r}: {value.strip()!r} is not a Python literal") from None
+        old = getattr(module, attr)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, parsed))
+        if old is not None and type(parsed) is not type(old) and not numbers:
+            raise SystemExit(f"--set {item!r}: {attr} holds {type(old).__name__}, not {type(parsed).__name__}")
+        setattr(module, attr, parsed)
+        done.append(f"{module_name}.{attr}={parsed!r}")
+    return done
 
 
 def _summarise(records: list[dict]) -> int:

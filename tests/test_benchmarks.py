@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
 
@@ -57,3 +60,25 @@ def test_liger_is_an_anchor_of_the_sweep_when_installed_and_absent_otherwise(mon
     nbytes, fns = sweep.subject("softmax", x, compile_=False)
     assert set(fns) == {"ours", "torch", "liger"} and nbytes == 2 * x.numel() * 4
     assert torch.equal(fns["liger"](), x * 2)
+
+
+def test_sweep_set_changes_a_launch_plan_constant_and_refuses_what_it_cannot_set(monkeypatch):
+    from benchmarks import sweep
+    from reference_kernels import layer_norm, softmax
+
+    monkeypatch.setattr(softmax, "_STAGED_STAGES", softmax._STAGED_STAGES)  # restored after the test
+    monkeypatch.setattr(softmax, "_STAGED_PERSISTENT", dict(softmax._STAGED_PERSISTENT))
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_16BIT", layer_norm._PHASED_BWD_ALIGNED_16BIT)
+    done = sweep.apply_settings(["softmax._STAGED_STAGES=2", "softmax._STAGED_PERSISTENT={4: True, 2: False}",
+                                 "layer_norm._PHASED_BWD_ALIGNED_16BIT = (768, 3072)"])
+    assert done == ["softmax._STAGED_STAGES=2", "softmax._STAGED_PERSISTENT={4: True, 2: False}",
+                    "layer_norm._PHASED_BWD_ALIGNED_16BIT=(768, 3072)"]
+    assert softmax._STAGED_STAGES == 2 and softmax._STAGED_PERSISTENT == {4: True, 2: False}
+    assert softmax._staged_plan(32768, 2).stages == 2  # the plan reads the new value
+    for bad, words in [("softmax._STAGED_STAGES", "expected MODULE.CONSTANT=VALUE"),
+                       ("nosuch._X=1", "no module reference_kernels.nosuch"),
+                       ("softmax._NO_SUCH=1", "has no _NO_SUCH"),
+                       ("softmax._STAGED_STAGES=2**2", "not a Python literal"),
+                       ("softmax._STAGED_STAGES='3'", "_STAGED_STAGES holds int, not str")]:
+        with pytest.raises(SystemExit, match=re.escape(words)):
+            sweep.apply_settings([bad])
