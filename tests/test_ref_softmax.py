@@ -14,8 +14,10 @@ import re
 import pytest
 import torch
 import triton
+import triton.language as tl
 
 from reference_kernels import softmax
+from reference_kernels._ragged import edge_words, in_row, row_origin
 from reference_kernels._split_walk import split_group
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
@@ -637,3 +639,43 @@ def test_split_plans_finish_with_right_results_while_another_stream_holds_the_sm
         assert not out.isnan().any()
         assert_close_to_row_scale(out, expected, dtype)
 
+
+
+@triton.jit
+def _edge_words_probe(x_ptr, lo_ptr, hi_ptr, col_ptr, x_phase, n_cols, stride, VEC: tl.constexpr):
+    """Row r's edges by ``_ragged.edge_words``: each word's two values where they are the row's own (nan
+    elsewhere), and the row column of its even element, at out[r, 0:VEC]."""
+    row = tl.program_id(0)
+    base, ph = row_origin(x_phase, tl.cast(row, tl.int64), stride, VEC)
+    lo, hi, v = edge_words(x_ptr, base, ph, n_cols, VEC)
+    out = row * VEC + tl.arange(0, 2)[:, None] * (VEC // 2) + tl.arange(0, VEC // 2)[None, :]
+    tl.store(lo_ptr + out, tl.where(in_row(v, ph, n_cols), lo, float("nan")))
+    tl.store(hi_ptr + out, tl.where(in_row(v + 1, ph, n_cols), hi, float("nan")))
+    tl.store(col_ptr + out, v - ph)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [3, 13, 50], ids=["inside one vector", "two vectors, no body", "a body between"])
+def test_edge_words_give_every_element_outside_the_body_once_at_every_phase(n, dtype):
+    from reference_kernels._ragged import phased
+
+    x = torch.randn(24, n, device=DEVICE).to(dtype)  # 8 elements a vector: rows start at every phase
+    r = phased(x, torch.empty_like(x))
+    assert r.vec == 8
+    lo, hi = (torch.empty(24, 8, device=DEVICE) for _ in range(2))
+    cols = torch.empty(24, 8, dtype=torch.int32, device=DEVICE)
+    _edge_words_probe[(24,)](r.x, lo, hi, cols, r.phase, n, r.stride_x, VEC=8)
+    for row in range(24):
+        ph = (r.phase + row * r.stride_x) % 8
+        first = -(-ph // 8) * 8
+        last = max((ph + n) // 8 * 8, first)
+        outside = [c for c in range(n) if not first <= ph + c < last]  # the row's columns outside the body
+        got = {}
+        for values, shift in ((lo[row], 0), (hi[row], 1)):
+            for j in range(8):
+                if not values[j].isnan():
+                    col = int(cols[row, j]) + shift
+                    assert col not in got, f"row {row}: column {col} twice"
+                    got[col] = float(values[j])
+        assert sorted(got) == outside, f"row {row} at phase {ph}"
+        assert all(got[c] == float(x[row, c]) for c in outside)
