@@ -80,6 +80,13 @@ CASES = {
     "ln_fwd_bf16_4097": lambda: _ln_forward(16384, 4097, torch.bfloat16),
     "ln_fwd_bf16_4096": lambda: _ln_forward(16384, 4096, torch.bfloat16),
     "softmax_bf16_4097": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(16384, 4097, torch.bfloat16)),
+    # the staged softmax plan (docs/kernels.md, "The staged plan"): 16-bit pipelined walk, fp32 one program a row
+    "softmax_bf16_32768": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 32768, torch.bfloat16)),
+    "softmax_fp32_32768": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 32768, torch.float32)),
+    # the pipelined phased backward's open cliffs (docs/kernels.md, "layer_norm: backward"): 8192 lanes for
+    # 4608 columns, and a one-vector tail piece (4096 + 8) read by 2-byte loads
+    "ln_bwd_bf16_4608": lambda: _ln_backward(16384, 4608, torch.bfloat16),
+    "ln_bwd_bf16_4097": lambda: _ln_backward(16384, 4097, torch.bfloat16),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
     "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
 }
