@@ -387,7 +387,8 @@ _ROWS_MAX_REGS = 64
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
 # The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
-# pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points (12345: 72 -> 75%).
+# pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points from 2048 columns
+# (12345: 72 -> 75%), and narrower phased rows (64..128), not timed with them, keep the 2-byte edges.
 _EDGE_WORDS = True
 # Rows held as up to _ROW_PIECES power-of-two pieces (``_row_pieces``): fewer masked lanes than the
 # row's own power of two (4097 bf16: 4104 lanes, not 8192). Two, not three: a third piece lost 13-27
@@ -543,7 +544,8 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(), EDGE_WORDS=_EDGE_WORDS, num_warps=warps,
+            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(),
+            EDGE_WORDS=_EDGE_WORDS and n_cols >= _PHASED_ROWS_MIN_COLS, num_warps=warps,
             **_reg_cap(plan),
         )
     else:
