@@ -136,9 +136,11 @@ def test_both_fixtures(fusion, benchmark):
 """
 
 
-def test_fusion_benchmark_times_with_pytest_benchmark_and_stores_the_fusion_figures(run_pytest, pytester):
+def test_fusion_benchmark_times_with_pytest_benchmark_and_stores_the_fusion_figures(run_pytest, pytester, monkeypatch):
     pytest.importorskip("pytest_benchmark")
     pytester.makepyfile(BENCH)
+    # pytest-benchmark turns itself off inside an xdist worker (this suite run with -n): the inner run is not one
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     result = run_pytest("--benchmark-json=bench.json", "--benchmark-min-rounds=2", "--benchmark-max-time=0.05")
     result.assert_outcomes(passed=2)
     stored = {b["name"]: b["extra_info"] for b in json.loads((pytester.path / "bench.json").read_text())["benchmarks"]}
