@@ -156,13 +156,13 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
     # is large against the spread (a one-wide row: 5e-4 off, on the H200)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
-    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, n_cols, first, last, row_ok, VEC)
+    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, first, last, row_ok, VEC)
     if BLOCK_T > 0:
         w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
-        _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, n_cols, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, first, last, row_ok, VEC)
     if BLOCK_U > 0:
         w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
-        _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, n_cols, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, first, last, row_ok, VEC)
     if VEC > 1:
         we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0)
         be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0)
@@ -216,16 +216,12 @@ def _ln_piece_wb(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph2, n_c
 
 
 @triton.jit
-def _ln_piece_out(y_row, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, w, b, n_cols, first, last, row_ok,
+def _ln_piece_out(y_row, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, w, b, first, last, row_ok,
                   VEC: tl.constexpr):
     """y over a piece's body columns (``w``, ``b`` from ``_ln_piece_wb``)."""
     v = start + tl.arange(0, SIZE)[None, :]
-    if VEC > 1:
-        body = row_ok[:, None] & _in_body(v, first, last, VEC)
-    else:
-        body = row_ok[:, None] & (v < n_cols)
     y = (x - mean[:, None]) * rstd[:, None] * w.to(tl.float32) + b.to(tl.float32)
-    tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=body)
+    tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & _in_body(v, first, last, VEC))
 
 
 @triton.jit
