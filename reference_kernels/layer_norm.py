@@ -692,14 +692,14 @@ def _layer_norm_bwd_phased_kernel(
     stride_dy,  # elements between rows of dy
     stride_dx,  # elements between rows of dx
     n_groups,  # programs; a multiple of VEC, so that every row a program takes has the same phase
-    BLOCK_N: tl.constexpr,  # virtual columns a program holds: >= N + VEC - 1
+    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (with BLOCK_T: >= N + VEC - 1)
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     PREFETCH: tl.constexpr,  # the next row's x and dy loaded (into registers) before this row is reduced
     STAGES: tl.constexpr = 1,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
     BLOCK_T: tl.constexpr = 0,  # virtual columns of a second piece, from BLOCK_N on (_ragged.row_pieces); 0: none
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
 ):
-    """Whole rows that start unaligned (``_ragged``): program g takes rows g, g + n_groups, ...
+    """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
     With n_groups a multiple of VEC (and every tensor's rows at x's phase) all of a program's
     rows share one phase, so dweight/dbias accumulate in the program's virtual columns and

@@ -358,7 +358,7 @@ _STAGED_SMEM_BYTES = 196608
 _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
-_STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only aligned and filling their power of two
+_STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
 _PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
@@ -423,9 +423,6 @@ def _softmax_settings(
     ``elem_size`` sizes the persistent and split chunks (bytes in flight).
     """
     widest = max_row if max_row is not None else _MAX_ROW
-    # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned
-    # row past it, those last few elements are edges (``_softmax_fwd_kernel``): a 4095-wide
-    # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
         raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
@@ -435,6 +432,9 @@ def _softmax_settings(
     if staged_ok and (wide == "staged" or (wide_plan == "staged" and n_cols > widest)
                       or (max_row is None and wide_plan == "auto" and _staged_default(n_cols, elem_size))):
         return _staged_plan(n_cols, elem_size)
+    # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned
+    # row past it, those last few elements are edges (``_softmax_fwd_kernel``): a 4095-wide
+    # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
