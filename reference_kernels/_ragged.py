@@ -103,7 +103,7 @@ def edges(ph, n_cols, VEC: tl.constexpr):
 
 
 @triton.jit
-def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr):
+def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
     """A 16-bit row's edges as 32-bit words: ``(lo, hi, v)``, float32 values and the virtual columns of ``lo``.
 
     Reads the two aligned vectors that hold the edges, the one before the body ([first - VEC,
@@ -114,32 +114,60 @@ def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr):
     ``in_row`` (the two vectors never overlap the body or each other). ``ptr + base``: the row's
     aligned origin (``row_origin``). ``ph`` is a scalar or one phase a row shaped (M, 1, 1); the
     results are (2, VEC // 2) or (M, 2, VEC // 2). Words of a vector holding none of the row read 0.
+    ``TILE`` > 0: a kernel holding only the virtual columns under TILE; the second vector is then the one
+    at TILE where the body reaches past it (a body vector: the caller stores it and counts it).
     """
-    start, load_ok = _edge_vector_starts(ph, n_cols, VEC)
+    start, load_ok = _edge_vector_starts(ph, n_cols, VEC, TILE)
     words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
     words = tl.load(words_ptr + (start // 2 + tl.arange(0, VEC // 2)[None, :]), mask=load_ok, other=0)
     lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
     hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
-    return lo, hi, edge_word_columns(ph, n_cols, VEC)
+    return lo, hi, edge_word_columns(ph, n_cols, VEC, TILE)
 
 
 @triton.jit
-def edge_word_columns(ph, n_cols, VEC: tl.constexpr):
+def edge_word_columns(ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
     """The virtual columns of ``edge_words``' ``lo`` values (its third result), without loading."""
-    start, _ = _edge_vector_starts(ph, n_cols, VEC)
+    start, _ = _edge_vector_starts(ph, n_cols, VEC, TILE)
     return start + 2 * tl.arange(0, VEC // 2)[None, :]
 
 
 @triton.jit
-def _edge_vector_starts(ph, n_cols, VEC: tl.constexpr):
-    """(first column, load mask) of the two aligned vectors around the body: (2, 1), or (M, 2, 1)."""
+def _edge_vector_starts(ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
+    """(first column, load mask) of the two aligned vectors around the body: (2, 1), or (M, 2, 1); with TILE,
+    the second one at TILE where the body reaches past it."""
     first = (ph + VEC - 1) // VEC * VEC
     last = tl.maximum((ph + n_cols) // VEC * VEC, first)
+    if TILE > 0:
+        last = tl.minimum(last, TILE)
     k = tl.arange(0, 2)[:, None]
     start = tl.where(k == 0, first - VEC, last)  # multiples of VEC
     # vector 0 holds some of the row where first > ph, vector 1 where ph + N > last (one tensor compare:
     # comparing scalars gives the interpreter an int32 mask that its loads refuse)
     return start, tl.where(k == 0, first, ph + n_cols) > tl.where(k == 0, ph, last)
+
+
+
+@triton.jit
+def word_vectors(ptr, base, start, ph, n_cols, K: tl.constexpr, VEC: tl.constexpr):
+    """K aligned 16-bit vectors from virtual column ``start`` as 32-bit words: ``(lo, hi, v)``, (K, VEC // 2).
+
+    As ``edge_words`` (``lo`` at the even columns ``v``, ``hi`` at ``v + 1``, float32), for any run of
+    vectors: ``cp.async`` copies the 4-byte loads where 2-byte ones would stay synchronous in a pipelined
+    loop. Vectors holding none of the row read 0 (their words may lie past the allocation)."""
+    c = start + VEC * tl.arange(0, K)[:, None]
+    words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
+    holds = (c < ph + n_cols) & (c + VEC > ph)
+    words = tl.load(words_ptr + (c // 2 + tl.arange(0, VEC // 2)[None, :]), mask=holds, other=0)
+    lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    return lo, hi, word_columns(start, K, VEC)
+
+
+@triton.jit
+def word_columns(start, K: tl.constexpr, VEC: tl.constexpr):
+    """The virtual columns of ``word_vectors``' ``lo`` values, without loading."""
+    return start + VEC * tl.arange(0, K)[:, None] + 2 * tl.arange(0, VEC // 2)[None, :]
 
 
 def vector_elems(t: torch.Tensor) -> int:
@@ -302,5 +330,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased",
-           "phased_rows", "launch_width", "vector_elems", "row_pieces"]
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "word_vectors",
+           "word_columns", "phased", "phased_rows", "launch_width", "vector_elems", "row_pieces"]

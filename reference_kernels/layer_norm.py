@@ -52,6 +52,8 @@ from ._ragged import (
     row_origin,
     row_pieces,
     vec_end,
+    word_columns,
+    word_vectors,
 )
 from ._split_walk import (
     COUNTER_STRIDE,
@@ -462,6 +464,162 @@ def _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
     return tl.load(x_ptr + base + ph).to(tl.float32)
 
 
+@triton.jit
+def _walk_piece(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph, n_cols, first, last, VEC: tl.constexpr):
+    """A piece's loop-invariant lanes of the forward walk: (columns, own, load mask, body, weight, bias).
+
+    Weight and bias stay in their own dtype (16-bit ones two to a register) and widen at each use:
+    in float32 the three (N,) rows a thread holds spilled at 16 elements a thread and 64 registers."""
+    v = start + tl.arange(0, SIZE)
+    mine = _own(v, ph, n_cols, VEC)
+    w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0)
+    b = tl.load(b_ptr + (v - ph), mask=mine, other=0.0)
+    return v, mine, v < vec_end(ph, n_cols, VEC), _in_body(v, first, last, VEC), w, b
+
+
+@triton.jit
+def _walk_load(x_ptr, base, v, load_ok, mine, VEC: tl.constexpr):
+    """A piece of the row at ``x_ptr + base`` in float32, 0 outside the row's own elements."""
+    x = tl.load(x_ptr + base + v, mask=load_ok, other=0.0).to(tl.float32)
+    if VEC > 1:  # whole vectors: the neighbouring rows' elements of the first and last one
+        x = tl.where(mine, x, 0.0)
+    return x
+
+
+@triton.jit
+def _walk_out(y_ptr, base, v, d, rstd, w, b, body):
+    """y over a piece's body vectors, from its centred values ``d``."""
+    tl.store(y_ptr + base + v, (d * rstd * w.to(tl.float32) + b.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=body)
+
+
+
+@triton.jit
+def _walk_words_wb(w_ptr, b_ptr, c, ok):
+    """(weight, bias) in float32 at row columns ``c`` where ``ok``."""
+    return (tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32),
+            tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _walk_store_at(y_ptr, base, c, x, mean, rstd, w, b, ok):
+    """y at virtual columns ``c`` where ``ok``, from x there."""
+    tl.store(y_ptr + base + c, ((x - mean) * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+
+@triton.jit
+def _layer_norm_fwd_walk_kernel(
+    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # output, rows at x's phase (_ragged.phased_rows)
+    mean_ptr,  # (M,) float32 row means
+    rstd_ptr,  # (M,) float32 reciprocal row standard deviations
+    x_phase,  # phase of row 0 (0 when VEC == 1)
+    n_rows,  # M
+    n_cols,  # N
+    stride_x,  # elements between rows of x
+    stride_y,  # elements between rows of y
+    eps,  # added to the variance
+    n_groups,  # programs; a multiple of VEC where rows start at several phases
+    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (all pieces: >= N + VEC - 1)
+    BLOCK_T: tl.constexpr,  # of the second piece, from BLOCK_N on; 0: none
+    BLOCK_U: tl.constexpr,  # of the third piece, from BLOCK_N + BLOCK_T on; 0: none
+    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+    STAGES: tl.constexpr,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
+    TAIL: tl.constexpr,  # 16-bit unaligned rows: the vectors after the body or past the pieces, as words; 0: _ragged.edges
+):
+    """Whole rows walked by persistent programs: program g takes rows g, g + n_groups, ...
+
+    The backward's phased walk for the forward (docs/kernels.md, "layer_norm: forward", "The
+    walk"): every row of a program has one phase, so weight and bias are loaded once, at that
+    phase, and held in registers (the rows kernels read them at each row's own shift, scalar
+    loads for unaligned rows). The row loop is software-pipelined (``tl.range``): the next rows'
+    x are ``cp.async`` copies into shared memory while this row is reduced. A row is held as up
+    to three power-of-two pieces; y is stored as whole vectors plus the row's edges, whose x is
+    loaded apart. 16-bit rows (TAIL > 0) read as 32-bit words (``cp.async`` takes no 2-byte
+    loads) the vector before the body and TAIL vectors from the body's end or the pieces' end,
+    whichever is first: the pieces then need not reach the widest phase (4097: 4096 lanes, the
+    vector past them in words; a one-vector piece would be 2-byte loads outside the pipeline).
+    """
+    tl.static_assert(TAIL == 0 or VEC == 8, "words after the pieces are for 16-bit rows")
+    g = tl.program_id(0)
+    _origin, ph = row_origin(x_phase, g, stride_x, VEC)
+    first, last = body_bounds(ph, n_cols, VEC)
+    v, mine, load_ok, body, w, b = _walk_piece(w_ptr, b_ptr, 0, BLOCK_N, ph, n_cols, first, last, VEC)
+    if BLOCK_T > 0:
+        v_t, mine_t, load_ok_t, body_t, w_t, b_t = _walk_piece(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph, n_cols, first,
+                                                               last, VEC)
+    if BLOCK_U > 0:
+        v_u, mine_u, load_ok_u, body_u, w_u, b_u = _walk_piece(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph, n_cols,
+                                                               first, last, VEC)
+    if TAIL > 0:  # words: lo at columns c, hi at c + 1; the after run counts in the sums past the pieces only
+        tile = BLOCK_N + BLOCK_T + BLOCK_U
+        after = tl.minimum(tl.maximum(last, first), tile)
+        c_b = word_columns(first - VEC, 1, VEC)
+        c_a = word_columns(after, TAIL, VEC)
+        b_ok, b_ok_hi = in_row(c_b, ph, n_cols), in_row(c_b + 1, ph, n_cols)
+        a_ok, a_ok_hi = in_row(c_a, ph, n_cols), in_row(c_a + 1, ph, n_cols)
+        a_sum, a_sum_hi = a_ok & (c_a >= tile), a_ok_hi & (c_a + 1 >= tile)
+        w_b, b_b = _walk_words_wb(w_ptr, b_ptr, c_b - ph, b_ok)
+        w_b_hi, b_b_hi = _walk_words_wb(w_ptr, b_ptr, c_b + 1 - ph, b_ok_hi)
+        w_a, b_a = _walk_words_wb(w_ptr, b_ptr, c_a - ph, a_ok)
+        w_a_hi, b_a_hi = _walk_words_wb(w_ptr, b_ptr, c_a + 1 - ph, a_ok_hi)
+    elif VEC > 1:
+        e, e_ok = edges(ph, n_cols, VEC)
+        w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
+        b_e = tl.load(b_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
+    for r in tl.range(g, n_rows, n_groups, num_stages=STAGES):
+        row = tl.cast(r, tl.int64)
+        x_base, _ph = row_origin(x_phase, row, stride_x, VEC)
+        y_base, _ph = row_origin(x_phase, row, stride_y, VEC)
+        x = _walk_load(x_ptr, x_base, v, load_ok, mine, VEC)
+        if BLOCK_T > 0:
+            x_t = _walk_load(x_ptr, x_base, v_t, load_ok_t, mine_t, VEC)
+        if BLOCK_U > 0:
+            x_u = _walk_load(x_ptr, x_base, v_u, load_ok_u, mine_u, VEC)
+        if TAIL > 0:
+            x_b, x_b_hi, _cols = word_vectors(x_ptr, x_base, first - VEC, ph, n_cols, 1, VEC)
+            x_a, x_a_hi, _cols = word_vectors(x_ptr, x_base, after, ph, n_cols, TAIL, VEC)
+        elif VEC > 1:
+            x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
+        # the sums take the edges from the whole vectors (mine); their loads apart serve the stores, and the
+        # sums only past the pieces (TAIL)
+        total = tl.sum(x, axis=0)
+        if BLOCK_T > 0:
+            total += tl.sum(x_t, axis=0)
+        if BLOCK_U > 0:
+            total += tl.sum(x_u, axis=0)
+        if TAIL > 0:
+            total += tl.sum(tl.where(a_sum, x_a, 0.0) + tl.where(a_sum_hi, x_a_hi, 0.0), axis=None)
+        mean = total / n_cols
+        d = tl.where(mine, x - mean, 0.0)
+        var = tl.sum(d * d, axis=0)
+        if BLOCK_T > 0:
+            d_t = tl.where(mine_t, x_t - mean, 0.0)
+            var += tl.sum(d_t * d_t, axis=0)
+        if BLOCK_U > 0:
+            d_u = tl.where(mine_u, x_u - mean, 0.0)
+            var += tl.sum(d_u * d_u, axis=0)
+        if TAIL > 0:
+            d_a = tl.where(a_sum, x_a - mean, 0.0)
+            d_a_hi = tl.where(a_sum_hi, x_a_hi - mean, 0.0)
+            var += tl.sum(d_a * d_a + d_a_hi * d_a_hi, axis=None)
+        rstd = 1.0 / tl.sqrt(var / n_cols + eps)
+        _walk_out(y_ptr, y_base, v, d, rstd, w, b, body)
+        if BLOCK_T > 0:
+            _walk_out(y_ptr, y_base, v_t, d_t, rstd, w_t, b_t, body_t)
+        if BLOCK_U > 0:
+            _walk_out(y_ptr, y_base, v_u, d_u, rstd, w_u, b_u, body_u)
+        if TAIL > 0:
+            _walk_store_at(y_ptr, y_base, c_b, x_b, mean, rstd, w_b, b_b, b_ok)
+            _walk_store_at(y_ptr, y_base, c_b + 1, x_b_hi, mean, rstd, w_b_hi, b_b_hi, b_ok_hi)
+            _walk_store_at(y_ptr, y_base, c_a, x_a, mean, rstd, w_a, b_a, a_ok)
+            _walk_store_at(y_ptr, y_base, c_a + 1, x_a_hi, mean, rstd, w_a_hi, b_a_hi, a_ok_hi)
+        elif VEC > 1:
+            _walk_store_at(y_ptr, y_base, e, x_e, mean, rstd, w_e, b_e, e_ok)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+
+
 # --------------------------------------------------------------------------- kernels: backward
 
 
@@ -698,6 +856,8 @@ def _layer_norm_bwd_phased_kernel(
     STAGES: tl.constexpr = 1,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
     BLOCK_T: tl.constexpr = 0,  # virtual columns of a second piece, from BLOCK_N on (_ragged.row_pieces); 0: none
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
+    TAIL: tl.constexpr = False,  # with EDGE_WORDS: the pieces stop a vector short of the widest phase, whose
+    # last vector the words then hold (a body vector past the pieces: in the sums and the shares too)
 ):
     """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -710,6 +870,7 @@ def _layer_norm_bwd_phased_kernel(
     registers held), with PREFETCH in registers (docs/kernels.md, "layer_norm: backward").
     """
     tl.static_assert(not (PREFETCH and BLOCK_T > 0), "a row in two pieces is not prefetched into registers")
+    tl.static_assert(not TAIL or (EDGE_WORDS and VEC == 8), "a tail in words is for 16-bit rows read as words")
     g = tl.program_id(0)
     v = tl.arange(0, BLOCK_N)
     _, ph = row_origin(x_phase, g, stride_x, VEC)
@@ -727,11 +888,18 @@ def _layer_norm_bwd_phased_kernel(
         dw_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
         db_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
     if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words (_ragged.edge_words)
-        e = edge_word_columns(ph, n_cols, VEC)  # (2, 4): the words' even columns; e + 1 the odd ones
+        e = edge_word_columns(ph, n_cols, VEC, BLOCK_N + BLOCK_T)  # (2, 4): the words' even columns; e + 1 odd
         e_ok = in_row(e, ph, n_cols)
         e_ok_hi = in_row(e + 1, ph, n_cols)
         w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
         w_e_hi = tl.load(w_ptr + (e + 1 - ph), mask=e_ok_hi, other=0.0).to(tl.float32)
+        if TAIL:  # the row's words past the pieces
+            e_sum = e_ok & (e >= BLOCK_N + BLOCK_T)
+            e_sum_hi = e_ok_hi & (e + 1 >= BLOCK_N + BLOCK_T)
+            dw_acc_e = tl.zeros(e.shape, dtype=tl.float32)
+            db_acc_e = tl.zeros(e.shape, dtype=tl.float32)
+            dw_acc_e_hi = tl.zeros(e.shape, dtype=tl.float32)
+            db_acc_e_hi = tl.zeros(e.shape, dtype=tl.float32)
     elif VEC > 1:
         e, e_ok = edges(ph, n_cols, VEC)
         w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
@@ -763,8 +931,8 @@ def _layer_norm_bwd_phased_kernel(
             x_t_in = tl.load(x_ptr + x_base + v_t, mask=load_ok_t, other=0.0)
             dy_t_in = tl.load(dy_ptr + dy_base + v_t, mask=load_ok_t, other=0.0)
         if VEC == 8 and EDGE_WORDS:
-            x_e, x_e_hi, _cols = edge_words(x_ptr, x_base, ph, n_cols, VEC)
-            dy_e, dy_e_hi, _cols = edge_words(dy_ptr, dy_base, ph, n_cols, VEC)
+            x_e, x_e_hi, _cols = edge_words(x_ptr, x_base, ph, n_cols, VEC, BLOCK_N + BLOCK_T)
+            dy_e, dy_e_hi, _cols = edge_words(dy_ptr, dy_base, ph, n_cols, VEC, BLOCK_N + BLOCK_T)
         elif VEC > 1:
             x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
@@ -785,6 +953,19 @@ def _layer_norm_bwd_phased_kernel(
             wdy_t = w_t * dy_t
             s1 += tl.sum(xhat_t * wdy_t, axis=0)
             s2 += tl.sum(wdy_t, axis=0)
+        if TAIL:
+            xhat_e = tl.where(e_sum, (x_e - mean) * rstd, 0.0)
+            xhat_e_hi = tl.where(e_sum_hi, (x_e_hi - mean) * rstd, 0.0)
+            dy_e_own = tl.where(e_sum, dy_e, 0.0)
+            dy_e_own_hi = tl.where(e_sum_hi, dy_e_hi, 0.0)
+            dw_acc_e += dy_e_own * xhat_e
+            db_acc_e += dy_e_own
+            dw_acc_e_hi += dy_e_own_hi * xhat_e_hi
+            db_acc_e_hi += dy_e_own_hi
+            wdy_e_own = w_e * dy_e_own
+            wdy_e_own_hi = w_e_hi * dy_e_own_hi
+            s1 += tl.sum(xhat_e * wdy_e_own + xhat_e_hi * wdy_e_own_hi, axis=None)
+            s2 += tl.sum(wdy_e_own + wdy_e_own_hi, axis=None)
         c1 = s1 / n_cols
         c2 = s2 / n_cols
         dx = (wdy - (xhat * c1 + c2)) * rstd
@@ -807,6 +988,12 @@ def _layer_norm_bwd_phased_kernel(
         share_t = g.to(tl.int64) * n_cols + (v_t - ph)
         tl.store(dw_part_ptr + share_t, dw_acc_t, mask=mine_t)
         tl.store(db_part_ptr + share_t, db_acc_t, mask=mine_t)
+    if TAIL:
+        share_e = g.to(tl.int64) * n_cols + (e - ph)
+        tl.store(dw_part_ptr + share_e, dw_acc_e, mask=e_sum)
+        tl.store(db_part_ptr + share_e, db_acc_e, mask=e_sum)
+        tl.store(dw_part_ptr + share_e + 1, dw_acc_e_hi, mask=e_sum_hi)
+        tl.store(db_part_ptr + share_e + 1, db_acc_e_hi, mask=e_sum_hi)
 
 
 @triton.jit
@@ -863,7 +1050,9 @@ class _Plan(NamedTuple):
     per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
     stages: int = 1  # backward "phased": software-pipelining depth of the row loop (rows in flight: stages - 1)
-    block_t: int = 0  # backward "phased": a second piece of the row, from block_n on (_ragged.row_pieces)
+    block_t: int = 0  # backward "phased", forward "walk": a second piece of the row, from block_n on (_ragged.row_pieces)
+    block_u: int = 0  # forward "walk": a third piece, from block_n + block_t on
+    tail: int = 0  # forward "walk", 16-bit unaligned rows: vectors read as words after the pieces (0: none)
 
 
 # The heuristics, from the H200 sweeps (docs/kernels.md, "layer_norm: forward" / "backward").
@@ -936,6 +1125,7 @@ _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
+_ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
@@ -965,6 +1155,33 @@ _PHASED_BWD_PIECE_WASTE = 0.1
 # with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Not
 # with a one-vector tail piece, itself 2-byte loads (1025, 2049, 4097, 8191: 3-7 points lower with words).
 _EDGE_WORDS = True
+# The phased backward's one-vector tail piece of 16-bit rows (1025, 2049, 4097, 8191: 2-byte loads, synchronous in
+# the pipelined loop) read with the edges as words instead (_layer_norm_bwd_phased_kernel's TAIL).
+_PHASED_BWD_TAIL_WORDS = True  # bf16 1025 45 -> 55%, 2049 44 -> 52%, 4097 41 -> 48%
+_PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (8192 + 8, 32 warps) lost, 46 -> 38%
+# Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
+# and bias held at the program's phase. Taken by default for rows in _WALK_FWD_BANDS[element size] (inclusive
+# ranges) that it holds in at most _WALK_FWD_MAX_LANES lanes, aligned and unaligned as the flags say;
+# _WALK_FWD_ELEMS elements a thread over the row's pieces (4..32 warps), fewer warps while a piece wider than
+# a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
+# (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 gain 7-33 points
+# (bf16 4097 41 -> 69%, 8191 26 -> 59%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
+# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned rows lost or tied (5120 79 -> 66%, 4608 74 -> 88%).
+_WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
+_WALK_FWD_ALIGNED = False
+_WALK_FWD_UNALIGNED = True
+_WALK_FWD_MAX_LANES = 16384 + 1024
+_WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
+_WALK_FWD_ELEMS = {2: 16, 4: 8}
+_WALK_FWD_MAX_ELEMS = 16  # x, weight and bias in float32 at 64 registers (8192 + 512 on 8 warps spilled 264 bytes)
+_WALK_FWD_MIN_PIECE_BYTES = 4
+_WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words (12345: 8192 + 4096 + 8 vectors)
+_WALK_FWD_MAX_TAIL = 16
+_WALK_FWD_WARPS_PER_SM = 32
+_WALK_FWD_MAX_REGS = 64
+_WALK_FWD_MAX_REGS_16 = 80  # a thread holding 16 elements of the widest piece, <= 16 warps: 64 spilled 64-72 bytes
+# and measured 60 / 56% at bf16 4097 / 8191 against 70 / 60% at 80
+_WALK_FWD_STAGES = 3
 _LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
@@ -1015,6 +1232,9 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
+    if not backward and max_row is None and _walk_forward(n_cols, elem_size):
+        vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
+        return _walk_forward_plan(n_rows, n_cols, elem_size, vec, sm_count)
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
     if held and elem_size >= 4:
         return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
@@ -1113,6 +1333,9 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
         block_n, block_t = next_power_of_2(need), 0
     if block_n > _PHASED_BWD_MAX_ROW or (block_n + block_t > _PHASED_BWD_MAX_ROW and block_t > _PHASED_BWD_MAX_TAIL):
         return None
+    if block_t == vec == 8 and _EDGE_WORDS and _PHASED_BWD_TAIL_WORDS and block_n <= _PHASED_BWD_TAIL_WORDS_MAX:
+        # the one-vector tail read as words with the edges
+        block_t = 0
     return block_n, block_t
 
 
@@ -1147,6 +1370,62 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
     return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH,
                  stages=stages, block_t=block_t)
+
+
+
+def _walk_forward(n_cols: int, elem_size: int) -> bool:
+    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``)."""
+    if not any(lo <= n_cols <= hi for lo, hi in _WALK_FWD_BANDS.get(4 if elem_size >= 4 else 2) or ()):
+        return False
+    aligned = n_cols % 16 == 0
+    if not (_WALK_FWD_ALIGNED if aligned else _WALK_FWD_UNALIGNED):
+        return False
+    pieces, tail = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
+    return sum(pieces) <= _WALK_FWD_MAX_LANES
+
+
+def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int, int], int]:
+    """((BLOCK_N, BLOCK_T, BLOCK_U), TAIL) of the forward walk for rows read ``vec`` elements a vector.
+
+    16-bit unaligned rows (with ``_EDGE_WORDS``): the pieces cover all but the last vector the widest
+    phase reaches, which goes as words (``TAIL`` 1), or a last piece under ``_WALK_FWD_MIN_PIECE`` lanes
+    does (up to ``_WALK_FWD_MAX_TAIL`` vectors). Other rows: pieces covering every phase, no words."""
+    if not (vec == 8 and elem_size == 2 and _EDGE_WORDS):
+        return row_pieces(launch_width(n_cols, vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK), 0
+    reach = triton.cdiv(n_cols + vec - 1, vec) * vec  # the end of the last vector of the widest phase
+    pieces = row_pieces(max(vec, reach - vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK)
+    last = max(i for i in range(3) if pieces[i])
+    if last > 0 and pieces[last] < _WALK_FWD_MIN_PIECE:
+        rest = next_power_of_2(triton.cdiv(reach - sum(pieces[:last]), vec))
+        if rest <= _WALK_FWD_MAX_TAIL:
+            return tuple(p if i < last else 0 for i, p in enumerate(pieces)), rest
+    return pieces, 1
+
+
+def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_count: int) -> _Plan:
+    """The plan of ``_layer_norm_fwd_walk_kernel`` for rows read ``vec`` elements a vector (1: aligned): the
+    pieces (``_walk_pieces``), warps for ``_WALK_FWD_ELEMS`` elements a thread (fewer where a piece would
+    get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``), as many
+    programs as fill ``_WALK_FWD_WARPS_PER_SM`` warps and the shared memory of ``_WALK_FWD_STAGES - 1``
+    rows in flight, 64 registers."""
+    pieces, tail = _walk_pieces(n_cols, elem_size, vec)
+    lanes = sum(pieces)
+    warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _WALK_FWD_ELEMS[4 if elem_size >= 4 else 2]))))
+    # pieces too narrow to reach the bytes even at 4 warps (a one-vector tail) are left out of the rule
+    narrowest = min((p for p in pieces if p * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 128), default=pieces[0])
+    fewest = max(4, min(32, pieces[0] // (32 * _WALK_FWD_MAX_ELEMS)))
+    while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
+        warps //= 2
+    max_regs = _WALK_FWD_MAX_REGS_16 if warps <= 16 and pieces[0] >= 16 * 32 * warps else _WALK_FWD_MAX_REGS
+    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, 65536 // (max_regs * 32 * warps)))
+    stages = _WALK_FWD_STAGES
+    if stages > 1:
+        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * lanes * elem_size)))
+    n_groups = min(sm_count * per_sm, n_rows)
+    if vec > 1:  # one phase a program: a multiple of vec programs, rounded down (as the phased backward)
+        n_groups = max(vec, n_groups // vec * vec)
+    return _Plan("walk", 1, pieces[0], warps, n_groups, max_regs=max_regs, stages=stages,
+                 block_t=pieces[1], block_u=pieces[2], tail=tail)
 
 
 def _lean_backward_plan(
@@ -1210,8 +1489,11 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             num_warps=warps,
-            **(_reg_cap(plan) if r.vec > 1 else {}),
+            **(_reg_cap(plan) if r.vec > 1 else _reg_cap(plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS))),
         )
+    elif plan.mode == "walk":
+        _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
+        return
     elif plan.mode == "looped":
         _layer_norm_fwd_looped_kernel[(n_rows,)](
             x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps, n_rows,
@@ -1219,6 +1501,27 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         )
     else:
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
+    r.finish()
+
+
+
+def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    r = phased_rows((x2,), (y2,))
+    words = r.vec == 8 and _EDGE_WORDS
+    tail = plan.tail if words else 0
+    # the columns the kernel must hold: every phase's row (with words: up to the end of its last vector)
+    need = triton.cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
+    if (words and tail == 0) or plan.block_n + plan.block_t + plan.block_u + tail * r.vec < need:
+        plan = _walk_forward_plan(n_rows, n_cols, x2.element_size(), r.vec, sm_count(x2.device))  # other phases
+        tail = plan.tail if words else 0
+    if r.vec > 1:  # every row of a program at one phase (as the phased backward)
+        plan = plan._replace(n_groups=max(r.vec, plan.n_groups // r.vec * r.vec))
+    _layer_norm_fwd_walk_kernel[(plan.n_groups,)](
+        *r.reads, weight, bias, *r.writes, mean, rstd, r.phase, n_rows, n_cols, *r.read_strides, *r.write_strides,
+        eps, plan.n_groups, BLOCK_N=plan.block_n, BLOCK_T=plan.block_t, BLOCK_U=plan.block_u, VEC=r.vec,
+        STAGES=plan.stages, TAIL=tail, num_warps=plan.num_warps, **_reg_cap(plan),
+    )
     r.finish()
 
 
@@ -1281,14 +1584,20 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     # count already is one where rows of its width start at several phases)
     n_groups = max(r.vec, plan.n_groups // r.vec * r.vec)
     need = launch_width(n_cols, r.vec)
-    block_n, block_t = (plan.block_n, plan.block_t) if plan.block_n + plan.block_t >= need else (next_power_of_2(need), 0)
+    words = _EDGE_WORDS and r.vec == 8
+    reach = triton.cdiv(n_cols + r.vec - 1, r.vec) * r.vec  # with words: the last vector in them
+    if plan.block_n + plan.block_t >= need or (words and plan.block_t == 0 and plan.block_n + r.vec >= reach):
+        block_n, block_t = plan.block_n, plan.block_t
+    else:  # planned for other phases than these rows have
+        block_n, block_t = next_power_of_2(need), 0
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_phased_kernel[(n_groups,)](
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        EDGE_WORDS=_EDGE_WORDS and block_t == 0, num_warps=plan.num_warps, **_reg_cap(plan),
+        EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
+        num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)
@@ -1354,7 +1663,7 @@ def forward(
     if x.numel() == 0:
         return y, mean, rstd
     x2 = as_rows(x)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row)
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device))
     _forward_launch(
         x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
     )

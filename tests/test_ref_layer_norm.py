@@ -17,7 +17,10 @@ import torch
 import torch.nn.functional as F
 import triton
 
+import triton.language as tl
+
 from reference_kernels import layer_norm
+from reference_kernels._ragged import row_origin, word_vectors
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -533,6 +536,7 @@ def _check_forward(x, weight, bias, y, mean, rstd, dtype):
                          + [(shape, plan) for shape in RAGGED_PIECES for plan in ("rows", "rows, scalar")], ids=str)
 def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, plan, dtype, monkeypatch):
     x, weight, bias = inputs(shape, dtype)
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: None, 4: None})  # the walk: its own tests
     if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
         monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
@@ -617,8 +621,10 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("prefetch, stages, pieces", [(False, 1, (64, 0)), (True, 1, (64, 0)), (False, 3, (64, 0)), (False, 3, (32, 8))],
-                         ids=["loads in step", "next row prefetched", "pipelined through shared memory", "in two pieces"])
+@pytest.mark.parametrize("prefetch, stages, pieces", [(False, 1, (64, 0)), (True, 1, (64, 0)), (False, 3, (64, 0)), (False, 3, (32, 8)),
+                                                     (False, 3, (32, 0))],
+                         ids=["loads in step", "next row prefetched", "pipelined through shared memory", "in two pieces",
+                              "the last vector in words"])
 @pytest.mark.parametrize("n_groups", [8, 16, 64], ids=["every row of a phase in one program", "two", "more programs than rows"])
 def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_groups, prefetch, stages, pieces):
     x, weight, bias = inputs((37, 27), torch.bfloat16)  # 27 + 7 virtual columns: 32 + 8 in pieces
@@ -734,17 +740,151 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
     assert (bwd[7].block_n, bwd[7].block_t) == (8192, 0)  # bf16 4608: aligned 16-bit rows keep their power of two
-    # 16-bit unaligned rows: a one-vector tail piece (4097 = 4096 + 8), else whole with the edges read as words
-    assert (bwd[5].block_n, bwd[5].block_t) == (4096, 8)
+    # 16-bit unaligned rows: whole with the edges read as words, the widest phase's last vector among them up to
+    # 4096 lanes (4097 = 4096 + a vector); wider, a one-vector tail piece (8191 = 8192 + 8, above)
+    assert (bwd[5].block_n, bwd[5].block_t) == (4096, 0)
     assert [(p.block_n, p.block_t) for p in (settings(8192, 5121, 2, backward=True), settings(8192, 5121, 4, backward=True))] == [
         (8192, 0), (4096, 2048)]
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
-    assert bwd[7].n_groups == 132 and bwd[5].n_groups == 128
+    assert bwd[7].n_groups == 132 and bwd[5].n_groups == 264  # 4097: 16 warps, two an SM
     assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
     assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
     assert settings(8192, 4097, 4) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
     assert settings(8192, 12345, 4) == P("rows", 1, 16384, 32, max_regs=64)  # not the held plan: it spills
-    assert settings(8192, 16383, 4).mode == "split"  # 16384 + 2: past the rows plan's block
-    for n in (999, 4097, 12345, 16383):  # 16-bit rows: Triton's scalar path in the plain rows plan
+    assert settings(8192, 16383, 4).mode == "walk"  # 16384 + 2: past the rows plan's block (was "split")
+    for n in (999, 1023):  # 16-bit rows under 1025: Triton's scalar path in the plain rows plan
         assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
+
+
+# ------------------------------------------------------------------ the forward walk (_layer_norm_fwd_walk_kernel)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_groups", [8, 3, 64], ids=["every row of a phase in one program", "rounded up to VEC",
+                                                      "more programs than rows"])
+# 16-bit: 27 -> 32 lanes and the last vector in words; 300 -> 256 lanes and 8 vectors in words; 1300 -> 1024 + 512
+# and a vector; fp32: pieces reaching every phase (27 + 3 -> 32; 300 + 3 -> 256 + 64; 1300 + 3 -> 1024 + 512)
+@pytest.mark.parametrize("n", [27, 300, 1300])
+def test_the_forward_walk_matches_torch_at_every_phase_and_writes_every_element(n, n_groups, dtype):
+    x, weight, bias = inputs((37, n), dtype)  # 37 rows: rows start at every phase, a program takes several
+    vec = 16 // x.element_size()
+    plan = layer_norm._walk_forward_plan(37, n, x.element_size(), vec, 4)._replace(n_groups=n_groups)
+    if dtype != torch.float32:
+        assert plan.tail >= 1 and plan.block_n + plan.block_t + plan.tail * vec >= -(-(n + vec - 1) // vec) * vec
+    y, mean, rstd = _poisoned(x.shape, dtype), _poisoned((37,), torch.float32), _poisoned((37,), torch.float32)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+    _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+def test_the_forward_walk_takes_its_pieces_and_words_as_planned():
+    pieces = layer_norm._walk_pieces
+    assert pieces(27, 2, 8) == ((32, 0, 0), 1)  # 27 + 7 -> vectors to 40: 32 lanes and the last vector in words
+    assert pieces(300, 2, 8) == ((256, 0, 0), 8)  # 256 + 56: the narrow second piece goes as 8 vectors of words
+    assert pieces(1300, 2, 8) == ((1024, 512, 0), 1)
+    assert pieces(4097, 2, 8) == ((4096, 0, 0), 1)
+    assert pieces(12345, 2, 8) == ((16384, 0, 0), 1)  # two pieces (8192 + 8192) are no fewer lanes than one
+    assert pieces(4097, 4, 4) == ((4096, 4, 0), 0)  # fp32: edges as elements, pieces to the widest phase
+    assert pieces(5120, 2, 1) == ((4096, 1024, 0), 0)  # aligned
+    for n in range(1, 20000, 97):
+        for size, vec in ((2, 8), (4, 4), (2, 1), (4, 1)):
+            (a, b, c), tail = pieces(n, size, vec)
+            reach = -(-(n + vec - 1) // vec) * vec if tail else n + vec - 1 if vec > 1 else n
+            assert a + b + c + tail * vec >= reach, (n, size, vec)
+
+
+def test_the_forward_walks_the_rows_where_it_measured_faster():
+    # H200 A/B (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 and
+    # fp32 ones at the top of the rows plan's blocks; aligned rows keep the rows plan
+    settings = layer_norm._layer_norm_settings
+    walked = {(n, s): settings(8192, n, s, sm_count=132).mode == "walk"
+              for n in (999, 1024, 1025, 2049, 4096, 4097, 5120, 8191, 12345, 16383, 16384, 16385, 8189, 8190, 16377)
+              for s in (2, 4)}
+    assert {k for k, v in walked.items() if v} == {(1025, 2), (2049, 2), (4097, 2), (8189, 2), (8190, 2), (8191, 2),
+                                                    (12345, 2), (16377, 2), (16383, 2), (8190, 4), (8191, 4),
+                                                    (16377, 4), (16383, 4)}
+    assert settings(8192, 4097, 2, max_row=256).mode != "walk"  # tests' wide-row plans
+    P = layer_norm._Plan
+    # 4096 lanes, 16 elements a thread on 8 warps at 80 registers: three programs an SM, a multiple of 8 of them
+    assert settings(8192, 4097, 2, sm_count=132) == P("walk", 1, 4096, 8, 392, max_regs=80, stages=3, tail=1)
+    # a 32-warp program fills the SM: 64 registers, one an SM (128 of them: a multiple of 8)
+    assert settings(8192, 12345, 2, sm_count=132) == P("walk", 1, 16384, 32, 128, max_regs=64, stages=3, tail=1)
+    assert settings(8192, 16383, 4, sm_count=132) == P("walk", 1, 16384, 32, 132, max_regs=64, stages=3, block_t=4)
+    assert settings(7, 4097, 2, sm_count=132).n_groups == 8  # fewer rows than programs: still one phase a program
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("offset, out_offset", [(0, 0), (1, 0), (3, 5)], ids=["contiguous", "a column slice",
+                                                                             "a slice into an odd out"])
+def test_the_forward_walk_on_slices_and_odd_outputs_matches_torch_and_writes_only_its_output(offset, out_offset, dtype,
+                                                                                           monkeypatch):
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", True)
+    for n in (40, 43):  # aligned (then planned so) and unaligned rows
+        big, weight, bias = inputs((11, n + 9), dtype)
+        x = big[:, offset:offset + n]
+        assert layer_norm._layer_norm_settings(11, n, x.element_size()).mode == "walk"
+        buf = _poisoned((11 * n + out_offset + 4,), dtype)
+        out = buf[out_offset:out_offset + 11 * n].view(11, n)
+        y, mean, rstd = layer_norm.forward(x, weight[:n], bias[:n], out=out)
+        assert y is out and buf[:out_offset].isnan().all() and buf[out_offset + 11 * n:].isnan().all()
+        _check_forward(x, weight[:n], bias[:n], y, mean, rstd, dtype)
+
+
+def test_the_forward_walk_gives_nan_rows_as_torch_does(monkeypatch):
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    x, weight, bias = inputs((9, 43), torch.bfloat16)
+    x[2, 5] = float("inf")
+    x[4, 42] = float("nan")
+    y, _, _ = layer_norm.forward(x, weight, bias)
+    expected = F.layer_norm(x.float(), (43,), weight.float(), bias.float())
+    assert torch.equal(y.float().isnan(), expected.isnan())
+    keep = ~expected.isnan()
+    assert_close(torch.where(keep, y.float(), 0.0), torch.where(keep, expected, 0.0).double(), torch.bfloat16, "y")
+
+
+@triton.jit
+def _word_vectors_probe(x_ptr, lo_ptr, hi_ptr, col_ptr, x_phase, n_cols, stride, start, VEC: tl.constexpr,
+                        K: tl.constexpr):
+    """``_ragged.word_vectors`` for row r from virtual column ``start``: lo, hi and the columns of lo, at out[r]."""
+    row = tl.program_id(0)
+    base, ph = row_origin(x_phase, tl.cast(row, tl.int64), stride, VEC)
+    lo, hi, c = word_vectors(x_ptr, base, start, ph, n_cols, K, VEC)
+    out = row * K * (VEC // 2) + (VEC // 2) * tl.arange(0, K)[:, None] + tl.arange(0, VEC // 2)[None, :]
+    tl.store(lo_ptr + out, lo)
+    tl.store(hi_ptr + out, hi)
+    tl.store(col_ptr + out, c - ph)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_word_vectors_read_each_element_at_its_column_and_zero_past_the_row(dtype):
+    from reference_kernels._ragged import phased
+
+    n, k = 21, 4
+    x = torch.randn(16, n, device=DEVICE).to(dtype)  # 8 elements a vector: rows start at every phase
+    r = phased(x, torch.empty_like(x))
+    assert r.vec == 8
+    lo, hi = (torch.empty(16, k * 4, device=DEVICE) for _ in range(2))
+    cols = torch.empty(16, k * 4, dtype=torch.int32, device=DEVICE)
+    _word_vectors_probe[(16,)](r.x, lo, hi, cols, r.phase, n, r.stride_x, 8, VEC=8, K=k)  # vectors at 8..40
+    for row in range(16):
+        ph = (r.phase + row * r.stride_x) % 8
+        for values, shift in ((lo[row], 0), (hi[row], 1)):
+            for j in range(k * 4):
+                col = int(cols[row, j]) + shift  # the row's own column (virtual column - phase)
+                vector = (col + ph) // 8
+                if 0 <= col < n:
+                    assert float(values[j]) == float(x[row, col]), (row, col)
+                elif not (vector * 8 < ph + n and vector * 8 + 8 > ph):  # a vector holding none of the row
+                    assert float(values[j]) == 0.0, (row, col)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1025, 2049, 4097, 7001, 8191, 10468, 12345, 16377, 16383])
+def test_the_forward_walk_matches_torch_at_ragged_model_widths(n, dtype):
+    x, weight, bias = inputs((1000, n + 1), dtype)
+    for rows in (x[:, :n], x[:, 1:]):  # rows at several phases, from the plan's own and from other ones
+        rows = rows.contiguous() if rows is x[:, :n] else rows
+        y, mean, rstd = layer_norm.forward(rows, weight[:n], bias[:n])
+        _check_forward(rows, weight[:n], bias[:n], y, mean, rstd, dtype)
