@@ -62,13 +62,24 @@ def _call(subject: str, dtype: torch.dtype, shape: tuple[int, int]):
     return layer_norm.backward, (dy, x, w, mean, rstd), layer_norm.budget(x, w, b, backward=True)
 
 
+def _share_slack(x: torch.Tensor) -> float:
+    """The backward's byte slack: 1% plus its dweight/dbias shares, float32 rows of N written by each of the
+    plan's programs and re-read (docs/kernels.md, "layer_norm: backward": 0.5-9% of the compulsory bytes)."""
+    from reference_kernels import layer_norm
+    from reference_kernels._common import sm_count
+
+    m, n = x.shape
+    plan = layer_norm._layer_norm_settings(m, n, x.element_size(), backward=True, sm_count=sm_count(x.device))
+    return 1.01 + 16 * plan.n_groups * n / (3 * m * n * x.element_size())
+
+
 @pytest.mark.parametrize("subject, dtype, shape, kernels, floor", CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_a_reference_kernel_passes_the_plugins_own_verdicts(fusion, subject, dtype, shape, kernels, floor):
     fn, args, budget = _call(subject, dtype, shape)
     with torch.no_grad():
         report = fusion.profile(fn, *args, budget=budget)
     fusion.assert_max_kernels(kernels, report=report)
-    # the dweight/dbias shares of the backward add 0.5-4% (docs/kernels.md, "layer_norm: backward")
-    fusion.assert_hbm_bytes_within(budget, slack=1.05 if subject == "layer_norm_backward" else 1.01, report=report)
+    slack = _share_slack(args[1]) if subject == "layer_norm_backward" else 1.01
+    fusion.assert_hbm_bytes_within(budget, slack=slack, report=report)
     if floor is not None:
         fusion.assert_bandwidth_bound_within(floor, report=report)
