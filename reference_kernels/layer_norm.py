@@ -8,7 +8,9 @@ order (in two levels when there are many). No atomics touch the results, so two 
 bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
-16384 wide, backward up to 4096). The backward's ``phased`` plan holds whole rows of up to
+16384 wide, backward up to 4096). The forward's ``walk`` takes 16-bit rows that start unaligned
+(1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
+through shared memory. The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
 read as aligned vectors, ``_ragged``). Wider forward rows take ``split`` / ``persistent`` (the
