@@ -126,7 +126,7 @@ def main() -> int:
                 torch.cuda.empty_cache()
     _summarise(records, impls)
     if args.variants:
-        print("\nCandidate timings per bucket (ms, do_bench median, L2 flushed):")
+        print("\nCandidate timings per bucket (ms, device time of CUDA-graph replays over copies of a and b twice the L2):")
         for key, timed in ge._timings.items():
             print(f"  {key[1]} M<={key[3]} N<={key[4]} K<={key[5]}: " + ", ".join(f"{c} {t:.4f}" for c, t in timed))
     if out:

@@ -388,6 +388,13 @@ _DRAM_BYTES_PER_S = 4.0e12  # a device-to-device copy on the H200
 _WAVE_S = 1e-6  # pipeline fill and epilogue, per wave of tiles
 _SECOND_LAUNCH_S = 2e-6  # split-K's epilogue launch and its gap
 _CANDIDATES = 4  # ranked configs timed per shape bucket
+# Short K (at most _TWO_PER_SM_MAX_K, 16-bit, TMA path): the exact GELU epilogue takes about as long as a
+# tile's few K steps and no MMA overlaps it in one program (no warp specialisation in Triton 3.6), so a
+# fifth candidate runs two programs an SM, 128x128 tiles with the epilogue stored in halves (3 stages,
+# 112 KB of shared memory each): one program's epilogue under the other's MMAs (docs/kernels.md,
+# "gemm_epilogue"). The timing, not the model, decides whether it is kept.
+_TWO_PER_SM_CONFIG = (128, 128, 64, 8, 2, 3, 8, 2, 1)
+_TWO_PER_SM_MAX_K = 1024
 # The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
 # (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
@@ -460,6 +467,9 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int) -> li
                 config = (BM, BN, BK, 8, 1, stages, warps, 1, split)
                 scored.append((_estimate_s(M, N, K, tile, split, elt, sms), config))
         configs = [config for _, config in sorted(scored)[:_CANDIDATES]]
+    short_k = path == "tma" and elt == 2 and K <= _TWO_PER_SM_MAX_K
+    if short_k and triton.cdiv(M, 128) * triton.cdiv(N, 128) > sms and _TWO_PER_SM_CONFIG not in configs:
+        configs.append(_TWO_PER_SM_CONFIG)  # more tiles than SMs: the second program an SM has work
     if elt == 4:  # fp32: BLOCK_K 32, and no 128x256 tile (its fp32 output tile alone takes 128 KB)
         configs = [(c[0], c[1], min(c[2], 32)) + c[3:] for c in configs if c[0] * c[1] <= 128 * 128]
         configs = configs or [(128, 128, 32, 8, 1, 4, 8, 1, 1)]

@@ -384,7 +384,7 @@ def test_every_ranked_config_is_launchable_and_small_outputs_get_enough_programs
     sms = 132
     for M, K, N in SWEEP_SHAPES:
         configs = ge._ranked_configs("tma", M, N, K, elt, sms)
-        assert 1 <= len(configs) <= max(ge._CANDIDATES, len(ge._TMA_CONFIGS)) and len(set(configs)) == len(configs)
+        assert 1 <= len(configs) <= max(ge._CANDIDATES, len(ge._TMA_CONFIGS)) + 1 and len(set(configs)) == len(configs)
         programs = []
         for BM, BN, BK, _, esplit, stages, warps, _, split in configs:
             assert BK == (64 if elt == 2 else 32), "fp32 tiles halve BLOCK_K to fit shared memory"
@@ -407,6 +407,16 @@ def triton_cdiv(x, y):
 def test_big_problems_keep_the_measured_big_tile_list():
     assert ge._ranked_configs("tma", 8192, 8192, 8192, 2, 132) == ge._TMA_CONFIGS
     assert ge._ranked_configs("tiled", 8192, 8192, 8192, 2, 132) == ge._TILED_CONFIGS
+
+
+def test_short_k_problems_with_more_tiles_than_sms_also_time_two_programs_an_sm():
+    two = ge._TWO_PER_SM_CONFIG
+    assert two[7] == 2 and two in ge._ranked_configs("tma", 8192, 3072, 768, 2, 132)  # 1536 tiles of 128x128
+    assert two in ge._ranked_configs("tma", 2048, 3072, 768, 2, 132)  # 384 tiles
+    assert two not in ge._ranked_configs("tma", 512, 3072, 768, 2, 132)  # 96 tiles: the second would idle
+    assert two not in ge._ranked_configs("tma", 8192, 3072, 4096, 2, 132)  # long K: the main loop dominates
+    assert two not in ge._ranked_configs("tiled", 8192, 3072, 768, 2, 132)  # one program a tile there
+    assert two not in ge._ranked_configs("tma", 8192, 3072, 768, 4, 132)  # fp32: its tiles halve BLOCK_K
 
 
 def test_the_model_splits_k_when_few_tiles_cover_a_long_k_and_never_when_k_is_short():
