@@ -147,7 +147,6 @@ def _edge_vector_starts(ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
     return start, tl.where(k == 0, first, ph + n_cols) > tl.where(k == 0, ph, last)
 
 
-
 @triton.jit
 def word_vectors(ptr, base, start, ph, n_cols, K: tl.constexpr, VEC: tl.constexpr):
     """K aligned 16-bit vectors from virtual column ``start`` as 32-bit words: ``(lo, hi, v)``, (K, VEC // 2).

@@ -468,10 +468,8 @@ def _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
 
 @triton.jit
 def _walk_piece(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph, n_cols, first, last, VEC: tl.constexpr):
-    """A piece's loop-invariant lanes of the forward walk: (columns, own, load mask, body, weight, bias).
-
-    Weight and bias stay in their own dtype (16-bit ones two to a register) and widen at each use:
-    in float32 the three (N,) rows a thread holds spilled at 16 elements a thread and 64 registers."""
+    """A piece's loop-invariant lanes of the forward walk: (columns, own, load mask, body, weight, bias);
+    weight and bias in their own dtype, widened at each use (``_walk_out``)."""
     v = start + tl.arange(0, SIZE)
     mine = _own(v, ph, n_cols, VEC)
     w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0)
@@ -494,7 +492,6 @@ def _walk_out(y_ptr, base, v, d, rstd, w, b, body):
     tl.store(y_ptr + base + v, (d * rstd * w.to(tl.float32) + b.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=body)
 
 
-
 @triton.jit
 def _walk_words_wb(w_ptr, b_ptr, c, ok):
     """(weight, bias) in float32 at row columns ``c`` where ``ok``."""
@@ -506,6 +503,7 @@ def _walk_words_wb(w_ptr, b_ptr, c, ok):
 def _walk_store_at(y_ptr, base, c, x, mean, rstd, w, b, ok):
     """y at virtual columns ``c`` where ``ok``, from x there."""
     tl.store(y_ptr + base + c, ((x - mean) * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+
 
 @triton.jit
 def _layer_norm_fwd_walk_kernel(
@@ -522,7 +520,7 @@ def _layer_norm_fwd_walk_kernel(
     stride_y,  # elements between rows of y
     eps,  # added to the variance
     n_groups,  # programs; a multiple of VEC where rows start at several phases
-    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (all pieces: >= N + VEC - 1)
+    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (the pieces and TAIL: every phase's row)
     BLOCK_T: tl.constexpr,  # of the second piece, from BLOCK_N on; 0: none
     BLOCK_U: tl.constexpr,  # of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
@@ -1047,7 +1045,7 @@ class _Plan(NamedTuple):
     num_warps: int
     n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
-    max_regs: int | None = None  # backward lean and phased, forward unaligned rows: ptxas register cap (maxnreg), None for ptxas's choice
+    max_regs: int | None = None  # backward lean and phased, forward unaligned rows and walk: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # forward "persistent", "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
@@ -1154,8 +1152,9 @@ _PHASED_BWD_MIN_ELEM_SIZE = 2
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
 # The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
-# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Not
-# with a one-vector tail piece, itself 2-byte loads (1025, 2049, 4097, 8191: 3-7 points lower with words).
+# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Next to a
+# one-vector tail piece, itself 2-byte loads, they lost 3-7 points: there the tail goes as words too (below),
+# or, past _PHASED_BWD_TAIL_WORDS_MAX (8191), the tail piece and 2-byte edges stay.
 _EDGE_WORDS = True
 # The phased backward's one-vector tail piece of 16-bit rows (1025, 2049, 4097, 8191: 2-byte loads, synchronous in
 # the pipelined loop) read with the edges as words instead (_layer_norm_bwd_phased_kernel's TAIL).
@@ -1167,15 +1166,15 @@ _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (819
 # _WALK_FWD_ELEMS elements a thread over the row's pieces (4..32 warps), fewer warps while a piece wider than
 # a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
 # (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 gain 7-33 points
-# (bf16 4097 41 -> 69%, 8191 26 -> 59%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
-# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned rows lost or tied (5120 79 -> 66%, 4608 74 -> 88%).
+# (bf16 4097 41 -> 70%, 8191 26 -> 60%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
+# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned rows mixed (5120 79 -> 66%, 4608 74 -> 88%), so not.
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
 _WALK_FWD_ALIGNED = False
 _WALK_FWD_UNALIGNED = True
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
-_WALK_FWD_MAX_ELEMS = 16  # x, weight and bias in float32 at 64 registers (8192 + 512 on 8 warps spilled 264 bytes)
+_WALK_FWD_MAX_ELEMS = 16  # elements a thread of the first piece at most (8192 + 512 on 8 warps spilled 264 bytes)
 _WALK_FWD_MIN_PIECE_BYTES = 4
 _WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words (12345: 8192 + 4096 + 8 vectors)
 _WALK_FWD_MAX_TAIL = 16
@@ -1374,7 +1373,6 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                  stages=stages, block_t=block_t)
 
 
-
 def _walk_forward(n_cols: int, elem_size: int) -> bool:
     """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``)."""
     if not any(lo <= n_cols <= hi for lo, hi in _WALK_FWD_BANDS.get(4 if elem_size >= 4 else 2) or ()):
@@ -1382,7 +1380,7 @@ def _walk_forward(n_cols: int, elem_size: int) -> bool:
     aligned = n_cols % 16 == 0
     if not (_WALK_FWD_ALIGNED if aligned else _WALK_FWD_UNALIGNED):
         return False
-    pieces, tail = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
+    pieces, _ = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
     return sum(pieces) <= _WALK_FWD_MAX_LANES
 
 
@@ -1408,8 +1406,8 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
     """The plan of ``_layer_norm_fwd_walk_kernel`` for rows read ``vec`` elements a vector (1: aligned): the
     pieces (``_walk_pieces``), warps for ``_WALK_FWD_ELEMS`` elements a thread (fewer where a piece would
     get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``), as many
-    programs as fill ``_WALK_FWD_WARPS_PER_SM`` warps and the shared memory of ``_WALK_FWD_STAGES - 1``
-    rows in flight, 64 registers."""
+    programs as fill ``_WALK_FWD_WARPS_PER_SM`` warps, their registers (64; 80 where a thread holds 16
+    elements of the first piece) and the shared memory of ``_WALK_FWD_STAGES - 1`` rows in flight."""
     pieces, tail = _walk_pieces(n_cols, elem_size, vec)
     lanes = sum(pieces)
     warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _WALK_FWD_ELEMS[4 if elem_size >= 4 else 2]))))
