@@ -413,6 +413,7 @@ def test_short_k_problems_with_more_tiles_than_sms_also_time_two_programs_an_sm(
     two = ge._TWO_PER_SM_CONFIG
     assert two[7] == 2 and two in ge._ranked_configs("tma", 8192, 3072, 768, 2, 132)  # 1536 tiles of 128x128
     assert two in ge._ranked_configs("tma", 2048, 3072, 768, 2, 132)  # 384 tiles
+    assert two in ge._ranked_configs("tma", 16384, 768, 3072, 2, 132)  # K = 3072: 768 tiles
     assert two not in ge._ranked_configs("tma", 512, 3072, 768, 2, 132)  # 96 tiles: the second would idle
     assert two not in ge._ranked_configs("tma", 8192, 3072, 4096, 2, 132)  # long K: the main loop dominates
     assert two not in ge._ranked_configs("tiled", 8192, 3072, 768, 2, 132)  # one program a tile there
