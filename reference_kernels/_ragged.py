@@ -120,8 +120,7 @@ def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0)
     start, load_ok = _edge_vector_starts(ph, n_cols, VEC, TILE)
     words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
     words = tl.load(words_ptr + (start // 2 + tl.arange(0, VEC // 2)[None, :]), mask=load_ok, other=0)
-    lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
-    hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
+    lo, hi = _split_words(words, ptr)
     return lo, hi, edge_word_columns(ph, n_cols, VEC, TILE)
 
 
@@ -158,9 +157,16 @@ def word_vectors(ptr, base, start, ph, n_cols, K: tl.constexpr, VEC: tl.constexp
     words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
     holds = (c < ph + n_cols) & (c + VEC > ph)
     words = tl.load(words_ptr + (c // 2 + tl.arange(0, VEC // 2)[None, :]), mask=holds, other=0)
+    lo, hi = _split_words(words, ptr)
+    return lo, hi, word_columns(start, K, VEC)
+
+
+@triton.jit
+def _split_words(words, ptr):
+    """The two 16-bit elements (of ``ptr``'s dtype) of each 32-bit word, in float32: (low, high)."""
     lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
     hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
-    return lo, hi, word_columns(start, K, VEC)
+    return lo, hi
 
 
 @triton.jit

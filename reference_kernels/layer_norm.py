@@ -487,9 +487,9 @@ def _walk_load(x_ptr, base, v, load_ok, mine, VEC: tl.constexpr):
 
 
 @triton.jit
-def _walk_out(y_ptr, base, v, d, rstd, w, b, body):
-    """y over a piece's body vectors, from its centred values ``d``."""
-    tl.store(y_ptr + base + v, (d * rstd * w.to(tl.float32) + b.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=body)
+def _walk_out(y_ptr, base, v, d, rstd, w, b, ok):
+    """y at virtual columns ``v`` where ``ok`` (a piece's body vectors, or words), from centred values ``d``."""
+    tl.store(y_ptr + base + v, (d * rstd * w.to(tl.float32) + b.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -497,12 +497,6 @@ def _walk_words_wb(w_ptr, b_ptr, c, ok):
     """(weight, bias) in float32 at row columns ``c`` where ``ok``."""
     return (tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32),
             tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32))
-
-
-@triton.jit
-def _walk_store_at(y_ptr, base, c, x, mean, rstd, w, b, ok):
-    """y at virtual columns ``c`` where ``ok``, from x there."""
-    tl.store(y_ptr + base + c, ((x - mean) * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -610,12 +604,12 @@ def _layer_norm_fwd_walk_kernel(
         if BLOCK_U > 0:
             _walk_out(y_ptr, y_base, v_u, d_u, rstd, w_u, b_u, body_u)
         if TAIL > 0:
-            _walk_store_at(y_ptr, y_base, c_b, x_b, mean, rstd, w_b, b_b, b_ok)
-            _walk_store_at(y_ptr, y_base, c_b + 1, x_b_hi, mean, rstd, w_b_hi, b_b_hi, b_ok_hi)
-            _walk_store_at(y_ptr, y_base, c_a, x_a, mean, rstd, w_a, b_a, a_ok)
-            _walk_store_at(y_ptr, y_base, c_a + 1, x_a_hi, mean, rstd, w_a_hi, b_a_hi, a_ok_hi)
+            _walk_out(y_ptr, y_base, c_b, x_b - mean, rstd, w_b, b_b, b_ok)
+            _walk_out(y_ptr, y_base, c_b + 1, x_b_hi - mean, rstd, w_b_hi, b_b_hi, b_ok_hi)
+            _walk_out(y_ptr, y_base, c_a, x_a - mean, rstd, w_a, b_a, a_ok)
+            _walk_out(y_ptr, y_base, c_a + 1, x_a_hi - mean, rstd, w_a_hi, b_a_hi, a_ok_hi)
         elif VEC > 1:
-            _walk_store_at(y_ptr, y_base, e, x_e, mean, rstd, w_e, b_e, e_ok)
+            _walk_out(y_ptr, y_base, e, x_e - mean, rstd, w_e, b_e, e_ok)
         tl.store(mean_ptr + row, mean)
         tl.store(rstd_ptr + row, rstd)
 
