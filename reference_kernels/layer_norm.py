@@ -82,12 +82,14 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 @triton.jit
 def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_U: tl.constexpr):
+                             BLOCK_U: tl.constexpr, JOINT: tl.constexpr):
     """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses).
 
     One piece: the plain body, centred values kept for y (the pieces' body, which recomputes
     x - mean, takes 80 registers against 68 at bf16 8192 and measured 63-65% of copy at bf16
-    5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward")."""
+    5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward"). JOINT (16-bit rows,
+    ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
+    instead of a reduction for the mean and then one for the variance."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -96,9 +98,14 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         col_ok = cols < n_cols
         mask = row_ok[:, None] & col_ok[None, :]
         x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(x, axis=1) / n_cols
-        centred = tl.where(mask, x - mean[:, None], 0.0)
-        var = tl.sum(centred * centred, axis=1) / n_cols
+        if JOINT:
+            shift = tl.load(x_ptr + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
+            mean, var = _ln_joint_stats(tl.where(mask, x - shift[:, None], 0.0), shift, n_cols)
+            centred = x - mean[:, None]
+        else:
+            mean = tl.sum(x, axis=1) / n_cols
+            centred = tl.where(mask, x - mean[:, None], 0.0)
+            var = tl.sum(centred * centred, axis=1) / n_cols
         rstd = 1.0 / tl.sqrt(var + eps)
         w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
@@ -106,9 +113,12 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
-        return
-    _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y, mean_ptr,
-                           rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
+    elif JOINT:
+        _ln_joint_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y, mean_ptr,
+                         rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U)
+    else:
+        _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y,
+                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
 
 
 @triton.jit
@@ -172,6 +182,56 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
         be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0)
         ye = (xe - mean[:, None]) * rstd[:, None] * we.to(tl.float32) + be.to(tl.float32)
         tl.store(y_row + e, ye.to(y_row.dtype.element_ty), mask=e_ok)
+    tl.store(mean_ptr + rows, mean, mask=row_ok)
+    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _add_pairs(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
+def _ln_joint_sums(d):
+    """Per row: (sum of d, sum of d^2), in one reduction."""
+    return tl.reduce((d, d * d), 1, _add_pairs)
+
+
+@triton.jit
+def _ln_joint_stats(d, shift, n_cols):
+    """(mean, variance) per row from d = x - shift (0 outside the row) in one reduction of d and d^2.
+
+    The shift is an element of the row, so (mean - shift)^2 <= N var and the subtraction below loses
+    at most ~N float32 ulps of the variance (the looped and split plans sum the same way)."""
+    s1, s2 = _ln_joint_sums(d)
+    return _ln_joint_finish(s1, s2, shift, n_cols)
+
+
+@triton.jit
+def _ln_joint_finish(s1, s2, shift, n_cols):
+    mean_d = s1 / n_cols
+    var = s2 / n_cols - mean_d * mean_d
+    var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+    return shift + mean_d, var
+
+
+@triton.jit
+def _ln_joint_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, n_cols, eps,
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr):
+    """``_layer_norm_row_pieces`` for aligned rows in two pieces with JOINT statistics: each piece's sums of
+    x - x[row, 0] and of its square in one reduction (two reductions, not four one after another)."""
+    tl.static_assert(BLOCK_T > 0 and BLOCK_U == 0, "JOINT pieces: two (_aligned_16bit_pieces)")
+    shift = tl.load(x_row, mask=row_ok[:, None], other=0.0).to(tl.float32)  # (BLOCK_M, 1): the row's first element
+    x = _ln_piece(x_row, 0, BLOCK_N, 0, n_cols, row_ok, 1)
+    s1, s2 = _ln_joint_sums(tl.where(tl.arange(0, BLOCK_N)[None, :] < n_cols, x - shift, 0.0))
+    x_t = _ln_piece(x_row, BLOCK_N, BLOCK_T, 0, n_cols, row_ok, 1)
+    t1, t2 = _ln_joint_sums(tl.where(BLOCK_N + tl.arange(0, BLOCK_T)[None, :] < n_cols, x_t - shift, 0.0))
+    mean, var = _ln_joint_finish(s1 + t1, s2 + t2, tl.reshape(shift, (shift.shape[0],)), n_cols)
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, 0, n_cols, 0, n_cols, row_ok, 1)
+    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, 0, n_cols, row_ok, 1)
+    w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, 0, n_cols, 0, n_cols, row_ok, 1)
+    _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, 0, n_cols, row_ok, 1)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -247,6 +307,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_T: tl.constexpr,  # columns of the second piece, from BLOCK_N on; 0: none
     BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+    JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -259,7 +320,7 @@ def _layer_norm_fwd_kernel(
     """
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
-                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U)
+                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT)
     else:
         _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
                                 stride_y, eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC)
@@ -279,6 +340,7 @@ def _layer_norm_fwd_looped_kernel(
     eps,  # added to the variance
     n_rows,  # M
     BLOCK_N: tl.constexpr,  # columns per step
+    STAGES: tl.constexpr = 1,  # software-pipelining depth of each pass's chunk loop (1: none)
 ):
     """A row at a time, any width: a pass for the statistics, then a normalising pass.
 
@@ -290,12 +352,12 @@ def _layer_norm_fwd_looped_kernel(
     """
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
-                               stride_x, stride_y, eps, BLOCK_N)
+                               stride_x, stride_y, eps, BLOCK_N, STAGES)
 
 
 @triton.jit
 def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, stride_x, stride_y, eps,
-                           BLOCK_N: tl.constexpr):
+                           BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     """``_layer_norm_fwd_looped_kernel``'s two passes over one row."""
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
@@ -303,7 +365,7 @@ def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, 
     shift = tl.load(x_row).to(tl.float32)
     s1 = tl.zeros([BLOCK_N], tl.float32)
     s2 = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, n_cols, BLOCK_N):
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
         offs = start + cols
         mask = offs < n_cols
         d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
@@ -316,7 +378,7 @@ def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, 
     rstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
-    for start in range(0, n_cols, BLOCK_N):
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
         offs = start + cols
         mask = offs < n_cols
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -1037,13 +1099,13 @@ class _Plan(NamedTuple):
     block_m: int
     block_n: int
     num_warps: int
-    n_groups: int = 1  # backward only: row groups, each summed into its own dweight/dbias share
+    n_groups: int = 1  # backward: row groups, each summed into its own dweight/dbias share; forward "walk", "looped": programs
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
     max_regs: int | None = None  # backward lean and phased, forward unaligned rows and walk: ptxas register cap (maxnreg), None for ptxas's choice
     group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # forward "persistent", "split": programs launched per SM
+    per_sm: int = 0  # forward "persistent", "split", "looped" (0: a program a row): programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
-    stages: int = 1  # backward "phased": software-pipelining depth of the row loop (rows in flight: stages - 1)
+    stages: int = 1  # backward "phased", forward "walk": pipelining depth of the row loop (rows in flight: stages - 1); "looped": of the chunk loops
     block_t: int = 0  # backward "phased", forward "walk": a second piece of the row, from block_n on (_ragged.row_pieces)
     block_u: int = 0  # forward "walk": a third piece, from block_n + block_t on
     tail: int = 0  # forward "walk", 16-bit unaligned rows: vectors read as words after the pieces (0: none)
@@ -1078,6 +1140,13 @@ _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, 
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
+# Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
+# row's tile is its chunks, not its power of two (docs/kernels.md, "layer_norm: forward", "Chunked rows").
+_LOOPED_FWD_BANDS: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((8193, 9216),), 4: None}
+_LOOPED_FWD_CHUNK_BYTES = 2048  # widest chunk; narrower ones where they divide the row more evenly
+_LOOPED_FWD_WASTE = 1 / 8  # the masked share of the last chunk a row may leave
+_LOOPED_FWD_WARPS_PER_SM = 32
+_LOOPED_FWD_STAGES = 4  # software-pipelining depth of the chunk loops (chunks in flight: stages - 1)
 # Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
 # _BWD_PROGRAMS_PER_SM row groups per multiprocessor, except narrow half-precision rows
 # (one row per step, 4 warps, 8 groups per SM: 69% against 56%). Wider rows: one_pass
@@ -1119,6 +1188,13 @@ _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
+# 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
+# pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
+# from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
+_ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 8192)
+_ALIGNED_PIECE_MIN_LANES = 1024
+_ALIGNED_PIECES_MAX_REGS = 64
+_JOINT_16BIT_MIN_COLS = 8193
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
@@ -1155,16 +1231,18 @@ _EDGE_WORDS = True
 _PHASED_BWD_TAIL_WORDS = True  # bf16 1025 45 -> 55%, 2049 44 -> 52%, 4097 41 -> 48%
 _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (8192 + 8, 32 warps) lost, 46 -> 38%
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
-# and bias held at the program's phase. Taken by default for rows in _WALK_FWD_BANDS[element size] (inclusive
-# ranges) that it holds in at most _WALK_FWD_MAX_LANES lanes, aligned and unaligned as the flags say;
+# and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
+# (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
+# _WALK_FWD_MAX_LANES lanes;
 # _WALK_FWD_ELEMS elements a thread over the row's pieces (4..32 warps), fewer warps while a piece wider than
 # a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
 # (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 gain 7-33 points
 # (bf16 4097 41 -> 70%, 8191 26 -> 60%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
-# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned rows mixed (5120 79 -> 66%, 4608 74 -> 88%), so not.
+# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned 16-bit rows of 2^k + 2^k / 16 .. 2^k + 2^k / 8 for
+# 2^k = 2048, 4096 (2304 78 -> 92%, 4352 65 -> 72%, 4608 75 -> 88%), not closer to 2^k (2112: 70 -> 57%) nor
+# elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
-_WALK_FWD_ALIGNED = False
-_WALK_FWD_UNALIGNED = True
+_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2176, 2304), (4352, 4608)), 4: None}
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
@@ -1227,6 +1305,8 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
+    if not backward and max_row is None and _looped_forward(n_cols, elem_size):
+        return _looped_forward_plan(n_rows, n_cols, elem_size, sm_count)
     if not backward and max_row is None and _walk_forward(n_cols, elem_size):
         vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
         return _walk_forward_plan(n_rows, n_cols, elem_size, vec, sm_count)
@@ -1368,14 +1448,37 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
 
 
 def _walk_forward(n_cols: int, elem_size: int) -> bool:
-    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``)."""
-    if not any(lo <= n_cols <= hi for lo, hi in _WALK_FWD_BANDS.get(4 if elem_size >= 4 else 2) or ()):
-        return False
+    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``
+    for unaligned rows, ``_WALK_FWD_ALIGNED`` for aligned ones)."""
     aligned = n_cols % 16 == 0
-    if not (_WALK_FWD_ALIGNED if aligned else _WALK_FWD_UNALIGNED):
+    bands = (_WALK_FWD_ALIGNED if aligned else _WALK_FWD_BANDS).get(4 if elem_size >= 4 else 2) or ()
+    if not any(lo <= n_cols <= hi for lo, hi in bands):
         return False
     pieces, _ = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
     return sum(pieces) <= _WALK_FWD_MAX_LANES
+
+
+def _looped_forward(n_cols: int, elem_size: int) -> bool:
+    """Whether the forward's default plan for contiguous rows of ``n_cols`` is the chunked "looped" one
+    (aligned rows in a band of ``_LOOPED_FWD_BANDS``)."""
+    bands = _LOOPED_FWD_BANDS.get(4 if elem_size >= 4 else 2) or ()
+    return n_cols % 16 == 0 and any(lo <= n_cols <= hi for lo, hi in bands)
+
+
+def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+    """``_layer_norm_fwd_looped_kernel`` on a persistent grid for aligned rows of ``n_cols``: the widest
+    chunk of at most ``_LOOPED_FWD_CHUNK_BYTES`` whose last one masks at most ``_LOOPED_FWD_WASTE`` of the
+    row, warps for one 16-byte vector of x a thread a chunk, ``_LOOPED_FWD_WARPS_PER_SM`` warps an SM."""
+    per_vector = 16 // elem_size
+    chunk = next_power_of_2(max(1, _LOOPED_FWD_CHUNK_BYTES // elem_size))
+    smallest = 32 * per_vector  # one warp
+    while chunk > smallest and triton.cdiv(n_cols, chunk) * chunk - n_cols > _LOOPED_FWD_WASTE * n_cols:
+        chunk //= 2
+    chunk = max(chunk, smallest)
+    warps = max(1, min(16, chunk // smallest))
+    per_sm = max(1, _LOOPED_FWD_WARPS_PER_SM // warps)
+    return _Plan("looped", 1, chunk, warps, n_groups=max(1, min(n_rows, per_sm * sm_count)), per_sm=per_sm,
+                 stages=_LOOPED_FWD_STAGES)
 
 
 def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int, int], int]:
@@ -1467,6 +1570,15 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None) -> tuple[i
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 
 
+def _aligned_16bit_pieces(n_cols: int) -> tuple[int, int, int] | None:
+    """Two pieces for a 16-bit aligned row in ``_ALIGNED_PIECES_16BIT``, where the second has at least
+    ``_ALIGNED_PIECE_MIN_LANES`` lanes (5120 = 4096 + 1024, 5632 and 6144 = 4096 + 2048), else None."""
+    if _ALIGNED_PIECES_16BIT is None or not _ALIGNED_PIECES_16BIT[0] <= n_cols <= _ALIGNED_PIECES_16BIT[1]:
+        return None
+    pieces = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
+    return pieces if pieces[1] >= _ALIGNED_PIECE_MIN_LANES else None
+
+
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols, x2.element_size())):
@@ -1476,22 +1588,29 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         pieces = _row_pieces(n_cols, r.vec) if block_n == next_power_of_2(launch_width(n_cols, r.vec)) else (block_n, 0, 0)
+        cap = plan if r.vec > 1 else plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS)
+        joint = False
+        if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
+            split = _aligned_16bit_pieces(n_cols)
+            if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
+                pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
+            else:
+                joint = pieces[1] == 0 and n_cols >= _JOINT_16BIT_MIN_COLS
         warps = plan.num_warps
         if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            num_warps=warps,
-            **(_reg_cap(plan) if r.vec > 1 else _reg_cap(plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS))),
+            JOINT=joint, num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
         return
-    elif plan.mode == "looped":
-        _layer_norm_fwd_looped_kernel[(n_rows,)](
+    elif plan.mode == "looped":  # a program a row, or (per_sm) a persistent grid of n_groups programs
+        _layer_norm_fwd_looped_kernel[(plan.n_groups if plan.per_sm else n_rows,)](
             x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps, n_rows,
-            BLOCK_N=plan.block_n, num_warps=plan.num_warps,
+            BLOCK_N=plan.block_n, STAGES=plan.stages, num_warps=plan.num_warps,
         )
     else:
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)

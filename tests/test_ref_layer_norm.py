@@ -537,6 +537,7 @@ def _check_forward(x, weight, bias, y, mean, rstd, dtype):
 def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, plan, dtype, monkeypatch):
     x, weight, bias = inputs(shape, dtype)
     monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: None, 4: None})  # the walk: its own tests
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})
     if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
         monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
@@ -819,7 +820,7 @@ def test_the_forward_walks_the_rows_where_it_measured_faster():
 def test_the_forward_walk_on_slices_and_odd_outputs_matches_torch_and_writes_only_its_output(offset, out_offset, dtype,
                                                                                            monkeypatch):
     monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", True)
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
     for n in (40, 43):  # aligned (then planned so) and unaligned rows
         big, weight, bias = inputs((11, n + 9), dtype)
         x = big[:, offset:offset + n]
@@ -888,3 +889,76 @@ def test_the_forward_walk_matches_torch_at_ragged_model_widths(n, dtype):
         rows = rows.contiguous() if rows is x[:, :n] else rows
         y, mean, rstd = layer_norm.forward(rows, weight[:n], bias[:n])
         _check_forward(rows, weight[:n], bias[:n], y, mean, rstd, dtype)
+
+
+def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
+    # H200 sweep (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows")
+    settings = layer_norm._layer_norm_settings
+    P = layer_norm._Plan
+    # 8193-9216: chunked rows, 1024-wide chunks on 4 warps, 8 programs an SM, three chunks in flight
+    assert settings(8192, 8704, 2, sm_count=132) == P("looped", 1, 1024, 4, 1056, per_sm=8, stages=4)
+    assert settings(8192, 9216, 2, sm_count=132).mode == "looped"
+    assert settings(100, 8704, 2, sm_count=132).n_groups == 100  # fewer rows than programs
+    assert settings(8192, 9472, 2, sm_count=132).mode == "rows"  # one tile, JOINT statistics (_forward_launch)
+    assert settings(8192, 8704, 4, sm_count=132).mode == "persistent"  # fp32 keeps its plan
+    assert settings(8192, 8712, 2, sm_count=132).mode == "walk"  # unaligned
+    assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
+    # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
+    assert layer_norm._looped_forward_plan(100, 8960, 2, 132).block_n == 1024  # 9 x 1024 = 8960 + 256
+    assert layer_norm._looped_forward_plan(100, 4160, 2, 132)[2:5] == (512, 2, 100)  # 1024s would mask 960
+    # 2^k + 2^k / 16 .. 2^k + 2^k / 8 for 2^k = 2048, 4096: the walk
+    modes = {n: settings(8192, n, 2, sm_count=132).mode for n in (2112, 2176, 2304, 2560, 4160, 4352, 4608, 4864)}
+    assert modes == {2112: "rows", 2176: "walk", 2304: "walk", 2560: "rows", 4160: "rows", 4352: "walk",
+                     4608: "walk", 4864: "rows"}
+    # 4097-8192: two pieces where the second has 1024 lanes or more
+    pieces = layer_norm._aligned_16bit_pieces
+    assert [pieces(n) for n in (4864, 5120, 5632, 6144)] == [(4096, 1024, 0)] * 2 + [(4096, 2048, 0)] * 2
+    assert [pieces(n) for n in (4096, 4608, 6656, 8192, 9216)] == [None] * 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [112, 96], ids=["one tile", "two pieces"])
+def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(n, dtype, monkeypatch):
+    # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths
+    monkeypatch.setattr(layer_norm, "_JOINT_16BIT_MIN_COLS", 1)
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", (1, 1 << 20))
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECE_MIN_LANES", 16)
+    assert (layer_norm._aligned_16bit_pieces(n) or (0, 0))[1] == (32 if n == 96 else 0)
+    x, weight, bias = inputs((37, n), dtype)  # several rows a program, the last program ragged
+    x[3, 0] = 60.0  # the shift far from the row's mean
+    x[5] = 0.5  # a constant row: zero variance
+    for out in (None, _poisoned((37, n), dtype)):
+        y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+        _check_forward(x, weight, bias, y, mean, rstd, dtype)
+    x[7, 9] = float("nan")
+    x[8, 0] = float("inf")  # in the shift
+    y = layer_norm.fused(x, weight, bias)
+    expected = F.layer_norm(x.float(), (n,), weight.float(), bias.float(), 1e-5)
+    assert y[7].isnan().all() and y[8].isnan().all()
+    torch.testing.assert_close(y.float(), expected, equal_nan=True, atol=0.1, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_chunked_forward_on_a_persistent_grid_matches_torch_and_writes_every_element(dtype, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_LOOPED_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    monkeypatch.setattr(layer_norm, "_LOOPED_FWD_WARPS_PER_SM", 2)  # few programs: each walks several rows
+    for n in (128, 400, 1040):  # one chunk (fp32); a ragged last chunk; 1040 = 2^k + 16
+        plan = layer_norm._layer_norm_settings(50, n, x_size := torch.tensor([], dtype=dtype).element_size())
+        assert plan.mode == "looped" and plan.n_groups < 50 and plan.stages == layer_norm._LOOPED_FWD_STAGES
+        assert plan.block_n * x_size >= 512 and -(-n // plan.block_n) > (1 if n > 128 else 0)
+        x, weight, bias = inputs((50, n), dtype)
+        x[2, 0] = 40.0  # the shift far from the row's mean
+        out = _poisoned((50, n), dtype)
+        y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+        assert y is out
+        _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("n", [2304, 4352, 4608, 4864, 5120, 5632, 6144, 8704, 8960, 9216, 9472, 12288, 16384])
+def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
+    x, weight, bias = inputs((1000, n), dtype)
+    x[0, 0] = 40.0  # the shift far from the row's mean
+    y, mean, rstd = layer_norm.forward(x, weight, bias)
+    _check_forward(x, weight, bias, y, mean, rstd, dtype)
