@@ -914,6 +914,7 @@ def _layer_norm_bwd_phased_kernel(
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
     TAIL: tl.constexpr = False,  # with EDGE_WORDS: the pieces stop a vector short of the widest phase, whose
     # last vector the words then hold (a body vector past the pieces: in the sums and the shares too)
+    PAIRS: tl.constexpr = False,  # a piece's two row sums (x-hat . w dy, sum of w dy) in one reduction
 ):
     """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -999,16 +1000,24 @@ def _layer_norm_bwd_phased_kernel(
         dw_acc += dy * xhat
         db_acc += dy
         wdy = w * dy
-        s1 = tl.sum(xhat * wdy, axis=0)
-        s2 = tl.sum(wdy, axis=0)
+        if PAIRS:  # both row sums in one reduction
+            s1, s2 = tl.reduce((xhat * wdy, wdy), 0, _add_pairs)
+        else:
+            s1 = tl.sum(xhat * wdy, axis=0)
+            s2 = tl.sum(wdy, axis=0)
         if BLOCK_T > 0:
             dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
             xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
             dw_acc_t += dy_t * xhat_t
             db_acc_t += dy_t
             wdy_t = w_t * dy_t
-            s1 += tl.sum(xhat_t * wdy_t, axis=0)
-            s2 += tl.sum(wdy_t, axis=0)
+            if PAIRS:
+                t1, t2 = tl.reduce((xhat_t * wdy_t, wdy_t), 0, _add_pairs)
+                s1 += t1
+                s2 += t2
+            else:
+                s1 += tl.sum(xhat_t * wdy_t, axis=0)
+                s2 += tl.sum(wdy_t, axis=0)
         if TAIL:
             xhat_e = tl.where(e_sum, (x_e - mean) * rstd, 0.0)
             xhat_e_hi = tl.where(e_sum_hi, (x_e_hi - mean) * rstd, 0.0)
@@ -1230,6 +1239,9 @@ _EDGE_WORDS = True
 # the pipelined loop) read with the edges as words instead (_layer_norm_bwd_phased_kernel's TAIL).
 _PHASED_BWD_TAIL_WORDS = True  # bf16 1025 45 -> 55%, 2049 44 -> 52%, 4097 41 -> 48%
 _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (8192 + 8, 32 warps) lost, 46 -> 38%
+# a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
+# 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
+_PHASED_BWD_PAIRS_MIN_LANES = 2048
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
 # (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
@@ -1710,7 +1722,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
         EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
-        num_warps=plan.num_warps, **_reg_cap(plan),
+        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)
