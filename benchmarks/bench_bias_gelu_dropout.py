@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks._common import add_out_option, bench_ms, copy_gbps, gbps, header, markdown_table, write_output_to
+from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, markdown_table, write_output_to
 from reference_kernels import bias_gelu_dropout as bgd
 
 
@@ -37,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     write_output_to(args.out, __file__)
     bgd._KERNEL_VARIANT = args.kernel
-    rep = dict(warmup_ms=25, rep_ms=60) if args.quick else dict(warmup_ms=25, rep_ms=200)
+    rep = dict(calls=5, reps=3) if args.quick else dict(calls=10, reps=5)  # device_ms's
     shapes = [((16384, 8192), torch.bfloat16)]
     if not args.quick:
         shapes += [((16384, 8192), torch.float16), ((8192, 8192), torch.float32), ((4096, 65536), torch.bfloat16)]
@@ -70,7 +70,7 @@ def main() -> None:
             "torch.compile": lambda: compiled(x, bias, p),
         }
         for name, fn in impls.items():
-            row(rows, name, bench_ms(fn, **rep))
+            row(rows, name, device_ms(fn, **rep)[0])
 
         if args.variants and dtype == torch.bfloat16:
             M, N = x.numel() // shape[-1], shape[-1]
@@ -105,7 +105,7 @@ def main() -> None:
                 extra[f"lean, tiles {cfg}, one program a tile"] = lambda cfg=cfg: bgd._launch(
                     x, bias, p, 1, variant="lean", config=cfg, programs=M)
             for name, fn in extra.items():
-                row(variant_rows, name, bench_ms(fn, **rep))
+                row(variant_rows, name, device_ms(fn, **rep)[0])
 
     headers = ["input", "implementation", "ms", "GB/s", "% copy"]
     print()

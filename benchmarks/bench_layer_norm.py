@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks._common import bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
+from benchmarks._common import bandwidth_cli, copy_gbps, device_ms, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import json_path, write_output_to  # noqa: E402
@@ -228,7 +228,7 @@ def main() -> None:
                                 err = max((g.float() - r).abs().max().item() for g, r in zip(grads, ref))
                             else:
                                 err = (y2.float() - ref).abs().max().item()
-                            rate = gbps(nbytes, bench_ms(lambda: run_plan(plan), **timing))
+                            rate = gbps(nbytes, device_ms(lambda: run_plan(plan), **timing)[0])
                             rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate, "max_abs_err": err}
                             print(f"  sweep {direction} {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s "
                                   f"{100 * rate / rec['copy_gbps']:.0f}% err {err:.2e}", flush=True)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks._common import ANCHORS, bandwidth_cli, bench_ms, copy_gbps, gbps, header, markdown_table, time_impls  # noqa: E402
+from benchmarks._common import ANCHORS, bandwidth_cli, copy_gbps, device_ms, gbps, header, markdown_table, time_impls  # noqa: E402
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks._common import json_path, liger_ops, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> None:
                     try:
                         softmax._launch(x2, y2, plan)
                         err = (y2.float() - expected).abs().max().item()
-                        rate = gbps(nbytes, bench_ms(lambda: softmax._launch(x2, y2, plan), **timing))
+                        rate = gbps(nbytes, device_ms(lambda: softmax._launch(x2, y2, plan), **timing)[0])
                         rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate, "max_abs_err": err}
                         print(f"  sweep {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s {100 * rate / rec['copy_gbps']:.0f}% err {err:.2e}", flush=True)
                     except Exception as exc:

@@ -36,8 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import add_out_option, bench_ms, gbps, header, liger_ops, markdown_table, write_output_to  # noqa: E402
-from reference_kernels._common import graph_device_ms  # noqa: E402
+from benchmarks._common import add_out_option, device_ms, gbps, header, liger_ops, markdown_table, write_output_to  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Row widths of public model configs: hidden sizes (BERT, GPT-2, Llama, Mistral, Qwen, ...)
@@ -109,23 +108,6 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
             fns["liger"] = lambda: liger[1](dy, x, w, b, mean, rstd)
         return layer_norm.budget(x, w, b, backward=True).total, fns
     raise ValueError(f"unknown subject {name!r}; choose from {sorted(TARGETS)}")
-
-
-def device_ms(fn, calls: int = 10, reps: int = 5) -> tuple[float, str]:
-    """(milliseconds a call, timer): ``calls`` calls captured in a CUDA graph, replayed ``reps`` times.
-
-    A graph replays the kernels back to back without the Python launch path, so a short
-    kernel is timed, not the host (``triton.testing.do_bench`` times each call from the
-    host: a 65 us kernel behind ~50 us of Python launch code reads 30% slow). Inputs are
-    over twice the L2, so consecutive calls do not find theirs there. Falls back to
-    ``bench_ms`` (timer "events") where capture fails.
-    """
-    fn()
-    try:
-        return graph_device_ms(lambda _: fn(), [None] * calls, replays=reps), "graph"
-    except Exception as exc:  # e.g. an anchor that synchronises: capture is refused
-        torch.cuda.synchronize()
-        return bench_ms(fn, 10, 50), f"events ({type(exc).__name__}: {str(exc)[:80]})"
 
 
 _COMPILED: dict = {}
