@@ -10,7 +10,10 @@ bitwise-identical gradients.
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096). The forward's ``walk`` takes 16-bit rows that start unaligned
 (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
-through shared memory. The backward's ``phased`` plan holds whole rows of up to
+through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
+with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
+tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
+The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
 read as aligned vectors, ``_ragged``). Wider forward rows take ``split`` / ``persistent`` (the
@@ -347,8 +350,10 @@ def _layer_norm_fwd_looped_kernel(
     The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
     variance from cancelling when the mean is large against the spread); the second
     re-reads the row, which the first has just brought into L2. Program p takes rows p,
-    p + grid, ...; ``_forward_launch`` gives every row its own program (a smaller grid, bounding
-    the rows in flight, measured no better: docs/kernels.md, "layer_norm: forward").
+    p + grid, ...: wide rows get a program each (a smaller grid, bounding the rows in flight,
+    measured no better at 65536), the chunked plan of aligned 16-bit rows (8193-9216) a persistent
+    grid, with each pass's chunk loop software-pipelined (STAGES) (docs/kernels.md, "layer_norm:
+    forward").
     """
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
         _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
@@ -1150,7 +1155,8 @@ _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 f
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
 # Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
-# row's tile is its chunks, not its power of two (docs/kernels.md, "layer_norm: forward", "Chunked rows").
+# row's tile is its chunks, not its power of two (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows":
+# bf16 8704 61 -> 74%, 9216 64 -> 76%; elsewhere the tiles were faster).
 _LOOPED_FWD_BANDS: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((8193, 9216),), 4: None}
 _LOOPED_FWD_CHUNK_BYTES = 2048  # widest chunk; narrower ones where they divide the row more evenly
 _LOOPED_FWD_WASTE = 1 / 8  # the masked share of the last chunk a row may leave
