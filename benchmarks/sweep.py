@@ -181,7 +181,8 @@ def apply_settings(items: list[str]) -> list[str]:
     one run times a launch-plan rule against the default; returns the settings made, for the header.
 
     Refused with a clear message: a missing ``=`` or module, a constant the module does not have, a
-    value that is not a Python literal, or one of another type than the constant's (ints and floats mix).
+    value that is not a Python literal, or one of another type than the constant's (ints and floats mix;
+    None where the constant's annotation allows it, ``X: tuple[int, int] | None = ...``).
     """
     done = []
     for item in items:
@@ -201,7 +202,8 @@ def apply_settings(items: list[str]) -> list[str]:
             raise SystemExit(f"--set {item!r}: {value.strip()!r} is not a Python literal") from None
         old = getattr(module, attr)
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, parsed))
-        if old is not None and type(parsed) is not type(old) and not numbers:
+        optional = parsed is None and "None" in str(getattr(module, "__annotations__", {}).get(attr, ""))
+        if old is not None and type(parsed) is not type(old) and not (numbers or optional):
             raise SystemExit(f"--set {item!r}: {attr} holds {type(old).__name__}, not {type(parsed).__name__}")
         setattr(module, attr, parsed)
         done.append(f"{module_name}.{attr}={parsed!r}")

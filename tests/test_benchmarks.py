@@ -75,10 +75,14 @@ def test_sweep_set_changes_a_launch_plan_constant_and_refuses_what_it_cannot_set
                     "layer_norm._PHASED_BWD_ALIGNED_16BIT=(768, 3072)"]
     assert softmax._STAGED_STAGES == 2 and softmax._STAGED_PERSISTENT == {4: True, 2: False}
     assert softmax._staged_plan(32768, 2).stages == 2  # the plan reads the new value
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", layer_norm._ALIGNED_PIECES_16BIT)
+    assert sweep.apply_settings(["layer_norm._ALIGNED_PIECES_16BIT=None"]) == ["layer_norm._ALIGNED_PIECES_16BIT=None"]
+    assert layer_norm._ALIGNED_PIECES_16BIT is None and layer_norm._aligned_16bit_pieces(5120) is None  # annotated "| None"
     for bad, words in [("softmax._STAGED_STAGES", "expected MODULE.CONSTANT=VALUE"),
                        ("nosuch._X=1", "no module reference_kernels.nosuch"),
                        ("softmax._NO_SUCH=1", "has no _NO_SUCH"),
                        ("softmax._STAGED_STAGES=2**2", "not a Python literal"),
-                       ("softmax._STAGED_STAGES='3'", "_STAGED_STAGES holds int, not str")]:
+                       ("softmax._STAGED_STAGES='3'", "_STAGED_STAGES holds int, not str"),
+                       ("softmax._STAGED_STAGES=None", "_STAGED_STAGES holds int, not NoneType")]:
         with pytest.raises(SystemExit, match=re.escape(words)):
             sweep.apply_settings([bad])
