@@ -212,6 +212,8 @@ def _ln_joint_stats(d, shift, n_cols):
 
 @triton.jit
 def _ln_joint_finish(s1, s2, shift, n_cols):
+    """(mean, variance) from the sums s1, s2 of d = x - shift and of d^2 over a row (the looped and split
+    kernels finish their sums the same way, inline: moving them onto this changes their sm_90 scheduling)."""
     mean_d = s1 / n_cols
     var = s2 / n_cols - mean_d * mean_d
     var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
@@ -1465,12 +1467,16 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                  stages=stages, block_t=block_t)
 
 
+def _in_bands(bands: dict, n_cols: int, elem_size: int) -> bool:
+    """Whether ``n_cols`` lies in one of the inclusive ranges ``bands`` holds for ``elem_size`` (4: fp32, 2: 16-bit)."""
+    return any(lo <= n_cols <= hi for lo, hi in bands.get(4 if elem_size >= 4 else 2) or ())
+
+
 def _walk_forward(n_cols: int, elem_size: int) -> bool:
     """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``
     for unaligned rows, ``_WALK_FWD_ALIGNED`` for aligned ones)."""
     aligned = n_cols % 16 == 0
-    bands = (_WALK_FWD_ALIGNED if aligned else _WALK_FWD_BANDS).get(4 if elem_size >= 4 else 2) or ()
-    if not any(lo <= n_cols <= hi for lo, hi in bands):
+    if not _in_bands(_WALK_FWD_ALIGNED if aligned else _WALK_FWD_BANDS, n_cols, elem_size):
         return False
     pieces, _ = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
     return sum(pieces) <= _WALK_FWD_MAX_LANES
@@ -1479,8 +1485,7 @@ def _walk_forward(n_cols: int, elem_size: int) -> bool:
 def _looped_forward(n_cols: int, elem_size: int) -> bool:
     """Whether the forward's default plan for contiguous rows of ``n_cols`` is the chunked "looped" one
     (aligned rows in a band of ``_LOOPED_FWD_BANDS``)."""
-    bands = _LOOPED_FWD_BANDS.get(4 if elem_size >= 4 else 2) or ()
-    return n_cols % 16 == 0 and any(lo <= n_cols <= hi for lo, hi in bands)
+    return n_cols % 16 == 0 and _in_bands(_LOOPED_FWD_BANDS, n_cols, elem_size)
 
 
 def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
