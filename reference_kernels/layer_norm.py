@@ -1250,6 +1250,16 @@ _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (819
 # a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
 # 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
 _PHASED_BWD_PAIRS_MIN_LANES = 2048
+# 16-bit aligned rows in this band (inclusive) in two pieces (4096 + 16 .. 4096 + 2048), where the second has
+# at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first piece (None: one power of two).
+# Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the i-th's lanes (programs an SM:
+# as many as fit). H200, bf16 / fp16, % of copy: 4112 48 -> 69 / 49 -> 71, 4608 54 -> 65 / 56 -> 65, 5120
+# 60 -> 65 / 62 -> 66 (64 registers, 2 programs an SM; 72 bytes of stack); 6144 69 -> 72 / 72 -> 72 (128, one
+# an SM; at 64 it spilled 176 bytes and read 57). On the warps of both pieces (32, 55 registers): 39-52, lost.
+_PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 6144)
+_PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
+_PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
+_PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece's lanes up to, register cap)
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
 # (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
@@ -1423,6 +1433,8 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
     pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
     if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
         pieces = False
+    if _aligned_16bit_bwd_pieces(n_cols, elem_size):
+        return block_n, block_t
     if (_PHASED_BWD_PREFETCH or not pieces
             or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
         block_n, block_t = next_power_of_2(need), 0
@@ -1432,6 +1444,16 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
         # the one-vector tail read as words with the edges
         block_t = 0
     return block_n, block_t
+
+
+def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> bool:
+    """Whether the phased backward holds a 16-bit aligned row in two pieces (``_PHASED_BWD_ALIGNED_PIECES_16BIT``,
+    the second of at least ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes)."""
+    band = _PHASED_BWD_ALIGNED_PIECES_16BIT
+    if elem_size >= 4 or n_cols % 16 or band is None or not band[0] <= n_cols <= band[1]:
+        return False
+    block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
+    return block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW
 
 
 def _phased_backward(n_cols: int, elem_size: int) -> bool:
@@ -1455,15 +1477,21 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                          f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
     block_n, block_t = held
     lanes = 32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's, at the plan's vectors a thread
-    warps = max(4, min(32, next_power_of_2(triton.cdiv(block_n + block_t, lanes))))
+    spread = block_n if _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST and _aligned_16bit_bwd_pieces(n_cols, elem_size) \
+        else block_n + block_t
+    warps = max(4, min(32, next_power_of_2(triton.cdiv(spread, lanes))))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
+    max_regs = _PHASED_MAX_REGS
+    if _aligned_16bit_bwd_pieces(n_cols, elem_size):
+        max_regs = next(cap for lanes, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= lanes)
+        per_sm = max(1, min(per_sm, 65536 // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * (block_n + block_t) * elem_size * 2)))
     n_groups = min(sm_count * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
-    return _Plan("rows", 1, block_n, warps, n_groups, "phased", _PHASED_MAX_REGS, prefetch=_PHASED_BWD_PREFETCH,
+    return _Plan("rows", 1, block_n, warps, n_groups, "phased", max_regs, prefetch=_PHASED_BWD_PREFETCH,
                  stages=stages, block_t=block_t)
 
 

@@ -68,6 +68,7 @@ def _softmax_fwd_kernel(
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
     STAGES: tl.constexpr = 0,  # 0: one block of rows a program; else persistent, pipelined STAGES deep
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
+    SHIFT: tl.constexpr = False,  # exponentials against the row's first element: one reduction (_softmax_rows)
 ):
     """Whole rows in registers: BLOCK_M rows a step, one read and one write (_ragged: unaligned rows).
 
@@ -86,18 +87,23 @@ def _softmax_fwd_kernel(
         stride_y = NARROW
     if STAGES == 0:
         _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, tl.program_id(0),
-                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
+                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS, SHIFT)
     else:
         for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
             _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block,
-                          BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
+                          BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS, SHIFT)
 
 
 @triton.jit
 def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
-                  FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr):
-    """Rows ``block * BLOCK_M ..`` of ``_softmax_fwd_kernel`` (its arguments)."""
+                  FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr, SHIFT: tl.constexpr = False):
+    """Rows ``block * BLOCK_M ..`` of ``_softmax_fwd_kernel`` (its arguments).
+
+    ``SHIFT`` (16-bit rows): the exponentials are taken against the row's first element, not its
+    max, so that one block reduction (the sum) replaces two (the max, then the sum); rows whose sum
+    leaves [1, 2^100] (a max more than ~69 above the first element, inf, nan) are redone with the max
+    (docs/kernels.md, "softmax", "One reduction")."""
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     x_base, ph = row_origin(x_phase, rows, stride_x, VEC)
@@ -110,8 +116,81 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
     first = (first + zero)[:, None]
     last = (last + zero)[:, None]
     x_row = x_ptr + x_base[:, None]
+    if SHIFT:  # against the row's first element (virtual column ph)
+        x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi = _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok,
+                                                                 BLOCK_N, BLOCK_T, BLOCK_U, VEC, EDGE_WORDS)
+        shift = tl.load(x_ptr + x_base + ph, mask=row_ok, other=0.0).to(tl.float32)
+        x, x_t, x_u, xe, xe_hi, row_sum = _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, shift, BLOCK_T, BLOCK_U, VEC,
+                                                           FAST_EXP, EDGE_WORDS)
+        # the shifted sum holds the first element's 1: under 1 or over 2^100 (or nan), redo with the max
+        redo = row_ok & ~((row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30))
+        if tl.max(redo.to(tl.int32), axis=0) > 0:
+            x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum = _softmax_max_exp_sum(
+                x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP,
+                EDGE_WORDS)
+    else:
+        x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum = _softmax_max_exp_sum(
+            x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
+    inv_sum = (1.0 / row_sum)[:, None]
+    y_row = y_ptr + y_base[:, None]
+    _store_piece(y_row, 0, BLOCK_N, x * inv_sum, first, last, row_ok)
+    if BLOCK_T > 0:
+        _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok)
+    if BLOCK_U > 0:
+        _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok)
+    if VEC == 8 and EDGE_WORDS:
+        y_row3 = y_ptr + y_base[:, None, None]
+        tl.store(y_row3 + e, (xe * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok)
+        tl.store(y_row3 + e + 1, (xe_hi * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok_hi)
+    elif VEC > 1:
+        tl.store(y_row + e, (xe * inv_sum).to(y_ptr.dtype.element_ty), mask=e_ok)
+
+
+@triton.jit
+def _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_U: tl.constexpr, VEC: tl.constexpr, EDGE_WORDS: tl.constexpr):
+    """The rows' pieces and edges in float32, -inf outside the rows: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi).
+    A piece or edge the plan lacks is a placeholder (x, or the edges' column 0) that nothing reads."""
+    x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
+    x_t = x
+    x_u = x
+    if BLOCK_T > 0:
+        x_t = _row_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok)
+    if BLOCK_U > 0:
+        x_u = _row_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok)
+    if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words, (BLOCK_M, 2, 4) each half
+        ph3 = ph[:, None, None]
+        ok3 = row_ok[:, None, None]
+        xe, xe_hi, e = edge_words(x_ptr, x_base[:, None, None], ph3, n_cols, VEC)
+        e_ok = in_row(e, ph3, n_cols) & ok3
+        e_ok_hi = in_row(e + 1, ph3, n_cols) & ok3
+        xe = tl.where(e_ok, xe, -float("inf"))
+        xe_hi = tl.where(e_ok_hi, xe_hi, -float("inf"))
+    elif VEC > 1:
+        e, e_ok = edges(ph[:, None], n_cols, VEC)
+        e_ok = e_ok & row_ok[:, None]
+        xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
+        xe_hi = xe
+        e_ok_hi = e_ok
+    else:
+        e = tl.zeros([1], tl.int32)
+        e_ok = e == 0
+        e_ok_hi = e_ok
+        xe = tl.zeros([1], tl.float32)
+        xe_hi = xe
+    return x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi
+
+
+@triton.jit
+def _softmax_max_exp_sum(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr, FAST_EXP: tl.constexpr,
+                         EDGE_WORDS: tl.constexpr):
+    """``_softmax_load``'s pieces and edges, each reduced into the rows' max as it arrives, then
+    ``_softmax_exp_sum`` against that max: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum)."""
     x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
     row_max = tl.max(x, axis=1)
+    x_t = x
+    x_u = x
     if BLOCK_T > 0:
         x_t = _row_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok)
         row_max = tl.maximum(row_max, tl.max(x_t, axis=1))
@@ -132,36 +211,41 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
         e_ok = e_ok & row_ok[:, None]
         xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
         row_max = tl.maximum(row_max, tl.max(xe, axis=1))
-    # exponentials once, in place of x (masked lanes: -inf -> 0). exp(x - max), not 2^(x log2 e -
-    # max log2 e) in one FMA: that loses |x| 2^-24 in the exponent (logits of 1e4: 6e-4 relative).
-    x = exp(x - row_max[:, None], FAST_EXP)
+        xe_hi = xe
+        e_ok_hi = e_ok
+    else:
+        e = tl.zeros([1], tl.int32)
+        e_ok = e == 0
+        e_ok_hi = e_ok
+        xe = tl.zeros([1], tl.float32)
+        xe_hi = xe
+    x, x_t, x_u, xe, xe_hi, row_sum = _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, row_max, BLOCK_T, BLOCK_U, VEC,
+                                                       FAST_EXP, EDGE_WORDS)
+    return x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum
+
+
+@triton.jit
+def _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, shift, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr,
+                     VEC: tl.constexpr, FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr):
+    """exp(piece - shift) for every piece and edge, in place of x (-inf -> 0), and the rows' sums of them:
+    (x, x_t, x_u, xe, xe_hi, row_sum). exp(x - shift), not 2^(x log2 e - shift log2 e) in one FMA: that
+    loses |x| 2^-24 in the exponent (logits of 1e4: 6e-4 relative)."""
+    x = exp(x - shift[:, None], FAST_EXP)
     row_sum = tl.sum(x, axis=1)
     if BLOCK_T > 0:
-        x_t = exp(x_t - row_max[:, None], FAST_EXP)
+        x_t = exp(x_t - shift[:, None], FAST_EXP)
         row_sum += tl.sum(x_t, axis=1)
     if BLOCK_U > 0:
-        x_u = exp(x_u - row_max[:, None], FAST_EXP)
+        x_u = exp(x_u - shift[:, None], FAST_EXP)
         row_sum += tl.sum(x_u, axis=1)
     if VEC == 8 and EDGE_WORDS:  # masked lanes: -inf -> 0
-        xe = exp(xe - row_max[:, None, None], FAST_EXP)
-        xe_hi = exp(xe_hi - row_max[:, None, None], FAST_EXP)
+        xe = exp(xe - shift[:, None, None], FAST_EXP)
+        xe_hi = exp(xe_hi - shift[:, None, None], FAST_EXP)
         row_sum += tl.sum(tl.sum(xe + xe_hi, axis=2), axis=1)
     elif VEC > 1:
-        xe = exp(xe - row_max[:, None], FAST_EXP)
+        xe = exp(xe - shift[:, None], FAST_EXP)
         row_sum += tl.sum(tl.where(e_ok, xe, 0.0), axis=1)
-    inv_sum = (1.0 / row_sum)[:, None]
-    y_row = y_ptr + y_base[:, None]
-    _store_piece(y_row, 0, BLOCK_N, x * inv_sum, first, last, row_ok)
-    if BLOCK_T > 0:
-        _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok)
-    if BLOCK_U > 0:
-        _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok)
-    if VEC == 8 and EDGE_WORDS:
-        y_row3 = y_ptr + y_base[:, None, None]
-        tl.store(y_row3 + e, (xe * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok)
-        tl.store(y_row3 + e + 1, (xe_hi * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok_hi)
-    elif VEC > 1:
-        tl.store(y_row + e, (xe * inv_sum).to(y_ptr.dtype.element_ty), mask=e_ok)
+    return x, x_t, x_u, xe, xe_hi, row_sum
 
 
 @triton.jit
@@ -403,6 +487,12 @@ _PIECE_WASTE_WIDE_16BIT = 0.2
 _PIECE_WASTE_WIDE_FP32 = 0.3
 _PIECE_MIN_WARPS = 2  # 2049 bf16 on 2 warps (32 elements a thread): 73 -> 90%+ of copy (H200)
 _PHASED_NARROW_COLS = (64, 128)
+# 16-bit rows in these bands (inclusive) take their exponentials against the row's first element: one block
+# reduction instead of two, on the rows plan and the staged plan's aligned rows (_softmax_rows' SHIFT;
+# docs/kernels.md, "One reduction"). H200, % of copy: bf16 8704 75 -> 82, 10240 84 -> 93, 12345 74 -> 83,
+# 16384 93 -> 97, 32768 84 -> 86; fp16 1000 79 -> 85; 2048-8192 level or up to 1 point lower, and odd widths
+# under 16 lost (bf16 3 36-39 -> 26: a row's extra load among few elements), so not there.
+_SHIFT_16BIT: tuple[tuple[int, int], ...] | None = ((256, 2047), (8193, 32768))
 
 
 def _softmax_settings(
@@ -527,7 +617,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
             FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, EDGE_WORDS=_EDGE_WORDS,
-            num_warps=plan.num_warps,
+            SHIFT=r.vec == 1 and _shift(n_cols, x2.element_size()), num_warps=plan.num_warps,
             **_reg_cap(plan),
         )
         r.finish()
@@ -545,7 +635,8 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(),
-            EDGE_WORDS=_EDGE_WORDS and n_cols >= _PHASED_ROWS_MIN_COLS, num_warps=warps,
+            EDGE_WORDS=_EDGE_WORDS and n_cols >= _PHASED_ROWS_MIN_COLS, SHIFT=_shift(n_cols, x2.element_size()),
+            num_warps=warps,
             **_reg_cap(plan),
         )
     else:
@@ -584,6 +675,11 @@ def _piece_warps(lanes: int) -> int:
     """Warps of a rows program holding ``lanes`` in pieces: 32 elements a thread over the largest power of
     two under ``lanes``, ``_PIECE_MIN_WARPS`` to 16 (4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
     return max(_PIECE_MIN_WARPS, min(16, (1 << (lanes.bit_length() - 1)) // (32 * ELEMS_PER_THREAD)))
+
+
+def _shift(n_cols: int, elem_size: int) -> bool:
+    """Whether 16-bit rows of ``n_cols`` take the rows kernel's one-reduction path (``_SHIFT_16BIT``)."""
+    return elem_size == 2 and any(lo <= n_cols <= hi for lo, hi in _SHIFT_16BIT or ())
 
 
 def _narrow(r: Phased, n_cols: int, block_n: int) -> int:

@@ -17,7 +17,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-BF16, FP32 = torch.bfloat16, torch.float32
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 # (subject, dtype, shape, most kernels, bandwidth floor or None for shapes too small to be bandwidth-bound)
 CASES = [
@@ -31,16 +31,22 @@ CASES = [
     ("softmax", BF16, (4, 1000), 1, None),  # small: launch-bound, bytes and count only
     ("softmax", FP32, (4096, 20000), 1, 0.65),  # staged, in two pieces: 82% (split walk: 73%)
     ("softmax", BF16, (4096, 32768), 1, 0.7),  # staged: 86% (persistent walk: 70%)
+    ("softmax", BF16, (8192, 12288), 1, 0.8),  # 16-bit, one reduction against the first element: 95% (was 90%)
+    ("softmax", FP16, (8192, 8704), 1, 0.68),  # one reduction, in two pieces: 83% (was 75%)
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
     ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
     ("layer_norm", BF16, (8192, 4097), 1, 0.55),  # ragged 16-bit, the walk: 69-70% (was 41%)
     ("layer_norm", BF16, (4096, 16383), 1, 0.42),  # the walk: 55% (was 30%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
+    ("layer_norm", BF16, (8192, 8704), 1, 0.6),  # aligned 16-bit, chunked rows on a persistent grid: 74% (was 61%)
+    ("layer_norm", BF16, (8192, 4608), 1, 0.7),  # aligned 16-bit, the walk: 88% (was 75%)
+    ("layer_norm", FP16, (8192, 5120), 1, 0.75),  # aligned 16-bit, two pieces with one reduction each: 91% (was 69%)
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # 89%
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
     ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)
     ("layer_norm_backward", BF16, (16384, 8192), 3, 0.65),  # pipelined phased plan: 80%+ (was 51%)
+    ("layer_norm_backward", BF16, (16384, 4608), 3, 0.5),  # aligned 16-bit in two pieces: 65% (was 54%)
     ("layer_norm_backward", BF16, (16384, 2049), 3, 0.4),  # ragged 16-bit, phased, the tail in words: 52% (was 44%)
 ]
 

@@ -606,7 +606,7 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [768, 1280, 2048, 2049, 4097, 5120, 6144, 7001, 8191, 8192])
+@pytest.mark.parametrize("n", [768, 1280, 2048, 2049, 4097, 4112, 4608, 5120, 6144, 7001, 8191, 8192])
 def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_model_widths(n, dtype):
     shape = (2**21 // n, n)
     x, weight, bias = inputs(shape, dtype)
@@ -620,6 +620,27 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
     for a, b in zip(first, layer_norm.backward(dy, x, weight, mean, rstd, variant="phased")):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n, pieces", [(80, (64, 16)), (96, (64, 32)), (4352, (4096, 256))], ids=["64 + 16", "64 + 32", "4096 + 256"])
+def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype, monkeypatch):
+    # the band moved down to widths the interpreter runs: the pieces' sums, shares and dx against torch
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECES_16BIT", (16, 8192))
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECE_MIN_LANES", 16)
+    shape = (11, n)
+    x, weight, bias = inputs(shape, dtype)
+    x[3] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="phased")
+    assert (plan.block_n, plan.block_t) == pieces
+    dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert not a.isnan().any(), f"{what} left unwritten"
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
 @pytest.mark.parametrize("prefetch, stages, pieces", [(False, 1, (64, 0)), (True, 1, (64, 0)), (False, 3, (64, 0)), (False, 3, (32, 8)),
@@ -740,14 +761,22 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     # lanes: 4097 + 3 on 4096 + 4 lanes, one 32-warp program an SM, two rows in flight
     assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
-    assert (bwd[7].block_n, bwd[7].block_t) == (8192, 0)  # bf16 4608: aligned 16-bit rows keep their power of two
+    # 16-bit aligned rows of 4097-6144 in two pieces on the first one's 16 warps:
+    # 4608 = 4096 + 512 at 64 registers (two programs an SM); 5136-6144 = 4096 + 2048 at 128 (one an SM)
+    assert bwd[7] == P("rows", 1, 4096, 16, 264, "phased", 64, stages=3, block_t=512)
+    assert settings(8192, 6144, 2, backward=True, sm_count=132) == P("rows", 1, 4096, 16, 132, "phased", 128, stages=3,
+                                                                     block_t=2048)
+    assert settings(8192, 4112, 2, backward=True).block_t == 16  # 4096 + 16
+    for n in (6160, 7168):  # past 6144: the 8192-lane tile
+        assert (settings(8192, n, 2, backward=True).block_n, settings(8192, n, 2, backward=True).block_t) == (8192, 0), n
+    assert (settings(8192, 4608, 4, backward=True).block_n, settings(8192, 4608, 4, backward=True).block_t) == (8192, 0)
     # 16-bit unaligned rows: whole with the edges read as words, the widest phase's last vector among them up to
     # 4096 lanes (4097 = 4096 + a vector); wider, a one-vector tail piece (8191 = 8192 + 8, above)
     assert (bwd[5].block_n, bwd[5].block_t) == (4096, 0)
     assert [(p.block_n, p.block_t) for p in (settings(8192, 5121, 2, backward=True), settings(8192, 5121, 4, backward=True))] == [
         (8192, 0), (4096, 2048)]
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
-    assert bwd[7].n_groups == 132 and bwd[5].n_groups == 264  # 4097: 16 warps, two an SM
+    assert settings(8192, 8192, 2, backward=True, sm_count=132).n_groups == 132 and bwd[5].n_groups == 264  # 4097: 16 warps, two an SM
     assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
     assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step

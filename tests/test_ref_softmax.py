@@ -514,6 +514,35 @@ def test_large_logits_keep_full_float32_precision(shape):
     torch.testing.assert_close(softmax.fused(x).double(), torch.softmax(x.double(), -1), atol=1e-7, rtol=1e-5)
 
 
+def test_16_bit_rows_take_one_reduction_only_where_it_measured_faster():
+    # docs/kernels.md, "One reduction": 16-bit rows of 256-2047 and 8193-32768; level or lower at 2048-8192,
+    # lower at odd widths under 16
+    assert [softmax._shift(n, 2) for n in (3, 255, 256, 1000, 2047, 2048, 8192, 8193, 12345, 32768, 32769)] == [
+        False, False, True, True, True, False, False, True, True, True, False]
+    assert not any(softmax._shift(n, 4) for n in (1000, 12345))  # fp32 keeps exp(x - max): full precision
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+# rows plan: many rows a program (300), pieces (4097: 4096 + 8 at every phase), ragged phases (1000); staged (64)
+@pytest.mark.parametrize("shape, wide", [((8, 300), None), ((8, 4097), None), ((8, 1000), None), ((8, 64), "staged")], ids=str)
+def test_16_bit_rows_shifted_by_their_first_element_redo_the_rows_that_shift_cannot_take(shape, wide, dtype, monkeypatch):
+    monkeypatch.setattr(softmax, "_SHIFT_16BIT", ((1, 32768),))
+    x = torch.randn(shape, device=DEVICE).mul_(3).to(dtype)
+    x[1, 0] = -200.0  # the max 200 above the first element: exp(x - first) overflows, so the row is redone
+    x[2, 0] = -float("inf")  # a first element of -inf: nan against it, redone; the rest of the row is finite
+    x[3, 0] = float("inf")  # torch: the row is nan
+    x[4, 5] = float("nan")
+    x[5] = -float("inf")  # torch: nan
+    x[6, 0] = x[6].float().max().item() - 60.0  # 60 under the max: kept shifted, e^60 in the sum
+    plan = softmax._softmax_settings(*shape, x.element_size(), wide=wide)
+    assert softmax._shift(shape[1], 2) and (wide is None) == (plan.mode == "rows")
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    assert torch.equal(out.isnan(), expected.isnan()), "nan where torch has none, or an element left unwritten"
+    assert_close_to_row_scale(out, expected, dtype, equal_nan=True)
+
+
 def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vector():
     pieces = softmax._row_pieces
     assert pieces(4097, 8, 2) == (4096, 8, 0)  # bf16: the last vector of a phase-7 row ends at 4104
