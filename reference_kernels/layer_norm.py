@@ -1250,13 +1250,14 @@ _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (819
 # a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
 # 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
 _PHASED_BWD_PAIRS_MIN_LANES = 2048
-# 16-bit aligned rows in this band (inclusive) in two pieces (4096 + 16 .. 4096 + 2048), where the second has
-# at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first piece (None: one power of two).
-# Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the i-th's lanes (programs an SM:
-# as many as fit). H200, bf16 / fp16, % of copy: 4112 48 -> 69 / 49 -> 71, 4608 54 -> 65 / 56 -> 65, 5120
-# 60 -> 65 / 62 -> 66 (64 registers, 2 programs an SM; 72 bytes of stack); 6144 69 -> 72 / 72 -> 72 (128, one
-# an SM; at 64 it spilled 176 bytes and read 57). On the warps of both pieces (32, 55 registers): 39-52, lost.
-_PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 6144)
+# 16-bit aligned rows in these bands (inclusive) in two pieces (1024 + 16 .. 1024 + 256, 4096 + 16 .. 4096 +
+# 2048), where the second has at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first
+# piece (None: one power of two). Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the
+# i-th's lanes (programs an SM: as many as fit). H200, bf16 / fp16, % of copy: 1280 63 -> 72 / 64 -> 74, 4112
+# 48 -> 69 / 49 -> 71, 4608 54 -> 65 / 56 -> 65, 5120 60 -> 65 / 62 -> 66 (64 registers, 2 programs an SM; 72
+# bytes of stack); 6144 69 -> 72 / 72 -> 72 (128, one an SM; at 64 it spilled 176 bytes and read 57). Lost: the
+# warps of both pieces (32, 55 registers: 39-52); 1536 73 -> 55, 3072 78 -> 60, 2304-2560 level (docs/kernels.md).
+_PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1280), (4097, 6144))
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece's lanes up to, register cap)
@@ -1447,10 +1448,9 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
 
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> bool:
-    """Whether the phased backward holds a 16-bit aligned row in two pieces (``_PHASED_BWD_ALIGNED_PIECES_16BIT``,
-    the second of at least ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes)."""
-    band = _PHASED_BWD_ALIGNED_PIECES_16BIT
-    if elem_size >= 4 or n_cols % 16 or band is None or not band[0] <= n_cols <= band[1]:
+    """Whether the phased backward holds a 16-bit aligned row in two pieces (a band of
+    ``_PHASED_BWD_ALIGNED_PIECES_16BIT``, the second piece of at least ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes)."""
+    if elem_size >= 4 or n_cols % 16 or not any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_PIECES_16BIT or ()):
         return False
     block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
     return block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW

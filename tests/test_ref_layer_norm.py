@@ -626,7 +626,7 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
 @pytest.mark.parametrize("n, pieces", [(80, (64, 16)), (96, (64, 32)), (4352, (4096, 256))], ids=["64 + 16", "64 + 32", "4096 + 256"])
 def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype, monkeypatch):
     # the band moved down to widths the interpreter runs: the pieces' sums, shares and dx against torch
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECES_16BIT", (16, 8192))
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECES_16BIT", ((16, 8192),))
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECE_MIN_LANES", 16)
     shape = (11, n)
     x, weight, bias = inputs(shape, dtype)
@@ -761,13 +761,17 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     # lanes: 4097 + 3 on 4096 + 4 lanes, one 32-warp program an SM, two rows in flight
     assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
-    # 16-bit aligned rows of 4097-6144 in two pieces on the first one's 16 warps:
+    # 16-bit aligned rows of 1025-1280 and 4097-6144 in two pieces on the first one's warps:
     # 4608 = 4096 + 512 at 64 registers (two programs an SM); 5136-6144 = 4096 + 2048 at 128 (one an SM)
     assert bwd[7] == P("rows", 1, 4096, 16, 264, "phased", 64, stages=3, block_t=512)
     assert settings(8192, 6144, 2, backward=True, sm_count=132) == P("rows", 1, 4096, 16, 132, "phased", 128, stages=3,
                                                                      block_t=2048)
     assert settings(8192, 4112, 2, backward=True).block_t == 16  # 4096 + 16
-    for n in (6160, 7168):  # past 6144: the 8192-lane tile
+    assert settings(8192, 1280, 2, backward=True, sm_count=132) == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3,
+                                                                     block_t=256)  # 1024 + 256 on 4 warps
+    for n in (1536, 6160, 7168):  # 1024 + 512 lost; past 6144: the 8192-lane tile
+        assert settings(8192, n, 2, backward=True).block_t == 0, n
+    for n in (6160, 7168):
         assert (settings(8192, n, 2, backward=True).block_n, settings(8192, n, 2, backward=True).block_t) == (8192, 0), n
     assert (settings(8192, 4608, 4, backward=True).block_n, settings(8192, 4608, 4, backward=True).block_t) == (8192, 0)
     # 16-bit unaligned rows: whole with the edges read as words, the widest phase's last vector among them up to
