@@ -1469,7 +1469,9 @@ def _phased_backward(n_cols: int, elem_size: int) -> bool:
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
-    (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``."""
+    (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``. Aligned 16-bit
+    rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
+    ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
     vec = max(1, 16 // elem_size)
     held = _phased_bwd_pieces(n_cols, elem_size)
     if held is None:
@@ -1477,13 +1479,13 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                          f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
     block_n, block_t = held
     lanes = 32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's, at the plan's vectors a thread
-    spread = block_n if _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST and _aligned_16bit_bwd_pieces(n_cols, elem_size) \
-        else block_n + block_t
+    aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size)
+    spread = block_n if aligned_pieces and _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST else block_n + block_t
     warps = max(4, min(32, next_power_of_2(triton.cdiv(spread, lanes))))
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
     max_regs = _PHASED_MAX_REGS
-    if _aligned_16bit_bwd_pieces(n_cols, elem_size):
-        max_regs = next(cap for lanes, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= lanes)
+    if aligned_pieces:  # the cap for the second piece's width, and the programs an SM that it lets fit
+        max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= widest)
         per_sm = max(1, min(per_sm, 65536 // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory

@@ -4,7 +4,8 @@ Four launch plans, on two kernels; ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
-  read, one write. Measured 92-100% of copy bandwidth on an H200.
+  read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
+  row's first element). Measured 92-100% of copy bandwidth on an H200.
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
   whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
@@ -186,7 +187,11 @@ def _softmax_max_exp_sum(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, 
                          BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr, FAST_EXP: tl.constexpr,
                          EDGE_WORDS: tl.constexpr):
     """``_softmax_load``'s pieces and edges, each reduced into the rows' max as it arrives, then
-    ``_softmax_exp_sum`` against that max: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum)."""
+    ``_softmax_exp_sum`` against that max: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum).
+
+    The loads are ``_softmax_load``'s written out again, not a call to it: taking the max piece by
+    piece is the order this kernel was measured in, and ``_softmax_load`` followed by the max compiled
+    differently on sm_90 (bf16 8192 + 512 lanes: 64 -> 88 bytes of stack)."""
     x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
     row_max = tl.max(x, axis=1)
     x_t = x
