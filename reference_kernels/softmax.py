@@ -118,8 +118,8 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
     last = (last + zero)[:, None]
     x_row = x_ptr + x_base[:, None]
     if SHIFT:  # against the row's first element (virtual column ph)
-        x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi = _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok,
-                                                                 BLOCK_N, BLOCK_T, BLOCK_U, VEC, EDGE_WORDS)
+        x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, _ = _softmax_load(
+            x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, EDGE_WORDS, False)
         shift = tl.load(x_ptr + x_base + ph, mask=row_ok, other=0.0).to(tl.float32)
         x, x_t, x_u, xe, xe_hi, row_sum = _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, shift, BLOCK_T, BLOCK_U, VEC,
                                                            FAST_EXP, EDGE_WORDS)
@@ -149,16 +149,26 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
 
 @triton.jit
 def _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_U: tl.constexpr, VEC: tl.constexpr, EDGE_WORDS: tl.constexpr):
-    """The rows' pieces and edges in float32, -inf outside the rows: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi).
-    A piece or edge the plan lacks is a placeholder (x, or the edges' column 0) that nothing reads."""
+                  BLOCK_U: tl.constexpr, VEC: tl.constexpr, EDGE_WORDS: tl.constexpr, MAX: tl.constexpr):
+    """The rows' pieces and edges in float32, -inf outside the rows, and with ``MAX`` the rows' max, each piece
+    reduced into it as it arrives (the order the kernel was measured in: loading everything first and then
+    taking the max compiled differently on sm_90, bf16 8192 + 512 lanes 64 -> 88 bytes of stack):
+    (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_max). A piece, edge or max the plan lacks is a placeholder
+    that nothing reads."""
     x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
+    row_max = x
+    if MAX:
+        row_max = tl.max(x, axis=1)
     x_t = x
     x_u = x
     if BLOCK_T > 0:
         x_t = _row_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok)
+        if MAX:
+            row_max = tl.maximum(row_max, tl.max(x_t, axis=1))
     if BLOCK_U > 0:
         x_u = _row_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok)
+        if MAX:
+            row_max = tl.maximum(row_max, tl.max(x_u, axis=1))
     if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words, (BLOCK_M, 2, 4) each half
         ph3 = ph[:, None, None]
         ok3 = row_ok[:, None, None]
@@ -167,10 +177,14 @@ def _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N
         e_ok_hi = in_row(e + 1, ph3, n_cols) & ok3
         xe = tl.where(e_ok, xe, -float("inf"))
         xe_hi = tl.where(e_ok_hi, xe_hi, -float("inf"))
+        if MAX:
+            row_max = tl.maximum(row_max, tl.max(tl.max(tl.maximum(xe, xe_hi), axis=2), axis=1))
     elif VEC > 1:
         e, e_ok = edges(ph[:, None], n_cols, VEC)
         e_ok = e_ok & row_ok[:, None]
         xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
+        if MAX:
+            row_max = tl.maximum(row_max, tl.max(xe, axis=1))
         xe_hi = xe
         e_ok_hi = e_ok
     else:
@@ -179,51 +193,17 @@ def _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N
         e_ok_hi = e_ok
         xe = tl.zeros([1], tl.float32)
         xe_hi = xe
-    return x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi
+    return x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_max
 
 
 @triton.jit
 def _softmax_max_exp_sum(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr, FAST_EXP: tl.constexpr,
                          EDGE_WORDS: tl.constexpr):
-    """``_softmax_load``'s pieces and edges, each reduced into the rows' max as it arrives, then
-    ``_softmax_exp_sum`` against that max: (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum).
-
-    The loads are ``_softmax_load``'s written out again, not a call to it: taking the max piece by
-    piece is the order this kernel was measured in, and ``_softmax_load`` followed by the max compiled
-    differently on sm_90 (bf16 8192 + 512 lanes: 64 -> 88 bytes of stack)."""
-    x = _row_piece(x_row, 0, BLOCK_N, first, last, row_ok)
-    row_max = tl.max(x, axis=1)
-    x_t = x
-    x_u = x
-    if BLOCK_T > 0:
-        x_t = _row_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok)
-        row_max = tl.maximum(row_max, tl.max(x_t, axis=1))
-    if BLOCK_U > 0:
-        x_u = _row_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok)
-        row_max = tl.maximum(row_max, tl.max(x_u, axis=1))
-    if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words, (BLOCK_M, 2, 4) each half
-        ph3 = ph[:, None, None]
-        ok3 = row_ok[:, None, None]
-        xe, xe_hi, e = edge_words(x_ptr, x_base[:, None, None], ph3, n_cols, VEC)
-        e_ok = in_row(e, ph3, n_cols) & ok3
-        e_ok_hi = in_row(e + 1, ph3, n_cols) & ok3
-        xe = tl.where(e_ok, xe, -float("inf"))
-        xe_hi = tl.where(e_ok_hi, xe_hi, -float("inf"))
-        row_max = tl.maximum(row_max, tl.max(tl.max(tl.maximum(xe, xe_hi), axis=2), axis=1))
-    elif VEC > 1:
-        e, e_ok = edges(ph[:, None], n_cols, VEC)
-        e_ok = e_ok & row_ok[:, None]
-        xe = tl.load(x_row + e, mask=e_ok, other=-float("inf")).to(tl.float32)
-        row_max = tl.maximum(row_max, tl.max(xe, axis=1))
-        xe_hi = xe
-        e_ok_hi = e_ok
-    else:
-        e = tl.zeros([1], tl.int32)
-        e_ok = e == 0
-        e_ok_hi = e_ok
-        xe = tl.zeros([1], tl.float32)
-        xe_hi = xe
+    """``_softmax_load`` with the rows' max, then ``_softmax_exp_sum`` against it:
+    (x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum)."""
+    x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_max = _softmax_load(
+        x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, EDGE_WORDS, True)
     x, x_t, x_u, xe, xe_hi, row_sum = _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, row_max, BLOCK_T, BLOCK_U, VEC,
                                                        FAST_EXP, EDGE_WORDS)
     return x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum
