@@ -79,14 +79,30 @@ def exchange_partials(part_ptr, sync_ptr, row, slot, a, b, n_rows, a_other, b_ot
     The ticket comes only after the wait, so the tiles handed out form a prefix and no program holds
     two tiles of one row (the module docstring: why that cannot deadlock).
     """
+    all_a, all_b = gather_partials(part_ptr, sync_ptr, row, slot, a, b, GROUP, a_other, b_other, GROUP, BLOCK_G)
+    return all_a, all_b, next_ticket(sync_ptr, n_rows)
+
+
+@triton.jit
+def gather_partials(part_ptr, sync_ptr, row, slot, a, b, n_arrivals, a_other, b_other,
+                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+    """``exchange_partials`` without the ticket, for a row that exchanges more than once: part_ptr is this
+    exchange's own (M, GROUP, 2) plane, and the wait lasts until the row's counter reaches ``n_arrivals``
+    (GROUP for a row's first exchange, 2 GROUP for its second). Take the ticket after the last."""
     part_row = part_ptr + row.to(tl.int64) * (2 * GROUP)
     tl.store(part_row + 2 * slot, a)
     tl.store(part_row + 2 * slot + 1, b)
-    arrive_and_wait(sync_ptr + row.to(tl.int64) * COUNTER_STRIDE, GROUP)
+    arrive_and_wait(sync_ptr + row.to(tl.int64) * COUNTER_STRIDE, n_arrivals)
     g = tl.arange(0, BLOCK_G)
     all_a = tl.load(part_row + 2 * g, mask=g < GROUP, other=a_other, volatile=True)
     all_b = tl.load(part_row + 2 * g + 1, mask=g < GROUP, other=b_other, volatile=True)
-    return all_a, all_b, tl.atomic_add(sync_ptr + n_rows * COUNTER_STRIDE, 1, sem="relaxed")
+    return all_a, all_b
+
+
+@triton.jit
+def next_ticket(sync_ptr, n_rows):
+    """The next tile of a split walk (GROUP > 1): taken after a program's last wait on its row."""
+    return tl.atomic_add(sync_ptr + n_rows * COUNTER_STRIDE, 1, sem="relaxed")
 
 
 @triton.jit
@@ -105,16 +121,16 @@ def split_group(n_cols: int, block_n: int, group: int) -> tuple[int, int]:
     return triton.cdiv(n_steps, steps), steps * block_n
 
 
-def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor):
+def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor, planes: int = 1):
     """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
-    and, for ``group`` > 1, the partials and zeroed counters they exchange through (else ``unused``,
-    never read)."""
+    and, for ``group`` > 1, the partials (``planes`` of (n_rows, group, 2): one for each exchange a row
+    may make) and zeroed counters they exchange through (else ``unused``, never read)."""
     if group > 1 and interpreting():
         raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
     n_programs = _programs(n_rows, group, per_sm, device)
     if group == 1:
         return n_programs, unused, unused
-    part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=device)
+    part = torch.empty((planes, n_rows, group, 2), dtype=torch.float32, device=device)
     sync = torch.zeros((n_rows + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
     return n_programs, part, sync
 
@@ -143,12 +159,12 @@ def resident_per_sm(n_regs: int, num_warps: int, shared_bytes: int, *, regs_per_
 
 
 def split_run(kernel, make_args, n_rows: int, group: int, per_sm: int, device: torch.device,
-              unused: torch.Tensor, **launch) -> int:
+              unused: torch.Tensor, planes: int = 1, **launch) -> int:
     """Launch ``kernel`` on a split-walk grid of ``per_sm`` programs an SM, or of as many as the
     compiled kernel keeps resident when that is fewer, so that the planned programs run at
     once (docs/kernels.md, "The split walk"). ``make_args(part, sync, n_programs)`` gives the
-    positional arguments. Returns the programs launched."""
-    n_programs, part, sync = split_launch(n_rows, group, per_sm, device, unused)
+    positional arguments; ``planes``: partials planes (``split_launch``). Returns the programs launched."""
+    n_programs, part, sync = split_launch(n_rows, group, per_sm, device, unused, planes)
     args = make_args(part, sync, n_programs)
     if per_sm > 1 and not interpreting() and device.type == "cuda":
         resident = _resident(kernel, args, launch, device)

@@ -43,7 +43,8 @@ from ._common import (ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, nex
 from ._math import exp
 from ._ragged import (Phased, body_bounds, edge_words, edges, in_row, launch_width, phased, ragged_width, row_origin,
                       row_pieces, vec_end)
-from ._split_walk import exchange_partials, first_tile, prefetch_target, split_group, split_run, tile_start
+from ._split_walk import (exchange_partials, first_tile, gather_partials, next_ticket, prefetch_target, split_group, split_run,
+                          tile_start)
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -275,6 +276,7 @@ def _softmax_split_kernel(
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+    SHIFT: tl.constexpr = False,  # not HOLD: pass one sums exp(x - the row's first element), no running max
 ):
     """Persistent programs, each walking tiles (a row's slice) twice: online (max, sum of exp), then normalise.
 
@@ -297,12 +299,17 @@ def _softmax_split_kernel(
     Columns are virtual (``_ragged``): a row's elements sit at ph .. ph + N from the aligned
     vector holding its first; slices are cut in that space, so a row with a small phase can
     leave its last slice empty (it publishes (-FLT_MAX, 0) and still prefetches the next tile).
+    ``SHIFT`` (16-bit rows): pass one sums exp(x - c), c the row's first element, as the rows kernel's
+    one reduction does (docs/kernels.md, "One reduction"); a row whose sum leaves [1, 2^100] is walked
+    again the online way, its slices exchanging a second time (on partials plane 1, the counter to 2 GROUP).
     """
     n_tiles = n_rows * GROUP
     tile = first_tile(sync_ptr, n_rows, GROUP)
     cols = tl.arange(0, BLOCK_N)
     row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
     x_next = _load_row_chunk(x_ptr, x_phase, row, stride_x, lo, cols, n_cols, VEC)
+    if SHIFT:  # the tile's c, loaded a tile ahead
+        shift_next = _row_first(x_ptr, x_phase, row, stride_x, VEC)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
@@ -314,40 +321,50 @@ def _softmax_split_kernel(
             v_e, e_ok = edges(ph, n_cols, VEC)
             e_ok = e_ok & (v_e >= lo) & (v_e < hi)
             x_e = tl.load(x_row + v_e, mask=e_ok, other=0.0)
-        run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
-        run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
-            x = tl.reshape(x, (BLOCK_N // SUB, SUB))
-            if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
-                nxt = start + BLOCK_N
-                nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
-                x_next = _load_chunk(x_row + nxt + cols, nxt + cols < vec_end(ph, n_cols, VEC))
-            # A thread's SUB neighbours first (no exchange), then one online step per SUB.
-            sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
-            sub_sum = tl.sum(exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
-            new_max = tl.maximum(run_max, sub_max)
-            e = exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
-            run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
-            run_max = new_max
-        if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
-            x_held = x_next
-            early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
-            x_next = _load_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
-        tile_max = tl.max(run_max, axis=0)
-        tile_sum = tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
-        if GROUP == 1:
-            row_max = tile_max
+        if SHIFT:
+            shift = shift_next
+            x_next, tile_sum = _shift_pass(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N, SUB, HOLD, FAST_EXP, VEC)
+            row_max = shift
             row_sum = tile_sum
-            next_tile = tile + n_programs
+            if GROUP > 1:
+                _, p_sum = gather_partials(part_ptr, sync_ptr, row, tile % GROUP, tile_sum, tile_sum, GROUP, 0.0, 0.0,
+                                           GROUP, BLOCK_G)
+                row_sum = tl.sum(p_sum, axis=0)
+            # the shifted sum holds c's own 1: under 1 or over 2^100 (or nan), the row again with its max
+            redo = ~((row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30))
+            if redo:
+                x_next, row_max, row_sum = _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N, SUB, HOLD,
+                                                        FAST_EXP, VEC)
+                if GROUP > 1:
+                    p_max, p_sum = gather_partials(part_ptr + n_rows * (2 * GROUP), sync_ptr, row, tile % GROUP, row_max,
+                                                   row_sum, 2 * GROUP, -_FLT_MAX, 0.0, GROUP, BLOCK_G)
+                    row_max = tl.max(p_max, axis=0)
+                    row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
+            if GROUP == 1:
+                next_tile = tile + n_programs
+            else:
+                next_tile = next_ticket(sync_ptr, n_rows)
         else:
-            p_max, p_sum, next_tile = exchange_partials(
-                part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
-            )
-            row_max = tl.max(p_max, axis=0)
-            row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
+            x_next, tile_max, tile_sum = _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N, SUB, HOLD,
+                                                      FAST_EXP, VEC)
+            if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
+                x_held = x_next
+                early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
+                x_next = _load_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
+            if GROUP == 1:
+                row_max = tile_max
+                row_sum = tile_sum
+                next_tile = tile + n_programs
+            else:
+                p_max, p_sum, next_tile = exchange_partials(
+                    part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
+                )
+                row_max = tl.max(p_max, axis=0)
+                row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
         inv_sum = 1.0 / row_sum
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
+        if SHIFT:
+            shift_next = _row_first(x_ptr, x_phase, next_row, stride_x, VEC)
         first, last = body_bounds(ph, n_cols, VEC)
         for start in range(lo, hi, BLOCK_N):
             if EARLY:
@@ -364,6 +381,58 @@ def _softmax_split_kernel(
             y_e = exp(x_e.to(tl.float32) - row_max, FAST_EXP) * inv_sum
             tl.store(y_ptr + y_base + v_e, y_e.to(y_ptr.dtype.element_ty), mask=e_ok)
         tile = next_tile
+
+
+@triton.jit
+def _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N: tl.constexpr, SUB: tl.constexpr, HOLD: tl.constexpr,
+                 FAST_EXP: tl.constexpr, VEC: tl.constexpr):
+    """Pass one of ``_softmax_split_kernel`` over the tile's steps [lo, hi), online: (x_next, tile max, tile sum
+    of exp(x - max)); x_next holds the tile's first chunk on entry and, loaded again for pass two, on exit."""
+    run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
+    run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
+        x = tl.reshape(x, (BLOCK_N // SUB, SUB))
+        if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
+            x_next = _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N, VEC)
+        # A thread's SUB neighbours first (no exchange), then one online step per SUB.
+        sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
+        sub_sum = tl.sum(exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
+        new_max = tl.maximum(run_max, sub_max)
+        e = exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
+        run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
+        run_max = new_max
+    tile_max = tl.max(run_max, axis=0)
+    return x_next, tile_max, tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
+
+
+@triton.jit
+def _shift_pass(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+                HOLD: tl.constexpr, FAST_EXP: tl.constexpr, VEC: tl.constexpr):
+    """``_online_pass`` summing exp(x - shift) instead: (x_next, the tile's sum); -inf outside the row adds 0."""
+    acc = tl.zeros([BLOCK_N // SUB], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
+        x = tl.reshape(x, (BLOCK_N // SUB, SUB))
+        if not HOLD:
+            x_next = _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N, VEC)
+        acc += tl.sum(exp(x - shift, FAST_EXP), axis=1)
+    return x_next, tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """Pass one's next chunk after ``start``: the tile's next, or after its last the first again, for pass two."""
+    nxt = start + BLOCK_N
+    nxt = tl.where(nxt < hi, nxt, lo)
+    return _load_chunk(x_row + nxt + cols, nxt + cols < vec_end(ph, n_cols, VEC))
+
+
+@triton.jit
+def _row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
+    """The first element of ``row`` in float32 (SHIFT's c)."""
+    base, ph = row_origin(x_phase, row, stride_x, VEC)
+    return tl.load(x_ptr + base + ph).to(tl.float32)
 
 
 @triton.jit
@@ -444,6 +513,13 @@ _SPLIT_HOLD_WARPS = 16
 _SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an SM (69-72% against 55-60% held)
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
+# 16-bit rows on the split walk: pass one sums exp(x - the row's first element) (SHIFT, docs/kernels.md "The
+# split walk"). H200, % of copy, two runs each, bf16 / fp16: 17000 60 -> 65 / 63 -> 69, 20000 78 -> 81 / 78 -> 81,
+# 49152 73 -> 75 / 74 -> 76, 50304 70 -> 73 / 71 -> 73, 100352-151936 +0-2; not on the persistent plan (65536: bf16
+# 79 -> 75, fp16 76 -> 80) nor ragged rows (50257: 64 -> 61 / 62 -> 59).
+_SPLIT_SHIFT_16BIT = True
+_SPLIT_SHIFT_PLANS = ("split",)
+_SPLIT_SHIFT_RAGGED = False
 # Registers: a plan that counts on several programs an SM being resident caps the registers
 # at what that needs (Triton's maxnreg); without it triton 3.6 gave the unaligned-row kernels
 # 95 / 106 registers and one or two programs an SM fewer than planned (ncu; docs/kernels.md,
@@ -686,6 +762,7 @@ def _phase_rows(n_cols: int) -> bool:
 
 def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
     group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
+    shift = _split_shift(plan, r.vec, r.x.element_size(), slice_cols)
     split_run(
         _softmax_split_kernel,
         lambda part, sync, n_programs: (
@@ -693,8 +770,16 @@ def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
         n_rows, group, plan.per_sm, r.x.device, r.x,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps, **_reg_cap(plan),
+        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, SHIFT=shift, num_warps=plan.num_warps,
+        planes=2 if shift else 1, **_reg_cap(plan),
     )
+
+
+def _split_shift(plan: _Plan, vec: int, elem_size: int, slice_cols: int) -> bool:
+    """Whether the split walk's pass one sums exp(x - c) (``SHIFT``): 16-bit rows of the plans in
+    ``_SPLIT_SHIFT_PLANS``, aligned unless ``_SPLIT_SHIFT_RAGGED``, tiles of more than one step."""
+    return (_SPLIT_SHIFT_16BIT and elem_size == 2 and plan.mode in _SPLIT_SHIFT_PLANS and slice_cols != plan.block_n
+            and (vec == 1 or _SPLIT_SHIFT_RAGGED))
 
 
 def _reg_cap(plan: _Plan) -> dict:

@@ -417,6 +417,7 @@ def test_settings_size_the_wide_row_candidates_for_the_l2(monkeypatch):
         ((64, 4099), 64, 3),  # 65 steps: slices of 22, 22 and 21, the last step 3 wide
         ((33, 70000), 4096, 16),  # 18 steps: 9 slices of 2, ragged last step
         ((40, 9000), 1024, 9),  # one step a slice (held in registers), the last step 808 wide
+        ((64, 250), 64, 3),  # 16-bit: slices of 2 steps; the last slice empty or one element, by the row's phase
         ((2048, 65536), None, None),  # the split heuristic at an anchor shape
         ((3, 262144 + 5), None, None),  # the split heuristic past the widest anchor, ragged
     ],
@@ -523,10 +524,15 @@ def test_16_bit_rows_take_one_reduction_only_where_it_measured_faster():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-# rows plan: many rows a program (300), pieces (4097: 4096 + 8 at every phase), ragged phases (1000); staged (64)
-@pytest.mark.parametrize("shape, wide", [((8, 300), None), ((8, 4097), None), ((8, 1000), None), ((8, 64), "staged")], ids=str)
-def test_16_bit_rows_shifted_by_their_first_element_redo_the_rows_that_shift_cannot_take(shape, wide, dtype, monkeypatch):
+# rows plan: many rows a program (300), pieces (4097: 4096 + 8 at every phase), ragged phases (1000); staged (64);
+# the wide-row walk (max_row 64: 64-wide steps, one program a row under the interpreter), aligned and ragged rows
+@pytest.mark.parametrize("shape, wide, max_row", [
+    ((8, 300), None, None), ((8, 4097), None, None), ((8, 1000), None, None), ((8, 64), "staged", None),
+    ((8, 320), None, 64), ((8, 333), None, 64)], ids=str)
+def test_16_bit_rows_shifted_by_their_first_element_redo_the_rows_that_shift_cannot_take(shape, wide, max_row, dtype,
+                                                                                         monkeypatch):
     monkeypatch.setattr(softmax, "_SHIFT_16BIT", ((1, 32768),))
+    monkeypatch.setattr(softmax, "_SPLIT_SHIFT_RAGGED", True)  # the walk's SHIFT on unaligned rows too (333)
     x = torch.randn(shape, device=DEVICE).mul_(3).to(dtype)
     x[1, 0] = -200.0  # the max 200 above the first element: exp(x - first) overflows, so the row is redone
     x[2, 0] = -float("inf")  # a first element of -inf: nan against it, redone; the rest of the row is finite
@@ -534,8 +540,9 @@ def test_16_bit_rows_shifted_by_their_first_element_redo_the_rows_that_shift_can
     x[4, 5] = float("nan")
     x[5] = -float("inf")  # torch: nan
     x[6, 0] = x[6].float().max().item() - 60.0  # 60 under the max: kept shifted, e^60 in the sum
-    plan = softmax._softmax_settings(*shape, x.element_size(), wide=wide)
-    assert softmax._shift(shape[1], 2) and (wide is None) == (plan.mode == "rows")
+    plan = softmax._softmax_settings(*shape, x.element_size(), wide=wide, max_row=max_row)
+    expected_mode = "split" if max_row else wide or "rows"
+    assert softmax._shift(shape[1], 2) and plan.mode == expected_mode and softmax._SPLIT_SHIFT_16BIT
     out = poisoned_like(x)
     softmax._launch(x, out, plan)
     expected = torch.softmax(x.float(), -1).to(dtype)
@@ -544,6 +551,16 @@ def test_16_bit_rows_shifted_by_their_first_element_redo_the_rows_that_shift_can
     in_place = x.clone()  # the redo reloads x: in place, nothing of the block is stored before it
     softmax._launch(in_place, in_place, plan)
     assert torch.equal(in_place.isnan(), out.isnan()) and torch.equal(in_place.nan_to_num(), out.nan_to_num())
+
+
+def test_the_split_walk_sums_against_the_first_element_only_where_it_measured_faster():
+    split = softmax._Plan("split", 1, 8192, 8, 4, 3, 80)
+    assert softmax._split_shift(split, 1, 2, 4 * 8192)
+    assert not softmax._split_shift(split, 8, 2, 4 * 8192)  # ragged rows (50257) lost
+    assert not softmax._split_shift(split, 1, 4, 4 * 8192)  # fp32 keeps exp(x - max)
+    assert not softmax._split_shift(split, 1, 2, 8192)  # a tile of one step, held for pass two
+    assert not softmax._split_shift(split._replace(mode="persistent", group=1), 1, 2, 65536)  # 65536 bf16 lost
+    assert softmax._split_shift(softmax._softmax_settings(1024, 128256, 2), 1, 2, 32768)
 
 
 def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vector():
