@@ -514,9 +514,9 @@ _SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an 
 _SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
 _MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
 # 16-bit rows on the split walk: pass one sums exp(x - the row's first element) (SHIFT, docs/kernels.md "The
-# split walk"). H200, % of copy, two runs each, bf16 / fp16: 17000 60 -> 65 / 63 -> 69, 20000 78 -> 81 / 78 -> 81,
-# 49152 73 -> 75 / 74 -> 76, 50304 70 -> 73 / 71 -> 73, 100352-151936 +0-2; not on the persistent plan (65536: bf16
-# 79 -> 75, fp16 76 -> 80) nor ragged rows (50257: 64 -> 61 / 62 -> 59).
+# split walk"). H200, % of copy, two runs each on two machines, bf16 / fp16: 20000 76 -> 82 / 77 -> 82, 49152
+# 72 -> 75 / 73 -> 76, 50304 70 -> 72 / 71 -> 72, 100352-151936 +1-3, 17000 level on one machine and +4-7 on the
+# other; not on the persistent plan (65536: bf16 79 -> 75, fp16 76 -> 80) nor ragged rows (50257: 64 -> 61 / 62 -> 59).
 _SPLIT_SHIFT_16BIT = True
 _SPLIT_SHIFT_PLANS = ("split",)
 _SPLIT_SHIFT_RAGGED = False
