@@ -14,7 +14,8 @@ Four launch plans, on two kernels; ``_softmax_settings`` chooses:
   ``persistent`` up to 128 KiB a row, ``split`` beyond): ``_softmax_split_kernel``, a few
   programs an SM walking tiles (a whole row, or one of a row's slices whose programs
   exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
-  read comes from there; a tile of one step is held in registers instead (no second read).
+  read comes from there; a tile of one step is held in registers instead (no second read);
+  aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one (``SHIFT``).
   The walk is shared with the layer-norm forward (``_split_walk``). Measured 81% of copy at
   65536 and 71-75% at 262144 (docs/kernels.md, "The split walk" and "softmax"): short of
   the 90% target, above every anchor.
