@@ -323,9 +323,8 @@ def _softmax_split_kernel(
             e_ok = e_ok & (v_e >= lo) & (v_e < hi)
             x_e = tl.load(x_row + v_e, mask=e_ok, other=0.0)
         if SHIFT:
-            shift = shift_next
-            x_next, tile_sum = _shift_pass(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N, SUB, HOLD, FAST_EXP, VEC)
-            row_max = shift
+            x_next, row_max, tile_sum = _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, shift_next, BLOCK_N, SUB,
+                                                  HOLD, FAST_EXP, VEC, True)
             row_sum = tile_sum
             if GROUP > 1:
                 _, p_sum = gather_partials(part_ptr, sync_ptr, row, tile % GROUP, tile_sum, tile_sum, GROUP, 0.0, 0.0,
@@ -334,8 +333,8 @@ def _softmax_split_kernel(
             # the shifted sum holds c's own 1: under 1 or over 2^100 (or nan), the row again with its max
             redo = ~((row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30))
             if redo:
-                x_next, row_max, row_sum = _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N, SUB, HOLD,
-                                                        FAST_EXP, VEC)
+                x_next, row_max, row_sum = _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, 0.0, BLOCK_N, SUB, HOLD,
+                                                     FAST_EXP, VEC, False)
                 if GROUP > 1:
                     p_max, p_sum = gather_partials(part_ptr + n_rows * (2 * GROUP), sync_ptr, row, tile % GROUP, row_max,
                                                    row_sum, 2 * GROUP, -_FLT_MAX, 0.0, GROUP, BLOCK_G)
@@ -346,8 +345,8 @@ def _softmax_split_kernel(
             else:
                 next_tile = next_ticket(sync_ptr, n_rows)
         else:
-            x_next, tile_max, tile_sum = _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N, SUB, HOLD,
-                                                      FAST_EXP, VEC)
+            x_next, tile_max, tile_sum = _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, 0.0, BLOCK_N, SUB, HOLD,
+                                                   FAST_EXP, VEC, False)
             if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
                 x_held = x_next
                 early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
@@ -385,48 +384,34 @@ def _softmax_split_kernel(
 
 
 @triton.jit
-def _online_pass(x_next, x_row, lo, hi, cols, ph, n_cols, BLOCK_N: tl.constexpr, SUB: tl.constexpr, HOLD: tl.constexpr,
-                 FAST_EXP: tl.constexpr, VEC: tl.constexpr):
-    """Pass one of ``_softmax_split_kernel`` over the tile's steps [lo, hi), online: (x_next, tile max, tile sum
-    of exp(x - max)); x_next holds the tile's first chunk on entry and, loaded again for pass two, on exit."""
+def _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
+              HOLD: tl.constexpr, FAST_EXP: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr):
+    """Pass one of ``_softmax_split_kernel`` over the tile's steps [lo, hi): (x_next, m, the tile's sum of
+    exp(x - m)), m the tile's max found online, or with ``SHIFT`` the given ``shift``; x_next holds the
+    tile's first chunk on entry and, loaded again for pass two, on exit."""
     run_max = tl.full([BLOCK_N // SUB], -_FLT_MAX, tl.float32)
     run_sum = tl.zeros([BLOCK_N // SUB], tl.float32)
     for start in range(lo, hi, BLOCK_N):
         x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
         x = tl.reshape(x, (BLOCK_N // SUB, SUB))
         if not HOLD:  # HOLD: x_next stays this chunk, which pass two normalises from registers
-            x_next = _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N, VEC)
-        # A thread's SUB neighbours first (no exchange), then one online step per SUB.
-        sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
-        sub_sum = tl.sum(exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
-        new_max = tl.maximum(run_max, sub_max)
-        e = exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
-        run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
-        run_max = new_max
-    tile_max = tl.max(run_max, axis=0)
-    return x_next, tile_max, tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
-
-
-@triton.jit
-def _shift_pass(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N: tl.constexpr, SUB: tl.constexpr,
-                HOLD: tl.constexpr, FAST_EXP: tl.constexpr, VEC: tl.constexpr):
-    """``_online_pass`` summing exp(x - shift) instead: (x_next, the tile's sum); -inf outside the row adds 0."""
-    acc = tl.zeros([BLOCK_N // SUB], tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        x = _row_values(x_next, start, cols, ph, n_cols, BLOCK_N, VEC)
-        x = tl.reshape(x, (BLOCK_N // SUB, SUB))
-        if not HOLD:
-            x_next = _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N, VEC)
-        acc += tl.sum(exp(x - shift, FAST_EXP), axis=1)
-    return x_next, tl.sum(acc, axis=0)
-
-
-@triton.jit
-def _pass_one_prefetch(x_row, start, lo, hi, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.constexpr):
-    """Pass one's next chunk after ``start``: the tile's next, or after its last the first again, for pass two."""
-    nxt = start + BLOCK_N
-    nxt = tl.where(nxt < hi, nxt, lo)
-    return _load_chunk(x_row + nxt + cols, nxt + cols < vec_end(ph, n_cols, VEC))
+            nxt = start + BLOCK_N
+            nxt = tl.where(nxt < hi, nxt, lo)  # after the last chunk: the first again, for pass two
+            x_next = _load_chunk(x_row + nxt + cols, nxt + cols < vec_end(ph, n_cols, VEC))
+        if SHIFT:  # -inf outside the row adds 0
+            run_sum += tl.sum(exp(x - shift, FAST_EXP), axis=1)
+        else:  # a thread's SUB neighbours first (no exchange), then one online step per SUB
+            sub_max = tl.maximum(tl.max(x, axis=1), -_FLT_MAX)  # -inf only: 0 terms, not nan
+            sub_sum = tl.sum(exp(x - sub_max[:, None], FAST_EXP), axis=1)  # nan or +inf: nan, kept to the end
+            new_max = tl.maximum(run_max, sub_max)
+            e = exp(tl.minimum(run_max, sub_max) - new_max, FAST_EXP)  # the old sum's rescale, or the new one's
+            run_sum = tl.where(sub_max > run_max, run_sum * e + sub_sum, run_sum + sub_sum * e)
+            run_max = new_max
+    if SHIFT:
+        return x_next, shift, tl.sum(run_sum, axis=0)
+    else:
+        tile_max = tl.max(run_max, axis=0)
+        return x_next, tile_max, tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
 
 
 @triton.jit
