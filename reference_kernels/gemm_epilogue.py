@@ -38,7 +38,7 @@ from ._common import check_tensor, graph_device_ms, interpreting, sm_count
 from ._math import gelu
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh")
+_ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh"); 4 / 5: 3 / 2 in PTX fast-math
 _APPROXIMATIONS = ("none", "tanh")
 
 
@@ -66,6 +66,10 @@ def _activation(x, ACTIVATION: tl.constexpr, GELU_DEGREE: tl.constexpr):
         x = gelu(x, 0, GELU_DEGREE)
     elif ACTIVATION == 3:
         x = gelu(x, 1)
+    elif ACTIVATION == 4:  # the tanh form with rcp.approx / ex2.approx (CUDA only; _TANH_FAST)
+        x = gelu(x, 3)
+    elif ACTIVATION == 5:  # the exact form with rcp.approx / ex2.approx (CUDA only; _EXACT_FAST)
+        x = gelu(x, 2, GELU_DEGREE)
     return x
 
 
@@ -402,6 +406,11 @@ _TWO_PER_SM_MAX_K = 3072
 # configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
 # degree 9's accuracy.
 _GELU_DEGREE = 7
+# The GELUs on CUDA with PTX fast-math (rcp.approx, ex2.approx: ~2^-22 relative each) instead of an
+# IEEE division and tl.exp2's range fix-ups: the tanh form (cuBLASLt's epilogue's function) and the
+# exact one (docs/kernels.md, "gemm_epilogue").
+_TANH_FAST = True
+_EXACT_FAST = True
 _tuned: dict = {}  # shape bucket -> the config its timing picked
 _timings: dict = {}  # shape bucket -> [(config, ms)] of its tuning, for benchmarks/bench_gemm_epilogue.py
 
@@ -515,6 +524,8 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
         raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
     split_k = max(1, min(split_k, triton.cdiv(K, BK)))  # K = 0 or a short K: one range
     dot_flags = dict(DOT_IN_FP32=interpreting(), INPUT_PRECISION=_input_precision(a.dtype))
+    if not interpreting():
+        activation_code = _fast_activation(activation_code)
     epi_flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
                      GELU_DEGREE=degree)
     rs = residual.stride() if residual is not None else (0, 0)
@@ -560,6 +571,15 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps,
             **dot_flags, **epi_flags,
         )
+
+
+def _fast_activation(code: int) -> int:
+    """The kernels' code for a GELU in PTX fast-math where ``_TANH_FAST`` / ``_EXACT_FAST`` ask for it (CUDA)."""
+    if code == 3 and _TANH_FAST:
+        return 4
+    if code == 2 and _EXACT_FAST:
+        return 5
+    return code
 
 
 def _capturing(device: torch.device) -> bool:

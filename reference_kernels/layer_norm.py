@@ -85,14 +85,15 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 @triton.jit
 def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_U: tl.constexpr, JOINT: tl.constexpr):
+                             BLOCK_U: tl.constexpr, JOINT: tl.constexpr, PACKED: tl.constexpr = False):
     """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses).
 
     One piece: the plain body, centred values kept for y (the pieces' body, which recomputes
     x - mean, takes 80 registers against 68 at bf16 8192 and measured 63-65% of copy at bf16
     5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward"). JOINT (16-bit rows,
     ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
-    instead of a reduction for the mean and then one for the variance."""
+    instead of a reduction for the mean and then one for the variance. PACKED (with JOINT, one piece):
+    x held in its loaded 16-bit registers through the reduction and widened again after it."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -100,10 +101,13 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
         mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x_in = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x_in.to(tl.float32)
         if JOINT:
             shift = tl.load(x_ptr + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
             mean, var = _ln_joint_stats(tl.where(mask, x - shift[:, None], 0.0), shift, n_cols)
+            if PACKED:  # x held in its 16-bit registers across the reduction, widened again for y
+                x = _widen_after(x_in, mean)
             centred = x - mean[:, None]
         else:
             mean = tl.sum(x, axis=1) / n_cols
@@ -187,6 +191,15 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
         tl.store(y_row + e, ye.to(y_row.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+
+
+@triton.jit
+def _widen_after(x_in, mean):
+    """x_in (16-bit) widened to float32 by a conversion that depends on the row's mean: its bits XOR
+    (mean is NaN), 0 unless the row's y is NaN anyway. The dependency keeps the compiler (ptxas merges
+    two conversions of one value) from widening x before the reduction and holding it in float32."""
+    bits = x_in.to(tl.int16, bitcast=True) ^ (mean != mean).to(tl.int16)[:, None]
+    return bits.to(x_in.dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -313,6 +326,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
+    PACKED: tl.constexpr = False,  # with JOINT, one piece, 16-bit x on CUDA: x held as loaded, widened twice
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -325,7 +339,7 @@ def _layer_norm_fwd_kernel(
     """
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
-                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT)
+                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED)
     else:
         _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
                                 stride_y, eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC)
@@ -1212,6 +1226,10 @@ _ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 8192)
 _ALIGNED_PIECE_MIN_LANES = 1024
 _ALIGNED_PIECES_MAX_REGS = 64
 _JOINT_16BIT_MIN_COLS = 8193
+# With JOINT on one tile, x held in its 16-bit registers through the reduction and widened again after
+# it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
+# (docs/kernels.md, "Aligned 16-bit rows").
+_JOINT_PACKED = True
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
@@ -1642,20 +1660,21 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         pieces = _row_pieces(n_cols, r.vec) if block_n == next_power_of_2(launch_width(n_cols, r.vec)) else (block_n, 0, 0)
         cap = plan if r.vec > 1 else plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS)
-        joint = False
+        joint = packed = False
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
             split = _aligned_16bit_pieces(n_cols)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
                 pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
             else:
                 joint = pieces[1] == 0 and n_cols >= _JOINT_16BIT_MIN_COLS
+                packed = joint and _JOINT_PACKED
         warps = plan.num_warps
         if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            JOINT=joint, num_warps=warps, **_reg_cap(cap),
+            JOINT=joint, PACKED=packed, num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
