@@ -1226,6 +1226,9 @@ _ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 8192)
 _ALIGNED_PIECE_MIN_LANES = 1024
 _ALIGNED_PIECES_MAX_REGS = 64
 _JOINT_16BIT_MIN_COLS = 8193
+# fp16 rows on one 8192-lane tile take JOINT (and PACKED) from here: fp16 6656-8192 79-90 -> 89-94%, where
+# bf16 lost 1-2 points and both lost at 4608 and under 2048 (docs/kernels.md, "Aligned 16-bit rows").
+_JOINT_FP16_MIN_COLS = 6145
 # With JOINT on one tile, x held in its 16-bit registers through the reduction and widened again after
 # it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
 # (docs/kernels.md, "Aligned 16-bit rows").
@@ -1666,7 +1669,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
                 pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
             else:
-                joint = pieces[1] == 0 and n_cols >= _JOINT_16BIT_MIN_COLS
+                joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype)
                 packed = joint and _JOINT_PACKED
         warps = plan.num_warps
         if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
@@ -1688,6 +1691,12 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
     r.finish()
 
+
+
+def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:
+    """Whether an aligned 16-bit row held on one tile takes JOINT statistics (and PACKED x): from
+    ``_JOINT_16BIT_MIN_COLS``, fp16 from ``_JOINT_FP16_MIN_COLS`` (docs/kernels.md, "Aligned 16-bit rows")."""
+    return n_cols >= (_JOINT_FP16_MIN_COLS if dtype == torch.float16 else _JOINT_16BIT_MIN_COLS)
 
 
 def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:

@@ -932,6 +932,9 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     assert settings(8192, 9216, 2, sm_count=132).mode == "looped"
     assert settings(100, 8704, 2, sm_count=132).n_groups == 100  # fewer rows than programs
     assert settings(8192, 9472, 2, sm_count=132).mode == "rows"  # one tile, JOINT statistics (_forward_launch)
+    joint = layer_norm._joint_tile  # on one tile: bf16 from 8193, fp16 from 6145 (its 8192-lane tile)
+    assert [joint(n, torch.bfloat16) for n in (4608, 6656, 8192, 9472)] == [False, False, False, True]
+    assert [joint(n, torch.float16) for n in (4608, 6144, 6656, 8192, 9472)] == [False, False, True, True, True]
     assert settings(8192, 8704, 4, sm_count=132).mode == "persistent"  # fp32 keeps its plan
     assert settings(8192, 8712, 2, sm_count=132).mode == "walk"  # unaligned
     assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
@@ -956,6 +959,7 @@ def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(
     # (one tile): x widened again after the reduction, through the NaN-mean dependency the NaN rows take
     monkeypatch.setattr(layer_norm, "_JOINT_PACKED", packed)
     monkeypatch.setattr(layer_norm, "_JOINT_16BIT_MIN_COLS", 1)
+    monkeypatch.setattr(layer_norm, "_JOINT_FP16_MIN_COLS", 1)
     monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", (1, 1 << 20))
     monkeypatch.setattr(layer_norm, "_ALIGNED_PIECE_MIN_LANES", 16)
     assert (layer_norm._aligned_16bit_pieces(n) or (0, 0))[1] == (32 if n == 96 else 0)
