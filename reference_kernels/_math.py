@@ -6,7 +6,8 @@
 the portable ops. ``gelu`` (GELU of an fp32 tensor) and ``phi_scaled`` (the dropout
 scale folded into its fit) serve the GEMM epilogue and bias + GELU + dropout;
 docs/kernels.md ("gemm_epilogue", "bias_gelu_dropout") has their measured trade-offs and
-``scripts/gelu_fit.py`` fits and checks the polynomials.
+``scripts/gelu_fit.py`` fits and checks the polynomials. ``widen_after`` is the second widening of a
+16-bit tensor held packed through a reduction.
 """
 
 from __future__ import annotations
@@ -40,6 +41,17 @@ def exp(x, FAST: tl.constexpr):
     """exp(x) as 2^(x log2 e); ``FAST``: one ``ex2.approx.ftz`` (tl.exp2 adds three instructions for
     subnormal results, which a softmax flushes to 0 anyway)."""
     return exp2(x * LOG2E, FAST)
+
+
+@triton.jit
+def widen_after(x, dep):
+    """x (a 16-bit tensor, rows on axis 0) widened to float32 by a conversion that depends on ``dep`` (a
+    float32 per row, computed after a reduction): x's bits XOR (dep is NaN), 0 unless the row's result is
+    NaN anyway. A kernel that holds x as loaded through its reduction and widens it again after uses this
+    for the second conversion: ptxas merges two plain conversions of one value and keeps the float32 copy
+    in registers across the reduction (layer_norm's and softmax's ``PACKED``, docs/kernels.md)."""
+    bits = x.to(tl.int16, bitcast=True) ^ (dep != dep).to(tl.int16)[:, None]
+    return bits.to(x.dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit

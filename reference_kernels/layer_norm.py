@@ -43,6 +43,7 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
+from ._math import widen_after
 from ._ragged import (
     Phased,
     body_bounds,
@@ -107,7 +108,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
             shift = tl.load(x_ptr + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
             mean, var = _ln_joint_stats(tl.where(mask, x - shift[:, None], 0.0), shift, n_cols)
             if PACKED:  # x held in its 16-bit registers across the reduction, widened again for y
-                x = _widen_after(x_in, mean)
+                x = widen_after(x_in, mean)
             centred = x - mean[:, None]
         else:
             mean = tl.sum(x, axis=1) / n_cols
@@ -191,15 +192,6 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
         tl.store(y_row + e, ye.to(y_row.dtype.element_ty), mask=e_ok)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
-
-
-@triton.jit
-def _widen_after(x_in, mean):
-    """x_in (16-bit) widened to float32 by a conversion that depends on the row's mean: its bits XOR
-    (mean is NaN), 0 unless the row's y is NaN anyway. The dependency keeps the compiler (ptxas merges
-    two conversions of one value) from widening x before the reduction and holding it in float32."""
-    bits = x_in.to(tl.int16, bitcast=True) ^ (mean != mean).to(tl.int16)[:, None]
-    return bits.to(x_in.dtype, bitcast=True).to(tl.float32)
 
 
 @triton.jit
