@@ -18,12 +18,18 @@ Times are device times: calls replayed from a CUDA graph, rotating over enough i
 tuning took (``gemm_epilogue._timings``). docs/kernels.md, "gemm_epilogue".
 
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--dtypes bfloat16,float16] [--ms 64,128]
-        [--budget-s 150] [--variants] [--set gemm_epilogue._TANH_FAST=False] [--out DIR]
+        [--budget-s 150] [--variants] [--set gemm_epilogue._TANH_FAST=False] [--configs "(64,128,64,8,1,4,4,1,2)"]
+        [--out DIR]
+
+``--configs`` also times each given config (``gemm_epilogue._launch``'s tuple: BLOCK_M, BLOCK_N, BLOCK_K,
+GROUP_M, epilogue split, stages, warps, programs an SM, split-K; ";"-separated) at every shape, forced
+instead of tuned, and prints them fastest first beside the tuned one.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import sys
@@ -76,12 +82,14 @@ def main() -> int:
     parser.add_argument("--impls", default=",".join(IMPLS))
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting shapes after this many seconds")
     parser.add_argument("--variants", action="store_true", help="also print each bucket's candidate timings")
+    parser.add_argument("--configs", default="", help='";"-separated config tuples to time at each shape, forced')
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="set a reference_kernels constant first (as benchmarks/sweep.py), e.g. "
                              "gemm_epilogue._TANH_FAST=False")
     add_out_option(parser)
     args = parser.parse_args()
     settings = apply_settings(args.set)
+    forced = _parse_configs(args.configs)
     out = write_output_to(args.out, __file__)
     ms = [int(m) for m in args.ms.split(",") if m] or MS
     kns = [tuple(int(v) for v in kn.split("x")) for kn in args.kns.split(",") if kn] or KNS
@@ -131,6 +139,8 @@ def main() -> int:
                     except Exception as exc:  # an anchor failing at a shape is a result, not a crash
                         rec["tflops"][name] = None
                         rec.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:200]
+                if forced:
+                    rec["configs"] = _time_configs(make, forced, m, k, n)
                 records.append(rec)
                 t = rec["tflops"]
                 cells = " ".join(f"{x}={t.get(x)}" for x in impls)
@@ -180,6 +190,38 @@ def _summarise(records: list[dict], impls: list[str]) -> None:
     print(f"shapes below target (0.9x addmm_act or not faster than eager): {len(misses)} of {len(records)}")
     for line in misses:
         print("  " + line)
+
+
+def _parse_configs(text: str) -> list[tuple]:
+    """``--configs``: ";"-separated tuples of nine ints, refused with a clear message otherwise."""
+    configs = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        try:
+            config = tuple(ast.literal_eval(item))
+        except (ValueError, SyntaxError, TypeError):
+            raise SystemExit(f"--configs {item!r}: not a tuple literal") from None
+        if len(config) != 9 or not all(isinstance(v, int) for v in config):
+            raise SystemExit(f"--configs {item!r}: expected nine ints (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, "
+                             "epilogue split, stages, warps, programs an SM, split-K)")
+        configs.append(config)
+    return configs
+
+
+def _time_configs(make, configs: list[tuple], m: int, k: int, n: int) -> list[list]:
+    """TFLOPS of each forced config at one shape (None where it fails to compile or launch), printed fastest first."""
+    timed = []
+    for config in configs:
+        def run(a, b, bias, config=config):
+            out = torch.empty(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
+            ge._run(a, b, out, bias, None, ge._activation_code("gelu"), config=config)
+            return out
+        try:
+            timed.append([list(config), round(2 * m * n * k / (rotated_device_ms(make, run) * 1e-3) / 1e12, 1)])
+        except Exception as exc:  # a config that does not fit (shared memory, registers) is a result
+            timed.append([list(config), None, f"{type(exc).__name__}: {exc}"[:120]])
+    for row in sorted(timed, key=lambda r: -(r[1] or 0)):
+        print(f"    {tuple(row[0])}: {row[1]} TFLOPS" + (f" ({row[2]})" if len(row) > 2 else ""))
+    return timed
 
 
 def _ratio(ours, anchor):

@@ -117,6 +117,9 @@ CASES = {
     "gemm_bf16_2048x768x3072_none": lambda: _gemm(2048, 768, 3072, activation=None),
     "mm_bf16_2048x768x3072": lambda: _gemm(2048, 768, 3072, impl="mm"),
     "addmm_act_bf16_2048x768x3072": lambda: _gemm(2048, 768, 3072, impl="addmm_act"),
+    # skinny outputs (N = 768, K = 3072): 48 tiles of 128x128 for 132 SMs, so split-K (two launches)
+    "gemm_bf16_1024x3072x768": lambda: _gemm(1024, 3072, 768),
+    "mm_bf16_1024x3072x768": lambda: _gemm(1024, 3072, 768, impl="mm"),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
     "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
 }

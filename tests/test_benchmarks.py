@@ -88,6 +88,18 @@ def test_sweep_set_changes_a_launch_plan_constant_and_refuses_what_it_cannot_set
             sweep.apply_settings([bad])
 
 
+def test_the_gemm_bench_parses_forced_configs_and_refuses_bad_ones():
+    from benchmarks.bench_gemm_epilogue import _parse_configs
+
+    assert _parse_configs("") == []
+    assert _parse_configs("(64,128,64,8,1,4,4,1,2); (128, 128, 64, 8, 1, 4, 8, 2, 1)") == [
+        (64, 128, 64, 8, 1, 4, 4, 1, 2), (128, 128, 64, 8, 1, 4, 8, 2, 1)]
+    for bad, words in [("(64, 128)", "expected nine ints"), ("64x128", "not a tuple literal"),
+                       ("(64, 128, 64, 8, 1, 4, 4, 1, 2.5)", "expected nine ints")]:
+        with pytest.raises(SystemExit, match=re.escape(words)):
+            _parse_configs(bad)
+
+
 def test_the_bandwidth_scripts_time_device_time_and_say_when_they_could_not(monkeypatch):
     # Host-timed events read the layer-norm backward at 46-69% of copy where a CUDA graph read 89-92%
     # (docs/kernels.md, "How the figures were measured"): the scripts time from a graph, and a
