@@ -513,6 +513,11 @@ _SPLIT_SHIFT_RAGGED = False
 _REGS_PER_SM = 65536
 _MAX_REGS = 255
 _ROWS_MAX_REGS = 64
+# Aligned 16-bit rows held as 8192 lanes plus a second piece of _TAIL_PIECE_REGS_16BIT[0]..[1] lanes (8448-8704)
+# on 8 warps: _TAIL_PIECE_REGS_16BIT[2] registers (8-16 bytes of stack), five programs an SM instead of four
+# (ncu: the 8704 row waits on latency with four; shorter pieces and unaligned rows lost; docs/kernels.md,
+# "softmax", "One reduction"). None: the rows cap.
+_TAIL_PIECE_REGS_16BIT: tuple[int, int, int] | None = (256, 512, 48)
 # Unaligned rows (_ragged): the wide-row plans always read them as aligned vectors (scalar
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
@@ -678,6 +683,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         pieces = (_row_pieces(n_cols, r.vec, x2.element_size()) if block_n == next_power_of_2(n_cols)
                   else (block_n, 0, 0))
         warps = plan.num_warps if pieces[1] == 0 else _piece_warps(plan.block_m * sum(pieces))
+        plan = plan._replace(max_regs=_rows_regs(pieces, r.vec, x2.element_size(), plan.max_regs))
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
@@ -766,6 +772,15 @@ def _split_shift(plan: _Plan, vec: int, elem_size: int, slice_cols: int) -> bool
     ``_SPLIT_SHIFT_PLANS``, aligned unless ``_SPLIT_SHIFT_RAGGED``, tiles of more than one step."""
     return (_SPLIT_SHIFT_16BIT and elem_size == 2 and plan.mode in _SPLIT_SHIFT_PLANS and slice_cols != plan.block_n
             and (vec == 1 or _SPLIT_SHIFT_RAGGED))
+
+
+def _rows_regs(pieces: tuple[int, int, int], vec: int, elem_size: int, cap: int) -> int:
+    """The rows plan's register cap for a row held as ``pieces``: ``_TAIL_PIECE_REGS_16BIT`` for aligned 16-bit
+    rows of 8192 lanes and a second piece in its band, else ``cap``."""
+    if _TAIL_PIECE_REGS_16BIT is None or elem_size != 2 or vec != 1:
+        return cap
+    least, most, regs = _TAIL_PIECE_REGS_16BIT
+    return regs if pieces[0] == 8192 and least <= pieces[1] <= most and pieces[2] == 0 else cap
 
 
 def _reg_cap(plan: _Plan) -> dict:
