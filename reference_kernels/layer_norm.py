@@ -93,8 +93,8 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
     x - mean, takes 80 registers against 68 at bf16 8192 and measured 63-65% of copy at bf16
     5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward"). JOINT (16-bit rows,
     ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
-    instead of a reduction for the mean and then one for the variance. PACKED (with JOINT, one piece):
-    x held in its loaded 16-bit registers through the reduction and widened again after it."""
+    instead of a reduction for the mean and then one for the variance. PACKED (with JOINT): x held in its
+    loaded 16-bit registers through the reduction and widened again after it."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -123,7 +123,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
     elif JOINT:
         _ln_joint_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y, mean_ptr,
-                         rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U)
+                         rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, PACKED)
     else:
         _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y,
                                mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
@@ -227,16 +227,21 @@ def _ln_joint_finish(s1, s2, shift, n_cols):
 
 @triton.jit
 def _ln_joint_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, n_cols, eps,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, PACKED: tl.constexpr = False):
     """``_layer_norm_row_pieces`` for aligned rows in two pieces with JOINT statistics: each piece's sums of
     x - x[row, 0] and of its square in one reduction (two reductions, not four one after another)."""
     tl.static_assert(BLOCK_T > 0 and BLOCK_U == 0, "JOINT pieces: two (_aligned_16bit_pieces)")
     shift = tl.load(x_row, mask=row_ok[:, None], other=0.0).to(tl.float32)  # (BLOCK_M, 1): the row's first element
-    x = _ln_piece(x_row, 0, BLOCK_N, 0, n_cols, row_ok, 1)
+    x_in = _ln_piece(x_row, 0, BLOCK_N, 0, n_cols, row_ok, 1, RAW=PACKED)
+    x = x_in.to(tl.float32)
     s1, s2 = _ln_joint_sums(tl.where(tl.arange(0, BLOCK_N)[None, :] < n_cols, x - shift, 0.0))
-    x_t = _ln_piece(x_row, BLOCK_N, BLOCK_T, 0, n_cols, row_ok, 1)
+    x_t_in = _ln_piece(x_row, BLOCK_N, BLOCK_T, 0, n_cols, row_ok, 1, RAW=PACKED)
+    x_t = x_t_in.to(tl.float32)
     t1, t2 = _ln_joint_sums(tl.where(BLOCK_N + tl.arange(0, BLOCK_T)[None, :] < n_cols, x_t - shift, 0.0))
     mean, var = _ln_joint_finish(s1 + t1, s2 + t2, tl.reshape(shift, (shift.shape[0],)), n_cols)
+    if PACKED:
+        x = widen_after(x_in, mean)
+        x_t = widen_after(x_t_in, mean)
     rstd = 1.0 / tl.sqrt(var + eps)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, 0, n_cols, 0, n_cols, row_ok, 1)
     _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, 0, n_cols, row_ok, 1)
@@ -256,10 +261,15 @@ def _in_body(v, first, last, VEC: tl.constexpr):
 
 
 @triton.jit
-def _ln_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_ok, VEC: tl.constexpr):
-    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` in float32: the body, 0 elsewhere."""
+def _ln_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_ok, VEC: tl.constexpr,
+              RAW: tl.constexpr = False):
+    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` in float32 (``RAW``: as loaded): the
+    body, 0 elsewhere."""
     v = start + tl.arange(0, SIZE)[None, :]
-    return tl.load(x_row + v, mask=row_ok[:, None] & _in_body(v, first, last, VEC), other=0.0).to(tl.float32)
+    x = tl.load(x_row + v, mask=row_ok[:, None] & _in_body(v, first, last, VEC), other=0.0)
+    if not RAW:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -318,7 +328,7 @@ def _layer_norm_fwd_kernel(
     BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
-    PACKED: tl.constexpr = False,  # with JOINT, one piece, 16-bit x on CUDA: x held as loaded, widened twice
+    PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -1225,6 +1235,9 @@ _JOINT_FP16_MIN_COLS = 6145
 # it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
 # (docs/kernels.md, "Aligned 16-bit rows").
 _JOINT_PACKED = True
+# The same for the two JOINT pieces of 4097-8192 (_aligned_16bit_pieces): bf16 4096 + 1024 on 4 warps 80 ->
+# 56 registers uncapped, no stack at the 64 cap (16 bytes before); bf16 6144 87 -> 91-92%, fp16 87-88 -> 94-95%.
+_JOINT_PIECES_PACKED = True
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
@@ -1660,6 +1673,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             split = _aligned_16bit_pieces(n_cols)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
                 pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
+                packed = _JOINT_PIECES_PACKED
             else:
                 joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype)
                 packed = joint and _JOINT_PACKED

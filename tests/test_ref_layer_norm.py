@@ -952,12 +952,13 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n, packed", [(112, True), (112, False), (96, True)],
-                         ids=["one tile, x held packed", "one tile", "two pieces"])
+@pytest.mark.parametrize("n, packed", [(112, True), (112, False), (96, True), (96, False)],
+                         ids=["one tile, x held packed", "one tile", "two pieces, x held packed", "two pieces"])
 def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(n, packed, dtype, monkeypatch):
-    # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths. PACKED
-    # (one tile): x widened again after the reduction, through the NaN-mean dependency the NaN rows take
+    # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths. PACKED:
+    # x widened again after the reduction, through the NaN-mean dependency the NaN rows take
     monkeypatch.setattr(layer_norm, "_JOINT_PACKED", packed)
+    monkeypatch.setattr(layer_norm, "_JOINT_PIECES_PACKED", packed)
     monkeypatch.setattr(layer_norm, "_JOINT_16BIT_MIN_COLS", 1)
     monkeypatch.setattr(layer_norm, "_JOINT_FP16_MIN_COLS", 1)
     monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", (1, 1 << 20))
