@@ -45,12 +45,12 @@ def exp(x, FAST: tl.constexpr):
 
 @triton.jit
 def widen_after(x, dep):
-    """x (a 16-bit tensor, rows on axis 0) widened to float32 by a conversion that depends on ``dep`` (a
-    float32 per row, computed after a reduction): x's bits XOR (dep is NaN), 0 unless the row's result is
+    """x (a 16-bit tensor) widened to float32 by a conversion that depends on ``dep`` (float32, broadcast to
+    x: a row's value computed after a reduction): x's bits XOR (dep is NaN), 0 unless the row's result is
     NaN anyway. A kernel that holds x as loaded through its reduction and widens it again after uses this
     for the second conversion: ptxas merges two plain conversions of one value and keeps the float32 copy
     in registers across the reduction (layer_norm's and softmax's ``PACKED``, docs/kernels.md)."""
-    bits = x.to(tl.int16, bitcast=True) ^ (dep != dep).to(tl.int16)[:, None]
+    bits = x.to(tl.int16, bitcast=True) ^ (dep != dep).to(tl.int16)
     return bits.to(x.dtype, bitcast=True).to(tl.float32)
 
 

@@ -108,7 +108,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
             shift = tl.load(x_ptr + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
             mean, var = _ln_joint_stats(tl.where(mask, x - shift[:, None], 0.0), shift, n_cols)
             if PACKED:  # x held in its 16-bit registers across the reduction, widened again for y
-                x = widen_after(x_in, mean)
+                x = widen_after(x_in, mean[:, None])
             centred = x - mean[:, None]
         else:
             mean = tl.sum(x, axis=1) / n_cols
@@ -240,8 +240,8 @@ def _ln_joint_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_o
     t1, t2 = _ln_joint_sums(tl.where(BLOCK_N + tl.arange(0, BLOCK_T)[None, :] < n_cols, x_t - shift, 0.0))
     mean, var = _ln_joint_finish(s1 + t1, s2 + t2, tl.reshape(shift, (shift.shape[0],)), n_cols)
     if PACKED:
-        x = widen_after(x_in, mean)
-        x_t = widen_after(x_t_in, mean)
+        x = widen_after(x_in, mean[:, None])
+        x_t = widen_after(x_t_in, mean[:, None])
     rstd = 1.0 / tl.sqrt(var + eps)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, 0, n_cols, 0, n_cols, row_ok, 1)
     _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, 0, n_cols, row_ok, 1)
