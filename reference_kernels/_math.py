@@ -49,7 +49,7 @@ def widen_after(x, dep):
     x: a row's value computed after a reduction): x's bits XOR (dep is NaN), 0 unless the row's result is
     NaN anyway. A kernel that holds x as loaded through its reduction and widens it again after uses this
     for the second conversion: ptxas merges two plain conversions of one value and keeps the float32 copy
-    in registers across the reduction (layer_norm's and softmax's ``PACKED``, docs/kernels.md)."""
+    in registers across the reduction (layer_norm's ``PACKED``; docs/kernels.md, "Aligned 16-bit rows")."""
     bits = x.to(tl.int16, bitcast=True) ^ (dep != dep).to(tl.int16)
     return bits.to(x.dtype, bitcast=True).to(tl.float32)
 
