@@ -100,6 +100,31 @@ def test_the_gemm_bench_parses_forced_configs_and_refuses_bad_ones():
             _parse_configs(bad)
 
 
+def test_the_gemm_bench_times_each_forced_config_and_records_one_that_fails(monkeypatch, capsys):
+    from benchmarks import bench_gemm_epilogue as bench
+
+    calls = []
+
+    def fake_run(a, b, out, bias, residual, code, config=None):
+        calls.append(config)
+        if config[0] == 256:
+            raise RuntimeError("out of resources: shared memory")
+
+    def fake_time(make, run):  # a 2 ms call for 128-wide tiles, 1 ms for the rest
+        run(*make())
+        return 2.0 if calls[-1][0] == 128 else 1.0
+
+    monkeypatch.setattr(bench.ge, "_run", fake_run)
+    monkeypatch.setattr(bench, "rotated_device_ms", fake_time)
+    make = lambda: (bench.torch.zeros(4, 8), bench.torch.zeros(8, 2), bench.torch.zeros(2))  # noqa: E731
+    configs = [(128, 128, 64, 8, 1, 4, 8, 1, 1), (64, 64, 64, 8, 1, 6, 4, 2, 1), (256, 256, 64, 8, 1, 4, 8, 1, 1)]
+    timed = bench._time_configs(make, configs, 1000, 1000, 1000)
+    assert [c[0] for c, *_ in timed] == [128, 64, 256] and timed[0][1] == 1.0 and timed[1][1] == 2.0
+    assert timed[2][1] is None and "out of resources" in timed[2][2]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("    (64, 64") and "None TFLOPS (RuntimeError" in printed[-1]
+
+
 def test_the_bandwidth_scripts_time_device_time_and_say_when_they_could_not(monkeypatch):
     # Host-timed events read the layer-norm backward at 46-69% of copy where a CUDA graph read 89-92%
     # (docs/kernels.md, "How the figures were measured"): the scripts time from a graph, and a
