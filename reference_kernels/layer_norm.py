@@ -1238,6 +1238,7 @@ _JOINT_PACKED = True
 # The same for the two JOINT pieces of 4097-8192 (_aligned_16bit_pieces): bf16 4096 + 1024 on 4 warps 80 ->
 # 56 registers uncapped, no stack at the 64 cap (16 bytes before); bf16 6144 87 -> 91-92%, fp16 87-88 -> 94-95%.
 _JOINT_PIECES_PACKED = True
+_REGS_PER_SM = 65536  # an SM's register file: the programs a register cap lets fit
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
@@ -1512,7 +1513,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     max_regs = _PHASED_MAX_REGS
     if aligned_pieces:  # the cap for the second piece's width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= widest)
-        per_sm = max(1, min(per_sm, 65536 // (warps * 32 * max_regs)))
+        per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * (block_n + block_t) * elem_size * 2)))
@@ -1593,7 +1594,7 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
     while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
         warps //= 2
     max_regs = _WALK_FWD_MAX_REGS_16 if warps <= 16 and pieces[0] >= 16 * 32 * warps else _WALK_FWD_MAX_REGS
-    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, 65536 // (max_regs * 32 * warps)))
+    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, _REGS_PER_SM // (max_regs * 32 * warps)))
     stages = _WALK_FWD_STAGES
     if stages > 1:
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * lanes * elem_size)))
@@ -1625,7 +1626,7 @@ def _lean_backward_plan(
         mode = "one_pass" if one_pass else "two_pass"
         max_regs = _LEAN_MAX_REGS[("chunks", size)]
     warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
-    resident = max(1, min(64 // warps, 65536 // (max_regs * 32 * warps)))
+    resident = max(1, min(64 // warps, _REGS_PER_SM // (max_regs * 32 * warps)))
     n_groups = max(1, min(n_rows, (sm_count * resident) // n_chunks))
     return _Plan(mode, 1, block_n, warps, n_groups, "lean", max_regs)
 

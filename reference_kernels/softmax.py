@@ -125,8 +125,7 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
         shift = tl.load(x_ptr + x_base + ph, mask=row_ok, other=0.0).to(tl.float32)
         x, x_t, x_u, xe, xe_hi, row_sum = _softmax_exp_sum(x, x_t, x_u, xe, xe_hi, e_ok, shift, BLOCK_T, BLOCK_U, VEC,
                                                            FAST_EXP, EDGE_WORDS)
-        # the shifted sum holds the first element's 1: under 1 or over 2^100 (or nan), redo with the max
-        redo = row_ok & ~((row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30))
+        redo = row_ok & ~_shifted_sum_ok(row_sum)
         if tl.max(redo.to(tl.int32), axis=0) > 0:
             x, x_t, x_u, xe, xe_hi, e, e_ok, e_ok_hi, row_sum = _softmax_max_exp_sum(
                 x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP,
@@ -330,16 +329,14 @@ def _softmax_split_kernel(
                 _, p_sum = gather_partials(part_ptr, sync_ptr, row, tile % GROUP, tile_sum, tile_sum, GROUP, 0.0, 0.0,
                                            GROUP, BLOCK_G)
                 row_sum = tl.sum(p_sum, axis=0)
-            # the shifted sum holds c's own 1: under 1 or over 2^100 (or nan), the row again with its max
-            redo = ~((row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30))
+            redo = ~_shifted_sum_ok(row_sum)  # else the row again, with its max
             if redo:
                 x_next, row_max, row_sum = _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, 0.0, BLOCK_N, SUB, HOLD,
                                                      FAST_EXP, VEC, False)
                 if GROUP > 1:
                     p_max, p_sum = gather_partials(part_ptr + n_rows * (2 * GROUP), sync_ptr, row, tile % GROUP, row_max,
                                                    row_sum, 2 * GROUP, -_FLT_MAX, 0.0, GROUP, BLOCK_G)
-                    row_max = tl.max(p_max, axis=0)
-                    row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
+                    row_max, row_sum = _merge_partials(p_max, p_sum, FAST_EXP)
             if GROUP == 1:
                 next_tile = tile + n_programs
             else:
@@ -359,8 +356,7 @@ def _softmax_split_kernel(
                 p_max, p_sum, next_tile = exchange_partials(
                     part_ptr, sync_ptr, row, tile % GROUP, tile_max, tile_sum, n_rows, -_FLT_MAX, 0.0, GROUP, BLOCK_G
                 )
-                row_max = tl.max(p_max, axis=0)
-                row_sum = tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
+                row_max, row_sum = _merge_partials(p_max, p_sum, FAST_EXP)
         inv_sum = 1.0 / row_sum
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
         if SHIFT:
@@ -381,6 +377,20 @@ def _softmax_split_kernel(
             y_e = exp(x_e.to(tl.float32) - row_max, FAST_EXP) * inv_sum
             tl.store(y_ptr + y_base + v_e, y_e.to(y_ptr.dtype.element_ty), mask=e_ok)
         tile = next_tile
+
+
+@triton.jit
+def _shifted_sum_ok(row_sum):
+    """Whether a sum of exp(x - c), c an element of the row, can stand: it holds c's own 1, so a sum under 1
+    (c is -inf or nan) or over 2^100 (the max more than ~69 above c, +inf) or nan is redone with the max."""
+    return (row_sum >= 1.0) & (row_sum <= 1.2676506002282294e30)
+
+
+@triton.jit
+def _merge_partials(p_max, p_sum, FAST_EXP: tl.constexpr):
+    """A row's (max, sum of exp(x - max)) from its slices' exchanged (max, sum) pairs."""
+    row_max = tl.max(p_max, axis=0)
+    return row_max, tl.sum(p_sum * exp(p_max - row_max, FAST_EXP), axis=0)
 
 
 @triton.jit
