@@ -665,11 +665,8 @@ def _check(a, b, bias, activation, residual, approximate) -> int:
 
 
 def _activation_code(activation, approximate="none") -> int:
-    """The kernels' ACTIVATION code for a user's activation and GELU approximation.
-
-    Exact GELU uses the portable form: in the matmul epilogue the PTX fast-math form measured
-    slower on the H200 (661 against 688 TFLOPS at 4096^3; docs/kernels.md, "gemm_epilogue").
-    """
+    """The kernels' ACTIVATION code for a user's activation and GELU approximation (before
+    ``_fast_activation`` maps a GELU to its PTX fast-math code on CUDA)."""
     if activation == "gelu":
         return 3 if approximate == "tanh" else 2
     return _ACTIVATION_CODES[activation]
