@@ -108,6 +108,10 @@ CASES = {
     "ln_fwd_bf16_12288": lambda: _ln_forward(8192, 12288, torch.bfloat16),
     "ln_fwd_bf16_16384": lambda: _ln_forward(8192, 16384, torch.bfloat16),
     "ln_fwd_bf16_5121": lambda: _ln_forward(16384, 5121, torch.bfloat16),
+    # aligned 16-bit rows under 4096 held on a power-of-two tile: 1280 (2048 lanes), 2560 (4096)
+    "ln_fwd_bf16_1280": lambda: _ln_forward(65536, 1280, torch.bfloat16),
+    "ln_fwd_fp16_1280": lambda: _ln_forward(65536, 1280, torch.float16),
+    "ln_fwd_bf16_2560": lambda: _ln_forward(32768, 2560, torch.bfloat16),
     "ln_bwd_bf16_5120": lambda: _ln_backward(16384, 5120, torch.bfloat16),
     "ln_bwd_bf16_6144": lambda: _ln_backward(16384, 6144, torch.bfloat16),
     "ln_bwd_bf16_7168": lambda: _ln_backward(16384, 7168, torch.bfloat16),

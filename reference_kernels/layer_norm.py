@@ -1152,6 +1152,12 @@ class _Plan(NamedTuple):
 # "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
+# Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
+# take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
+# (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
+# lanes' included; the rows share a program's weight, bias and set-up. docs/kernels.md, "Aligned 16-bit rows".
+_MASKED_ROWS_16BIT = (257, 2047)
+_MASKED_ROWS_TILE = 4096
 # Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
 # whole row held (one 32-warp program an SM loading its next row before this row's reductions):
 # 91% of copy at 16384 against 87% for "rows"; 16-bit rows stay "rows" with 64 elements a
@@ -1381,7 +1387,7 @@ def _layer_norm_settings(
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
             block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
         else:
-            tile = _BWD_ROWS_TILE if backward else _ROWS_TILE
+            tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
             if held:  # 16-bit
@@ -1698,6 +1704,14 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
     r.finish()
 
+
+
+def _forward_rows_tile(n_cols: int, elem_size: int) -> int:
+    """Elements a forward rows program holds (rows of the tile times its lanes) for aligned rows:
+    ``_MASKED_ROWS_TILE`` for 16-bit rows in ``_MASKED_ROWS_16BIT`` that mask lanes, else ``_ROWS_TILE``."""
+    lo, hi = _MASKED_ROWS_16BIT
+    masked = n_cols != next_power_of_2(n_cols)
+    return _MASKED_ROWS_TILE if elem_size == 2 and masked and lo <= n_cols <= hi else _ROWS_TILE
 
 
 def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:

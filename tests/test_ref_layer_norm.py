@@ -949,6 +949,12 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     pieces = layer_norm._aligned_16bit_pieces
     assert [pieces(n) for n in (4864, 5120, 5632, 6144)] == [(4096, 1024, 0)] * 2 + [(4096, 2048, 0)] * 2
     assert [pieces(n) for n in (4096, 4608, 6656, 8192, 9216)] == [None] * 5
+    # 257-2047 with lanes masked: twice the rows of the tile a program (768 on 1024 lanes, 1280 / 1536 on 2048)
+    rows = {n: settings(8192, n, 2, sm_count=132)[1:4] for n in (384, 768, 1024, 1280, 1536, 2048, 2560)}
+    assert rows == {384: (8, 512, 4), 768: (4, 1024, 4), 1024: (2, 1024, 4), 1280: (2, 2048, 4),
+                    1536: (2, 2048, 4), 2048: (1, 2048, 4), 2560: (1, 4096, 4)}
+    assert settings(8192, 1280, 4, sm_count=132)[1] == 1, "fp32 keeps one row of 2048 lanes"
+    assert settings(1, 1280, 2, sm_count=132)[1] == 1, "no more rows than the input has"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -997,7 +1003,8 @@ def test_the_chunked_forward_on_a_persistent_grid_matches_torch_and_writes_every
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n", [2304, 4352, 4608, 4864, 5120, 5632, 6144, 8704, 8960, 9216, 9472, 12288, 16384])
+@pytest.mark.parametrize("n", [320, 384, 768, 1280, 1536, 2304, 4352, 4608, 4864, 5120, 5632, 6144, 8704, 8960, 9216, 9472, 12288,
+                               16384])
 def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
     x, weight, bias = inputs((1000, n), dtype)
     x[0, 0] = 40.0  # the shift far from the row's mean
