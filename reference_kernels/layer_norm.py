@@ -1708,11 +1708,11 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 def _forward_rows_tile(n_cols: int, elem_size: int) -> int:
     """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
-    aligned 16-bit rows (a multiple of 16 columns, as measured) in ``_MASKED_ROWS_16BIT`` that mask lanes,
+    16-bit rows of a multiple of 64 columns (the widths measured) in ``_MASKED_ROWS_16BIT`` that mask lanes,
     else ``_ROWS_TILE``."""
     lo, hi = _MASKED_ROWS_16BIT
     masked = n_cols != next_power_of_2(n_cols)
-    aligned = n_cols % 16 == 0
+    aligned = n_cols % 64 == 0
     return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and lo <= n_cols <= hi else _ROWS_TILE
 
 
