@@ -1085,6 +1085,140 @@ def _layer_norm_bwd_phased_kernel(
 
 
 @triton.jit
+def _seg_add(a1, q1, f1, a2, q2, f2):
+    """Segmented sum: (a, q) restart where the flag f (a row's first segment) is set."""
+    return tl.where(f2 != 0, a2, a1 + a2), tl.where(f2 != 0, q2, q1 + q2), f1 | f2
+
+
+@triton.jit
+def _flat_row_sums(a, q, seg, K: tl.constexpr, R: tl.constexpr, S: tl.constexpr, SCAN: tl.constexpr):
+    """Each segment's row totals of the per-segment sums ``a`` and ``q`` (a row: K consecutive segments of the
+    window's R * K). ``SCAN``: a segmented scan along the segments, read at the row's last one (``tl.gather``);
+    else an (S, S) mask of the segments that share a row, reduced (cheap while S is small)."""
+    slot = seg // K
+    if SCAN:
+        first = (seg % K == 0).to(tl.int32)
+        ca, cq, _ = tl.associative_scan((a, q, first), 0, _seg_add)
+        last = tl.minimum(slot * K + (K - 1), S - 1)
+        return tl.gather(ca, last, 0), tl.gather(cq, last, 0)
+    else:
+        same_row = (slot[:, None] == slot[None, :]) & (seg < R * K)[None, :]
+        return tl.reduce((tl.where(same_row, a[None, :], 0.0), tl.where(same_row, q[None, :], 0.0)), 1, _add_pairs)
+
+
+@triton.jit
+def _layer_norm_fwd_flat_kernel(
+    x_ptr,  # input, contiguous (M, N), 16-byte aligned
+    w_ptr,  # (N,) weight
+    b_ptr,  # (N,) bias
+    y_ptr,  # output, laid out as x
+    mean_ptr,  # (M,) float32 out
+    rstd_ptr,  # (M,) float32 out
+    n_rows,  # M
+    n_groups,  # programs
+    eps,
+    N: tl.constexpr,  # row width, K * P
+    P: tl.constexpr,  # segment: a power of two that divides N
+    K: tl.constexpr,  # segments a row
+    R: tl.constexpr,  # rows a window (R * K <= S)
+    S: tl.constexpr,  # segments a tile (a power of two)
+    STAGES: tl.constexpr,  # software-pipelining depth of the window loop
+    SCAN: tl.constexpr = False,  # row sums by a segmented scan (_flat_row_sums)
+):
+    """The forward on rows laid flat, as ``_layer_norm_bwd_flat_kernel`` holds them: a window of R whole rows in
+    an (S, P) tile of K segments a row. A segment's sums of d = x - x[row, 0] and of d^2 come from one
+    reduction along the tile's rows (JOINT statistics, as the rows kernel's), a row's from adding its K
+    segments' through an (S, S) mask; weight and bias load once a program (docs/kernels.md, "Rows laid flat")."""
+    g = tl.program_id(0)
+    seg = tl.arange(0, S)
+    slot = seg // K
+    used = seg < R * K
+    cols = (seg % K)[:, None] * P + tl.arange(0, P)[None, :]
+    offs = seg[:, None] * P + tl.arange(0, P)[None, :]
+    w = tl.load(w_ptr + cols, mask=used[:, None], other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=used[:, None], other=0.0).to(tl.float32)
+    for i in tl.range(g, tl.cdiv(n_rows, R), n_groups, num_stages=STAGES):
+        window = tl.cast(i, tl.int64)
+        rows = window * R + slot
+        ok = used & (rows < n_rows)
+        base = window * (R * N)
+        x = tl.load(x_ptr + base + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+        shift = tl.load(x_ptr + base + slot * N, mask=ok, other=0.0).to(tl.float32)  # the row's first element
+        d = x - shift[:, None]  # 0 in masked segments (x and shift 0 there)
+        a, q = tl.reduce((d, d * d), 1, _add_pairs)  # per segment
+        s1, s2 = _flat_row_sums(a, q, seg, K, R, S, SCAN)
+        mean, var = _ln_joint_finish(s1, s2, shift, N)
+        rstd = 1.0 / tl.sqrt(var + eps)
+        y = (x - mean[:, None]) * rstd[:, None] * w + b
+        tl.store(y_ptr + base + offs, y.to(y_ptr.dtype.element_ty), mask=ok[:, None])
+        head = ok & (seg % K == 0)  # a row's first segment writes its statistics
+        tl.store(mean_ptr + rows, mean, mask=head)
+        tl.store(rstd_ptr + rows, rstd, mask=head)
+
+
+@triton.jit
+def _layer_norm_bwd_flat_kernel(
+    x_ptr,  # forward input, contiguous (M, N), 16-byte aligned
+    dy_ptr,  # gradient of y, laid out as x
+    w_ptr,  # (N,) weight
+    mean_ptr,  # (M,) float32 row means from the forward
+    rstd_ptr,  # (M,) float32 reciprocal standard deviations from the forward
+    dx_ptr,  # gradient of x, laid out as x
+    dw_part_ptr,  # (n_groups * R, N) float32: this program's R shares of dweight
+    db_part_ptr,  # (n_groups * R, N) float32: this program's R shares of dbias
+    n_rows,  # M
+    n_groups,  # programs
+    N: tl.constexpr,  # row width, K * P
+    P: tl.constexpr,  # segment: a power of two that divides N
+    K: tl.constexpr,  # segments a row
+    R: tl.constexpr,  # rows a window (R * K <= S)
+    S: tl.constexpr,  # segments a tile (a power of two)
+    STAGES: tl.constexpr,  # software-pipelining depth of the window loop
+    SCAN: tl.constexpr = False,  # row sums by a segmented scan (_flat_row_sums)
+):
+    """Aligned rows laid flat: a window is R whole rows, R * K segments of P contiguous elements, held
+    in an (S, P) tile, so that a row whose width is not a power of two masks no lanes but the tile's
+    last S - R * K segments (a 1536-wide row on its 2048-lane tile masks a quarter; six rows of 1280 fill
+    30 of 32 segments of 256). Program g walks windows g, g + n_groups, ...; the loop is pipelined like
+    the phased kernel's (the next windows' x and dy in flight through shared memory). A segment's two
+    sums come from one reduction along the tile's rows, a row's from adding its K segments' (an (S, S)
+    mask of the segments that share a row). Segment s of every window holds the same columns, so its
+    weight loads once and its dweight/dbias accumulate in place; a program writes R share rows
+    (docs/kernels.md, "layer_norm: backward", "Rows laid flat")."""
+    g = tl.program_id(0)
+    seg = tl.arange(0, S)
+    slot = seg // K  # the segment's row in its window
+    used = seg < R * K
+    cols = (seg % K)[:, None] * P + tl.arange(0, P)[None, :]
+    offs = seg[:, None] * P + tl.arange(0, P)[None, :]
+    w = tl.load(w_ptr + cols, mask=used[:, None], other=0.0).to(tl.float32)
+    dw_acc = tl.zeros((S, P), dtype=tl.float32)
+    db_acc = tl.zeros((S, P), dtype=tl.float32)
+    for i in tl.range(g, tl.cdiv(n_rows, R), n_groups, num_stages=STAGES):
+        window = tl.cast(i, tl.int64)
+        rows = window * R + slot
+        ok = used & (rows < n_rows)
+        base = window * (R * N)
+        x = tl.load(x_ptr + base + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + offs, mask=ok[:, None], other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + rows, mask=ok, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=ok, other=0.0)
+        xhat = (x - mean[:, None]) * rstd[:, None]  # 0 in masked segments (x, mean and rstd 0 there)
+        dw_acc += dy * xhat
+        db_acc += dy
+        wdy = w * dy
+        a, b = tl.reduce((xhat * wdy, wdy), 1, _add_pairs)  # per segment
+        s1, s2 = _flat_row_sums(a, b, seg, K, R, S, SCAN)
+        c1 = (s1 / N)[:, None]
+        c2 = (s2 / N)[:, None]
+        dx = (wdy - (xhat * c1 + c2)) * rstd[:, None]
+        tl.store(dx_ptr + base + offs, dx.to(dx_ptr.dtype.element_ty), mask=ok[:, None])
+    share = (g * R + slot).to(tl.int64)[:, None] * N + cols
+    tl.store(dw_part_ptr + share, dw_acc, mask=used[:, None])
+    tl.store(db_part_ptr + share, db_acc, mask=used[:, None])
+
+
+@triton.jit
 def _layer_norm_dwdb_kernel(
     dw_part_ptr,  # (n_groups, N) float32 shares of dweight
     db_part_ptr,  # (n_groups, N) float32 shares of dbias
@@ -1214,7 +1348,7 @@ _DWDB_BLOCK_N = 256
 # _LEAN_FP32_MAX_ROW (40% against 46%) nor rows up to _BWD_MAX_ROW (bf16 60% against 69-72%).
 _BWD_VARIANT = "lean"
 _LEAN_FP32_MAX_ROW = 16384
-_BWD_VARIANTS = ("measured", "lean", "phased")
+_BWD_VARIANTS = ("measured", "lean", "phased", "flat")
 # Rows that start unaligned (_ragged: N not a multiple of 16 elements), forward: the rows plan reads
 # aligned vectors from _PHASED_ROWS_MIN_COLS columns (narrower, Triton's scalar accesses); the
 # split walk always does. Backward: _layer_norm_bwd_phased_kernel (aligned rows too, where
@@ -1294,6 +1428,37 @@ _PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece's lanes up to, register cap)
+# Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
+# flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
+# (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
+# more of its lanes in use than the plan it replaces (1536: 30 of 32 segments against 1536 of 2048 lanes; a row in
+# two pieces counts as its power of two), and at _FLAT_BWD_ALSO. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 -> 81,
+# 1280 (pieces) 71-72 -> 83 / 74-75 -> 82, 1536 73 -> 83 / 74 -> 82, 2304 69-70 -> 79-80 / 70 -> 78, 2560 72 -> 84 / 73 ->
+# 83, 4096 (rows plan) 84.5 -> 87-88 / 84.5 -> 88. At the same share of lanes it lost elsewhere: 1024 89 -> 87, 2048 89 ->
+# 87, 1792 83 -> 80-81, 2816-3840 1-7 points.
+_FLAT_BWD_16BIT: tuple[int, int] | None = (768, 4096)
+_FLAT_BWD_ALSO = (4096,)
+_FLAT_BWD_TILE = 8192
+_FLAT_BWD_SEGMENT = 256
+_FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
+_FLAT_BWD_MIN_GAIN = 0.05
+_FLAT_BWD_STAGES = 3
+_FLAT_BWD_MAX_REGS = 64
+# Forward, the same layout (_layer_norm_fwd_flat_kernel): 16-bit aligned rows in _FLAT_FWD_16BIT (inclusive), a multiple
+# of _FLAT_FWD_MIN_SEGMENT columns, where the tile holds _FLAT_FWD_MIN_GAIN more of its lanes in use than the rows plan's
+# power of two; _FLAT_FWD_ELEMS elements a thread, _FLAT_FWD_PER_SM programs an SM walking windows (0: one window a program).
+_FLAT_FWD_16BIT: tuple[int, int] | None = (256, 4096)
+_FLAT_FWD_TILE = 4096
+_FLAT_FWD_SEGMENT = 256
+_FLAT_FWD_MIN_SEGMENT = 64
+_FLAT_FWD_MAX_SEGMENTS = 64
+_FLAT_FWD_MIN_GAIN = 0.05
+_FLAT_FWD_ELEMS = 16
+_FLAT_FWD_PER_SM = 0
+_FLAT_FWD_STAGES = 3
+# Both: a row's sums from its segments' by a segmented scan on tiles of this many segments or more, else through an
+# (S, S) mask (sm_90 compiles, bf16 320 on 64 segments of 64: 72 -> 35 instructions an element; 32 segments: level).
+_FLAT_SCAN_MIN_SEGMENTS = 64
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
 # (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
@@ -1344,22 +1509,27 @@ def _layer_norm_settings(
     variant: str | None = None,
     wide: str | None = None,
     phased_ok: bool = True,
+    flat_ok: bool = True,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
     ``max_row`` overrides the widest row held by one program (and is then the chunk or
     step width), ``one_pass`` forces the backward's one-pass (never under the interpreter) or
     two-pass chunked plan: tests use both to reach every code path with small shapes. ``variant``
-    ("measured", "lean" or "phased") forces the backward kernel at every shape ("phased": whole
-    rows only); left out, rows that start unaligned (N not a multiple of 16) from
+    ("measured", "lean", "phased" or "flat") forces the backward kernel at every shape ("phased": whole
+    rows only; "flat": aligned rows of at most ``_FLAT_BWD_MAX_SEGMENTS`` segments); left out, rows that start unaligned (N not a multiple of 16) from
     ``_PHASED_BWD_MIN_COLS`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
-    x's dtype), else
+    x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
+    dy contiguous from a 16-byte aligned address), else
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
+    if backward and (variant == "flat" or (variant is None and max_row is None and phased_ok and flat_ok
+                                            and _flat_backward(n_cols, elem_size))):
+        return _flat_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
                                               and _phased_backward(n_cols, elem_size))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
@@ -1369,6 +1539,8 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
+    if not backward and max_row is None and flat_ok and _flat_forward(n_cols, elem_size):
+        return _flat_forward_plan(n_rows, n_cols, elem_size, sm_count)
     if not backward and max_row is None and _looped_forward(n_cols, elem_size):
         return _looped_forward_plan(n_rows, n_cols, elem_size, sm_count)
     if not backward and max_row is None and _walk_forward(n_cols, elem_size):
@@ -1530,6 +1702,79 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                  stages=stages, block_t=block_t)
 
 
+def _flat_shape(n_cols: int, forward: bool = False) -> tuple[int, int, int, int]:
+    """(P, K, R, S) of the flat backward (``forward``: forward) for rows of ``n_cols``: segments of P lanes (the
+    widest power of two up to ``_FLAT_BWD_SEGMENT`` that divides the row), K of them a row, R rows a window, S
+    segments a tile (a power of two, at most ``_FLAT_BWD_TILE`` lanes and ``_FLAT_BWD_MAX_SEGMENTS`` segments;
+    forward: the ``_FLAT_FWD_`` ones). ValueError where one row does not fit."""
+    widest, tile, segments = ((_FLAT_FWD_SEGMENT, _FLAT_FWD_TILE, _FLAT_FWD_MAX_SEGMENTS) if forward
+                              else (_FLAT_BWD_SEGMENT, _FLAT_BWD_TILE, _FLAT_BWD_MAX_SEGMENTS))
+    seg = min(widest, n_cols & -n_cols)
+    k = n_cols // seg
+    most = min(tile // seg, segments)
+    if k > most:
+        raise ValueError(f"the flat plan holds rows of up to {most} segments of {seg} lanes, not {n_cols} columns")
+    r = most // k
+    return seg, k, r, next_power_of_2(r * k)
+
+
+def _flat_forward(n_cols: int, elem_size: int) -> bool:
+    """Whether the forward's default plan for aligned rows of ``n_cols`` is "flat": 16-bit rows in
+    ``_FLAT_FWD_16BIT``, a multiple of ``_FLAT_FWD_MIN_SEGMENT`` columns, whose tile uses ``_FLAT_FWD_MIN_GAIN``
+    more of its lanes than the row's power of two."""
+    if elem_size != 2 or not _FLAT_FWD_16BIT or n_cols % _FLAT_FWD_MIN_SEGMENT:
+        return False
+    lo, hi = _FLAT_FWD_16BIT
+    if not lo <= n_cols <= hi:
+        return False
+    try:
+        _, k, r, segments = _flat_shape(n_cols, forward=True)
+    except ValueError:
+        return False
+    return r * k / segments >= n_cols / next_power_of_2(n_cols) + _FLAT_FWD_MIN_GAIN
+
+
+def _flat_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+    """The plan of ``_layer_norm_fwd_flat_kernel``: block_m R rows a window, block_n P lanes a segment,
+    ``_FLAT_FWD_ELEMS`` elements a thread, ``_FLAT_FWD_PER_SM`` programs an SM walking windows (0: one a window)."""
+    seg, _, r, segments = _flat_shape(n_cols, forward=True)
+    warps = max(1, min(32, next_power_of_2(triton.cdiv(segments * seg, 32 * _FLAT_FWD_ELEMS))))
+    windows = triton.cdiv(n_rows, r)
+    n_groups = min(sm_count * _FLAT_FWD_PER_SM, windows) if _FLAT_FWD_PER_SM else windows
+    return _Plan("flat", r, seg, warps, max(1, n_groups), stages=_FLAT_FWD_STAGES if _FLAT_FWD_PER_SM else 1)
+
+
+def _flat_backward(n_cols: int, elem_size: int) -> bool:
+    """Whether the backward's default plan for aligned rows of ``n_cols`` is "flat": 16-bit rows in
+    ``_FLAT_BWD_16BIT``, a multiple of ``_FLAT_BWD_SEGMENT`` columns, whose tile uses ``_FLAT_BWD_MIN_GAIN`` more
+    of its lanes than the plan it replaces (the phased kernel's whole row; its pieces, or the rows plan, as the row's
+    power of two), or in ``_FLAT_BWD_ALSO``."""
+    if elem_size != 2 or not _FLAT_BWD_16BIT or n_cols % _FLAT_BWD_SEGMENT:
+        return False
+    lo, hi = _FLAT_BWD_16BIT
+    if not lo <= n_cols <= hi:
+        return False
+    try:
+        _, k, r, segments = _flat_shape(n_cols)
+    except ValueError:
+        return False
+    if n_cols in _FLAT_BWD_ALSO:
+        return True
+    held = _phased_bwd_pieces(n_cols, elem_size) if _phased_backward(n_cols, elem_size) else None
+    lanes = held[0] if held and not held[1] else next_power_of_2(n_cols)
+    return r * k / segments >= n_cols / lanes + _FLAT_BWD_MIN_GAIN
+
+
+def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+    """The plan of ``_layer_norm_bwd_flat_kernel`` (``_flat_shape``): block_m R rows a window, block_n P lanes a
+    segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as 32 warps hold."""
+    seg, _, r, segments = _flat_shape(n_cols)
+    vec = max(1, 16 // elem_size)
+    warps = max(1, min(32, next_power_of_2(triton.cdiv(segments * seg, 32 * vec))))
+    n_groups = max(1, min(sm_count * max(1, 32 // warps), triton.cdiv(n_rows, r)))
+    return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
+
+
 def _in_bands(bands: dict, n_cols: int, elem_size: int) -> bool:
     """Whether ``n_cols`` lies in one of the inclusive ranges ``bands`` holds for ``elem_size`` (4: fp32, 2: 16-bit)."""
     return any(lo <= n_cols <= hi for lo, hi in bands.get(4 if elem_size >= 4 else 2) or ())
@@ -1667,6 +1912,9 @@ def _aligned_16bit_pieces(n_cols: int) -> tuple[int, int, int] | None:
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
+    if plan.mode == "flat":
+        _forward_launch_flat(x2, weight, bias, y2, mean, rstd, eps, plan)
+        return
     if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols, x2.element_size())):
         r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
     else:
@@ -1722,6 +1970,21 @@ def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:
     return n_cols >= (_JOINT_FP16_MIN_COLS if dtype == torch.float16 else _JOINT_16BIT_MIN_COLS)
 
 
+def _forward_launch_flat(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    if not _flat_layout(x2, y2):
+        raise ValueError("the flat forward reads x and writes y as contiguous rows from 16-byte aligned addresses")
+    seg, r = plan.block_n, plan.block_m
+    k = n_cols // seg
+    if k * seg != n_cols or seg & (seg - 1):
+        raise ValueError(f"the flat forward's segments of {seg} lanes do not divide rows of {n_cols}")
+    _layer_norm_fwd_flat_kernel[(plan.n_groups,)](
+        x2, weight, bias, y2, mean, rstd, n_rows, plan.n_groups, eps,
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages,
+        SCAN=next_power_of_2(r * k) >= _FLAT_SCAN_MIN_SEGMENTS, num_warps=plan.num_warps,
+    )
+
+
 def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     r = phased_rows((x2,), (y2,))
@@ -1760,6 +2023,9 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     n_rows, n_cols = x2.shape
     if plan.variant == "phased":
         _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan)
+        return
+    if plan.variant == "flat":
+        _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan)
         return
     n_chunks = triton.cdiv(n_cols, plan.block_n)
     n_row_blocks = triton.cdiv(n_rows, plan.block_m)
@@ -1817,6 +2083,35 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
+    _sum_shares(dw_part, db_part, dw, db)
+
+
+def _share_rows(plan: _Plan) -> int:
+    """The float32 dweight/dbias share rows a backward plan writes (and ``_sum_shares`` re-reads): one a program,
+    R a program of the flat plan (one a row of its window)."""
+    return plan.n_groups * (plan.block_m if plan.variant == "flat" else 1)
+
+
+def _flat_layout(*tensors: torch.Tensor) -> bool:
+    """Whether each (M, N) tensor's rows lie back to back from a 16-byte aligned address (the flat backward's)."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
+    n_rows, n_cols = x2.shape
+    if not _flat_layout(x2, dy2, dx2):
+        raise ValueError("the flat backward reads x, dy and dx as contiguous rows from 16-byte aligned addresses")
+    seg, r = plan.block_n, plan.block_m
+    k = n_cols // seg
+    if k * seg != n_cols or seg & (seg - 1):
+        raise ValueError(f"the flat backward's segments of {seg} lanes do not divide rows of {n_cols}")
+    dw_part = torch.empty((_share_rows(plan), n_cols), dtype=torch.float32, device=x2.device)
+    db_part = torch.empty_like(dw_part)
+    _layer_norm_bwd_flat_kernel[(plan.n_groups,)](
+        x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages,
+        SCAN=next_power_of_2(r * k) >= _FLAT_SCAN_MIN_SEGMENTS, num_warps=plan.num_warps, **_reg_cap(plan),
+    )
     _sum_shares(dw_part, db_part, dw, db)
 
 
@@ -1880,7 +2175,8 @@ def forward(
     if x.numel() == 0:
         return y, mean, rstd
     x2 = as_rows(x)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device))
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
+                                flat_ok=_flat_layout(x2, y.view(x2.shape)))
     _forward_launch(
         x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
     )
@@ -1923,6 +2219,7 @@ def backward(
         one_pass=one_pass,
         variant=variant,
         phased_ok=dy.dtype == x.dtype,
+        flat_ok=_flat_layout(x2, dy2),
     )
     _backward_launch(
         dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx.view(x2.shape), dw, db, plan

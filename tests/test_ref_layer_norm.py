@@ -9,6 +9,7 @@ the interpreter: their tests carry the ``gpu`` marker.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 
@@ -246,7 +247,8 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
 
 
 def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
-    settings = layer_norm._layer_norm_settings
+    # the rows plan where rows do not lie flat (contiguous 4096-wide 16-bit rows take the flat plan)
+    settings = functools.partial(layer_norm._layer_norm_settings, flat_ok=False)
     assert settings(32768, 4096, 2, backward=True, sm_count=132).prefetch  # bf16 4096: 87% against 74%
     assert settings(32768, 2064, 2, backward=True, sm_count=132).prefetch
     assert not settings(32768, 2048, 2, backward=True, sm_count=132).prefetch
@@ -284,7 +286,8 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
 
 
 def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
-    settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132)  # noqa: E731
+    settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132,  # noqa: E731
+                                                                   flat_ok=False)  # 16-bit 4096: flat where rows lie flat
     widths = [(1024, 4), (4096, 4), (3072, 2), (4096, 2), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
     assert [settings(n, s).variant for n, s in widths] == [
         "measured", "measured", "measured", "measured", "lean", "measured", "measured", "lean", "lean",
@@ -746,8 +749,10 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     # programs with the next rows in flight through shared memory won for unaligned rows from 1025
     # columns, aligned rows from 4097 (fp32 4608-8192: 51-61% -> 80%+), 16-bit aligned rows of
     # 768-2048 and fp32 ones of 1025-4095; it lost at 16-bit 3072, and rows past 8192 columns do not
-    # fit its registers (8191 does, as 8192 + a tail of 8: 35% -> 45% in bf16).
-    settings = layer_norm._layer_norm_settings
+    # fit its registers (8191 does, as 8192 + a tail of 8: 35% -> 45% in bf16). Rows that lie flat take the flat
+    # plan where it measured faster (test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes); these are
+    # the plans of rows that do not.
+    settings = functools.partial(layer_norm._layer_norm_settings, flat_ok=False)
     P = layer_norm._Plan
     cases = [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (7001, 2), (4608, 2), (8192, 4), (768, 2),
              (2048, 2), (1280, 4), (3072, 4), (1023, 4), (8704, 2), (1024, 4), (4096, 4), (3072, 2), (512, 2), (999, 2)]
@@ -1011,3 +1016,181 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
     x[0, 0] = 40.0  # the shift far from the row's mean
     y, mean, rstd = layer_norm.forward(x, weight, bias)
     _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+# ------------------------------------------------------------------ the flat backward (_layer_norm_bwd_flat_kernel)
+
+
+def _small_flat(monkeypatch):
+    """Segments of 16 lanes in tiles of 128 (forward: 256): windows of whole rows that the interpreter runs quickly."""
+    monkeypatch.setattr(layer_norm, "_FLAT_BWD_SEGMENT", 16)
+    monkeypatch.setattr(layer_norm, "_FLAT_BWD_TILE", 128)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_SEGMENT", 16)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_SEGMENT", 16)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_TILE", 256)
+
+
+def _flat_backward_checked(x, weight, bias, dy, plan):
+    """The flat kernel's gradients into NaN-filled outputs, checked against torch and for unwritten elements."""
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert not a.isnan().any(), f"{what} left unwritten"
+        assert_close(a, e, x.dtype, what, inputs=(x, weight, dy))
+    return dx, dw, db
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+# (rows, width): 48 = 3 segments, two rows a window, the last window half empty; 80 = 5 segments, one row a
+# window; 16 = one segment, eight rows a window over three windows; 112 = 7 segments of the 8
+@pytest.mark.parametrize("shape", [(11, 48), (7, 80), (21, 16), (3, 112)], ids=str)
+@pytest.mark.parametrize("n_groups", [1, 2, 64], ids=["one program walks every window", "two", "more programs than windows"])
+@pytest.mark.parametrize("scan", [False, True], ids=["row sums through the mask", "row sums by a segmented scan"])
+def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_groups, scan, dtype, monkeypatch):
+    _small_flat(monkeypatch)
+    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
+    x, weight, bias = inputs(shape, dtype)
+    x[2] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="flat")
+    seg, k, r, segments = layer_norm._flat_shape(shape[1])
+    assert (plan.variant, plan.block_n, plan.block_m) == ("flat", seg, r) and seg * k == shape[1] and r * k <= segments
+    plan = plan._replace(n_groups=n_groups)
+    first = _flat_backward_checked(x, weight, bias, dy, plan)
+    again = _flat_backward_checked(x, weight, bias, dy, plan)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), "the flat backward is not bitwise deterministic"
+
+
+def test_the_flat_shape_fills_the_tile_with_whole_rows():
+    shape = layer_norm._flat_shape
+    assert shape(1536) == (256, 6, 5, 32)  # five rows of six segments: 30 of 32 in use
+    assert shape(768) == (256, 3, 10, 32)
+    assert shape(2560) == (256, 10, 3, 32)
+    assert shape(4096) == (256, 16, 2, 32)
+    assert shape(1600) == (64, 25, 2, 64)  # segments of 64 (1600 = 25 x 64), at most 64 a tile
+    with pytest.raises(ValueError, match="the flat plan holds rows of up to 64 segments of 64 lanes, not 4160 columns"):
+        shape(4160)  # 65 segments of 64
+    with pytest.raises(ValueError, match="not 8448 columns"):
+        shape(8448)  # 33 segments of 256 past the 8192-lane tile
+
+
+def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
+    settings = layer_norm._layer_norm_settings
+    flat = {n: settings(16384, n, 2, backward=True, sm_count=132).variant == "flat" for n in range(256, 8193, 64)}
+    # 768, 1280, 1536, 2304 and 2560 use 30, 30, 30, 27 and 30 of 32 segments, against 75, 62 (1024 + 256 in pieces),
+    # 75, 56 and 62% of their powers of two; 4096 measured faster than the rows plan at the same share
+    assert [n for n, f in flat.items() if f] == [768, 1280, 1536, 2304, 2560, 4096]
+    assert not any(layer_norm._flat_backward(n, 4) for n in range(256, 8193, 64))
+    assert settings(16384, 1536, 2, backward=True, sm_count=132) == layer_norm._Plan(
+        "rows", 5, 256, 32, 132, "flat", 64, stages=3)  # one 32-warp program an SM, five rows a window
+    assert settings(16384, 1536, 4, backward=True).variant != "flat"  # fp32 keeps its plans
+    assert settings(16384, 1600, 2, backward=True).variant != "flat"  # not a multiple of 256 columns
+    assert settings(16384, 1536, 2, backward=True, flat_ok=False).variant == "phased"
+    assert settings(16384, 1536, 2, backward=True, phased_ok=False).variant != "flat"  # dy in another dtype
+    assert settings(16384, 1536, 2, backward=True, max_row=512).variant != "flat"  # the tests' chunked plans
+
+
+@pytest.mark.parametrize("make", ["sliced", "offset", "transposed"])
+def test_the_backward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_torch(make, monkeypatch):
+    _small_flat(monkeypatch)
+    monkeypatch.setattr(layer_norm, "_FLAT_BWD_16BIT", (16, 4096))
+    monkeypatch.setattr(layer_norm, "_FLAT_BWD_MIN_GAIN", -1.0)  # flat wherever the layout allows it
+    _, weight, bias = inputs((9, 48), torch.bfloat16)
+    big = (torch.randn(9, 64, device=DEVICE) * 3 + 1).bfloat16()
+    x = {"sliced": big[:, :48], "offset": big.view(-1)[1:1 + 9 * 48].view(9, 48),
+         "transposed": big[:, :48].t().contiguous().t()}[make]
+    dy = torch.randn(9, 48, device=DEVICE).bfloat16()
+    assert not layer_norm._flat_layout(x) and layer_norm._flat_layout(dy)
+    with pytest.raises(ValueError, match="contiguous rows from 16-byte aligned addresses"):
+        _flat_backward_checked(x, weight, bias, dy, layer_norm._layer_norm_settings(9, 48, 2, backward=True, variant="flat"))
+    ours = fused_with_grads(x, weight, bias, dy)
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+    assert layer_norm._layer_norm_settings(9, 48, 2, backward=True).variant == "flat"  # the same rows, contiguous
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [768, 1024, 1280, 1536, 2304, 2560, 3072, 4096])
+def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n, dtype):
+    shape = (2**21 // n + 3, n)  # a last window part empty
+    x, weight, bias = inputs(shape, dtype)
+    x[1] += 50.0
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=132, variant="flat")
+    first = _flat_backward_checked(x, weight, bias, dy, plan)
+    for a, b in zip(first, _flat_backward_checked(x, weight, bias, dy, plan)):
+        assert torch.equal(a, b)
+
+
+def _check_flat_forward(x, weight, bias):
+    """The flat forward into NaN-filled outputs, checked against torch and for unwritten elements."""
+    plan = layer_norm._layer_norm_settings(*x.shape, x.element_size(), sm_count=2)
+    assert plan.mode == "flat"
+    y, mean, rstd = _poisoned(x.shape, x.dtype), _poisoned(x.shape[:1], torch.float32), _poisoned(x.shape[:1], torch.float32)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+    _check_forward(x, weight, bias, y, mean, rstd, x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+# 48: 3 segments of 16, five rows a window, the last window part empty; 80: 5 segments, three rows; 208: 13, one
+# row; 16: one segment a row, sixteen rows
+@pytest.mark.parametrize("shape", [(11, 48), (7, 80), (3, 208), (40, 16)], ids=str)
+@pytest.mark.parametrize("scan", [False, True], ids=["row sums through the mask", "row sums by a segmented scan"])
+@pytest.mark.parametrize("per_sm", [0, 1], ids=["a window a program", "programs walking windows"])
+def test_the_flat_forward_matches_torch_and_writes_every_element(shape, scan, per_sm, dtype, monkeypatch):
+    _small_flat(monkeypatch)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_16BIT", (16, 4096))
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
+    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_PER_SM", per_sm)
+    x, weight, bias = inputs(shape, dtype)
+    x[2] += 50.0  # a row far from zero against its neighbours in the window
+    x[1, 0] = 40.0  # the shift far from its row's mean
+    _check_flat_forward(x, weight, bias)
+
+
+def test_the_forward_lays_rows_flat_where_its_tile_uses_more_lanes():
+    settings = layer_norm._layer_norm_settings
+    flat = [n for n in range(64, 8193, 64) if settings(65536, n, 2, sm_count=132).mode == "flat"]
+    assert flat == [n for n in range(256, 4097, 64) if layer_norm._flat_forward(n, 2)] and 320 in flat and 1088 in flat
+    for n in flat:  # 320: twelve rows of five segments of 64 in 64 segments, against 320 of 512 lanes
+        seg, k, r, segments = layer_norm._flat_shape(n, forward=True)
+        assert seg * k == n and r * k / segments >= n / triton.next_power_of_2(n) + layer_norm._FLAT_FWD_MIN_GAIN
+    assert settings(65536, 320, 4, sm_count=132).mode != "flat"  # fp32 keeps its plans
+    assert settings(65536, 1024, 2, sm_count=132).mode != "flat"  # a power of two masks nothing
+    assert settings(65536, 320, 2, sm_count=132, flat_ok=False).mode == "rows"
+
+
+@pytest.mark.parametrize("make", ["sliced", "offset"])
+def test_the_forward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_torch(make, monkeypatch):
+    _small_flat(monkeypatch)
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_16BIT", (16, 4096))
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
+    _, weight, bias = inputs((9, 48), torch.bfloat16)
+    big = (torch.randn(9, 64, device=DEVICE) * 3 + 1).bfloat16()
+    x = {"sliced": big[:, :48], "offset": big.view(-1)[1:1 + 9 * 48].view(9, 48)}[make]
+    with pytest.raises(ValueError, match="contiguous rows from 16-byte aligned addresses"):
+        _check_flat_forward(x, weight, bias)
+    y, mean, rstd = layer_norm.forward(x, weight, bias)
+    _check_forward(x, weight, bias, y, mean, rstd, torch.bfloat16)
+    out = torch.empty(9 * 48 + 1, device=DEVICE, dtype=torch.bfloat16)[1:].view(9, 48)  # an output at an odd offset
+    y, mean, rstd = layer_norm.forward(x.contiguous(), weight, bias, out=out)
+    assert y is out
+    _check_forward(x, weight, bias, y, mean, rstd, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n", [320, 384, 576, 768, 1088, 1152, 1280, 1536, 1600, 2560])
+@pytest.mark.parametrize("scan", [False, True], ids=["mask", "scan"])
+def test_the_flat_forward_matches_torch_at_model_widths(n, scan, dtype, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
+    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
+    x, weight, bias = inputs((2**20 // n + 3, n), dtype)
+    x[1] += 50.0
+    x[2, 0] = 40.0
+    _check_flat_forward(x, weight, bias)
