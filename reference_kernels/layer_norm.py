@@ -16,7 +16,9 @@ tile with both statistics in one reduction (9217-16384), or the walk (2176-2304,
 The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
-read as aligned vectors, ``_ragged``). Wider forward rows take ``split`` / ``persistent`` (the
+read as aligned vectors, ``_ragged``). Contiguous 16-bit rows that their power of two would leave part
+empty (768, 1280, 1536, 2304, 2560; and 4096) take ``flat``: windows of whole rows held as segments of
+256 lanes, so that the tile masks almost no lane. Wider forward rows take ``split`` / ``persistent`` (the
 split walk of ``_split_walk``, shared with softmax: a few programs an SM taking rows or row
 slices twice with the next chunk in flight; fp32 slices of one step stay in registers,
 slices exchange their sums through a ticketed wait; the default for wide fp32 rows) or
@@ -1085,75 +1087,13 @@ def _layer_norm_bwd_phased_kernel(
 
 
 @triton.jit
-def _seg_add(a1, q1, f1, a2, q2, f2):
-    """Segmented sum: (a, q) restart where the flag f (a row's first segment) is set."""
-    return tl.where(f2 != 0, a2, a1 + a2), tl.where(f2 != 0, q2, q1 + q2), f1 | f2
-
-
-@triton.jit
-def _flat_row_sums(a, q, seg, K: tl.constexpr, R: tl.constexpr, S: tl.constexpr, SCAN: tl.constexpr):
+def _flat_row_sums(a, q, seg, K: tl.constexpr, R: tl.constexpr):
     """Each segment's row totals of the per-segment sums ``a`` and ``q`` (a row: K consecutive segments of the
-    window's R * K). ``SCAN``: a segmented scan along the segments, read at the row's last one (``tl.gather``);
-    else an (S, S) mask of the segments that share a row, reduced (cheap while S is small)."""
+    window's R * K): an (S, S) mask of the segments that share a row, reduced (a segmented scan read back by
+    ``tl.gather`` measured slower at 32 segments: docs/kernels.md, "Rows laid flat")."""
     slot = seg // K
-    if SCAN:
-        first = (seg % K == 0).to(tl.int32)
-        ca, cq, _ = tl.associative_scan((a, q, first), 0, _seg_add)
-        last = tl.minimum(slot * K + (K - 1), S - 1)
-        return tl.gather(ca, last, 0), tl.gather(cq, last, 0)
-    else:
-        same_row = (slot[:, None] == slot[None, :]) & (seg < R * K)[None, :]
-        return tl.reduce((tl.where(same_row, a[None, :], 0.0), tl.where(same_row, q[None, :], 0.0)), 1, _add_pairs)
-
-
-@triton.jit
-def _layer_norm_fwd_flat_kernel(
-    x_ptr,  # input, contiguous (M, N), 16-byte aligned
-    w_ptr,  # (N,) weight
-    b_ptr,  # (N,) bias
-    y_ptr,  # output, laid out as x
-    mean_ptr,  # (M,) float32 out
-    rstd_ptr,  # (M,) float32 out
-    n_rows,  # M
-    n_groups,  # programs
-    eps,
-    N: tl.constexpr,  # row width, K * P
-    P: tl.constexpr,  # segment: a power of two that divides N
-    K: tl.constexpr,  # segments a row
-    R: tl.constexpr,  # rows a window (R * K <= S)
-    S: tl.constexpr,  # segments a tile (a power of two)
-    STAGES: tl.constexpr,  # software-pipelining depth of the window loop
-    SCAN: tl.constexpr = False,  # row sums by a segmented scan (_flat_row_sums)
-):
-    """The forward on rows laid flat, as ``_layer_norm_bwd_flat_kernel`` holds them: a window of R whole rows in
-    an (S, P) tile of K segments a row. A segment's sums of d = x - x[row, 0] and of d^2 come from one
-    reduction along the tile's rows (JOINT statistics, as the rows kernel's), a row's from adding its K
-    segments' through an (S, S) mask; weight and bias load once a program (docs/kernels.md, "Rows laid flat")."""
-    g = tl.program_id(0)
-    seg = tl.arange(0, S)
-    slot = seg // K
-    used = seg < R * K
-    cols = (seg % K)[:, None] * P + tl.arange(0, P)[None, :]
-    offs = seg[:, None] * P + tl.arange(0, P)[None, :]
-    w = tl.load(w_ptr + cols, mask=used[:, None], other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=used[:, None], other=0.0).to(tl.float32)
-    for i in tl.range(g, tl.cdiv(n_rows, R), n_groups, num_stages=STAGES):
-        window = tl.cast(i, tl.int64)
-        rows = window * R + slot
-        ok = used & (rows < n_rows)
-        base = window * (R * N)
-        x = tl.load(x_ptr + base + offs, mask=ok[:, None], other=0.0).to(tl.float32)
-        shift = tl.load(x_ptr + base + slot * N, mask=ok, other=0.0).to(tl.float32)  # the row's first element
-        d = x - shift[:, None]  # 0 in masked segments (x and shift 0 there)
-        a, q = tl.reduce((d, d * d), 1, _add_pairs)  # per segment
-        s1, s2 = _flat_row_sums(a, q, seg, K, R, S, SCAN)
-        mean, var = _ln_joint_finish(s1, s2, shift, N)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        y = (x - mean[:, None]) * rstd[:, None] * w + b
-        tl.store(y_ptr + base + offs, y.to(y_ptr.dtype.element_ty), mask=ok[:, None])
-        head = ok & (seg % K == 0)  # a row's first segment writes its statistics
-        tl.store(mean_ptr + rows, mean, mask=head)
-        tl.store(rstd_ptr + rows, rstd, mask=head)
+    same_row = (slot[:, None] == slot[None, :]) & (seg < R * K)[None, :]
+    return tl.reduce((tl.where(same_row, a[None, :], 0.0), tl.where(same_row, q[None, :], 0.0)), 1, _add_pairs)
 
 
 @triton.jit
@@ -1174,7 +1114,6 @@ def _layer_norm_bwd_flat_kernel(
     R: tl.constexpr,  # rows a window (R * K <= S)
     S: tl.constexpr,  # segments a tile (a power of two)
     STAGES: tl.constexpr,  # software-pipelining depth of the window loop
-    SCAN: tl.constexpr = False,  # row sums by a segmented scan (_flat_row_sums)
 ):
     """Aligned rows laid flat: a window is R whole rows, R * K segments of P contiguous elements, held
     in an (S, P) tile, so that a row whose width is not a power of two masks no lanes but the tile's
@@ -1208,7 +1147,7 @@ def _layer_norm_bwd_flat_kernel(
         db_acc += dy
         wdy = w * dy
         a, b = tl.reduce((xhat * wdy, wdy), 1, _add_pairs)  # per segment
-        s1, s2 = _flat_row_sums(a, b, seg, K, R, S, SCAN)
+        s1, s2 = _flat_row_sums(a, b, seg, K, R)
         c1 = (s1 / N)[:, None]
         c2 = (s2 / N)[:, None]
         dx = (wdy - (xhat * c1 + c2)) * rstd[:, None]
@@ -1439,26 +1378,12 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece'
 _FLAT_BWD_16BIT: tuple[int, int] | None = (768, 4096)
 _FLAT_BWD_ALSO = (4096,)
 _FLAT_BWD_TILE = 8192
+_FLAT_BWD_SMALL_TILE: int | None = 4096  # 768, 1280: 83 -> 83-84 / 81-82 -> 84 (768), 82-83 -> 84-85 / 82 -> 87-88 (1280)
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 _FLAT_BWD_STAGES = 3
 _FLAT_BWD_MAX_REGS = 64
-# Forward, the same layout (_layer_norm_fwd_flat_kernel): 16-bit aligned rows in _FLAT_FWD_16BIT (inclusive), a multiple
-# of _FLAT_FWD_MIN_SEGMENT columns, where the tile holds _FLAT_FWD_MIN_GAIN more of its lanes in use than the rows plan's
-# power of two; _FLAT_FWD_ELEMS elements a thread, _FLAT_FWD_PER_SM programs an SM walking windows (0: one window a program).
-_FLAT_FWD_16BIT: tuple[int, int] | None = (256, 4096)
-_FLAT_FWD_TILE = 4096
-_FLAT_FWD_SEGMENT = 256
-_FLAT_FWD_MIN_SEGMENT = 64
-_FLAT_FWD_MAX_SEGMENTS = 64
-_FLAT_FWD_MIN_GAIN = 0.05
-_FLAT_FWD_ELEMS = 16
-_FLAT_FWD_PER_SM = 0
-_FLAT_FWD_STAGES = 3
-# Both: a row's sums from its segments' by a segmented scan on tiles of this many segments or more, else through an
-# (S, S) mask (sm_90 compiles, bf16 320 on 64 segments of 64: 72 -> 35 instructions an element; 32 segments: level).
-_FLAT_SCAN_MIN_SEGMENTS = 64
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
 # (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
@@ -1539,8 +1464,6 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
-    if not backward and max_row is None and flat_ok and _flat_forward(n_cols, elem_size):
-        return _flat_forward_plan(n_rows, n_cols, elem_size, sm_count)
     if not backward and max_row is None and _looped_forward(n_cols, elem_size):
         return _looped_forward_plan(n_rows, n_cols, elem_size, sm_count)
     if not backward and max_row is None and _walk_forward(n_cols, elem_size):
@@ -1702,46 +1625,25 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
                  stages=stages, block_t=block_t)
 
 
-def _flat_shape(n_cols: int, forward: bool = False) -> tuple[int, int, int, int]:
-    """(P, K, R, S) of the flat backward (``forward``: forward) for rows of ``n_cols``: segments of P lanes (the
-    widest power of two up to ``_FLAT_BWD_SEGMENT`` that divides the row), K of them a row, R rows a window, S
-    segments a tile (a power of two, at most ``_FLAT_BWD_TILE`` lanes and ``_FLAT_BWD_MAX_SEGMENTS`` segments;
-    forward: the ``_FLAT_FWD_`` ones). ValueError where one row does not fit."""
-    widest, tile, segments = ((_FLAT_FWD_SEGMENT, _FLAT_FWD_TILE, _FLAT_FWD_MAX_SEGMENTS) if forward
-                              else (_FLAT_BWD_SEGMENT, _FLAT_BWD_TILE, _FLAT_BWD_MAX_SEGMENTS))
-    seg = min(widest, n_cols & -n_cols)
+def _flat_shape(n_cols: int) -> tuple[int, int, int, int]:
+    """(P, K, R, S) of the flat backward for rows of ``n_cols``: segments of P lanes (the widest power of two up
+    to ``_FLAT_BWD_SEGMENT`` that divides the row), K of them a row, R rows a window, S segments a tile (a power
+    of two, at most ``_FLAT_BWD_TILE`` lanes and ``_FLAT_BWD_MAX_SEGMENTS`` segments). The tile is
+    ``_FLAT_BWD_SMALL_TILE`` lanes instead where that holds as large a share of its lanes in use and two rows or
+    more. ValueError where one row does not fit."""
+    tile, small, segments = _FLAT_BWD_TILE, _FLAT_BWD_SMALL_TILE, _FLAT_BWD_MAX_SEGMENTS
+    seg = min(_FLAT_BWD_SEGMENT, n_cols & -n_cols)
     k = n_cols // seg
     most = min(tile // seg, segments)
     if k > most:
         raise ValueError(f"the flat plan holds rows of up to {most} segments of {seg} lanes, not {n_cols} columns")
     r = most // k
+    if small and small < tile:
+        few = min(small // seg, segments)
+        r_small = few // k
+        if r_small >= 2 and r_small * k * next_power_of_2(r * k) >= r * k * next_power_of_2(r_small * k):
+            r = r_small
     return seg, k, r, next_power_of_2(r * k)
-
-
-def _flat_forward(n_cols: int, elem_size: int) -> bool:
-    """Whether the forward's default plan for aligned rows of ``n_cols`` is "flat": 16-bit rows in
-    ``_FLAT_FWD_16BIT``, a multiple of ``_FLAT_FWD_MIN_SEGMENT`` columns, whose tile uses ``_FLAT_FWD_MIN_GAIN``
-    more of its lanes than the row's power of two."""
-    if elem_size != 2 or not _FLAT_FWD_16BIT or n_cols % _FLAT_FWD_MIN_SEGMENT:
-        return False
-    lo, hi = _FLAT_FWD_16BIT
-    if not lo <= n_cols <= hi:
-        return False
-    try:
-        _, k, r, segments = _flat_shape(n_cols, forward=True)
-    except ValueError:
-        return False
-    return r * k / segments >= n_cols / next_power_of_2(n_cols) + _FLAT_FWD_MIN_GAIN
-
-
-def _flat_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
-    """The plan of ``_layer_norm_fwd_flat_kernel``: block_m R rows a window, block_n P lanes a segment,
-    ``_FLAT_FWD_ELEMS`` elements a thread, ``_FLAT_FWD_PER_SM`` programs an SM walking windows (0: one a window)."""
-    seg, _, r, segments = _flat_shape(n_cols, forward=True)
-    warps = max(1, min(32, next_power_of_2(triton.cdiv(segments * seg, 32 * _FLAT_FWD_ELEMS))))
-    windows = triton.cdiv(n_rows, r)
-    n_groups = min(sm_count * _FLAT_FWD_PER_SM, windows) if _FLAT_FWD_PER_SM else windows
-    return _Plan("flat", r, seg, warps, max(1, n_groups), stages=_FLAT_FWD_STAGES if _FLAT_FWD_PER_SM else 1)
 
 
 def _flat_backward(n_cols: int, elem_size: int) -> bool:
@@ -1912,9 +1814,6 @@ def _aligned_16bit_pieces(n_cols: int) -> tuple[int, int, int] | None:
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    if plan.mode == "flat":
-        _forward_launch_flat(x2, weight, bias, y2, mean, rstd, eps, plan)
-        return
     if plan.mode == "looped" or (plan.mode == "rows" and not _phase_rows(n_cols, x2.element_size())):
         r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
     else:
@@ -1968,21 +1867,6 @@ def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:
     """Whether an aligned 16-bit row held on one tile takes JOINT statistics (and PACKED x): from
     ``_JOINT_16BIT_MIN_COLS``, fp16 from ``_JOINT_FP16_MIN_COLS`` (docs/kernels.md, "Aligned 16-bit rows")."""
     return n_cols >= (_JOINT_FP16_MIN_COLS if dtype == torch.float16 else _JOINT_16BIT_MIN_COLS)
-
-
-def _forward_launch_flat(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
-    n_rows, n_cols = x2.shape
-    if not _flat_layout(x2, y2):
-        raise ValueError("the flat forward reads x and writes y as contiguous rows from 16-byte aligned addresses")
-    seg, r = plan.block_n, plan.block_m
-    k = n_cols // seg
-    if k * seg != n_cols or seg & (seg - 1):
-        raise ValueError(f"the flat forward's segments of {seg} lanes do not divide rows of {n_cols}")
-    _layer_norm_fwd_flat_kernel[(plan.n_groups,)](
-        x2, weight, bias, y2, mean, rstd, n_rows, plan.n_groups, eps,
-        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages,
-        SCAN=next_power_of_2(r * k) >= _FLAT_SCAN_MIN_SEGMENTS, num_warps=plan.num_warps,
-    )
 
 
 def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
@@ -2109,8 +1993,8 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_flat_kernel[(plan.n_groups,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
-        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages,
-        SCAN=next_power_of_2(r * k) >= _FLAT_SCAN_MIN_SEGMENTS, num_warps=plan.num_warps, **_reg_cap(plan),
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages, num_warps=plan.num_warps,
+        **_reg_cap(plan),
     )
     _sum_shares(dw_part, db_part, dw, db)
 
@@ -2175,8 +2059,7 @@ def forward(
     if x.numel() == 0:
         return y, mean, rstd
     x2 = as_rows(x)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
-                                flat_ok=_flat_layout(x2, y.view(x2.shape)))
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device))
     _forward_launch(
         x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
     )

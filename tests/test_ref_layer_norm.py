@@ -1022,12 +1022,10 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
 
 
 def _small_flat(monkeypatch):
-    """Segments of 16 lanes in tiles of 128 (forward: 256): windows of whole rows that the interpreter runs quickly."""
+    """Segments of 16 lanes in tiles of 128 (or 64): windows of whole rows that the interpreter runs quickly."""
     monkeypatch.setattr(layer_norm, "_FLAT_BWD_SEGMENT", 16)
     monkeypatch.setattr(layer_norm, "_FLAT_BWD_TILE", 128)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_SEGMENT", 16)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_SEGMENT", 16)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_TILE", 256)
+    monkeypatch.setattr(layer_norm, "_FLAT_BWD_SMALL_TILE", 64)
 
 
 def _flat_backward_checked(x, weight, bias, dy, plan):
@@ -1044,13 +1042,11 @@ def _flat_backward_checked(x, weight, bias, dy, plan):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 # (rows, width): 48 = 3 segments, two rows a window, the last window half empty; 80 = 5 segments, one row a
-# window; 16 = one segment, eight rows a window over three windows; 112 = 7 segments of the 8
+# window; 16 = one segment, four rows a window on the smaller tile (six windows); 112 = 7 segments of the 8
 @pytest.mark.parametrize("shape", [(11, 48), (7, 80), (21, 16), (3, 112)], ids=str)
 @pytest.mark.parametrize("n_groups", [1, 2, 64], ids=["one program walks every window", "two", "more programs than windows"])
-@pytest.mark.parametrize("scan", [False, True], ids=["row sums through the mask", "row sums by a segmented scan"])
-def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_groups, scan, dtype, monkeypatch):
+def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_groups, dtype, monkeypatch):
     _small_flat(monkeypatch)
-    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
     x, weight, bias = inputs(shape, dtype)
     x[2] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
     dy = torch.randn(shape, device=DEVICE).to(dtype)
@@ -1067,9 +1063,10 @@ def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_group
 def test_the_flat_shape_fills_the_tile_with_whole_rows():
     shape = layer_norm._flat_shape
     assert shape(1536) == (256, 6, 5, 32)  # five rows of six segments: 30 of 32 in use
-    assert shape(768) == (256, 3, 10, 32)
+    assert shape(768) == (256, 3, 5, 16)  # the 4096-lane tile: the same share of lanes, five rows
     assert shape(2560) == (256, 10, 3, 32)
-    assert shape(4096) == (256, 16, 2, 32)
+    assert shape(4096) == (256, 16, 2, 32)  # not the 4096-lane tile: one row there
+    assert shape(1280) == (256, 5, 3, 16)
     assert shape(1600) == (64, 25, 2, 64)  # segments of 64 (1600 = 25 x 64), at most 64 a tile
     with pytest.raises(ValueError, match="the flat plan holds rows of up to 64 segments of 64 lanes, not 4160 columns"):
         shape(4160)  # 65 segments of 64
@@ -1125,72 +1122,3 @@ def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n,
     for a, b in zip(first, _flat_backward_checked(x, weight, bias, dy, plan)):
         assert torch.equal(a, b)
 
-
-def _check_flat_forward(x, weight, bias):
-    """The flat forward into NaN-filled outputs, checked against torch and for unwritten elements."""
-    plan = layer_norm._layer_norm_settings(*x.shape, x.element_size(), sm_count=2)
-    assert plan.mode == "flat"
-    y, mean, rstd = _poisoned(x.shape, x.dtype), _poisoned(x.shape[:1], torch.float32), _poisoned(x.shape[:1], torch.float32)
-    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
-    _check_forward(x, weight, bias, y, mean, rstd, x.dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-# 48: 3 segments of 16, five rows a window, the last window part empty; 80: 5 segments, three rows; 208: 13, one
-# row; 16: one segment a row, sixteen rows
-@pytest.mark.parametrize("shape", [(11, 48), (7, 80), (3, 208), (40, 16)], ids=str)
-@pytest.mark.parametrize("scan", [False, True], ids=["row sums through the mask", "row sums by a segmented scan"])
-@pytest.mark.parametrize("per_sm", [0, 1], ids=["a window a program", "programs walking windows"])
-def test_the_flat_forward_matches_torch_and_writes_every_element(shape, scan, per_sm, dtype, monkeypatch):
-    _small_flat(monkeypatch)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_16BIT", (16, 4096))
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
-    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_PER_SM", per_sm)
-    x, weight, bias = inputs(shape, dtype)
-    x[2] += 50.0  # a row far from zero against its neighbours in the window
-    x[1, 0] = 40.0  # the shift far from its row's mean
-    _check_flat_forward(x, weight, bias)
-
-
-def test_the_forward_lays_rows_flat_where_its_tile_uses_more_lanes():
-    settings = layer_norm._layer_norm_settings
-    flat = [n for n in range(64, 8193, 64) if settings(65536, n, 2, sm_count=132).mode == "flat"]
-    assert flat == [n for n in range(256, 4097, 64) if layer_norm._flat_forward(n, 2)] and 320 in flat and 1088 in flat
-    for n in flat:  # 320: twelve rows of five segments of 64 in 64 segments, against 320 of 512 lanes
-        seg, k, r, segments = layer_norm._flat_shape(n, forward=True)
-        assert seg * k == n and r * k / segments >= n / triton.next_power_of_2(n) + layer_norm._FLAT_FWD_MIN_GAIN
-    assert settings(65536, 320, 4, sm_count=132).mode != "flat"  # fp32 keeps its plans
-    assert settings(65536, 1024, 2, sm_count=132).mode != "flat"  # a power of two masks nothing
-    assert settings(65536, 320, 2, sm_count=132, flat_ok=False).mode == "rows"
-
-
-@pytest.mark.parametrize("make", ["sliced", "offset"])
-def test_the_forward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_torch(make, monkeypatch):
-    _small_flat(monkeypatch)
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_16BIT", (16, 4096))
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
-    _, weight, bias = inputs((9, 48), torch.bfloat16)
-    big = (torch.randn(9, 64, device=DEVICE) * 3 + 1).bfloat16()
-    x = {"sliced": big[:, :48], "offset": big.view(-1)[1:1 + 9 * 48].view(9, 48)}[make]
-    with pytest.raises(ValueError, match="contiguous rows from 16-byte aligned addresses"):
-        _check_flat_forward(x, weight, bias)
-    y, mean, rstd = layer_norm.forward(x, weight, bias)
-    _check_forward(x, weight, bias, y, mean, rstd, torch.bfloat16)
-    out = torch.empty(9 * 48 + 1, device=DEVICE, dtype=torch.bfloat16)[1:].view(9, 48)  # an output at an odd offset
-    y, mean, rstd = layer_norm.forward(x.contiguous(), weight, bias, out=out)
-    assert y is out
-    _check_forward(x, weight, bias, y, mean, rstd, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("n", [320, 384, 576, 768, 1088, 1152, 1280, 1536, 1600, 2560])
-@pytest.mark.parametrize("scan", [False, True], ids=["mask", "scan"])
-def test_the_flat_forward_matches_torch_at_model_widths(n, scan, dtype, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_FLAT_FWD_MIN_GAIN", -1.0)
-    monkeypatch.setattr(layer_norm, "_FLAT_SCAN_MIN_SEGMENTS", 1 if scan else 1024)
-    x, weight, bias = inputs((2**20 // n + 3, n), dtype)
-    x[1] += 50.0
-    x[2, 0] = 40.0
-    _check_flat_forward(x, weight, bias)
