@@ -1371,18 +1371,23 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece'
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
 # (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
 # more of its lanes in use than the plan it replaces (1536: 30 of 32 segments against 1536 of 2048 lanes; a row in
-# two pieces counts as its power of two), and at _FLAT_BWD_ALSO. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 -> 81,
-# 1280 (pieces) 71-72 -> 83 / 74-75 -> 82, 1536 73 -> 83 / 74 -> 82, 2304 69-70 -> 79-80 / 70 -> 78, 2560 72 -> 84 / 73 ->
-# 83, 4096 (rows plan) 84.5 -> 87-88 / 84.5 -> 88. At the same share of lanes it lost elsewhere: 1024 89 -> 87, 2048 89 ->
-# 87, 1792 83 -> 80-81, 2816-3840 1-7 points.
+# two pieces counts as its power of two), and at _FLAT_BWD_ALSO. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 ->
+# 81, 1280 (pieces) 71-72 -> 83 / 74-75 -> 82, 1536 73 -> 83 / 74 -> 82, 2304 69-70 -> 79-80 / 70 -> 78, 2560 72 -> 84 /
+# 73 -> 83, 4096 (rows plan) 84.5 -> 87-88 / 84.5 -> 88 (docs/kernels.md has the final figures). At the same share of
+# lanes it lost elsewhere: 1024 89 -> 87, 2048 89 -> 87, 1792 83 -> 80-81, 2816-3840 1-7 points.
 _FLAT_BWD_16BIT: tuple[int, int] | None = (768, 4096)
 _FLAT_BWD_ALSO = (4096,)
 _FLAT_BWD_TILE = 8192
-_FLAT_BWD_SMALL_TILE: int | None = 4096  # 768, 1280: 83 -> 83-84 / 81-82 -> 84 (768), 82-83 -> 84-85 / 82 -> 87-88 (1280)
+# the smaller tile (_flat_shape): 768 83 -> 83-84 / 81-82 -> 84, 1280 82-83 -> 84-85 / 82 -> 87-88
+_FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 _FLAT_BWD_STAGES = 3
+# fp16 windows on the 8192-lane tile: three in flight (H200, two runs each, % of copy, 3 -> 4 stages: fp16 1536 82-83 ->
+# 86-87, 2304 78 -> 81-82, 2560 83 -> 87-88, 4096 level; bf16 1536-2560 0-1.5 points lower, 4096 88 -> 90, 1280 on the
+# 4096-lane tile 85 -> 81 / 87-88 -> 84-86; two stages: 48-64 everywhere)
+_FLAT_BWD_STAGES_FP16_WIDE = 4
 _FLAT_BWD_MAX_REGS = 64
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
@@ -1442,7 +1447,8 @@ def _layer_norm_settings(
     step width), ``one_pass`` forces the backward's one-pass (never under the interpreter) or
     two-pass chunked plan: tests use both to reach every code path with small shapes. ``variant``
     ("measured", "lean", "phased" or "flat") forces the backward kernel at every shape ("phased": whole
-    rows only; "flat": aligned rows of at most ``_FLAT_BWD_MAX_SEGMENTS`` segments); left out, rows that start unaligned (N not a multiple of 16) from
+    rows only; "flat": aligned rows of at most ``_FLAT_BWD_MAX_SEGMENTS`` segments); left out, rows that start
+    unaligned (N not a multiple of 16) from
     ``_PHASED_BWD_MIN_COLS`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
     dy contiguous from a 16-byte aligned address), else
@@ -1981,6 +1987,15 @@ def _flat_layout(*tensors: torch.Tensor) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
+def _flat_stages(plan: _Plan, dtype: torch.dtype) -> int:
+    """The flat backward's pipelining depth: the plan's, or ``_FLAT_BWD_STAGES_FP16_WIDE`` for fp16 windows on the
+    ``_FLAT_BWD_TILE``-lane tile (the dtype is the launch's; the plan knows only the element size)."""
+    wide = plan.num_warps * 32 * 8 >= _FLAT_BWD_TILE  # 16-byte vectors of 8 elements a thread
+    if dtype == torch.float16 and wide and plan.stages == _FLAT_BWD_STAGES:
+        return _FLAT_BWD_STAGES_FP16_WIDE
+    return plan.stages
+
+
 def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     if not _flat_layout(x2, dy2, dx2):
@@ -1993,7 +2008,8 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_flat_kernel[(plan.n_groups,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
-        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages, num_warps=plan.num_warps,
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, x2.dtype),
+        num_warps=plan.num_warps,
         **_reg_cap(plan),
     )
     _sum_shares(dw_part, db_part, dw, db)

@@ -1044,7 +1044,8 @@ def _flat_backward_checked(x, weight, bias, dy, plan):
 # (rows, width): 48 = 3 segments, two rows a window, the last window half empty; 80 = 5 segments, one row a
 # window; 16 = one segment, four rows a window on the smaller tile (six windows); 112 = 7 segments of the 8
 @pytest.mark.parametrize("shape", [(11, 48), (7, 80), (21, 16), (3, 112)], ids=str)
-@pytest.mark.parametrize("n_groups", [1, 2, 64], ids=["one program walks every window", "two", "more programs than windows"])
+@pytest.mark.parametrize("n_groups", [1, 2, 64],
+                         ids=["one program walks every window", "two", "more programs than windows"])
 def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_groups, dtype, monkeypatch):
     _small_flat(monkeypatch)
     x, weight, bias = inputs(shape, dtype)
@@ -1083,6 +1084,10 @@ def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
     assert not any(layer_norm._flat_backward(n, 4) for n in range(256, 8193, 64))
     assert settings(16384, 1536, 2, backward=True, sm_count=132) == layer_norm._Plan(
         "rows", 5, 256, 32, 132, "flat", 64, stages=3)  # one 32-warp program an SM, five rows a window
+    stages = layer_norm._flat_stages
+    # fp16 windows on the 8192-lane tile keep three in flight (four stages), bf16 ones and the 4096-lane tile's two
+    assert [stages(settings(16384, n, 2, backward=True, sm_count=132), dtype) for n, dtype in (
+        (1536, torch.float16), (2560, torch.float16), (1536, torch.bfloat16), (1280, torch.float16))] == [4, 4, 3, 3]
     assert settings(16384, 1536, 4, backward=True).variant != "flat"  # fp32 keeps its plans
     assert settings(16384, 1600, 2, backward=True).variant != "flat"  # not a multiple of 256 columns
     assert settings(16384, 1536, 2, backward=True, flat_ok=False).variant == "phased"
@@ -1102,7 +1107,8 @@ def test_the_backward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_to
     dy = torch.randn(9, 48, device=DEVICE).bfloat16()
     assert not layer_norm._flat_layout(x) and layer_norm._flat_layout(dy)
     with pytest.raises(ValueError, match="contiguous rows from 16-byte aligned addresses"):
-        _flat_backward_checked(x, weight, bias, dy, layer_norm._layer_norm_settings(9, 48, 2, backward=True, variant="flat"))
+        forced = layer_norm._layer_norm_settings(9, 48, 2, backward=True, variant="flat")
+        _flat_backward_checked(x, weight, bias, dy, forced)
     ours = fused_with_grads(x, weight, bias, dy)
     for what, a, e in zip(("y", "dx", "dweight", "dbias"), ours, torch_reference(x, weight, bias, dy)):
         assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
