@@ -1231,6 +1231,10 @@ _ROWS_TILE = 2048
 # lanes' included; the rows share a program's weight, bias and set-up. docs/kernels.md, "Aligned 16-bit rows".
 _MASKED_ROWS_16BIT = (257, 2047)
 _MASKED_ROWS_TILE = 4096
+# aligned rows: a multiple of 16 columns. H200, % of copy, 64 -> 16 (two runs, bf16 / fp16): 272 56 -> 75 / 62 -> 75-76,
+# 528 53-54 -> 67 / 56 -> 70-71, 1040 59 -> 68-69 / 63 -> 74, 1104 52 -> 65-66 / 52 -> 64, 1296 77 -> 88-89 / 82-83 -> 91-92,
+# 1552 86 -> 95-96 / 89 -> 97; 400 (+0-2) and 2000 level
+_MASKED_ROWS_MULTIPLE = 16
 # Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
 # whole row held (one 32-warp program an SM loading its next row before this row's reductions):
 # 91% of copy at 16384 against 87% for "rows"; 16-bit rows stay "rows" with 64 elements a
@@ -1861,11 +1865,11 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 def _forward_rows_tile(n_cols: int, elem_size: int) -> int:
     """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
-    16-bit rows of a multiple of 64 columns (the widths measured) in ``_MASKED_ROWS_16BIT`` that mask lanes,
+    16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns in ``_MASKED_ROWS_16BIT`` that mask lanes,
     else ``_ROWS_TILE``."""
     lo, hi = _MASKED_ROWS_16BIT
     masked = n_cols != next_power_of_2(n_cols)
-    aligned = n_cols % 64 == 0
+    aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0
     return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and lo <= n_cols <= hi else _ROWS_TILE
 
 
