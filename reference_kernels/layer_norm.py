@@ -1388,10 +1388,10 @@ _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 _FLAT_BWD_STAGES = 3
-# fp16 windows on the 8192-lane tile: three in flight (H200, two runs each, % of copy, 3 -> 4 stages: fp16 1536 82-83 ->
-# 86-87, 2304 78 -> 81-82, 2560 83 -> 87-88, 4096 level; bf16 1536-2560 0-1.5 points lower, 4096 88 -> 90, 1280 on the
-# 4096-lane tile 85 -> 81 / 87-88 -> 84-86; two stages: 48-64 everywhere)
-_FLAT_BWD_STAGES_FP16_WIDE = 4
+# Windows on the 8192-lane tile, fp16 ones or ones that mask no segment (4096): three in flight (H200, two runs each,
+# % of copy, 3 -> 4 stages: fp16 1536 82-83 -> 86-87, 2304 78 -> 81-82, 2560 83 -> 87-88, 4096 level; bf16 4096 88 ->
+# 90, bf16 1536-2560 0-1.5 points lower; 1280 on the 4096-lane tile 85 -> 81 / 87-88 -> 84-86; two stages: 48-64)
+_FLAT_BWD_STAGES_WIDE = 4
 _FLAT_BWD_MAX_REGS = 64
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
 # and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
@@ -1991,12 +1991,15 @@ def _flat_layout(*tensors: torch.Tensor) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _flat_stages(plan: _Plan, dtype: torch.dtype) -> int:
-    """The flat backward's pipelining depth: the plan's, or ``_FLAT_BWD_STAGES_FP16_WIDE`` for fp16 windows on the
-    ``_FLAT_BWD_TILE``-lane tile (the dtype is the launch's; the plan knows only the element size)."""
+def _flat_stages(plan: _Plan, n_cols: int, dtype: torch.dtype) -> int:
+    """The flat backward's pipelining depth: the plan's, or ``_FLAT_BWD_STAGES_WIDE`` for windows on the
+    ``_FLAT_BWD_TILE``-lane tile that are fp16 or mask no segment (the dtype is the launch's; the plan knows only
+    the element size)."""
     wide = plan.num_warps * 32 * 8 >= _FLAT_BWD_TILE  # 16-byte vectors of 8 elements a thread
-    if dtype == torch.float16 and wide and plan.stages == _FLAT_BWD_STAGES:
-        return _FLAT_BWD_STAGES_FP16_WIDE
+    segments = plan.block_m * n_cols // plan.block_n  # in use; the tile holds their power of two
+    full = segments == next_power_of_2(segments)
+    if wide and (dtype == torch.float16 or full) and plan.stages == _FLAT_BWD_STAGES:
+        return _FLAT_BWD_STAGES_WIDE
     return plan.stages
 
 
@@ -2012,7 +2015,7 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_flat_kernel[(plan.n_groups,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
-        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, x2.dtype),
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, n_cols, x2.dtype),
         num_warps=plan.num_warps,
         **_reg_cap(plan),
     )

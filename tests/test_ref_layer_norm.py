@@ -1086,9 +1086,12 @@ def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
     assert settings(16384, 1536, 2, backward=True, sm_count=132) == layer_norm._Plan(
         "rows", 5, 256, 32, 132, "flat", 64, stages=3)  # one 32-warp program an SM, five rows a window
     stages = layer_norm._flat_stages
-    # fp16 windows on the 8192-lane tile keep three in flight (four stages), bf16 ones and the 4096-lane tile's two
-    assert [stages(settings(16384, n, 2, backward=True, sm_count=132), dtype) for n, dtype in (
-        (1536, torch.float16), (2560, torch.float16), (1536, torch.bfloat16), (1280, torch.float16))] == [4, 4, 3, 3]
+    # windows on the 8192-lane tile keep three in flight (four stages) in fp16 or where no segment is masked (4096);
+    # bf16 ones with masked segments and the 4096-lane tile's two
+    cases = ((1536, torch.float16), (2560, torch.float16), (4096, torch.bfloat16), (1536, torch.bfloat16),
+             (2560, torch.bfloat16), (1280, torch.float16), (768, torch.bfloat16))
+    assert [stages(settings(16384, n, 2, backward=True, sm_count=132), n, dtype) for n, dtype in cases] == [4, 4, 4, 3, 3,
+                                                                                                          3, 3]
     assert settings(16384, 1536, 4, backward=True).variant != "flat"  # fp32 keeps its plans
     assert settings(16384, 1600, 2, backward=True).variant != "flat"  # not a multiple of 256 columns
     assert settings(16384, 1536, 2, backward=True, flat_ok=False).variant == "phased"
