@@ -115,6 +115,10 @@ CASES = {
     "ln_bwd_bf16_5120": lambda: _ln_backward(16384, 5120, torch.bfloat16),
     "ln_bwd_bf16_6144": lambda: _ln_backward(16384, 6144, torch.bfloat16),
     "ln_bwd_bf16_7168": lambda: _ln_backward(16384, 7168, torch.bfloat16),
+    # rows laid flat (docs/kernels.md, "Rows laid flat"): five rows a window of 32 segments; 3072, which stays on
+    # the rows plan (two rows in 24 of 32 segments lost there)
+    "ln_bwd_bf16_1536": lambda: _ln_backward(32768, 1536, torch.bfloat16),
+    "ln_bwd_bf16_3072": lambda: _ln_backward(16384, 3072, torch.bfloat16),
     # the GEMM epilogue at K = 768 (docs/kernels.md, "gemm_epilogue"): ours with each epilogue, and cuBLAS
     "gemm_bf16_2048x768x3072": lambda: _gemm(2048, 768, 3072),
     "gemm_bf16_2048x768x3072_tanh": lambda: _gemm(2048, 768, 3072, approximate="tanh"),
