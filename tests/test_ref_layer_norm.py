@@ -960,8 +960,9 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
                     1536: (2, 2048, 4), 2048: (1, 2048, 4), 2560: (1, 4096, 4)}
     assert settings(8192, 1280, 4, sm_count=132)[1] == 1, "fp32 keeps one row of 2048 lanes"
     assert settings(1, 1280, 2, sm_count=132)[1] == 1, "no more rows than the input has"
-    # aligned rows (a multiple of 16 columns) take it: 2000 on 4096 lanes a program, two rows; unaligned ones keep their plan
-    assert [settings(8192, n, 2, sm_count=132)[1] for n in (999, 1000, 2000, 2008, 1040)] == [2, 2, 2, 1, 2], "unmeasured"
+    # aligned rows (a multiple of 16 columns) take it: 2000 and 1040 on 4096 lanes a program, two rows; unaligned
+    # ones keep their plan (999 and 1000: two rows of 1024 lanes on the 2048 tile; 2008: one)
+    assert [settings(8192, n, 2, sm_count=132)[1] for n in (999, 1000, 2000, 2008, 1040)] == [2, 2, 2, 1, 2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
