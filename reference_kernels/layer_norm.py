@@ -47,6 +47,7 @@ from pytest_fusioncheck.budget import Budget
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
 from ._math import widen_after
 from ._ragged import (
+    VECTOR_BYTES,
     Phased,
     body_bounds,
     edge_word_columns,
@@ -1988,15 +1989,15 @@ def _share_rows(plan: _Plan) -> int:
 
 def _flat_layout(*tensors: torch.Tensor) -> bool:
     """Whether each (M, N) tensor's rows lie back to back from a 16-byte aligned address (the flat backward's)."""
-    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+    return all(t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
 
 
 def _flat_stages(plan: _Plan, n_cols: int, dtype: torch.dtype) -> int:
     """The flat backward's pipelining depth: the plan's, or ``_FLAT_BWD_STAGES_WIDE`` for windows on the
     ``_FLAT_BWD_TILE``-lane tile that are fp16 or mask no segment (the dtype is the launch's; the plan knows only
     the element size)."""
-    wide = plan.num_warps * 32 * 8 >= _FLAT_BWD_TILE  # 16-byte vectors of 8 elements a thread
     segments = plan.block_m * n_cols // plan.block_n  # in use; the tile holds their power of two
+    wide = next_power_of_2(segments) * plan.block_n >= _FLAT_BWD_TILE
     full = segments == next_power_of_2(segments)
     if wide and (dtype == torch.float16 or full) and plan.stages == _FLAT_BWD_STAGES:
         return _FLAT_BWD_STAGES_WIDE
