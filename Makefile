@@ -8,6 +8,9 @@ PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# make test's pytest-xdist workers: two without a GPU (CI's two cores: ~10 min against ~17 serial); none on a
+# machine with nvidia-smi, where tests that time kernels must not share the GPU with each other
+TEST_WORKERS ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 0 || echo 2)
 
 .PHONY: demo test install clean
 
@@ -24,7 +27,7 @@ demo: $(VENV)/.installed
 	$(PY) -m pytest examples -p no:cacheprovider --fusion-report --fusion-baseline examples/fusion_baseline.json -q $(PYTEST_ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest tests -q -ra --timeout=600 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -ra --timeout=600 -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
