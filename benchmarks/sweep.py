@@ -39,10 +39,12 @@ import torch.nn.functional as F  # noqa: E402
 from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, liger_ops, markdown_table, write_output_to  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Row widths of public model configs: hidden sizes (BERT, GPT-2, Llama, Mistral, Qwen, ...)
-# and vocabularies (BERT 30522, Llama-2 32000, GPT-2 50257, Llama-3 128256, Qwen 151936, ...).
+# Row widths of public model configs: MoE router softmaxes over the experts (Mixtral 8, DBRX 16, Qwen1.5-MoE 60,
+# OLMoE / Qwen2-MoE 64, Qwen3-MoE 128, DeepSeek-V2 160, DeepSeek-V3 256), attention rows at short sequence lengths
+# (BERT 128 / 384 / 512), hidden sizes (BERT, GPT-2, Llama, Mistral, Qwen, ...) and vocabularies (BERT 30522,
+# Llama-2 32000, GPT-2 50257, Llama-3 128256, Qwen 151936, ...).
 MODEL_WIDTHS = [
-    768, 1024, 1280, 1536, 1600, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 11008, 12288,
+    8, 16, 60, 64, 128, 160, 256, 384, 768, 1024, 1280, 1536, 1600, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 11008, 12288,
     13824, 14336, 16384, 18432, 28672, 30522, 32000, 32064, 49152, 50257, 50304, 65024, 65536,
     100352, 128256, 131072, 151936, 152064, 256000, 262144,
 ]

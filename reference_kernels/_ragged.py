@@ -224,6 +224,20 @@ class Phased(NamedTuple):
         if self.y_out is not None:
             self.y_out.copy_(self.y_rows)
 
+    def packed_width(self, n_cols: int, widest: int) -> int:
+        """``n_cols`` where rows on Triton's own accesses (``plain``) lie back to back in x and y (strides N), N
+        is not a multiple of 16 elements and at most ``widest``; else 0. A kernel given N as a compile-time
+        constant (the rows' width and strides) knows the rows' alignment, the largest power of two dividing N,
+        and loads vectors that wide where a runtime stride gave one element a load (docs/kernels.md, "Ragged
+        rows", "Packed rows"). One compile a width, hence ``widest``."""
+        return packed_width(n_cols, (self.stride_x, self.stride_y), widest) if self.vec == 1 and self.phase == 0 else 0
+
+
+def packed_width(n_cols: int, strides: tuple, widest: int) -> int:
+    """``n_cols`` where every row stride is N (rows back to back), N is not a multiple of 16 elements and at most
+    ``widest``, else 0: a kernel's compile-time width (``Phased.packed_width``)."""
+    return n_cols if all(s == n_cols for s in strides) and n_cols % 16 and n_cols <= widest else 0
+
 
 def phased(x2: torch.Tensor, y2: torch.Tensor) -> Phased:
     """Kernel arguments for rows of ``x2`` read and rows of ``y2`` written with the helpers above.

@@ -55,6 +55,7 @@ from ._ragged import (
     edges,
     in_row,
     launch_width,
+    packed_width,
     phased,
     phased_rows,
     ragged_width,
@@ -332,6 +333,7 @@ def _layer_norm_fwd_kernel(
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
     JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
     PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
+    NARROW: tl.constexpr = 0,  # VEC 1: 0, or N = both strides for packed rows (_ragged.Phased.packed_width)
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -342,6 +344,10 @@ def _layer_norm_fwd_kernel(
     row's own columns (virtual column - phase), which Triton cannot prove aligned: scalar
     loads of two (N,) vectors that stay in L1.
     """
+    if NARROW > 0:  # compile-time row length and strides: rows load as vectors of their alignment
+        n_cols = NARROW
+        stride_x = NARROW
+        stride_y = NARROW
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
                                  eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED)
@@ -761,7 +767,13 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
     PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
+    NARROW: tl.constexpr = 0,  # rows mode: 0, or N = the three strides for packed rows (_packed_backward_width)
 ):
+    if NARROW > 0:  # compile-time row length and strides: rows load as vectors of their alignment
+        n_cols = NARROW
+        stride_x = NARROW
+        stride_dy = NARROW
+        stride_dx = NARROW
     if MODE == _ONE_PASS:
         tile = tl.atomic_add(count_ptr + tl.cdiv(n_rows, BLOCK_M) * COUNTER_STRIDE, 1)
     else:
@@ -1300,6 +1312,18 @@ _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
 # _PHASED_BWD_MAX_TAIL, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a thread, up to
 # _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
 _PHASED_ROWS_MIN_COLS = 2048
+# Narrower unaligned rows that lie packed (strides N) take N as a compile-time constant up to this width
+# (_ragged.Phased.packed_width; softmax._PACKED_N_MAX): vectors of the rows' alignment, one compile a width.
+# H200, % of copy, runtime -> compile-time width, bf16 / fp16 / fp32: forward 360 38 / 38 / 70 -> 81 / 83 / 85,
+# 1000 65 / 65 / 95 -> 97 / 96 / 95; backward 1000 51 / 52 / 86 -> 76 / 79 / 89 (docs/kernels.md, "Packed rows").
+_PACKED_N_MAX = 2047
+# Packed unaligned rows in this band whose N is a multiple of _PACKED_ROWS_MULTIPLE (vectors of 8 bytes or more in
+# 16-bit) take the rows plan at that width (_packed_rows), not the forward's walk or the phased backward. H200, %
+# of copy, bf16 / fp16 / fp32: forward 1032 56 / 57 / 93 -> 71 / 77 / 94, 1500 54 / 54 / 92 -> 68 / 69 / 92, 1800
+# 68 / 70 / 93 -> 93 / 93 / 95, 2040 75 / 76 / 95 -> 96 / 96 / 95, 1100 level; backward 1032 40 / 41 / 81 -> 50 /
+# 51 / 75, 1100 42 / 43 / 71 -> 51 / 52 / 77, 1800 64 / 65 / 78 -> 68 / 68 / 88, 2040 71 / 71 / 77 -> 71 / 71 / 89
+_PACKED_ROWS_BAND = (1025, 2047)
+_PACKED_ROWS_MULTIPLE = 4
 # Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
 _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
@@ -1445,6 +1469,7 @@ def _layer_norm_settings(
     wide: str | None = None,
     phased_ok: bool = True,
     flat_ok: bool = True,
+    packed: bool = False,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
@@ -1457,7 +1482,9 @@ def _layer_norm_settings(
     ``_PHASED_BWD_MIN_COLS`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
     dy contiguous from a 16-byte aligned address), else
-    ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster.
+    ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster. ``packed`` (the
+    rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
+    not the forward's walk or the phased backward.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
@@ -1467,7 +1494,8 @@ def _layer_norm_settings(
                                             and _flat_backward(n_cols, elem_size))):
         return _flat_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
-                                              and _phased_backward(n_cols, elem_size))):
+                                              and _phased_backward(n_cols, elem_size)
+                                              and not (packed and _packed_rows(n_cols)))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
@@ -1477,7 +1505,7 @@ def _layer_norm_settings(
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
     if not backward and max_row is None and _looped_forward(n_cols, elem_size):
         return _looped_forward_plan(n_rows, n_cols, elem_size, sm_count)
-    if not backward and max_row is None and _walk_forward(n_cols, elem_size):
+    if not backward and max_row is None and _walk_forward(n_cols, elem_size) and not (packed and _packed_rows(n_cols)):
         vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
         return _walk_forward_plan(n_rows, n_cols, elem_size, vec, sm_count)
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
@@ -1688,6 +1716,14 @@ def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int)
     return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
 
 
+def _packed_rows(n_cols: int) -> bool:
+    """Whether unaligned rows of ``n_cols`` that lie packed take the rows plan with a compile-time width
+    (``NARROW``) instead of the forward's walk or the phased backward: in ``_PACKED_ROWS_BAND``, a multiple of
+    ``_PACKED_ROWS_MULTIPLE`` and at most ``_PACKED_N_MAX``."""
+    lo, hi = _PACKED_ROWS_BAND
+    return lo <= n_cols <= min(hi, _PACKED_N_MAX) and n_cols % 16 != 0 and n_cols % _PACKED_ROWS_MULTIPLE == 0
+
+
 def _in_bands(bands: dict, n_cols: int, elem_size: int) -> bool:
     """Whether ``n_cols`` lies in one of the inclusive ranges ``bands`` holds for ``elem_size`` (4: fp32, 2: 16-bit)."""
     return any(lo <= n_cols <= hi for lo, hi in bands.get(4 if elem_size >= 4 else 2) or ())
@@ -1848,7 +1884,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            JOINT=joint, PACKED=packed, num_warps=warps, **_reg_cap(cap),
+            JOINT=joint, PACKED=packed, NARROW=r.packed_width(n_cols, _PACKED_N_MAX), num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
@@ -1941,6 +1977,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         kernel = _layer_norm_bwd_kernel
         if plan.mode == "rows":
             common["PREFETCH"] = plan.prefetch
+            common["NARROW"] = _packed_backward_width(x2, dy2, dx2)
     if plan.mode == "rows":
         kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
@@ -2023,6 +2060,12 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     _sum_shares(dw_part, db_part, dw, db)
 
 
+def _packed_backward_width(x2: torch.Tensor, dy2: torch.Tensor, dx2: torch.Tensor) -> int:
+    """The rows backward's ``NARROW``: N where x, dy and dx rows lie back to back (strides N), N is not a multiple
+    of 16 elements and at most ``_PACKED_N_MAX`` (``_ragged.Phased.packed_width`` for three tensors), else 0."""
+    return packed_width(x2.shape[1], (x2.stride(0), dy2.stride(0), dx2.stride(0)), _PACKED_N_MAX)
+
+
 def _reg_cap(plan: _Plan) -> dict:
     """Launch options capping registers (``_Plan.max_regs``); none under the interpreter."""
     return {"maxnreg": plan.max_regs} if plan.max_regs and not interpreting() else {}
@@ -2083,9 +2126,11 @@ def forward(
     if x.numel() == 0:
         return y, mean, rstd
     x2 = as_rows(x)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device))
+    y2 = y.view(x2.shape)
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
+                                packed=x2.stride(0) == y2.stride(0) == x2.shape[1])
     _forward_launch(
-        x2, weight.contiguous(), bias.contiguous(), y.view(x2.shape), mean.view(-1), rstd.view(-1), float(eps), plan
+        x2, weight.contiguous(), bias.contiguous(), y2, mean.view(-1), rstd.view(-1), float(eps), plan
     )
     return y, mean, rstd
 
@@ -2117,6 +2162,7 @@ def backward(
     dw = torch.empty(n_cols, dtype=weight.dtype, device=x.device)  # every column is written
     db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
     x2, dy2 = as_rows(x), as_rows(dy)
+    dx2 = dx.view(x2.shape)
     plan = _layer_norm_settings(
         *x2.shape,
         x.element_size(),
@@ -2127,10 +2173,9 @@ def backward(
         variant=variant,
         phased_ok=dy.dtype == x.dtype,
         flat_ok=_flat_layout(x2, dy2),
+        packed=_packed_backward_width(x2, dy2, dx2) > 0,
     )
-    _backward_launch(
-        dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx.view(x2.shape), dw, db, plan
-    )
+    _backward_launch(dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx2, dw, db, plan)
     return dx, dw, db
 
 

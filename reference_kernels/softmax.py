@@ -67,7 +67,7 @@ def _softmax_fwd_kernel(
     BLOCK_T: tl.constexpr,  # columns of the second piece, from BLOCK_N on; 0: none
     BLOCK_U: tl.constexpr,  # columns of the third piece, from BLOCK_N + BLOCK_T on; 0: none
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-    NARROW: tl.constexpr,  # 0, or N = BLOCK_N = both strides for packed rows narrower than 16 elements
+    NARROW: tl.constexpr,  # 0, or N = both strides for packed rows on Triton's own accesses (_narrow)
     FAST_EXP: tl.constexpr,  # exponentials by ex2.approx.ftz (not under the interpreter)
     STAGES: tl.constexpr = 0,  # 0: one block of rows a program; else persistent, pipelined STAGES deep
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
@@ -549,6 +549,17 @@ _PIECE_WASTE_WIDE_16BIT = 0.2
 _PIECE_WASTE_WIDE_FP32 = 0.3
 _PIECE_MIN_WARPS = 2  # 2049 bf16 on 2 warps (32 elements a thread): 73 -> 90%+ of copy (H200)
 _PHASED_NARROW_COLS = (64, 128)
+# Packed rows (contiguous, strides N) on Triton's own accesses whose N is not a multiple of 16 elements, up to this
+# width, take N as a compile-time constant (_narrow, Phased.packed_width): the rows' alignment (the largest power
+# of two dividing N) becomes known, so a 60-wide bf16 row loads as 8-byte vectors and a 24-wide one as 16-byte ones,
+# not element by element (sm_90 SASS: 1040 -> 312 and 888 -> 224 instructions a program); one compile a width.
+# H200, % of copy, bf16 / fp32: 24 31 / 59 -> 98 / 98, 40 21 / 41 -> 93 / 98, 60 31 / 57 -> 97 / 98, 200 49 / 90 ->
+# 99 / 98, 600 65 / 97 -> 88 / 100, 1000 86 / 97 -> 99 / 98, 1500 79 / 98 -> 98 / 99; odd widths level (13 37 -> 37)
+_PACKED_N_MAX = 2047
+# Packed rows in _PHASED_NARROW_COLS whose N is a multiple of this keep Triton's accesses at a compile-time width
+# instead of aligned vectors (_packed_band). H200, % of copy, bf16 / fp32: 68 55 / 82 -> 66 / 99, 72 59 / 85 -> 86
+# / 98, 100 77 / 98 -> 88 / 97; odd and twice-odd rows lost (65 53 -> 20, 66 54 -> 37, 98 76 -> 54, 127 89 -> 39)
+_PACKED_BAND_MULTIPLE = 4
 # 16-bit rows in these bands (inclusive) take their exponentials against the row's first element: one block
 # reduction instead of two, on the rows plan and the staged plan's aligned rows (_softmax_rows' SHIFT;
 # docs/kernels.md, "One reduction"). H200, % of copy: bf16 8704 75 -> 82, 10240 84 -> 93, 12345 74 -> 83,
@@ -684,10 +695,9 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         )
         r.finish()
         return
-    if plan.mode != "rows" or _phase_rows(n_cols):
+    r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
+    if plan.mode != "rows" or (_phase_rows(n_cols) and not _packed_band(r, n_cols)):
         r = phased(x2, y2)
-    else:  # Triton's own (scalar, for unaligned rows) accesses
-        r = Phased.plain(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(n_cols))
         pieces = (_row_pieces(n_cols, r.vec, x2.element_size()) if block_n == next_power_of_2(n_cols)
@@ -746,20 +756,29 @@ def _shift(n_cols: int, elem_size: int) -> bool:
 
 
 def _narrow(r: Phased, n_cols: int, block_n: int) -> int:
-    """``NARROW`` of the rows kernel: N for packed rows of a power of two under 16 elements, else 0.
+    """``NARROW`` of the rows kernel: N for packed rows on Triton's own accesses that are a power of two under
+    16 elements, or not a multiple of 16 elements and at most ``_PACKED_N_MAX`` wide; else 0.
 
-    Their runtime stride (2, 4 or 8) tells Triton nothing of alignment, so each element was a
-    scalar load (bf16 8 columns: 41% of copy, ncu); a compile-time stride lets a row load as
-    one vector. Wider strides are multiples of 16 and Triton already knows it.
+    A runtime stride that is not a multiple of 16 tells Triton nothing of alignment, so each element was a
+    scalar load (bf16 8 columns: 41% of copy, ncu); a compile-time stride lets a row load as vectors as wide as
+    the largest power of two dividing N (one vector a row under 16 elements). Strides that are multiples of 16
+    Triton already knows, so those rows keep a runtime N (no compile a width).
     """
-    packed = r.vec == 1 and r.phase == 0 and r.stride_x == r.stride_y == n_cols == block_n
-    return n_cols if packed and n_cols < 16 else 0
+    if r.vec == 1 and r.phase == 0 and r.stride_x == r.stride_y == n_cols == block_n < 16:
+        return n_cols
+    return r.packed_width(n_cols, _PACKED_N_MAX)
 
 
 def _phase_rows(n_cols: int) -> bool:
     """Whether the ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``): where it measured
     faster than Triton's scalar accesses (docs/kernels.md, "Ragged rows")."""
     return n_cols >= _PHASED_ROWS_MIN_COLS or _PHASED_NARROW_COLS[0] <= n_cols <= _PHASED_NARROW_COLS[1]
+
+
+def _packed_band(r: Phased, n_cols: int) -> bool:
+    """Whether rows in ``_PHASED_NARROW_COLS`` keep Triton's own accesses with a compile-time width (``_narrow``)
+    instead of aligned vectors: packed rows whose N is a multiple of ``_PACKED_BAND_MULTIPLE``."""
+    return n_cols % _PACKED_BAND_MULTIPLE == 0 and r.packed_width(n_cols, _PACKED_N_MAX) > 0
 
 
 def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:

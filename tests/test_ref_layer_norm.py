@@ -1133,3 +1133,28 @@ def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n,
     for a, b in zip(first, _flat_backward_checked(x, weight, bias, dy, plan)):
         assert torch.equal(a, b)
 
+
+
+# ------------------------------------------------------------------ packed unaligned rows (a compile-time width)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1028, 1500], ids=["4 x 257", "4 x 375"])
+def test_packed_unaligned_rows_take_the_rows_plan_at_a_compile_time_width_and_match_torch(n, dtype):
+    settings = functools.partial(layer_norm._layer_norm_settings, 64, n, torch.tensor([], dtype=dtype).element_size())
+    fwd, bwd = settings(sm_count=132, packed=True), settings(backward=True, sm_count=132, packed=True)
+    assert (fwd.mode, bwd.mode, bwd.variant) == ("rows", "rows", "measured")
+    if dtype != torch.float32:  # rows that do not lie packed keep the walk (forward, 16-bit) and the phased backward
+        assert settings(sm_count=132).mode == "walk"
+    assert settings(backward=True, sm_count=132).variant == "phased"
+    assert not any(layer_norm._packed_rows(w) for w in (1024, 1030, 1031, 2052))  # aligned, 2 x odd, odd, past the band
+    big = (torch.randn(5, n + 4, device=DEVICE) * 3 + 1).to(dtype)
+    _, weight, bias = inputs((5, n), dtype)
+    for x in (big[:, :n].contiguous(), big[:, :n]):  # packed, and rows of a wider tensor
+        x[1] += 50.0
+        dy = torch.randn(5, n, device=DEVICE).to(dtype)
+        x2, dx2 = x, torch.empty_like(x, memory_format=torch.contiguous_format)
+        assert layer_norm._packed_backward_width(x2, dy, dx2) == (n if x.is_contiguous() else 0)
+        for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy),
+                              torch_reference(x, weight, bias, dy)):
+            assert_close(a, e, dtype, what, inputs=(x, weight, dy))

@@ -183,9 +183,48 @@ def test_packed_rows_narrower_than_16_take_compile_time_strides_and_are_right(n,
     assert not out.isnan().any()
     assert_close_to_row_scale(out, softmax.unfused(wide.float()).to(dtype), dtype)
     assert softmax._narrow(Phased.plain(wide, out), n, n) == 0
-    for cols in (3, 16):
+    for cols in (16, 32, 2048):  # multiples of 16: Triton knows their strides' alignment
         t = torch.empty(4, cols, dtype=dtype)
         assert softmax._narrow(Phased.plain(t, t), cols, softmax.next_power_of_2(cols)) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [3, 24, 60, 200], ids=lambda n: f"{n} wide")
+def test_packed_rows_that_are_no_multiple_of_16_take_a_compile_time_width_and_are_right(n, dtype):
+    """Odd (3), 8 x odd (24: 16-byte rows in 16-bit), 4 x odd (60: the router of a 60-expert MoE) and 200 (two
+    pieces): packed rows on Triton's own accesses load as vectors of their alignment (_narrow)."""
+    from reference_kernels._ragged import Phased
+
+    x = torch.randn(67, n, dtype=dtype, device=DEVICE) * 4  # the last program's rows ragged
+    x[5] += 80.0  # a row whose max is far above its first element (SHIFT's redo)
+    for rows, packed in ((x, True), (torch.cat([x, x], 1)[:, :n], False)):
+        out = poisoned_like(rows)
+        softmax.fused(rows, out=out)
+        assert not out.isnan().any(), "an output element was left unwritten"
+        assert_close_to_row_scale(out, softmax.unfused(rows.float()).to(dtype), dtype)
+        plan = softmax._softmax_settings(*rows.shape, rows.element_size())
+        block_n = max(plan.block_n, softmax.next_power_of_2(n))
+        assert not softmax._phase_rows(n)  # Triton's own accesses, not aligned vectors
+        assert softmax._narrow(Phased.plain(rows, out), n, block_n) == (n if packed else 0)
+    t = torch.empty(4, softmax._PACKED_N_MAX + 2, dtype=dtype)  # past the bound: one compile a width is enough
+    assert softmax._narrow(Phased.plain(t, t), t.shape[1], 4096) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [66, 72, 100], ids=lambda n: f"{n} wide")
+def test_packed_rows_of_64_to_128_keep_a_compile_time_width_where_it_is_a_multiple_of_4(n, dtype):
+    """In the band that reads unaligned rows as aligned vectors, packed rows of 4 x odd (100) and 8 x odd (72)
+    measured faster on Triton's accesses at a compile-time width; 2 x odd (66) keeps the vectors."""
+    from reference_kernels._ragged import Phased
+
+    x = torch.randn(37, n, dtype=dtype, device=DEVICE) * 4
+    out = poisoned_like(x)
+    softmax.fused(x, out=out)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    assert_close_to_row_scale(out, softmax.unfused(x.float()).to(dtype), dtype)
+    assert softmax._phase_rows(n) and softmax._packed_band(Phased.plain(x, out), n) == (n % 4 == 0)
+    wide = torch.cat([x, x], 1)[:, :n]  # rows of a wider tensor: aligned vectors
+    assert not softmax._packed_band(Phased.plain(wide, poisoned_like(wide)), n)
 
 
 def test_settings_refuse_a_wide_row_plan_they_do_not_have():
