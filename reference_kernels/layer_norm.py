@@ -1324,6 +1324,14 @@ _PACKED_N_MAX = 2047
 # 51 / 75, 1100 42 / 43 / 71 -> 51 / 52 / 77, 1800 64 / 65 / 78 -> 68 / 68 / 88, 2040 71 / 71 / 77 -> 71 / 71 / 89
 _PACKED_ROWS_BAND = (1025, 2047)
 _PACKED_ROWS_MULTIPLE = 4
+# Packed rows at a compile-time width are held as aligned rows are (_row_pieces: their power of two unless it masks
+# _PIECE_WASTE_ALIGNED, not pieces that cover every phase), and 16-bit ones of a multiple of
+# _MASKED_ROWS_PACKED_MULTIPLE take the masked-rows tile (_forward_rows_tile). H200, % of copy, bf16 / fp16 / fp32,
+# neither -> both (one call): 360 79 / 82 / 86 -> 85 / 89 / 98, 600 55 / 55 / 72 -> 82 / 85 / 98, 1028 67 / 67 / 96
+# -> 87 / 87 / 96, 1100 51 / 51 / 71 -> 65 / 66 / 71, 1500 69 / 70 / 94 -> 94 / 94 / 97, 1800 94 / 95 / 96 -> 96 /
+# 98 / 97, 1000 and 2040 level; either alone gained less (600 bf16 73 / 68, 1500 74 / 80)
+_PACKED_PIECES_AS_ALIGNED = True
+_MASKED_ROWS_PACKED_MULTIPLE = 4
 # Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
 _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
@@ -1521,7 +1529,7 @@ def _layer_norm_settings(
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
             block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
         else:
-            tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size)
+            tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
             if held:  # 16-bit
@@ -1834,18 +1842,20 @@ def _lean_backward_plan(
 # --------------------------------------------------------------------------- launchers
 
 
-def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None) -> tuple[int, int, int]:
+def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bool = False) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_T, BLOCK_U) of the forward rows kernel (``_ragged.row_pieces``): pieces covering
     every phase of the row (N + VEC - 1 virtual columns). H200 sweep (docs/kernels.md, "layer_norm:
     forward"): unaligned rows gain from them at every width (fp32 4097 51 -> 80% of copy with the
     vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
-    ``_PIECES_MIN_COLS``: one piece."""
+    ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows where
+    ``_PACKED_PIECES_AS_ALIGNED``."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
-    if n_cols < _PIECES_MIN_COLS or (n_cols % 16 == 0 and single - need < _PIECE_WASTE_ALIGNED * single):
+    aligned = n_cols % 16 == 0 or (packed and _PACKED_PIECES_AS_ALIGNED)
+    if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 
@@ -1867,7 +1877,9 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         r = phased(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
-        pieces = _row_pieces(n_cols, r.vec) if block_n == next_power_of_2(launch_width(n_cols, r.vec)) else (block_n, 0, 0)
+        narrow = r.packed_width(n_cols, _PACKED_N_MAX)
+        pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0) if block_n == next_power_of_2(launch_width(n_cols, r.vec))
+                  else (block_n, 0, 0))
         cap = plan if r.vec > 1 else plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS)
         joint = packed = False
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
@@ -1884,7 +1896,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            JOINT=joint, PACKED=packed, NARROW=r.packed_width(n_cols, _PACKED_N_MAX), num_warps=warps, **_reg_cap(cap),
+            JOINT=joint, PACKED=packed, NARROW=narrow, num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
@@ -1900,13 +1912,14 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 
 
-def _forward_rows_tile(n_cols: int, elem_size: int) -> int:
+def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False) -> int:
     """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
-    16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns in ``_MASKED_ROWS_16BIT`` that mask lanes,
-    else ``_ROWS_TILE``."""
+    16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns (``_MASKED_ROWS_PACKED_MULTIPLE`` where they
+    lie ``packed``) in ``_MASKED_ROWS_16BIT`` that mask lanes, else ``_ROWS_TILE``."""
     lo, hi = _MASKED_ROWS_16BIT
     masked = n_cols != next_power_of_2(n_cols)
-    aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0
+    aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0 or (packed and _MASKED_ROWS_PACKED_MULTIPLE > 0
+                                                        and n_cols % _MASKED_ROWS_PACKED_MULTIPLE == 0)
     return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and lo <= n_cols <= hi else _ROWS_TILE
 
 

@@ -1158,3 +1158,19 @@ def test_packed_unaligned_rows_take_the_rows_plan_at_a_compile_time_width_and_ma
         for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy),
                               torch_reference(x, weight, bias, dy)):
             assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
+def test_packed_forward_rows_are_held_as_aligned_rows_are():
+    pieces, tile = layer_norm._row_pieces, layer_norm._forward_rows_tile
+    # a compile-time width: the row's power of two unless that masks 45% (1028: 1024 + 4), not pieces for every phase
+    assert [pieces(n, 1, packed=True) for n in (600, 1500, 1028)] == [(1024, 0, 0), (2048, 0, 0), (1024, 4, 0)]
+    assert [pieces(n, 1) for n in (600, 1500)] == [(512, 128, 0), (1024, 512, 0)]
+    # 16-bit rows that mask lanes take the masked-rows tile (two or more rows a program) at a multiple of 4 when packed
+    assert tile(600, 2, packed=True) == tile(608, 2) == layer_norm._MASKED_ROWS_TILE
+    assert tile(600, 2) == tile(602, 2, packed=True) == tile(600, 4, packed=True) == layer_norm._ROWS_TILE
+    assert layer_norm._layer_norm_settings(4096, 600, 2, packed=True).block_m == 4
+    x, weight, bias = inputs((7, 600), torch.bfloat16)  # four rows a program, the last program's rows ragged
+    dy = torch.randn(7, 600, device=DEVICE).bfloat16()
+    for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy),
+                          torch_reference(x, weight, bias, dy)):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
