@@ -48,8 +48,10 @@ MODEL_WIDTHS = [
     13824, 14336, 16384, 18432, 28672, 30522, 32000, 32064, 49152, 50257, 50304, 65024, 65536,
     100352, 128256, 131072, 151936, 152064, 256000, 262144,
 ]
-# Ragged widths the issue named, and small odd ones that exercise every phase.
-NAMED_RAGGED = [1, 3, 7, 13, 100, 333, 999, 1023, 1025, 4097, 8191, 12345, 16383, 17000, 33000, 50257]
+# Ragged widths the issue named, small odd ones that exercise every phase, and even ones whose packed rows are 4- to
+# 16-byte aligned (24, 200, 600, 1000, 1500: "Packed rows" in docs/kernels.md).
+NAMED_RAGGED = [1, 3, 7, 13, 24, 100, 200, 333, 600, 999, 1000, 1023, 1025, 1500, 4097, 8191, 12345, 16383, 17000, 33000,
+                50257]
 # Targets (issue 12), % of copy: softmax >= 90 up to 32768 and >= 80 wider; layer norm
 # forward >= 90 at 256..16384; backward >= 80 at 768..8192. None: no target at that width.
 TARGETS = {

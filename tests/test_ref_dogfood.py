@@ -33,6 +33,7 @@ CASES = [
     ("softmax", BF16, (4096, 32768), 1, 0.7),  # staged: 86% (persistent walk: 70%)
     ("softmax", BF16, (8192, 12288), 1, 0.8),  # 16-bit, one reduction against the first element: 95% (was 90%)
     ("softmax", FP16, (8192, 8704), 1, 0.68),  # one reduction, in two pieces: 83% (was 75%)
+    ("softmax", BF16, (1 << 20, 60), 1, 0.78),  # a 60-expert MoE router, packed rows at a compile-time width: 94-97% (was 31%)
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
     ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
@@ -42,6 +43,8 @@ CASES = [
     ("layer_norm", BF16, (8192, 8704), 1, 0.6),  # aligned 16-bit, chunked rows on a persistent grid: 74% (was 61%)
     ("layer_norm", BF16, (8192, 4608), 1, 0.7),  # aligned 16-bit, the walk: 88% (was 75%)
     ("layer_norm", FP16, (8192, 5120), 1, 0.75),  # aligned 16-bit, two pieces with one reduction each: 91% (was 69%)
+    ("layer_norm", BF16, (65536, 1000), 1, 0.8),  # packed ragged rows at a compile-time width: 97% (was 65%)
+    ("layer_norm", BF16, (32768, 1500), 1, 0.78),  # packed, the rows plan held as aligned rows: 94% (walk: 69%)
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
     ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)
@@ -51,6 +54,7 @@ CASES = [
     ("layer_norm_backward", BF16, (16384, 1536), 3, 0.68),  # rows laid flat, five a window: 83% (2048 lanes: 73%)
     ("layer_norm_backward", BF16, (16384, 2560), 3, 0.68),  # rows laid flat, three a window: 84% (4096 lanes: 72%)
     ("layer_norm_backward", BF16, (16384, 2049), 3, 0.4),  # ragged 16-bit, phased, the tail in words: 52% (was 44%)
+    ("layer_norm_backward", BF16, (32768, 1000), 3, 0.6),  # packed ragged rows at a compile-time width: 77% (was 51%)
 ]
 
 
