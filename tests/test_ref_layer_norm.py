@@ -1134,7 +1134,6 @@ def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n,
         assert torch.equal(a, b)
 
 
-
 # ------------------------------------------------------------------ packed unaligned rows (a compile-time width)
 
 

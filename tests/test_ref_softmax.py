@@ -191,8 +191,8 @@ def test_packed_rows_narrower_than_16_take_compile_time_strides_and_are_right(n,
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [3, 24, 60, 200], ids=lambda n: f"{n} wide")
 def test_packed_rows_that_are_no_multiple_of_16_take_a_compile_time_width_and_are_right(n, dtype):
-    """Odd (3), 8 x odd (24: 16-byte rows in 16-bit), 4 x odd (60: the router of a 60-expert MoE) and 200 (two
-    pieces): packed rows on Triton's own accesses load as vectors of their alignment (_narrow)."""
+    """Odd (3), 8 x odd (24: 16-byte rows in 16-bit), 4 x odd (60: the router of a 60-expert MoE) and 200 (on 256
+    lanes): packed rows on Triton's own accesses load as vectors of their alignment (_narrow)."""
     from reference_kernels._ragged import Phased
 
     x = torch.randn(67, n, dtype=dtype, device=DEVICE) * 4  # the last program's rows ragged
