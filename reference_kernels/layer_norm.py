@@ -767,7 +767,7 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,  # columns per program: >= N in rows mode, else the chunk width
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
     PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
-    NARROW: tl.constexpr = 0,  # rows mode: 0, or N = the three strides for packed rows (_packed_backward_width)
+    NARROW: tl.constexpr = 0,  # rows mode: 0, or N = the three strides for packed rows (_packed_width)
 ):
     if NARROW > 0:  # compile-time row length and strides: rows load as vectors of their alignment
         n_cols = NARROW
@@ -1990,7 +1990,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         kernel = _layer_norm_bwd_kernel
         if plan.mode == "rows":
             common["PREFETCH"] = plan.prefetch
-            common["NARROW"] = _packed_backward_width(x2, dy2, dx2)
+            common["NARROW"] = _packed_width(x2, dy2, dx2)
     if plan.mode == "rows":
         kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
@@ -2073,10 +2073,11 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     _sum_shares(dw_part, db_part, dw, db)
 
 
-def _packed_backward_width(x2: torch.Tensor, dy2: torch.Tensor, dx2: torch.Tensor) -> int:
-    """The rows backward's ``NARROW``: N where x, dy and dx rows lie back to back (strides N), N is not a multiple
-    of 16 elements and at most ``_PACKED_N_MAX`` (``_ragged.Phased.packed_width`` for three tensors), else 0."""
-    return packed_width(x2.shape[1], (x2.stride(0), dy2.stride(0), dx2.stride(0)), _PACKED_N_MAX)
+def _packed_width(*rows: torch.Tensor) -> int:
+    """N where every (M, N) tensor's rows lie back to back (strides N), N is not a multiple of 16 elements and at
+    most ``_PACKED_N_MAX``, else 0 (``_ragged.packed_width``): the rows backward's ``NARROW``, and what makes
+    ``packed`` for the plans of both passes."""
+    return packed_width(rows[0].shape[1], tuple(t.stride(0) for t in rows), _PACKED_N_MAX)
 
 
 def _reg_cap(plan: _Plan) -> dict:
@@ -2141,7 +2142,7 @@ def forward(
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
     plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
-                                packed=x2.stride(0) == y2.stride(0) == x2.shape[1])
+                                packed=_packed_width(x2, y2) > 0)
     _forward_launch(
         x2, weight.contiguous(), bias.contiguous(), y2, mean.view(-1), rstd.view(-1), float(eps), plan
     )
@@ -2186,7 +2187,7 @@ def backward(
         variant=variant,
         phased_ok=dy.dtype == x.dtype,
         flat_ok=_flat_layout(x2, dy2),
-        packed=_packed_backward_width(x2, dy2, dx2) > 0,
+        packed=_packed_width(x2, dy2, dx2) > 0,
     )
     _backward_launch(dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx2, dw, db, plan)
     return dx, dw, db

@@ -707,7 +707,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            NARROW=_narrow(r, n_cols, block_n), FAST_EXP=not interpreting(),
+            NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
             EDGE_WORDS=_EDGE_WORDS and n_cols >= _PHASED_ROWS_MIN_COLS, SHIFT=_shift(n_cols, x2.element_size()),
             num_warps=warps,
             **_reg_cap(plan),
@@ -755,17 +755,15 @@ def _shift(n_cols: int, elem_size: int) -> bool:
     return elem_size == 2 and any(lo <= n_cols <= hi for lo, hi in _SHIFT_16BIT or ())
 
 
-def _narrow(r: Phased, n_cols: int, block_n: int) -> int:
-    """``NARROW`` of the rows kernel: N for packed rows on Triton's own accesses that are a power of two under
-    16 elements, or not a multiple of 16 elements and at most ``_PACKED_N_MAX`` wide; else 0.
+def _narrow(r: Phased, n_cols: int) -> int:
+    """``NARROW`` of the rows kernel: N for packed rows on Triton's own accesses that are not a multiple of 16
+    elements and at most ``_PACKED_N_MAX`` wide (``Phased.packed_width``); else 0.
 
     A runtime stride that is not a multiple of 16 tells Triton nothing of alignment, so each element was a
     scalar load (bf16 8 columns: 41% of copy, ncu); a compile-time stride lets a row load as vectors as wide as
-    the largest power of two dividing N (one vector a row under 16 elements). Strides that are multiples of 16
+    the largest power of two dividing N (a row of 1, 2, 4 or 8: one vector). Strides that are multiples of 16
     Triton already knows, so those rows keep a runtime N (no compile a width).
     """
-    if r.vec == 1 and r.phase == 0 and r.stride_x == r.stride_y == n_cols == block_n < 16:
-        return n_cols
     return r.packed_width(n_cols, _PACKED_N_MAX)
 
 

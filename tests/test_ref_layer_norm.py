@@ -1153,7 +1153,7 @@ def test_packed_unaligned_rows_take_the_rows_plan_at_a_compile_time_width_and_ma
         x[1] += 50.0
         dy = torch.randn(5, n, device=DEVICE).to(dtype)
         x2, dx2 = x, torch.empty_like(x, memory_format=torch.contiguous_format)
-        assert layer_norm._packed_backward_width(x2, dy, dx2) == (n if x.is_contiguous() else 0)
+        assert layer_norm._packed_width(x2, dy, dx2) == (n if x.is_contiguous() else 0)
         for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy),
                               torch_reference(x, weight, bias, dy)):
             assert_close(a, e, dtype, what, inputs=(x, weight, dy))

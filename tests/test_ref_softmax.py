@@ -175,17 +175,17 @@ def test_packed_rows_narrower_than_16_take_compile_time_strides_and_are_right(n,
     softmax.fused(x, out=out)
     assert not out.isnan().any(), "an output element was left unwritten"
     assert_close_to_row_scale(out, softmax.unfused(x.float()).to(dtype), dtype)
-    assert softmax._narrow(Phased.plain(x, out), n, n) == n
+    assert softmax._narrow(Phased.plain(x, out), n) == n
     # rows of a wider tensor (stride 2n), a width that is no power of two, 16 columns: runtime strides
     wide = torch.randn(301, 2 * n, dtype=dtype, device=DEVICE)[:, :n]
     out = poisoned_like(wide)
     softmax.fused(wide, out=out)
     assert not out.isnan().any()
     assert_close_to_row_scale(out, softmax.unfused(wide.float()).to(dtype), dtype)
-    assert softmax._narrow(Phased.plain(wide, out), n, n) == 0
+    assert softmax._narrow(Phased.plain(wide, out), n) == 0
     for cols in (16, 32, 2048):  # multiples of 16: Triton knows their strides' alignment
         t = torch.empty(4, cols, dtype=dtype)
-        assert softmax._narrow(Phased.plain(t, t), cols, softmax.next_power_of_2(cols)) == 0
+        assert softmax._narrow(Phased.plain(t, t), cols) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -202,12 +202,10 @@ def test_packed_rows_that_are_no_multiple_of_16_take_a_compile_time_width_and_ar
         softmax.fused(rows, out=out)
         assert not out.isnan().any(), "an output element was left unwritten"
         assert_close_to_row_scale(out, softmax.unfused(rows.float()).to(dtype), dtype)
-        plan = softmax._softmax_settings(*rows.shape, rows.element_size())
-        block_n = max(plan.block_n, softmax.next_power_of_2(n))
         assert not softmax._phase_rows(n)  # Triton's own accesses, not aligned vectors
-        assert softmax._narrow(Phased.plain(rows, out), n, block_n) == (n if packed else 0)
+        assert softmax._narrow(Phased.plain(rows, out), n) == (n if packed else 0)
     t = torch.empty(4, softmax._PACKED_N_MAX + 2, dtype=dtype)  # past the bound: one compile a width is enough
-    assert softmax._narrow(Phased.plain(t, t), t.shape[1], 4096) == 0
+    assert softmax._narrow(Phased.plain(t, t), t.shape[1]) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
