@@ -1404,6 +1404,11 @@ _PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece's lanes up to, register cap)
+# Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
+# _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to _PHASED_BWD_TAIL_MAX_REGS, fewer
+# programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
+# 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
+_PHASED_BWD_TAIL_MAX_REGS: int | None = 96
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
 # (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
@@ -1661,6 +1666,10 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     max_regs = _PHASED_MAX_REGS
     if aligned_pieces:  # the cap for the second piece's width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= widest)
+        per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
+    elif block_t == 0 and block_n < ragged_width(n_cols, elem_size) and _PHASED_BWD_TAIL_MAX_REGS:
+        # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
+        max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, _REGS_PER_SM // (warps * 32) // 8 * 8))
         per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory

@@ -471,6 +471,14 @@ class _Plan(NamedTuple):
 # rows, 32 per thread and at least 4 warps (``warps_for``).
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
+# 16-bit rows of 16-byte multiples whose power of two is _MASKED_ROWS_BLOCK lanes, a quarter or more of them masked,
+# held in one piece, take _MASKED_ROWS_TILE elements a program (four rows, 32 elements a thread on 4 warps, not two
+# rows at 16), as the layer norm's forward does (docs/kernels.md, "softmax", "More rows a program"). H200, % of copy,
+# bf16 / fp16: 576 85 -> 88-90 / 87 -> 90, 600 86 -> 92 / 88 -> 93, 640 88 -> 94 / 90 -> 95, 768 95 -> 99 / 96 -> 98-99;
+# narrower blocks level or mixed (80 +3 / -1, 160 -1 / 0, 320 -1 / +2, 384 0 / +1), 520 (512 + 8 in pieces) 92 -> 85.
+_MASKED_ROWS_TILE = 4096
+_MASKED_ROWS_BLOCK = 1024
+_MASKED_ROWS_MIN_SHARE = 0.25
 # The plan for rows wider than _MAX_ROW, from the H200 sweeps (docs/kernels.md, "softmax"). "auto":
 # "persistent" (a program an SM walks whole rows twice, the second time from L2, the next chunk
 # always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
@@ -600,7 +608,7 @@ def _softmax_settings(
     # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
-        block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
+        block_m = max(1, min(_rows_tile(n_cols, elem_size) // block_n, next_power_of_2(n_rows)))
         return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
     if wide_plan == "staged":  # _WIDE_ROWS_PLAN "staged", a row too wide for it: the wide plans' choice
         wide_plan = "auto"
@@ -622,6 +630,16 @@ def _softmax_settings(
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
     return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
+
+
+def _rows_tile(n_cols: int, elem_size: int) -> int:
+    """Elements a rows-plan program holds: ``_MASKED_ROWS_TILE`` for 16-bit rows of a multiple of 8 columns whose power
+    of two is ``_MASKED_ROWS_BLOCK`` lanes, at least ``_MASKED_ROWS_MIN_SHARE`` of them masked, held in one piece
+    (``_row_pieces``); else ``_ROWS_TILE``."""
+    if (elem_size == 2 and n_cols % 8 == 0 and next_power_of_2(n_cols) == _MASKED_ROWS_BLOCK
+            and n_cols <= (1 - _MASKED_ROWS_MIN_SHARE) * _MASKED_ROWS_BLOCK and _row_pieces(n_cols, 1, elem_size)[1] == 0):
+        return max(_ROWS_TILE, _MASKED_ROWS_TILE)
+    return _ROWS_TILE
 
 
 def _staged_default(n_cols: int, elem_size: int) -> bool:

@@ -744,7 +744,7 @@ def test_forward_rows_pieces_cover_every_phase():
             assert sum(layer_norm._row_pieces(n, vec)) >= n + vec - 1, (n, vec)
 
 
-def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster():
+def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(monkeypatch):
     # The H200 sweep (docs/kernels.md, "layer_norm: backward"): whole rows walked by persistent
     # programs with the next rows in flight through shared memory won for unaligned rows from 1025
     # columns, aligned rows from 4097 (fp32 4608-8192: 51-61% -> 80%+), 16-bit aligned rows of
@@ -784,7 +784,13 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     assert [(p.block_n, p.block_t) for p in (settings(8192, 5121, 2, backward=True), settings(8192, 5121, 4, backward=True))] == [
         (8192, 0), (4096, 2048)]
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
-    assert settings(8192, 8192, 2, backward=True, sm_count=132).n_groups == 132 and bwd[5].n_groups == 264  # 4097: 16 warps, two an SM
+    assert settings(8192, 8192, 2, backward=True, sm_count=132).n_groups == 132 and bwd[5].n_groups == 128  # 4097: 16 warps
+    # a power of two and its tail in words spilled at 64 registers: up to 96, the programs an SM that fit (4097: one of
+    # 16 warps, 2049: two of 8, 1025: five of 4, in a multiple of 8); rows on one tile, or a tail piece, keep 64
+    tail = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (1025, 2049, 4097, 1500, 3001, 8191)}
+    assert {n: (p.max_regs, p.n_groups) for n, p in tail.items()} == {
+        1025: (96, 656), 2049: (96, 264), 4097: (96, 128), 1500: (64, 528), 3001: (64, 264), 8191: (64, 128)}
+    assert settings(8192, 1025, 4, backward=True).max_regs == 64  # fp32: 1024 + 4 in pieces
     assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
     assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
@@ -793,6 +799,8 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster()
     assert settings(8192, 16383, 4).mode == "walk"  # 16384 + 2: past the rows plan's block (was "split")
     for n in (999, 1023):  # 16-bit rows under 1025: Triton's scalar path in the plain rows plan
         assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_TAIL_MAX_REGS", None)
+    assert settings(8192, 1025, 2, backward=True, sm_count=132).max_regs == 64
 
 
 # ------------------------------------------------------------------ the forward walk (_layer_norm_fwd_walk_kernel)

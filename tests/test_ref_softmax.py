@@ -563,6 +563,26 @@ def test_aligned_16_bit_rows_of_8192_lanes_and_a_second_piece_of_256_to_512_take
     assert [softmax._row_pieces(n, 1, 2)[:2] for n in (8200, 8448, 8704)] == [(8192, 8), (8192, 256), (8192, 512)]
 
 
+def test_16_bit_rows_masking_a_quarter_of_1024_lanes_take_four_rows_a_program(monkeypatch):
+    # docs/kernels.md, "More rows a program": 576-768 (multiples of 8, one piece) on 4096 elements a program, 600 86 ->
+    # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows, fp32 and other blocks keep 2048
+    block_m = {n: softmax._softmax_settings(1 << 20, n, 2).block_m for n in (520, 576, 600, 601, 640, 700, 768, 769, 1000, 320)}
+    assert block_m == {520: 2, 576: 4, 600: 4, 601: 2, 640: 4, 700: 2, 768: 4, 769: 2, 1000: 2, 320: 4}
+    assert softmax._softmax_settings(1 << 20, 600, 4).block_m == 2 and softmax._softmax_settings(3, 600, 2).block_m == 4
+    assert softmax._softmax_settings(1 << 20, 768, 2).num_warps == 4  # 32 elements a thread
+    monkeypatch.setattr(softmax, "_MASKED_ROWS_TILE", 2048)
+    assert softmax._softmax_settings(1 << 20, 600, 2).block_m == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_four_rows_of_600_a_program_match_the_reference_with_a_ragged_last_block(dtype):
+    x = torch.randn(7, 600, device=DEVICE).mul_(4).to(dtype)  # two programs of four rows, the second one short
+    assert softmax._softmax_settings(7, 600, 2).block_m == 4
+    out = poisoned_like(x)
+    softmax.fused(x, out=out)
+    assert_close_to_row_scale(out, reference(x), dtype)
+
+
 def test_16_bit_rows_take_one_reduction_only_where_it_measured_faster():
     # docs/kernels.md, "One reduction": 16-bit rows of 256-2047 and 8193-32768; level or lower at 2048-8192,
     # lower at odd widths under 16
