@@ -953,6 +953,7 @@ def _layer_norm_bwd_phased_kernel(
     TAIL: tl.constexpr = False,  # with EDGE_WORDS: the pieces stop a vector short of the widest phase, whose
     # last vector the words then hold (a body vector past the pieces: in the sums and the shares too)
     PAIRS: tl.constexpr = False,  # a piece's two row sums (x-hat . w dy, sum of w dy) in one reduction
+    MERGE: tl.constexpr = 0,  # > 0 (the program's threads, dividing both pieces): both pieces' sums in one reduction
 ):
     """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -1038,12 +1039,23 @@ def _layer_norm_bwd_phased_kernel(
         dw_acc += dy * xhat
         db_acc += dy
         wdy = w * dy
-        if PAIRS:  # both row sums in one reduction
+        if MERGE > 0:  # both pieces' sums in one reduction: each thread's lanes of either piece added first
+            dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
+            xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
+            dw_acc_t += dy_t * xhat_t
+            db_acc_t += dy_t
+            wdy_t = w_t * dy_t
+            p1 = (tl.sum(tl.reshape(xhat * wdy, (MERGE, BLOCK_N // MERGE)), axis=1)
+                  + tl.sum(tl.reshape(xhat_t * wdy_t, (MERGE, BLOCK_T // MERGE)), axis=1))
+            p2 = (tl.sum(tl.reshape(wdy, (MERGE, BLOCK_N // MERGE)), axis=1)
+                  + tl.sum(tl.reshape(wdy_t, (MERGE, BLOCK_T // MERGE)), axis=1))
+            s1, s2 = tl.reduce((p1, p2), 0, _add_pairs)
+        elif PAIRS:  # both row sums in one reduction
             s1, s2 = tl.reduce((xhat * wdy, wdy), 0, _add_pairs)
         else:
             s1 = tl.sum(xhat * wdy, axis=0)
             s2 = tl.sum(wdy, axis=0)
-        if BLOCK_T > 0:
+        if BLOCK_T > 0 and MERGE == 0:
             dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
             xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
             dw_acc_t += dy_t * xhat_t
@@ -1409,6 +1421,9 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece'
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
 # 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
 _PHASED_BWD_TAIL_MAX_REGS: int | None = 96
+# A row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of copy,
+# bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81 (fp16 alike; docs/kernels.md, "One reduction for both pieces").
+_PHASED_BWD_MERGE_PIECES = True
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
 # (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
@@ -1625,6 +1640,14 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
         # the one-vector tail read as words with the edges
         block_t = 0
     return block_n, block_t
+
+
+def _merge_pieces(block_n: int, block_t: int, warps: int) -> int:
+    """``MERGE`` of the phased backward: its threads where ``_PHASED_BWD_MERGE_PIECES`` and a row in two pieces gives
+    every thread lanes of both (each piece a multiple of the threads), so that the pieces' row sums go through one block
+    reduction instead of one each; else 0."""
+    threads = 32 * warps
+    return threads if _PHASED_BWD_MERGE_PIECES and block_t >= threads and block_n % threads == 0 and block_t % threads == 0 else 0
 
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> bool:
@@ -2034,7 +2057,8 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
         EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
-        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, num_warps=plan.num_warps, **_reg_cap(plan),
+        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, MERGE=_merge_pieces(block_n, block_t, plan.num_warps),
+        num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

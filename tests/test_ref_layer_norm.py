@@ -625,6 +625,33 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
         assert torch.equal(a, b)
 
 
+def test_two_pieces_that_give_every_thread_lanes_of_both_take_one_block_reduction(monkeypatch):
+    # docs/kernels.md, "layer_norm: backward": 5120 = 4096 + 1024 on 512 threads, 1280 = 1024 + 256 on 128; a second
+    # piece narrower than the threads (4112 = 4096 + 16) keeps a reduction of its own
+    merge = layer_norm._merge_pieces
+    assert [merge(4096, 1024, 16), merge(4096, 2048, 16), merge(1024, 256, 4), merge(4096, 16, 16), merge(64, 16, 4),
+            merge(8192, 0, 32)] == [512, 512, 128, 0, 0, 0]
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)
+    assert merge(4096, 1024, 16) == 0
+
+
+@pytest.mark.parametrize("merge", [True, False], ids=["one reduction", "one a piece"])
+def test_the_backward_in_two_merged_pieces_matches_torch(merge, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", merge)
+    shape = (11, 1280)
+    x, weight, bias = inputs(shape, torch.bfloat16)
+    x[3] += 50.0
+    dy = torch.randn(shape, device=DEVICE).bfloat16()
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._layer_norm_settings(*shape, 2, backward=True, sm_count=2, variant="phased")
+    assert (plan.block_n, plan.block_t, plan.num_warps) == (1024, 256, 4)
+    dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("n, pieces", [(80, (64, 16)), (96, (64, 32)), (4352, (4096, 256))], ids=["64 + 16", "64 + 32", "4096 + 256"])
 def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype, monkeypatch):
