@@ -1421,8 +1421,9 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece'
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
 # 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
 _PHASED_BWD_TAIL_MAX_REGS: int | None = 96
-# A row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of copy,
-# bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81 (fp16 alike; docs/kernels.md, "One reduction for both pieces").
+# A 16-bit row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of
+# copy, bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81, 1152 70 -> 81 (fp16 alike); fp32 pieces lost (1280 89 -> 83;
+# docs/kernels.md, "One reduction for both pieces").
 _PHASED_BWD_MERGE_PIECES = True
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
@@ -1642,12 +1643,16 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
     return block_n, block_t
 
 
-def _merge_pieces(block_n: int, block_t: int, warps: int) -> int:
-    """``MERGE`` of the phased backward: its threads where ``_PHASED_BWD_MERGE_PIECES`` and a row in two pieces gives
-    every thread lanes of both (each piece a multiple of the threads), so that the pieces' row sums go through one block
-    reduction instead of one each; else 0."""
+def _merge_pieces(block_n: int, block_t: int, warps: int, elem_size: int) -> int:
+    """``MERGE`` of the phased backward: its threads where ``_PHASED_BWD_MERGE_PIECES``, the rows are 16-bit (fp32
+    pieces lost: docs/kernels.md, "One reduction for both pieces") and a row in two pieces gives every thread lanes of
+    both, at most one 16-byte vector of each (each piece a multiple of the threads), so that a thread's lanes are side
+    by side, its sums move no data, and the pieces' row sums go through one block reduction instead of one each; else
+    0. (More than a vector a thread repeats the layout every vector: the reshape would go through shared memory, as it
+    did in the forward.)"""
     threads = 32 * warps
-    return threads if _PHASED_BWD_MERGE_PIECES and block_t >= threads and block_n % threads == 0 and block_t % threads == 0 else 0
+    return threads if (_PHASED_BWD_MERGE_PIECES and elem_size == 2 and block_t >= threads and block_n % threads == 0
+                       and block_t % threads == 0 and block_n // threads <= 8) else 0
 
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> bool:
@@ -2057,7 +2062,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
         EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
-        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, MERGE=_merge_pieces(block_n, block_t, plan.num_warps),
+        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size()),
         num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
