@@ -928,6 +928,13 @@ def _layer_norm_bwd_lean_kernel(
 
 
 @triton.jit
+def _bwd_row_terms(x_in, dy_in, own, mean, rstd):
+    """A backward piece's (dy, x-hat) in float32, 0 outside the row's own lanes ``own``."""
+    dy = tl.where(own, dy_in.to(tl.float32), 0.0)
+    return dy, tl.where(own, (x_in.to(tl.float32) - mean) * rstd, 0.0)
+
+
+@triton.jit
 def _layer_norm_bwd_phased_kernel(
     x_ptr,  # forward input: row r's first element at x_ptr + x_phase + r * stride_x, unit column stride
     dy_ptr,  # gradient of y, rows at x's phase (_ragged.phased_rows)
@@ -1034,14 +1041,12 @@ def _layer_norm_bwd_phased_kernel(
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
-        dy = tl.where(mine, dy_in.to(tl.float32), 0.0)
-        xhat = tl.where(mine, (x_in.to(tl.float32) - mean) * rstd, 0.0)
+        dy, xhat = _bwd_row_terms(x_in, dy_in, mine, mean, rstd)
         dw_acc += dy * xhat
         db_acc += dy
         wdy = w * dy
         if MERGE > 0:  # both pieces' sums in one reduction: each thread's lanes of either piece added first
-            dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
-            xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
+            dy_t, xhat_t = _bwd_row_terms(x_t_in, dy_t_in, mine_t, mean, rstd)
             dw_acc_t += dy_t * xhat_t
             db_acc_t += dy_t
             wdy_t = w_t * dy_t
@@ -1056,8 +1061,7 @@ def _layer_norm_bwd_phased_kernel(
             s1 = tl.sum(xhat * wdy, axis=0)
             s2 = tl.sum(wdy, axis=0)
         if BLOCK_T > 0 and MERGE == 0:
-            dy_t = tl.where(mine_t, dy_t_in.to(tl.float32), 0.0)
-            xhat_t = tl.where(mine_t, (x_t_in.to(tl.float32) - mean) * rstd, 0.0)
+            dy_t, xhat_t = _bwd_row_terms(x_t_in, dy_t_in, mine_t, mean, rstd)
             dw_acc_t += dy_t * xhat_t
             db_acc_t += dy_t
             wdy_t = w_t * dy_t
@@ -2062,8 +2066,8 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
         EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
-        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES, MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size()),
-        num_warps=plan.num_warps, **_reg_cap(plan),
+        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES,
+        MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size()), num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)
