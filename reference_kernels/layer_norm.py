@@ -961,6 +961,9 @@ def _layer_norm_bwd_phased_kernel(
     # last vector the words then hold (a body vector past the pieces: in the sums and the shares too)
     PAIRS: tl.constexpr = False,  # a piece's two row sums (x-hat . w dy, sum of w dy) in one reduction
     MERGE: tl.constexpr = 0,  # > 0 (the program's threads, dividing both pieces): both pieces' sums in one reduction
+    BLOCK_U: tl.constexpr = 0,  # virtual columns of a third piece, from BLOCK_N + BLOCK_T on (MERGE dividing it too); 0: none
+    AHEAD: tl.constexpr = False,  # the third piece loaded a row ahead into registers: 16-bit pieces of under two lanes
+    # a thread load 2 bytes, which cp.async does not take (synchronous in the pipelined loop)
 ):
     """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -974,6 +977,8 @@ def _layer_norm_bwd_phased_kernel(
     """
     tl.static_assert(not (PREFETCH and BLOCK_T > 0), "a row in two pieces is not prefetched into registers")
     tl.static_assert(not TAIL or (EDGE_WORDS and VEC == 8), "a tail in words is for 16-bit rows read as words")
+    tl.static_assert(BLOCK_U == 0 or (BLOCK_T > 0 and MERGE > 0), "a third piece is for merged pieces")
+    tl.static_assert(not AHEAD or BLOCK_U > 0, "a row ahead is for a third piece")
     g = tl.program_id(0)
     v = tl.arange(0, BLOCK_N)
     _, ph = row_origin(x_phase, g, stride_x, VEC)
@@ -990,6 +995,14 @@ def _layer_norm_bwd_phased_kernel(
         body_t = (v_t >= first) & (v_t < last)
         dw_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
         db_acc_t = tl.zeros((BLOCK_T,), dtype=tl.float32)
+    if BLOCK_U > 0:  # the third piece, as the second
+        v_u = BLOCK_N + BLOCK_T + tl.arange(0, BLOCK_U)
+        mine_u = _own(v_u, ph, n_cols, VEC)
+        load_ok_u = v_u < vec_end(ph, n_cols, VEC)
+        w_u = tl.load(w_ptr + (v_u - ph), mask=mine_u, other=0.0).to(tl.float32)
+        body_u = (v_u >= first) & (v_u < last)
+        dw_acc_u = tl.zeros((BLOCK_U,), dtype=tl.float32)
+        db_acc_u = tl.zeros((BLOCK_U,), dtype=tl.float32)
     if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words (_ragged.edge_words)
         e = edge_word_columns(ph, n_cols, VEC, BLOCK_N + BLOCK_T)  # (2, 4): the words' even columns; e + 1 odd
         e_ok = in_row(e, ph, n_cols)
@@ -1014,6 +1027,12 @@ def _layer_norm_bwd_phased_kernel(
     if PREFETCH:
         x_next = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
         dy_next = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
+    if AHEAD:
+        # a program without rows loads nothing (row n_rows - 1 may be at another phase; a tensor compare: the
+        # interpreter's loads refuse a scalar's mask)
+        first_ok = load_ok_u & (g + 0 * v_u < n_rows)
+        x_u_next = tl.load(x_ptr + x_base + v_u, mask=first_ok, other=0.0)
+        dy_u_next = tl.load(dy_ptr + dy_base + v_u, mask=first_ok, other=0.0)
     for r in tl.range(g, n_rows, n_groups, num_stages=STAGES):
         row = tl.cast(r, tl.int64)
         x_base, _ = row_origin(x_phase, row, stride_x, VEC)
@@ -1033,6 +1052,18 @@ def _layer_norm_bwd_phased_kernel(
         if BLOCK_T > 0:
             x_t_in = tl.load(x_ptr + x_base + v_t, mask=load_ok_t, other=0.0)
             dy_t_in = tl.load(dy_ptr + dy_base + v_t, mask=load_ok_t, other=0.0)
+        if BLOCK_U > 0:
+            if AHEAD:  # this row's third piece from the registers; the next row's on its way
+                x_u_in = x_u_next
+                dy_u_in = dy_u_next
+                ahead = tl.where(row + n_groups < n_rows, row + n_groups, row)  # the last rows reload their own
+                a_x, _ = row_origin(x_phase, ahead, stride_x, VEC)
+                a_dy, _ = row_origin(x_phase, ahead, stride_dy, VEC)
+                x_u_next = tl.load(x_ptr + a_x + v_u, mask=load_ok_u, other=0.0)
+                dy_u_next = tl.load(dy_ptr + a_dy + v_u, mask=load_ok_u, other=0.0)
+            else:
+                x_u_in = tl.load(x_ptr + x_base + v_u, mask=load_ok_u, other=0.0)
+                dy_u_in = tl.load(dy_ptr + dy_base + v_u, mask=load_ok_u, other=0.0)
         if VEC == 8 and EDGE_WORDS:
             x_e, x_e_hi, _cols = edge_words(x_ptr, x_base, ph, n_cols, VEC, BLOCK_N + BLOCK_T)
             dy_e, dy_e_hi, _cols = edge_words(dy_ptr, dy_base, ph, n_cols, VEC, BLOCK_N + BLOCK_T)
@@ -1054,6 +1085,13 @@ def _layer_norm_bwd_phased_kernel(
                   + tl.sum(tl.reshape(xhat_t * wdy_t, (MERGE, BLOCK_T // MERGE)), axis=1))
             p2 = (tl.sum(tl.reshape(wdy, (MERGE, BLOCK_N // MERGE)), axis=1)
                   + tl.sum(tl.reshape(wdy_t, (MERGE, BLOCK_T // MERGE)), axis=1))
+            if BLOCK_U > 0:
+                dy_u, xhat_u = _bwd_row_terms(x_u_in, dy_u_in, mine_u, mean, rstd)
+                dw_acc_u += dy_u * xhat_u
+                db_acc_u += dy_u
+                wdy_u = w_u * dy_u
+                p1 += tl.sum(tl.reshape(xhat_u * wdy_u, (MERGE, BLOCK_U // MERGE)), axis=1)
+                p2 += tl.sum(tl.reshape(wdy_u, (MERGE, BLOCK_U // MERGE)), axis=1)
             s1, s2 = tl.reduce((p1, p2), 0, _add_pairs)
         elif PAIRS:  # both row sums in one reduction
             s1, s2 = tl.reduce((xhat * wdy, wdy), 0, _add_pairs)
@@ -1092,6 +1130,9 @@ def _layer_norm_bwd_phased_kernel(
         if BLOCK_T > 0:
             dx_t = (wdy_t - (xhat_t * c1 + c2)) * rstd
             tl.store(dx_ptr + dx_base + v_t, dx_t.to(dx_ptr.dtype.element_ty), mask=body_t)
+        if BLOCK_U > 0:
+            dx_u = (wdy_u - (xhat_u * c1 + c2)) * rstd
+            tl.store(dx_ptr + dx_base + v_u, dx_u.to(dx_ptr.dtype.element_ty), mask=body_u)
         if VEC > 1:
             xhat_e = (x_e - mean) * rstd
             wdy_e = w_e * dy_e
@@ -1107,6 +1148,10 @@ def _layer_norm_bwd_phased_kernel(
         share_t = g.to(tl.int64) * n_cols + (v_t - ph)
         tl.store(dw_part_ptr + share_t, dw_acc_t, mask=mine_t)
         tl.store(db_part_ptr + share_t, db_acc_t, mask=mine_t)
+    if BLOCK_U > 0:
+        share_u = g.to(tl.int64) * n_cols + (v_u - ph)
+        tl.store(dw_part_ptr + share_u, dw_acc_u, mask=mine_u)
+        tl.store(db_part_ptr + share_u, db_acc_u, mask=mine_u)
     if TAIL:
         share_e = g.to(tl.int64) * n_cols + (e - ph)
         tl.store(dw_part_ptr + share_e, dw_acc_e, mask=e_sum)
@@ -1409,6 +1454,10 @@ _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (819
 # a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
 # 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
 _PHASED_BWD_PAIRS_MIN_LANES = 2048
+# and on narrower 16-bit rows that take more than one reduction a row (two pieces not merged, or a tail in words):
+# bf16 / fp16 1040 (1024 + 16) 71 -> 80 / 72 -> 80, 1056 71 -> 79, 1088 68 -> 70, 1025 66 -> 67; fp32 lost (1280 90 ->
+# 85; _phased_pairs)
+_PHASED_BWD_PAIRS_PIECES = True
 # 16-bit aligned rows in these bands (inclusive) in two pieces (1024 + 16 .. 1024 + 256, 4096 + 16 .. 4096 +
 # 2048), where the second has at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first
 # piece (None: one power of two). Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the
@@ -1419,7 +1468,14 @@ _PHASED_BWD_PAIRS_MIN_LANES = 2048
 _PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1280), (4097, 6144))
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
-_PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (2048, 128))  # (second piece's lanes up to, register cap)
+_PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
+# and 16-bit aligned rows in this band (inclusive) in three pieces where all three merge on the first's warps
+# (4096 + 2048 + 512 or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Three pieces"); None: none
+_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[int, int] | None = (6145, 7168)
+# (H200, % of copy, bf16 / fp16, the 8192-lane tile -> three pieces: 6656 73-74 -> 80-81 / 76-77 -> 80-81, 7168 78-79 ->
+# 82 / 80-81 -> 82-83.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
+# 61-62 -> 80-81; on second pieces (4112-4608, 1040-1152, 8191's tail) it lost 2-10 points.
+_PHASED_BWD_AHEAD = True
 # Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
 # _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to _PHASED_BWD_TAIL_MAX_REGS, fewer
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
@@ -1625,17 +1681,18 @@ def _phase_rows(n_cols: int, elem_size: int) -> bool:
     return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
-def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
-    """(BLOCK_N, BLOCK_T) of the phased backward for a contiguous (n_cols)-wide input, or None past what it
+def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
+    """(BLOCK_N, BLOCK_T, BLOCK_U) of the phased backward for a contiguous (n_cols)-wide input, or None past what it
     holds: ``_PHASED_BWD_MAX_ROW`` lanes, or a first piece of that many and a tail of ``_PHASED_BWD_MAX_TAIL``."""
+    aligned = _aligned_16bit_bwd_pieces(n_cols, elem_size)
+    if aligned is not None:
+        return aligned
     vec = max(1, 16 // elem_size)
     need = ragged_width(n_cols, elem_size)
     block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
     pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
     if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
         pieces = False
-    if _aligned_16bit_bwd_pieces(n_cols, elem_size):
-        return block_n, block_t
     if (_PHASED_BWD_PREFETCH or not pieces
             or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
         block_n, block_t = next_power_of_2(need), 0
@@ -1644,28 +1701,69 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int] | None:
     if block_t == vec == 8 and _EDGE_WORDS and _PHASED_BWD_TAIL_WORDS and block_n <= _PHASED_BWD_TAIL_WORDS_MAX:
         # the one-vector tail read as words with the edges
         block_t = 0
-    return block_n, block_t
+    return block_n, block_t, 0
 
 
-def _merge_pieces(block_n: int, block_t: int, warps: int, elem_size: int) -> int:
+def _merge_pieces(block_n: int, block_t: int, warps: int, elem_size: int, block_u: int = 0) -> int:
     """``MERGE`` of the phased backward: its threads where ``_PHASED_BWD_MERGE_PIECES``, the rows are 16-bit (fp32
-    pieces lost: docs/kernels.md, "One reduction for both pieces") and a row in two pieces gives every thread lanes of
-    both, at most one 16-byte vector of each (each piece a multiple of the threads), so that a thread's lanes are side
-    by side, its sums move no data, and the pieces' row sums go through one block reduction instead of one each; else
-    0. (More than a vector a thread repeats the layout every vector: the reshape would go through shared memory, as it
-    did in the forward.)"""
+    pieces lost: docs/kernels.md, "One reduction for both pieces") and a row in two pieces (or three) gives every
+    thread lanes of each, at most one 16-byte vector of each (each piece a multiple of the threads), so that a thread's
+    lanes are side by side, its sums move no data, and the pieces' row sums go through one block reduction instead of
+    one each; else 0. (More than a vector a thread repeats the layout every vector: the reshape would go through shared
+    memory, as it did in the forward.)"""
     threads = 32 * warps
     return threads if (_PHASED_BWD_MERGE_PIECES and elem_size == 2 and block_t >= threads and block_n % threads == 0
-                       and block_t % threads == 0 and block_n // threads <= 8) else 0
+                       and block_t % threads == 0 and block_u % threads == 0 and block_n // threads <= 8) else 0
 
 
-def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> bool:
-    """Whether the phased backward holds a 16-bit aligned row in two pieces (a band of
-    ``_PHASED_BWD_ALIGNED_PIECES_16BIT``, the second piece of at least ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes)."""
-    if elem_size >= 4 or n_cols % 16 or not any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_PIECES_16BIT or ()):
-        return False
-    block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
-    return block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW
+def _phased_ahead(block_u: int, warps: int, elem_size: int) -> bool:
+    """``AHEAD`` of the phased backward: where ``_PHASED_BWD_AHEAD``, a 16-bit row's third piece of fewer than two
+    lanes a thread (2-byte loads, which ``cp.async`` does not copy: synchronous in the pipelined loop, ``LDG.U16`` in
+    the sm_90 SASS) loaded a row ahead into registers. Second pieces load the same way but keep it: with several
+    programs an SM, or 64 registers, the row ahead lost (docs/kernels.md, "Three pieces")."""
+    return _PHASED_BWD_AHEAD and elem_size == 2 and 0 < block_u < 2 * 32 * warps
+
+
+def _phased_bwd_warps(spread: int, elem_size: int) -> int:
+    """Warps of the phased backward for ``spread`` lanes at ``_PHASED_BWD_VECTORS`` 16-byte vectors a thread (4..32)."""
+    lanes = 32 * max(1, 16 // elem_size) * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's
+    return max(4, min(32, next_power_of_2(triton.cdiv(spread, lanes))))
+
+
+def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
+    """``TAIL`` of the phased backward: 16-bit rows read with their edges as words (``vec`` 8, ``_EDGE_WORDS``) held as
+    one piece that stops short of the launch's width (``_phased_bwd_pieces`` turned a one-vector tail piece into
+    words), so the words hold the row's last vector."""
+    return _EDGE_WORDS and vec == 8 and block_t == 0 and block_n < launch_width(n_cols, vec)
+
+
+def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> bool:
+    """``PAIRS`` of the phased backward: rows of ``_PHASED_BWD_PAIRS_MIN_LANES`` or more, and where
+    ``_PHASED_BWD_PAIRS_PIECES`` narrower 16-bit rows that take more than one reduction a row (a second piece, or a
+    tail in words; ``MERGE``, where it applies, takes the row in one reduction of its own). fp32 pieces lost with it
+    (docs/kernels.md, "Three pieces")."""
+    return block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES or (
+        _PHASED_BWD_PAIRS_PIECES and elem_size == 2 and (block_t > 0 or tail))
+
+
+def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
+    """The pieces (BLOCK_N, BLOCK_T, BLOCK_U) in which the phased backward holds a 16-bit aligned row, or None (one
+    power of two): two in a band of ``_PHASED_BWD_ALIGNED_PIECES_16BIT`` (the second of at least
+    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in ``_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT`` where all
+    three merge on the first piece's warps (``_merge_pieces``: one reduction a row)."""
+    if elem_size >= 4 or n_cols % 16:
+        return None
+    if any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_PIECES_16BIT or ()):
+        block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
+        if block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW:
+            return block_n, block_t, 0
+    lo, hi = _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT or (0, -1)
+    if lo <= n_cols <= hi:
+        block_n, block_t, block_u = row_pieces(n_cols, 1, 3, 0.0)
+        if (block_u > 0 and block_n + block_t + block_u <= _PHASED_BWD_MAX_ROW
+                and _merge_pieces(block_n, block_t, _phased_bwd_warps(block_n, elem_size), elem_size, block_u)):
+            return block_n, block_t, block_u
+    return None
 
 
 def _phased_backward(n_cols: int, elem_size: int) -> bool:
@@ -1689,28 +1787,28 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     if held is None:
         raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns (and a tail of "
                          f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
-    block_n, block_t = held
-    lanes = 32 * vec * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's, at the plan's vectors a thread
-    aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size)
-    spread = block_n if aligned_pieces and _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST else block_n + block_t
-    warps = max(4, min(32, next_power_of_2(triton.cdiv(spread, lanes))))
+    block_n, block_t, block_u = held
+    aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size) is not None
+    first_only = aligned_pieces and (_PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST or block_u > 0)
+    warps = _phased_bwd_warps(block_n if first_only else block_n + block_t, elem_size)
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
     max_regs = _PHASED_MAX_REGS
-    if aligned_pieces:  # the cap for the second piece's width, and the programs an SM that it lets fit
-        max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t <= widest)
+    if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
+        max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
         per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
-    elif block_t == 0 and block_n < ragged_width(n_cols, elem_size) and _PHASED_BWD_TAIL_MAX_REGS:
+    elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and _PHASED_BWD_TAIL_MAX_REGS:
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
         max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, _REGS_PER_SM // (warps * 32) // 8 * 8))
         per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
-        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * (block_n + block_t) * elem_size * 2)))
+        held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
+        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // held_bytes))
     n_groups = min(sm_count * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
     return _Plan("rows", 1, block_n, warps, n_groups, "phased", max_regs, prefetch=_PHASED_BWD_PREFETCH,
-                 stages=stages, block_t=block_t)
+                 stages=stages, block_t=block_t, block_u=block_u)
 
 
 def _flat_shape(n_cols: int) -> tuple[int, int, int, int]:
@@ -2055,19 +2153,21 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     need = launch_width(n_cols, r.vec)
     words = _EDGE_WORDS and r.vec == 8
     reach = triton.cdiv(n_cols + r.vec - 1, r.vec) * r.vec  # with words: the last vector in them
-    if plan.block_n + plan.block_t >= need or (words and plan.block_t == 0 and plan.block_n + r.vec >= reach):
-        block_n, block_t = plan.block_n, plan.block_t
+    if plan.block_n + plan.block_t + plan.block_u >= need or (words and plan.block_t == 0 and plan.block_n + r.vec >= reach):
+        block_n, block_t, block_u = plan.block_n, plan.block_t, plan.block_u
     else:  # planned for other phases than these rows have
-        block_n, block_t = next_power_of_2(need), 0
+        block_n, block_t, block_u = next_power_of_2(need), 0, 0
+    tail = _tail_in_words(block_n, block_t, n_cols, r.vec)
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_phased_kernel[(n_groups,)](
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=words and block_t == 0 and block_n < need,
-        PAIRS=block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES,
-        MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size()), num_warps=plan.num_warps, **_reg_cap(plan),
+        EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=tail, PAIRS=_phased_pairs(block_n, block_t, tail, x2.element_size()),
+        MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size(), block_u), BLOCK_U=block_u,
+        AHEAD=_phased_ahead(block_u, plan.num_warps, x2.element_size()),
+        num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()
     _sum_shares(dw_part, db_part, dw, db)

@@ -609,7 +609,7 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [768, 1280, 2048, 2049, 4097, 4112, 4608, 5120, 6144, 7001, 8191, 8192])
+@pytest.mark.parametrize("n", [768, 1040, 1280, 2048, 2049, 4097, 4112, 4608, 5120, 6144, 6656, 7001, 7168, 8191, 8192])
 def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_model_widths(n, dtype):
     shape = (2**21 // n, n)
     x, weight, bias = inputs(shape, dtype)
@@ -631,10 +631,44 @@ def test_two_pieces_that_give_every_thread_lanes_of_both_take_one_block_reductio
     # 16-byte vector a thread (2048 + 512 on 128 threads) and fp32 pieces (1280 = 1024 + 256 on 256 threads lost 89 -> 83%)
     merge = layer_norm._merge_pieces
     assert [merge(4096, 1024, 16, 2), merge(4096, 2048, 16, 2), merge(1024, 256, 4, 2), merge(4096, 16, 16, 2),
-            merge(64, 16, 4, 2), merge(8192, 0, 32, 2), merge(2048, 512, 4, 2), merge(1024, 256, 8, 4)] == [
-        512, 512, 128, 0, 0, 0, 0, 0]
+            merge(64, 16, 4, 2), merge(8192, 0, 32, 2), merge(2048, 512, 4, 2), merge(1024, 256, 8, 4),
+            merge(4096, 2048, 16, 2, 1024), merge(4096, 2048, 16, 2, 256)] == [512, 512, 128, 0, 0, 0, 0, 0, 512, 0]
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)
     assert merge(4096, 1024, 16, 2) == 0
+
+
+def test_rows_that_take_several_reductions_take_both_row_sums_in_one_each(monkeypatch):
+    # PAIRS from 2048 lanes; narrower, where a 16-bit row takes a reduction a piece or one for a tail in words (bf16 1040 =
+    # 1024 + 16: 71 -> 80%), not on one power of two (1024 lost 88 -> 83%); a tail in words: a 16-bit row read as words
+    # whose one piece stops short of the launch's width
+    pairs, tail = layer_norm._phased_pairs, layer_norm._tail_in_words
+    assert [pairs(2048, 0, False, 2), pairs(4096, 512, False, 2), pairs(1024, 16, False, 2), pairs(1024, 0, True, 2),
+            pairs(1024, 0, False, 2), pairs(64, 0, False, 2), pairs(1024, 256, False, 4), pairs(2048, 4, False, 4)] == [
+        True, True, True, True, False, False, False, True]  # fp32 pieces under 2048 lanes lost with it (1280 90 -> 85%)
+    assert [tail(1024, 0, 1025, 8), tail(1024, 8, 1025, 8), tail(2048, 0, 1025, 8), tail(1024, 0, 1024, 1),
+            tail(32, 0, 27, 8)] == [True, False, False, False, True]
+    assert layer_norm._layer_norm_settings(8192, 1025, 2, backward=True, sm_count=132).max_regs == 96  # the plan agrees
+    # a row ahead: a 16-bit third piece of under two lanes a thread only (6656's 512 on 512 threads, not 7168's 1024)
+    ahead = layer_norm._phased_ahead
+    assert [ahead(512, 16, 2), ahead(1024, 16, 2), ahead(0, 16, 2), ahead(512, 16, 4)] == [True, False, False, False]
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_PAIRS_PIECES", False)
+    assert [pairs(1024, 16, False, 2), pairs(1024, 0, True, 2), pairs(2048, 0, False, 2)] == [False, False, True]
+
+
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "a reduction a sum"])
+@pytest.mark.parametrize("shape, pieces", [((11, 80), (64, 16)), ((37, 27), (32, 0))], ids=["64 + 16", "32 and words"])
+def test_the_backward_with_both_row_sums_in_one_reduction_matches_torch(shape, pieces, pairs, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_PAIRS_PIECES", pairs)
+    x, weight, bias = inputs(shape, torch.bfloat16)
+    x[3] += 50.0
+    dy = torch.randn(shape, device=DEVICE).bfloat16()
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._Plan("rows", 1, pieces[0], 4, 8, "phased", stages=3, block_t=pieces[1])
+    dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+    layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
 
 
 @pytest.mark.parametrize("merge", [True, False], ids=["one reduction", "one a piece"])
@@ -673,6 +707,33 @@ def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype
     for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
         assert not a.isnan().any(), f"{what} left unwritten"
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("n, pieces", [(1408, (1024, 256, 128)), (1664, (1024, 512, 128))], ids=["1024 + 256 + 128",
+                                                                                               "1024 + 512 + 128"])
+@pytest.mark.parametrize("ahead", [True, False], ids=["third piece a row ahead", "third piece in step"])
+def test_aligned_16_bit_backward_rows_in_three_merged_pieces_match_torch(n, pieces, dtype, ahead, monkeypatch):
+    # the three-piece band moved down to widths the interpreter runs (4 warps: 128 threads divide every piece; the
+    # third piece's one lane a thread goes a row ahead, AHEAD)
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT", (1281, 2047))
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_AHEAD", ahead)
+    assert layer_norm._phased_ahead(pieces[2], 4, 2) == ahead
+    shape = (11, n)
+    x, weight, bias = inputs(shape, dtype)
+    x[3] += 50.0
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="phased")
+    assert (plan.block_n, plan.block_t, plan.block_u, plan.num_warps) == (*pieces, 4)
+    assert layer_norm._merge_pieces(*pieces[:2], 4, x.element_size(), pieces[2]) == 128
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for groups in (plan.n_groups, 3, 16):  # rows left over for some programs; more programs than rows
+        dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+        layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan._replace(n_groups=groups))
+        for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+            assert not a.isnan().any(), f"{what} left unwritten"
+            assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
 @pytest.mark.parametrize("prefetch, stages, pieces", [(False, 1, (64, 0)), (True, 1, (64, 0)), (False, 3, (64, 0)), (False, 3, (32, 8)),
@@ -804,8 +865,17 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert settings(8192, 1280, 2, backward=True, sm_count=132) == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3,
                                                                      block_t=256)  # 1024 + 256 on 4 warps
     assert settings(8192, 1536, 2, backward=True).block_t == 0  # 1024 + 512 lost: one 2048-lane tile
-    for n in (6160, 7168):  # past 6144: the 8192-lane tile
-        assert (settings(8192, n, 2, backward=True).block_n, settings(8192, n, 2, backward=True).block_t) == (8192, 0), n
+    # past 6144: three pieces where the third merges on the first's 512 threads (6656 = 4096 + 2048 + 512, 7168 = ..
+    # + 1024: one 16-warp program an SM at 128 registers), else the 8192-lane tile (6160 and 6400: a third piece of 16
+    # or 256 lanes; 7680: 4096 + 2048 + 2048 is no narrower)
+    three = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (6656, 7168, 6160, 6400, 7680)}
+    assert {n: (p.block_n, p.block_t, p.block_u, p.num_warps, p.max_regs) for n, p in three.items()} == {
+        6656: (4096, 2048, 512, 16, 128), 7168: (4096, 2048, 1024, 16, 128), 6160: (8192, 0, 0, 32, 64),
+        6400: (8192, 0, 0, 32, 64), 7680: (8192, 0, 0, 32, 64)}
+    assert three[7168].n_groups == 132 and settings(8192, 7168, 4, backward=True).block_u == 0  # fp32: one tile
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)  # three pieces only merged
+    assert settings(8192, 7168, 2, backward=True).block_u == 0
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", True)
     assert (settings(8192, 4608, 4, backward=True).block_n, settings(8192, 4608, 4, backward=True).block_t) == (8192, 0)
     # 16-bit unaligned rows: whole with the edges read as words, the widest phase's last vector among them up to
     # 4096 lanes (4097 = 4096 + a vector); wider, a one-vector tail piece (8191 = 8192 + 8, above)
