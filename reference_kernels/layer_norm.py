@@ -964,6 +964,7 @@ def _layer_norm_bwd_phased_kernel(
     BLOCK_U: tl.constexpr = 0,  # virtual columns of a third piece, from BLOCK_N + BLOCK_T on (MERGE dividing it too); 0: none
     AHEAD: tl.constexpr = False,  # the third piece loaded a row ahead into registers: 16-bit pieces of under two lanes
     # a thread load 2 bytes, which cp.async does not take (synchronous in the pipelined loop)
+    FULL: tl.constexpr = False,  # the first piece lies inside every row (aligned rows wider than it): no masks there
 ):
     """Whole rows, aligned or not (``_ragged``): program g takes rows g, g + n_groups, ...
 
@@ -979,6 +980,7 @@ def _layer_norm_bwd_phased_kernel(
     tl.static_assert(not TAIL or (EDGE_WORDS and VEC == 8), "a tail in words is for 16-bit rows read as words")
     tl.static_assert(BLOCK_U == 0 or (BLOCK_T > 0 and MERGE > 0), "a third piece is for merged pieces")
     tl.static_assert(not AHEAD or BLOCK_U > 0, "a row ahead is for a third piece")
+    tl.static_assert(not FULL or (VEC == 1 and BLOCK_T > 0 and not PREFETCH), "a full first piece: aligned rows in pieces")
     g = tl.program_id(0)
     v = tl.arange(0, BLOCK_N)
     _, ph = row_origin(x_phase, g, stride_x, VEC)
@@ -1047,8 +1049,12 @@ def _layer_norm_bwd_phased_kernel(
             x_next = tl.load(x_ptr + a_x + v, mask=load_ok, other=0.0)
             dy_next = tl.load(dy_ptr + a_dy + v, mask=load_ok, other=0.0)
         else:
-            x_in = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
-            dy_in = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
+            if FULL:
+                x_in = tl.load(x_ptr + x_base + v)
+                dy_in = tl.load(dy_ptr + dy_base + v)
+            else:
+                x_in = tl.load(x_ptr + x_base + v, mask=load_ok, other=0.0)
+                dy_in = tl.load(dy_ptr + dy_base + v, mask=load_ok, other=0.0)
         if BLOCK_T > 0:
             x_t_in = tl.load(x_ptr + x_base + v_t, mask=load_ok_t, other=0.0)
             dy_t_in = tl.load(dy_ptr + dy_base + v_t, mask=load_ok_t, other=0.0)
@@ -1072,7 +1078,11 @@ def _layer_norm_bwd_phased_kernel(
             dy_e = tl.load(dy_ptr + dy_base + e, mask=e_ok, other=0.0).to(tl.float32)
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
-        dy, xhat = _bwd_row_terms(x_in, dy_in, mine, mean, rstd)
+        if FULL:
+            dy = dy_in.to(tl.float32)
+            xhat = (x_in.to(tl.float32) - mean) * rstd
+        else:
+            dy, xhat = _bwd_row_terms(x_in, dy_in, mine, mean, rstd)
         dw_acc += dy * xhat
         db_acc += dy
         wdy = w * dy
@@ -1126,7 +1136,10 @@ def _layer_norm_bwd_phased_kernel(
         c1 = s1 / n_cols
         c2 = s2 / n_cols
         dx = (wdy - (xhat * c1 + c2)) * rstd
-        tl.store(dx_ptr + dx_base + v, dx.to(dx_ptr.dtype.element_ty), mask=body)
+        if FULL:
+            tl.store(dx_ptr + dx_base + v, dx.to(dx_ptr.dtype.element_ty))
+        else:
+            tl.store(dx_ptr + dx_base + v, dx.to(dx_ptr.dtype.element_ty), mask=body)
         if BLOCK_T > 0:
             dx_t = (wdy_t - (xhat_t * c1 + c2)) * rstd
             tl.store(dx_ptr + dx_base + v_t, dx_t.to(dx_ptr.dtype.element_ty), mask=body_t)
@@ -1286,7 +1299,7 @@ class _Plan(NamedTuple):
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
     stages: int = 1  # backward "phased", forward "walk": pipelining depth of the row loop (rows in flight: stages - 1); "looped": of the chunk loops
     block_t: int = 0  # backward "phased", forward "walk": a second piece of the row, from block_n on (_ragged.row_pieces)
-    block_u: int = 0  # forward "walk": a third piece, from block_n + block_t on
+    block_u: int = 0  # forward "walk", backward "phased": a third piece, from block_n + block_t on
     tail: int = 0  # forward "walk", 16-bit unaligned rows: vectors read as words after the pieces (0: none)
 
 
@@ -1476,6 +1489,11 @@ _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[int, int] | None = (6145, 7168)
 # 82 / 80-81 -> 82-83.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
 # 61-62 -> 80-81; on second pieces (4112-4608, 1040-1152, 8191's tail) it lost 2-10 points.
 _PHASED_BWD_AHEAD = True
+# Aligned rows in pieces load, select and store their first piece without masks (it lies inside every row; _full_first):
+# sm_90 SASS, loop instructions a row, bf16 5120 336 -> 316, 1216 329 -> 309. H200, % of copy, bf16 / fp16: 4224 59 ->
+# 63-64 / 60-61 -> 62, 5120 74-75 -> 77 / 75-76 -> 78-79, 1152 81-82 -> 83-84 / 82-83 -> 85, 1216 84-85 -> 83 / 84 -> 82;
+# fp32 2560 86 -> 88-90, 2304 83-84 -> 85-86. Not with a third piece a row ahead (6656 80-81 -> 76; 377 instructions).
+_PHASED_BWD_FULL_FIRST = True
 # Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
 # _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to _PHASED_BWD_TAIL_MAX_REGS, fewer
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
@@ -1722,6 +1740,14 @@ def _phased_ahead(block_u: int, warps: int, elem_size: int) -> bool:
     the sm_90 SASS) loaded a row ahead into registers. Second pieces load the same way but keep it: with several
     programs an SM, or 64 registers, the row ahead lost (docs/kernels.md, "Three pieces")."""
     return _PHASED_BWD_AHEAD and elem_size == 2 and 0 < block_u < 2 * 32 * warps
+
+
+def _full_first(block_n: int, block_t: int, n_cols: int, vec: int, prefetch: bool, ahead: bool) -> bool:
+    """``FULL`` of the phased backward: where ``_PHASED_BWD_FULL_FIRST``, aligned rows (``vec`` 1: every row at phase 0)
+    held in pieces, whose first piece of ``block_n`` columns lies inside every row, take it without masks; not with a
+    third piece a row ahead (``ahead``: ``_phased_ahead``), where it lost."""
+    return (_PHASED_BWD_FULL_FIRST and vec == 1 and block_t > 0 and n_cols > block_n and not prefetch
+            and not ahead)
 
 
 def _phased_bwd_warps(spread: int, elem_size: int) -> int:
@@ -2158,6 +2184,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     else:  # planned for other phases than these rows have
         block_n, block_t, block_u = next_power_of_2(need), 0, 0
     tail = _tail_in_words(block_n, block_t, n_cols, r.vec)
+    ahead = _phased_ahead(block_u, plan.num_warps, x2.element_size())
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_phased_kernel[(n_groups,)](
@@ -2166,7 +2193,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
         EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=tail, PAIRS=_phased_pairs(block_n, block_t, tail, x2.element_size()),
         MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size(), block_u), BLOCK_U=block_u,
-        AHEAD=_phased_ahead(block_u, plan.num_warps, x2.element_size()),
+        AHEAD=ahead, FULL=_full_first(block_n, block_t, n_cols, r.vec, plan.prefetch, ahead),
         num_warps=plan.num_warps, **_reg_cap(plan),
     )
     r.finish()

@@ -709,6 +709,41 @@ def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
+def test_only_aligned_rows_in_pieces_take_their_first_piece_without_masks(monkeypatch):
+    full = layer_norm._full_first
+    # (block_n, block_t, n_cols, vec, prefetch, ahead): pieces of an aligned row; one piece; rows at several phases;
+    # prefetch; a third piece a row ahead (6656 lost 80 -> 76%)
+    assert [full(64, 16, 80, 1, False, False), full(4096, 2048, 7168, 1, False, False), full(64, 0, 64, 1, False, False),
+            full(64, 16, 80, 8, False, False), full(64, 16, 80, 1, True, False),
+            full(4096, 2048, 6656, 1, False, True)] == [True, True, False, False, False, False]
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_FULL_FIRST", False)
+    assert not full(64, 16, 80, 1, False, False)
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["first piece unmasked", "masked"])
+@pytest.mark.parametrize("dtype, n, pieces", [(torch.float32, 80, (64, 16, 0)), (torch.bfloat16, 80, (64, 16, 0)),
+                                              (torch.bfloat16, 1664, (1024, 512, 512))],
+                         ids=["fp32 64 + 16", "bf16 64 + 16", "bf16 1024 + 512 + 512"])
+def test_the_backward_with_an_unmasked_first_piece_matches_torch(dtype, n, pieces, full, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_FULL_FIRST", full)
+    taken = []
+    rule = layer_norm._full_first
+    monkeypatch.setattr(layer_norm, "_full_first", lambda *a: taken.append(rule(*a)) or taken[-1])
+    x, weight, bias = inputs((11, n), dtype)
+    x[3] += 50.0
+    dy = torch.randn(x.shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for groups in (4, 16):  # rows left over for some programs; more programs than rows
+        plan = layer_norm._Plan("rows", 1, pieces[0], 4, groups, "phased", stages=3, block_t=pieces[1], block_u=pieces[2])
+        dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
+        layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
+        for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+            assert not a.isnan().any(), f"{what} left unwritten"
+            assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+    assert taken == [full, full]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("n, pieces", [(1408, (1024, 256, 128)), (1664, (1024, 512, 128))], ids=["1024 + 256 + 128",
                                                                                                "1024 + 512 + 128"])
