@@ -1482,11 +1482,13 @@ _PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
-# and 16-bit aligned rows in this band (inclusive) in three pieces where all three merge on the first's warps
-# (4096 + 2048 + 512 or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Three pieces"); None: none
-_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[int, int] | None = (6145, 7168)
+# and 16-bit aligned rows in these bands (inclusive) in three pieces where all three merge on the first's warps
+# (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside _PHASED_BWD_ALIGNED_16BIT too; 4096 + 2048 + 512
+# or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Three pieces"); None: none
+_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((3073, 3584), (6145, 7168))
 # (H200, % of copy, bf16 / fp16, the 8192-lane tile -> three pieces: 6656 73-74 -> 80-81 / 76-77 -> 80-81, 7168 78-79 ->
-# 82 / 80-81 -> 82-83.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
+# 82 / 80-81 -> 82-83; the rows plan -> three pieces: 3216 76-77 -> 81-82 / 77 -> 81-82, 3328 80 -> 85 / 81 -> 85, 3584
+# 83 -> 88 / 83-84 -> 88; 1281-2047 lost, 1664 79 -> 55-56, 1792 84-86 -> 56-61.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
 # 61-62 -> 80-81; on second pieces (4112-4608, 1040-1152, 8191's tail) it lost 2-10 points.
 _PHASED_BWD_AHEAD = True
 # Aligned rows in pieces load, select and store their first piece without masks (it lies inside every row; _full_first):
@@ -1775,16 +1777,15 @@ def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> boo
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
     """The pieces (BLOCK_N, BLOCK_T, BLOCK_U) in which the phased backward holds a 16-bit aligned row, or None (one
     power of two): two in a band of ``_PHASED_BWD_ALIGNED_PIECES_16BIT`` (the second of at least
-    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in ``_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT`` where all
-    three merge on the first piece's warps (``_merge_pieces``: one reduction a row)."""
+    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in a band of ``_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT``
+    where all three merge on the first piece's warps (``_merge_pieces``: one reduction a row)."""
     if elem_size >= 4 or n_cols % 16:
         return None
     if any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_PIECES_16BIT or ()):
         block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
         if block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW:
             return block_n, block_t, 0
-    lo, hi = _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT or (0, -1)
-    if lo <= n_cols <= hi:
+    if any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT or ()):
         block_n, block_t, block_u = row_pieces(n_cols, 1, 3, 0.0)
         if (block_u > 0 and block_n + block_t + block_u <= _PHASED_BWD_MAX_ROW
                 and _merge_pieces(block_n, block_t, _phased_bwd_warps(block_n, elem_size), elem_size, block_u)):
@@ -1793,12 +1794,14 @@ def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, in
 
 
 def _phased_backward(n_cols: int, elem_size: int) -> bool:
-    """Whether the backward's default plan for rows of ``n_cols`` is "phased" (dy in x's dtype)."""
-    if _phased_bwd_pieces(n_cols, elem_size) is None:
+    """Whether the backward's default plan for rows of ``n_cols`` is "phased" (dy in x's dtype): aligned rows held in
+    three pieces too, outside the aligned bands."""
+    held = _phased_bwd_pieces(n_cols, elem_size)
+    if held is None:
         return False
     if n_cols % 16 == 0:
         lo, hi = _PHASED_BWD_ALIGNED_16BIT if elem_size < 4 else _PHASED_BWD_ALIGNED_FP32
-        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or lo <= n_cols <= hi
+        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or lo <= n_cols <= hi or held[2] > 0
     return n_cols >= _PHASED_BWD_MIN_COLS and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
 
 

@@ -609,7 +609,8 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [768, 1040, 1280, 2048, 2049, 4097, 4112, 4608, 5120, 6144, 6656, 7001, 7168, 8191, 8192])
+@pytest.mark.parametrize("n", [768, 1040, 1280, 2048, 2049, 3328, 3584, 4097, 4112, 4608, 5120, 6144, 6656, 7001, 7168, 8191,
+                               8192])
 def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_model_widths(n, dtype):
     shape = (2**21 // n, n)
     x, weight, bias = inputs(shape, dtype)
@@ -751,7 +752,7 @@ def test_the_backward_with_an_unmasked_first_piece_matches_torch(dtype, n, piece
 def test_aligned_16_bit_backward_rows_in_three_merged_pieces_match_torch(n, pieces, dtype, ahead, monkeypatch):
     # the three-piece band moved down to widths the interpreter runs (4 warps: 128 threads divide every piece; the
     # third piece's one lane a thread goes a row ahead, AHEAD)
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT", (1281, 2047))
+    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT", ((1281, 2047),))
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_AHEAD", ahead)
     assert layer_norm._phased_ahead(pieces[2], 4, 2) == ahead
     shape = (11, n)
@@ -908,6 +909,14 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
         6656: (4096, 2048, 512, 16, 128), 7168: (4096, 2048, 1024, 16, 128), 6160: (8192, 0, 0, 32, 64),
         6400: (8192, 0, 0, 32, 64), 7680: (8192, 0, 0, 32, 64)}
     assert three[7168].n_groups == 132 and settings(8192, 7168, 4, backward=True).block_u == 0  # fp32: one tile
+    # and 3073-3584 on the first piece's 256 threads (3328 = 2048 + 1024 + 256, 3584 .. + 512: two 8-warp programs an SM
+    # at 128 registers), phased though past the aligned band; 3200's 128 lanes do not merge (the rows plan), nor do
+    # 1281-2047's three pieces go (1664 79 -> 55%)
+    three = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (3328, 3584, 3200, 1664)}
+    assert {n: (p.variant, p.block_n, p.block_t, p.block_u, p.num_warps, p.max_regs) for n, p in three.items()} == {
+        3328: ("phased", 2048, 1024, 256, 8, 128), 3584: ("phased", 2048, 1024, 512, 8, 128),
+        3200: ("measured", 4096, 0, 0, 8, None), 1664: ("phased", 2048, 0, 0, 8, 64)}
+    assert three[3584].n_groups == 264
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)  # three pieces only merged
     assert settings(8192, 7168, 2, backward=True).block_u == 0
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", True)
