@@ -1,11 +1,16 @@
 """Fused softmax over the last dimension, for any row width.
 
-Four launch plans, on two kernels; ``_softmax_settings`` chooses:
+Five launch plans, on three kernels; ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
   read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
   row's first element). Measured 92-100% of copy bandwidth on an H200.
+* ``held`` (16385 columns up to what two programs an SM hold in shared memory: 16-bit rows to
+  ~56000, fp32 to ~28600; on CUDA GPUs with Triton's Gluon, ``_softmax_held``): persistent programs
+  copy each row into shared memory (``cp.async``) and read it there three times, the next row's
+  copies in flight behind the arithmetic; one read and one write. 81-95% of copy (docs/kernels.md,
+  "Rows held in shared memory"); the plans below where it is not available or measured slower.
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
   whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
@@ -39,6 +44,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
+from . import _softmax_held
 from ._common import (ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
                       warps_for)
 from ._math import exp
@@ -455,7 +461,7 @@ def _row_values(chunk, start, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.c
 class _Plan(NamedTuple):
     """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
 
-    mode: str  # "rows", "staged", "persistent" or "split"
+    mode: str  # "rows", "held", "staged", "persistent" or "split"
     block_m: int
     block_n: int
     num_warps: int
@@ -500,6 +506,14 @@ _STAGED_SMEM_BYTES = 196608
 _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
+# Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
+# in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM but powers of
+# two (32768: staged 86 against 83); fp32 rows that are not a multiple of 16 columns, three or more programs an SM
+# (17000: 70 -> 82; with two, level to 5 points lower: 27470 82 -> 77; multiples of 16 keep staged, 24000 96 vs 91).
+# False: never.
+_HELD = True
+_HELD_MIN_COLS = 16385
+_HELD_MIN_PER_SM = {2: 2, 4: 3}  # by element size; one program an SM loses (bf16 65536 77 -> 66, fp32 30522 91 -> 83)
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
@@ -583,6 +597,7 @@ def _softmax_settings(
     *,
     max_row: int | None = None,
     wide: str | None = None,
+    held: bool | None = None,
 ) -> _Plan:
     """The launch plan for an (n_rows, n_cols) softmax: the one place its heuristics live.
 
@@ -591,8 +606,15 @@ def _softmax_settings(
     for wide rows ("persistent" or "split") instead of ``_WIDE_ROWS_PLAN``; "split" with more
     than one program a row waits on other programs, so under the interpreter an explicit
     ``wide="split"`` is refused and the ``_WIDE_ROWS_PLAN`` choice runs one program a row.
-    ``elem_size`` sizes the persistent and split chunks (bytes in flight).
+    ``elem_size`` sizes the persistent and split chunks (bytes in flight). ``held``: whether the "held" plan may
+    be taken (default: where this machine runs it, ``_softmax_held.available``); neither ``max_row`` nor ``wide``
+    ever takes it.
     """
+    if held is None:
+        held = _softmax_held.available()
+    if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
+        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
+                     per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
     widest = max_row if max_row is not None else _MAX_ROW
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
@@ -630,6 +652,17 @@ def _softmax_settings(
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
     return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
+
+
+def _held_default(n_cols: int, elem_size: int) -> bool:
+    """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, at least
+    ``_HELD_MIN_PER_SM`` programs an SM): 16-bit rows but powers of two, fp32 rows of no multiple of 16 columns."""
+    least = _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]
+    if not _HELD or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) < least:
+        return False
+    if elem_size >= 4:
+        return n_cols % 16 != 0
+    return n_cols & (n_cols - 1) != 0
 
 
 def _rows_tile(n_cols: int, elem_size: int) -> int:
@@ -696,6 +729,12 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
+    if plan.mode == "held":
+        if _softmax_held.fits(x2, y2):
+            _softmax_held.launch(x2, y2, sm_count(x2.device))
+            return
+        # rows not packed (a column slice) or not 16-byte aligned: the plan without it
+        return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), held=False))
     if plan.mode == "staged":
         r = phased(x2, y2)
         if launch_width(n_cols, r.vec) > _STAGED_MAX_COLS:  # an aligned width at an odd offset, too wide

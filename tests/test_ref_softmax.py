@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels import softmax
+from reference_kernels import _softmax_held, softmax
 from reference_kernels._ragged import edge_words, in_row, row_origin
 from reference_kernels._split_walk import split_group
 
@@ -371,7 +371,9 @@ def test_the_staged_plan_reads_rows_of_a_wider_tensor_at_any_phase(offset):
 
 
 def test_the_staged_plan_is_the_default_from_16385_to_32768_columns_where_it_measured_faster(monkeypatch):
-    # fp32 rows; 16-bit rows filling 85% of their power of two (H200 sweep, docs/kernels.md)
+    # fp32 rows; 16-bit rows filling 85% of their power of two (H200 sweep, docs/kernels.md), where the held plan is
+    # not available (it is chosen before this one where it is: the tests of "held" below)
+    monkeypatch.setattr(_softmax_held, "available", lambda *args: False)
     for n, elem in [(16385, 4), (17000, 4), (30522, 4), (32768, 4), (28000, 2), (30522, 2), (32000, 2), (32768, 2)]:
         assert softmax._softmax_settings(2048, n, elem).mode == "staged", (n, elem)
     for n, elem in [(16384, 2), (16384, 4)]:
@@ -733,7 +735,7 @@ def test_a_split_launch_sizes_its_grid_from_the_programs_the_compiled_kernel_kee
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (4096, 50257)), (torch.float32, (512, 262144)), (torch.bfloat16, (512, 262144))], ids=str)
+@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (1024, 128256)), (torch.float32, (512, 262144)), (torch.bfloat16, (512, 262144))], ids=str)
 def test_split_plans_finish_with_right_results_while_another_stream_holds_the_sms(dtype, shape):
     """The split walk's programs wait on each other; with matmuls on another stream holding SMs
     not all of them are resident, and every launch must still finish and be right."""
@@ -796,3 +798,106 @@ def test_edge_words_give_every_element_outside_the_body_once_at_every_phase(n, d
                     got[col] = float(values[j])
         assert sorted(got) == outside, f"row {row} at phase {ph}"
         assert all(got[c] == float(x[row, c]) for c in outside)
+
+
+# The held plan (_softmax_held): rows of 16385+ columns in shared memory, a Gluon kernel. It runs on CUDA GPUs only
+# (Gluon has no interpreter), so on CPU its plan choice, sizes and fallbacks are tested; the kernel on the GPU.
+
+
+def test_the_held_plan_is_never_available_under_the_interpreter_or_off_cuda():
+    if softmax.interpreting() or not torch.cuda.is_available():
+        assert not _softmax_held.available()
+        assert softmax._softmax_settings(4096, 50257, 2).mode != "held"  # the default planner asks available()
+
+
+def test_the_held_plan_holds_a_row_from_its_aligned_down_start_and_as_many_programs_an_sm_as_shared_memory_fits():
+    assert _softmax_held.BLOCK == 2048
+    # a row and up to 15 bytes before it, in segments of 2048: 50257 + 7 -> 25 segments of 4 KiB, two programs an SM
+    assert _softmax_held.segments(50257, 2) == 25 and _softmax_held.per_sm(50257, 2) == 2
+    assert _softmax_held.segments(16384, 4) == 9  # 16384 + 3 columns
+    assert _softmax_held.per_sm(17000, 2) == 4  # 36 KiB rows: four, bounded by 64 registers x 8 warps
+    assert _softmax_held.per_sm(65536, 2) == 1 and _softmax_held.per_sm(30522, 4) == 1
+    assert _softmax_held.per_sm(120000, 2) == 0  # 236 KiB: over what one block may take
+
+
+def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_fit(monkeypatch):
+    settings = softmax._softmax_settings
+    held = {(n, e) for n in (16384, 16385, 17000, 18432, 24000, 25049, 30522, 32000, 32768, 50257, 56000, 60000, 65536,
+                             128256)
+            for e in (2, 4) if settings(4096, n, e, held=True).mode == "held"}
+    assert held == {(16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
+                    (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM)
+                    (16385, 4), (17000, 4)}  # fp32: not 18432 (a multiple of 16), not 25049 (two an SM, not three)
+    assert settings(4096, 50257, 2, held=True) == softmax._Plan("held", 1, 2048, 8, per_sm=2, max_regs=64)
+    # never where a test forces a plan, nor with held=False or _HELD off
+    assert settings(4096, 50257, 2, held=True, max_row=4096).mode != "held"
+    assert settings(4096, 50257, 2, held=True, wide="persistent").mode == "persistent"
+    assert settings(4096, 50257, 2, held=False).mode != "held"
+    monkeypatch.setattr(softmax, "_HELD", False)
+    assert settings(4096, 50257, 2, held=True).mode != "held"
+
+
+def test_a_held_plan_falls_back_to_the_plan_without_it_where_the_kernel_does_not_take_the_rows(monkeypatch):
+    # off CUDA (here), and on the GPU for rows that do not lie packed or start off the 16-byte grid (a column slice):
+    # the launcher runs the plan the planner gives without "held", with the same result
+    big = torch.randn(5, 48, device=DEVICE)
+    x = big[:, 1:41]
+    assert not _softmax_held.fits(x, torch.empty(5, 40, device=DEVICE))
+    plan = softmax._Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS, per_sm=2, max_regs=64)
+    calls = []
+    monkeypatch.setattr(_softmax_held, "launch", lambda *args: calls.append(args))
+    out = poisoned_like(x)
+    softmax._launch(x, out, plan)
+    assert not calls
+    assert_close_to_row_scale(out, reference(x), torch.float32)
+
+
+def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
+    x = torch.randn(3, 40)
+    with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows"):
+        _softmax_held.launch(x, torch.empty_like(x), 132)
+
+
+HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
+               (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
+               (torch.float32, 17001)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301])
+@pytest.mark.parametrize("dtype, n", HELD_WIDTHS, ids=str)
+def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_rows_as_torch(dtype, n, rows):
+    assert softmax._softmax_settings(rows, n, torch.tensor([], dtype=dtype).element_size()).mode == "held"
+    x = torch.randn(rows, n, device="cuda").mul_(4).to(dtype)
+    if rows > 1:
+        x[1, : n // 2] = -float("inf")  # zeros there
+        x[1, n - 1] = 60.0  # a large logit at the row's last element (an edge)
+        x[2, 0] = float("nan")  # the row is nan
+    out = poisoned_like(x)
+    softmax.fused(x, out=out)
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    if rows > 2:
+        assert out[2].isnan().all()
+        out, expected = torch.cat([out[:2], out[3:]]), torch.cat([expected[:2], expected[3:]])
+    assert not out.isnan().any(), "an output element was left unwritten"
+    assert_close_to_row_scale(out, expected, dtype)
+
+
+@pytest.mark.gpu
+def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch():
+    x = torch.randn(4, 50257, device="cuda").bfloat16()
+    x[0] = -float("inf")
+    x[1, 7] = float("inf")
+    out = softmax.fused(x)
+    expected = torch.softmax(x.float(), -1).bfloat16()
+    assert out[:2].isnan().all() and expected[:2].isnan().all()
+    assert_close_to_row_scale(out[2:], expected[2:], torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [1, 8], ids=["off the 16-byte grid", "aligned, not packed"])
+def test_the_held_plan_falls_back_on_rows_of_a_wider_tensor_on_the_gpu(offset):
+    big = torch.randn(64, 50257 + 16, device="cuda").bfloat16()
+    x = big[:, offset:offset + 50257]
+    assert not _softmax_held.fits(x, torch.empty(x.shape, device="cuda", dtype=x.dtype))
+    assert_close_to_row_scale(softmax.fused(x), torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)

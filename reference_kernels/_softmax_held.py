@@ -1,0 +1,175 @@
+"""Softmax rows held in shared memory: the "held" plan (docs/kernels.md, "Rows held in shared memory").
+
+A wide row (16385-56000 16-bit columns) is too wide for one program's registers and, walked twice,
+re-reads from L2 what a few programs an SM hold in flight. Here a persistent program copies the
+whole row into shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start,
+no registers held), takes its max, its sum of exponentials and its output from there, and copies
+the next row into each segment as soon as the output pass has left it: one HBM read and one write,
+the next row's loads in flight behind this row's arithmetic, and two or more programs an SM where
+shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
+the kernel its shared memory; Triton's own language does not.
+
+``available`` says whether this machine can run it (a CUDA GPU of compute capability 8.0 or more,
+Triton with Gluon, not the interpreter); the softmax module's planner only picks it then.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+try:  # Gluon: Triton 3.5+; its names moved between releases, so any failure means "not here"
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+except Exception:  # pragma: no cover - depends on the Triton build
+    gluon = None
+
+from ._common import interpreting
+
+BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
+WARPS = 8
+MAX_REGS = 64  # registers a thread: four 8-warp programs an SM fit the register file
+SMEM_PER_SM = 233472  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
+SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
+SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
+
+
+def segments(n_cols: int, elem_size: int) -> int:
+    """Segments of ``BLOCK`` elements that hold a row from its aligned-down start (up to 15 bytes before it)."""
+    return triton.cdiv(n_cols + 16 // elem_size - 1, BLOCK)
+
+
+def per_sm(n_cols: int, elem_size: int) -> int:
+    """Programs an SM runs at once: as many as shared memory holds rows of, up to what the warps and registers
+    allow; 0 where one row does not fit."""
+    row = segments(n_cols, elem_size) * BLOCK * elem_size + SMEM_RESERVED
+    if row > SMEM_PER_BLOCK:
+        return 0
+    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // WARPS, 65536 // (WARPS * 32 * MAX_REGS))
+
+
+@functools.cache
+def available(device_index: int | None = None) -> bool:
+    """Whether the held kernel can run on this CUDA device (cp.async: compute capability 8.0+) with this Triton."""
+    if gluon is None or interpreting() or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 8
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _ex2(x):
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # segment s of a row into shared memory: the 16-byte vectors from the row's aligned-down start that
+        # overlap the row (the first and last carry a neighbour's elements, left out of the arithmetic)
+        col = s * BLOCK + idx
+        async_copy.async_copy_global_to_shared(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _softmax_held_kernel(
+        x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
+        y_ptr,  # output, the same layout
+        n_rows,
+        n_cols,
+        BLOCK: gl.constexpr,  # elements a segment
+        NSEG: gl.constexpr,  # segments a row (segments())
+        VEC: gl.constexpr,  # elements in 16 bytes
+        num_warps: gl.constexpr,
+    ):
+        """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
+        counted from the aligned vector that holds its first element (``shift`` elements before it). The max, the sum
+        and the output read it there; the output pass copies the next row into each segment it has left (each
+        thread copies into the slots it read, so no other thread's data is overwritten). Segments strictly inside
+        the row take no masks; the first and last take element masks, and the output's partial vectors at the two
+        ends of the row are stored element by element (the edges, loaded at the row's start)."""
+        LOG2E: gl.constexpr = 1.4426950408889634
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NSEG, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        idx = gl.arange(0, BLOCK, layout=layout)
+        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
+        pid = gl.program_id(0)
+        n_progs = gl.num_programs(0)
+
+        base = pid.to(gl.int64) * n_cols
+        abase = base // VEC * VEC
+        shift = (base - abase).to(gl.int32)
+        for s in gl.static_range(NSEG):
+            _copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
+        for row in range(pid, n_rows, n_progs):
+            end = shift + n_cols
+            last_v = end // VEC
+            # the edges: the row's elements in its first and last partial vectors
+            ecol = gl.where(eidx < VEC, shift // VEC * VEC + eidx, last_v * VEC + eidx - VEC)
+            emask = (ecol >= shift) & (ecol < end) & ((eidx >= VEC) | (shift % VEC > 0))
+            ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
+
+            # the max; in the first and the last two segments (the only ones a row's ends can fall in), the
+            # neighbours' elements are overwritten with -inf, so that the sum and the output need no masks
+            m = gl.full([BLOCK], float("-inf"), gl.float32, layout)
+            for s in gl.static_range(NSEG):
+                async_copy.wait_group(NSEG - 1 - s)
+                seg = buf.index(s)
+                v = seg.load(layout).to(gl.float32)
+                if (s == 0) | (s >= NSEG - 2):
+                    col = s * BLOCK + idx
+                    v = gl.where((col >= shift) & (col < end), v, float("-inf"))
+                    seg.store(v.to(x_ptr.dtype.element_ty))
+                m = gl.maximum(m, v)
+            mx = gl.max(m, axis=0) * LOG2E
+
+            acc = gl.zeros([BLOCK], gl.float32, layout)
+            for t in range(NSEG):
+                acc += _ex2(buf.index(t).load(layout).to(gl.float32) * LOG2E - mx)
+            inv = 1.0 / gl.sum(acc, axis=0)
+
+            nxt = row + n_progs
+            nbase = nxt.to(gl.int64) * n_cols
+            nabase = nbase // VEC * VEC
+            nshift = (nbase - nabase).to(gl.int32)
+            n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
+            first_v = gl.cdiv(shift, VEC)
+            for u in range(NSEG):
+                v = buf.index(u).load(layout).to(gl.float32)
+                y = (_ex2(v * LOG2E - mx) * inv).to(y_ptr.dtype.element_ty)
+                col = u * BLOCK + idx
+                vi = col // VEC
+                gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
+                _copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+            ey = _ex2(ev * LOG2E - mx) * inv
+            gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
+            abase = nabase
+            shift = nshift
+        async_copy.wait_group(0)
+
+
+def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether ``launch`` takes these (M, N) views: CUDA tensors whose rows lie packed (stride N, unit column
+    stride), both 16 bytes aligned, of one dtype, a row that fits shared memory."""
+    n_cols = x2.shape[1]
+    return (x2.is_cuda and y2.device == x2.device and y2.dtype == x2.dtype and y2.shape == x2.shape
+            and all(t.stride(1) == 1 and (t.stride(0) == n_cols or t.shape[0] == 1) and t.data_ptr() % 16 == 0
+                    for t in (x2, y2))
+            and per_sm(n_cols, x2.element_size()) > 0)
+
+
+def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
+    """Softmax of the packed (M, N) rows of ``x2`` into ``y2`` (``fits``)."""
+    if not fits(x2, y2):
+        raise ValueError("the held softmax takes packed, 16-byte aligned CUDA rows of one dtype that fit shared memory"
+                         f" (x: {tuple(x2.shape)} strides {x2.stride()} on {x2.device}, y: {tuple(y2.shape)})")
+    n_rows, n_cols = x2.shape
+    es = x2.element_size()
+    progs = per_sm(n_cols, es)
+    _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
+        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es, num_warps=WARPS,
+        maxnreg=MAX_REGS)
