@@ -136,6 +136,9 @@ CASES = {
     "softmax_bf16_333": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 333, 333, torch.bfloat16)),
     "ln_fwd_bf16_1088": lambda: _ln_forward(2**26 // 1088, 1088, torch.bfloat16),
     "ln_bwd_bf16_1025": lambda: _ln_backward(2**25 // 1025, 1025, torch.bfloat16),
+    # softmax rows held in shared memory (the held plan): GPT-2's vocabulary and its aligned neighbour
+    "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50257, torch.bfloat16)),
+    "softmax_bf16_50304": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50304, torch.bfloat16)),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
     "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
 }

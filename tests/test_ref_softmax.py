@@ -901,3 +901,13 @@ def test_the_held_plan_falls_back_on_rows_of_a_wider_tensor_on_the_gpu(offset):
     x = big[:, offset:offset + 50257]
     assert not _softmax_held.fits(x, torch.empty(x.shape, device="cuda", dtype=x.dtype))
     assert_close_to_row_scale(softmax.fused(x), torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_the_held_plan_keeps_full_float32_precision_at_large_logits():
+    # fp32 exponents as (x - max) log2(e): the folded x log2(e) - max log2(e) loses |max| 2^-24 (6e-4 at 1e4)
+    x = torch.randn(64, 17001, device="cuda", dtype=torch.float64).mul_(3).add_(1e4)
+    assert softmax._softmax_settings(64, 17001, 4).mode == "held"
+    out = softmax.fused(x.float())
+    expected = torch.softmax(x.float().double(), -1)
+    assert ((out.double() - expected).abs() / expected).max().item() < 2e-5
