@@ -9,55 +9,16 @@ the next row's loads in flight behind this row's arithmetic, and two or more pro
 shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
 the kernel its shared memory; Triton's own language does not.
 
-``available`` says whether this machine can run it (a CUDA GPU of compute capability 8.0 or more,
-Triton with Gluon, not the interpreter); the softmax module's planner only picks it then.
+What it shares with the layer-norm forward's held kernel (the sizes, ``available``, the segment copy) is in
+``_held``; the softmax module's planner picks it only where ``available``.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
-import triton
 
-try:  # Gluon: Triton 3.5+; its names moved between releases, so any failure means "not here"
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-except Exception:  # pragma: no cover - depends on the Triton build
-    gluon = None
-
-from ._common import interpreting
-
-BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
-WARPS = 8
-MAX_REGS = 64  # registers a thread: four 8-warp programs an SM fit the register file
-SMEM_PER_SM = 233472  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
-SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
-SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
-
-
-def segments(n_cols: int, elem_size: int) -> int:
-    """Segments of ``BLOCK`` elements that hold a row from its aligned-down start (up to 15 bytes before it)."""
-    return triton.cdiv(n_cols + 16 // elem_size - 1, BLOCK)
-
-
-def per_sm(n_cols: int, elem_size: int) -> int:
-    """Programs an SM runs at once: as many as shared memory holds rows of, up to what the warps and registers
-    allow; 0 where one row does not fit."""
-    row = segments(n_cols, elem_size) * BLOCK * elem_size + SMEM_RESERVED
-    if row > SMEM_PER_BLOCK:
-        return 0
-    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // WARPS, 65536 // (WARPS * 32 * MAX_REGS))
-
-
-@functools.cache
-def available(device_index: int | None = None) -> bool:
-    """Whether the held kernel can run on this CUDA device (cp.async: compute capability 8.0+) with this Triton."""
-    if gluon is None or interpreting() or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device_index)[0] >= 8
-
+from ._held import (BLOCK, MAX_REGS, WARPS, async_copy, available, copy_segment, gl, gluon, packed_rows,  # noqa: F401
+                    per_sm, segments)
 
 if gluon is not None:
 
@@ -74,14 +35,6 @@ if gluon is not None:
         if EXACT:
             return _ex2((v - c) * LOG2E)
         return _ex2(v * LOG2E - c * LOG2E)
-
-    @gluon.jit
-    def _copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
-        # segment s of a row into shared memory: the 16-byte vectors from the row's aligned-down start that
-        # overlap the row (the first and last carry a neighbour's elements, left out of the arithmetic)
-        col = s * BLOCK + idx
-        async_copy.async_copy_global_to_shared(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
-        async_copy.commit_group()
 
     @gluon.jit
     def _softmax_held_kernel(
@@ -113,7 +66,7 @@ if gluon is not None:
         abase = base // VEC * VEC
         shift = (base - abase).to(gl.int32)
         for s in gl.static_range(NSEG):
-            _copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
+            copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
         for row in range(pid, n_rows, n_progs):
             end = shift + n_cols
             last_v = end // VEC
@@ -153,7 +106,7 @@ if gluon is not None:
                 col = u * BLOCK + idx
                 vi = col // VEC
                 gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
-                _copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+                copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
             ey = _exp_from(ev, c, EXACT) * inv
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
@@ -164,11 +117,7 @@ if gluon is not None:
 def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether ``launch`` takes these (M, N) views: CUDA tensors whose rows lie packed (stride N, unit column
     stride), both 16 bytes aligned, of one dtype, a row that fits shared memory."""
-    n_cols = x2.shape[1]
-    return (x2.is_cuda and y2.device == x2.device and y2.dtype == x2.dtype and y2.shape == x2.shape
-            and all(t.stride(1) == 1 and (t.stride(0) == n_cols or t.shape[0] == 1) and t.data_ptr() % 16 == 0
-                    for t in (x2, y2))
-            and per_sm(n_cols, x2.element_size()) > 0)
+    return y2.dtype == x2.dtype and packed_rows(x2, y2) and per_sm(x2.shape[1], x2.element_size()) > 0
 
 
 def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:

@@ -8,8 +8,10 @@ order (in two levels when there are many). No atomics touch the results, so two 
 bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
-16384 wide, backward up to 4096). The forward's ``walk`` takes 16-bit rows that start unaligned
-(1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
+16384 wide, backward up to 4096). On CUDA GPUs with Triton's Gluon the forward's ``held`` plan
+(``_layer_norm_held``) takes rows of N not a multiple of 16 from 5121 16-bit / 16385 fp32 columns:
+persistent programs of one phase each hold their rows, weight and bias in shared memory. Elsewhere
+the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
 with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
 tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
@@ -44,6 +46,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
+from . import _layer_norm_held
 from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
 from ._math import widen_after
 from ._ragged import (
@@ -1312,6 +1315,13 @@ class _Plan(NamedTuple):
 # "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
+# Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
+# memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
+# these widths:
+# H200, bf16 5121 49 -> 64%, 10468 42 -> 75, 12345 50 -> 68, 17000 35 -> 74, 33000 34 -> 63; fp32 17000 47 -> 76 (12345 /
+# 16383 level). Narrower unaligned rows lost (bf16 4097 76 -> 54, 2049 81 -> 39), aligned ones too (10240 86 -> 79,
+# 24000 79 -> 63). None: never.
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 5121, 4: 16385}
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
 # take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
 # (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
@@ -2279,6 +2289,19 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
 # --------------------------------------------------------------------------- public functions
 
 
+def _held_default(n_cols: int, elem_size: int) -> bool:
+    """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_FWD_MIN_COLS``):
+    widths that are not a multiple of 16, from the band's first width on."""
+    least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
+    return least is not None and n_cols >= least and n_cols % 16 != 0
+
+
+def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether this forward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
+    return (_held_default(x2.shape[1], x2.element_size()) and _layer_norm_held.available()
+            and _layer_norm_held.fits(x2, weight, bias, y2))
+
+
 def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     check_tensor(x, "x", min_ndim=1)
     for name, p in (("weight", weight), ("bias", bias)):
@@ -2313,6 +2336,9 @@ def forward(
         return y, mean, rstd
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
+    if max_row is None and _held_forward(x2, weight, bias, y2):
+        _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
+        return y, mean, rstd
     plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
                                 packed=_packed_width(x2, y2) > 0)
     _forward_launch(

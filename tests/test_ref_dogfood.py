@@ -41,7 +41,10 @@ CASES = [
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
     ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
     ("layer_norm", BF16, (8192, 4097), 1, 0.55),  # ragged 16-bit, the walk: 69-70% (was 41%)
-    ("layer_norm", BF16, (4096, 16383), 1, 0.42),  # the walk: 55% (was 30%)
+    ("layer_norm", BF16, (4096, 16383), 1, 0.58),  # rows held in shared memory: 72% (the walk: 55-60%)
+    ("layer_norm", BF16, (8192, 12345), 1, 0.55),  # held: 68% (the walk: 46-50%)
+    ("layer_norm", BF16, (2048, 33000), 1, 0.5),  # held, one program an SM: 63% (looped: 34%)
+    ("layer_norm", FP32, (2048, 17000), 1, 0.6),  # held: 76% (split walk: 47%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
     ("layer_norm", BF16, (8192, 8704), 1, 0.6),  # aligned 16-bit, chunked rows on a persistent grid: 74% (was 61%)
     ("layer_norm", BF16, (8192, 4608), 1, 0.7),  # aligned 16-bit, the walk: 88% (was 75%)

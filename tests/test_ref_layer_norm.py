@@ -1324,3 +1324,84 @@ def test_packed_forward_rows_are_held_as_aligned_rows_are():
     for what, a, e in zip(("y", "dx", "dweight", "dbias"), fused_with_grads(x, weight, bias, dy),
                           torch_reference(x, weight, bias, dy)):
         assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+
+
+# The forward's held plan (_layer_norm_held): rows of N not a multiple of 16 held in shared memory by a Gluon kernel,
+# with the weight and bias copied once a program at its rows' phase. It runs on CUDA GPUs only (Gluon has no
+# interpreter): on CPU its rule and its fallbacks, on the GPU the kernel.
+
+
+def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_measured_faster(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    rule = layer_norm._held_default
+    assert [n for n in (4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
+        5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: N not a multiple of 16, from 5121
+    assert [n for n in (12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [16385, 17000]  # fp32: from 16385
+    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
+    assert not rule(17000, 2)
+    # shared memory for a row, its weight and its bias: bf16 with bf16 parameters, 6 bytes a column
+    x, w, b = torch.empty(4, 12345, dtype=torch.bfloat16), torch.empty(12345, dtype=torch.bfloat16), torch.empty(12345)
+    assert _layer_norm_held.col_bytes(x, w, b) == 2 + 2 + 4
+    assert _layer_norm_held.per_sm(12345, 2, 6) == 2 and _layer_norm_held.per_sm(12345, 2, 12) == 1
+    assert _layer_norm_held.per_sm(50257, 2, 6) == 0  # 300 KiB: over what one block may take
+
+
+def test_the_forward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    # off CUDA (here; available() is False under the interpreter), and for tensors it does not take
+    assert not _layer_norm_held.available() or torch.cuda.is_available()
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", {2: 8, 4: 8})
+    calls = []
+    monkeypatch.setattr(_layer_norm_held, "launch", lambda *args: calls.append(args))
+    x, weight, bias = inputs((6, 41), torch.float32)
+    y, mean, rstd = layer_norm.forward(x[:, 1:], weight[1:], bias[1:])  # a column slice: not packed
+    assert not calls
+    expected = F.layer_norm(x[:, 1:], (40,), weight[1:], bias[1:])
+    assert_close(y, expected, torch.float32, "y")
+
+
+def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clear_error():
+    from reference_kernels import _layer_norm_held
+
+    x, weight, bias = inputs((3, 40), torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows"):
+        _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, 132)
+
+
+HELD_FWD = [(torch.bfloat16, 5121), (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000),
+            (torch.bfloat16, 33000), (torch.float32, 17000), (torch.float32, 16385)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301])
+@pytest.mark.parametrize("dtype, n", HELD_FWD, ids=str)
+def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(dtype, n, rows):
+    from reference_kernels import _layer_norm_held
+
+    x, weight, bias = inputs((rows, n), dtype)
+    assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    out = torch.full_like(x, float("nan"))
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
+    assert_close(y, F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype), dtype, "y")
+    xf = x.float()
+    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+    assert _layer_norm_held.per_sm(n, x.element_size(), _layer_norm_held.col_bytes(x, weight, bias)) > 0
+
+
+@pytest.mark.gpu
+def test_the_held_forward_takes_float32_parameters_for_16_bit_rows_and_falls_back_on_a_column_slice():
+    x = (torch.randn(64, 12345 + 8, device="cuda") * 3 + 1).bfloat16()
+    weight, bias = torch.randn(12345, device="cuda"), torch.randn(12345, device="cuda")  # fp32, as under autocast
+    packed = x[:, :12345].contiguous()
+    assert layer_norm._held_forward(packed, weight, bias, torch.empty_like(packed))
+    expected = F.layer_norm(packed.float(), (12345,), weight, bias).bfloat16()
+    assert_close(layer_norm.forward(packed, weight, bias)[0], expected, torch.bfloat16, "y, packed")
+    sliced = x[:, 3:3 + 12345]
+    assert not layer_norm._held_forward(sliced, weight, bias, torch.empty_like(packed))
+    expected = F.layer_norm(sliced.float(), (12345,), weight, bias).bfloat16()
+    assert_close(layer_norm.forward(sliced, weight, bias)[0], expected, torch.bfloat16, "y, sliced")

@@ -1,0 +1,73 @@
+"""What the kernels that hold rows in shared memory share (docs/kernels.md, "Rows held in shared memory").
+
+A persistent Gluon program copies a row into shared memory with ``cp.async`` in ``BLOCK``-element segments (16-byte
+vectors counted from the aligned vector that holds the row's first element, so that ragged rows copy as aligned ones),
+reads it there as often as its arithmetic needs, and copies the next row into each segment its last pass leaves.
+The softmax (``_softmax_held``) and the layer-norm forward (``_layer_norm_held``) are written this way. Gluon is
+Triton's explicit-layout dialect (Triton 3.5+): it gives a kernel its shared memory, which Triton's own language does
+not. ``available`` says whether this machine runs it (a CUDA GPU of compute capability 8.0+, Triton with Gluon, not
+the interpreter); the planners pick these plans only then.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+try:  # Gluon: Triton 3.5+; its names moved between releases, so any failure means "not here"
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+except Exception:  # pragma: no cover - depends on the Triton build
+    gluon = gl = async_copy = None
+
+from ._common import interpreting
+
+BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
+WARPS = 8
+MAX_REGS = 64  # registers a thread: four 8-warp programs an SM fit the register file
+SMEM_PER_SM = 233472  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
+SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
+SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
+
+
+def segments(n_cols: int, elem_size: int) -> int:
+    """Segments of ``BLOCK`` elements that hold a row from its aligned-down start (up to 15 bytes before it)."""
+    return triton.cdiv(n_cols + 16 // elem_size - 1, BLOCK)
+
+
+def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None) -> int:
+    """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the
+    element's), up to what the warps and registers allow; 0 where one does not fit."""
+    row = segments(n_cols, elem_size) * BLOCK * (col_bytes or elem_size) + SMEM_RESERVED
+    if row > SMEM_PER_BLOCK:
+        return 0
+    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // WARPS, 65536 // (WARPS * 32 * MAX_REGS))
+
+
+@functools.cache
+def available(device_index: int | None = None) -> bool:
+    """Whether the held kernels can run on this CUDA device (cp.async: compute capability 8.0+) with this Triton."""
+    if gluon is None or interpreting() or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 8
+
+
+def packed_rows(*tensors: torch.Tensor) -> bool:
+    """Whether these (M, N) views lie packed (stride N, unit column stride) and 16 bytes aligned, on one CUDA device."""
+    first = tensors[0]
+    return all(t.is_cuda and t.device == first.device and t.shape == first.shape and t.stride(1) == 1
+               and (t.stride(0) == t.shape[1] or t.shape[0] == 1) and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # segment s of a row into shared memory: the 16-byte vectors from the row's aligned-down start that
+        # overlap the row (the first and last carry a neighbour's elements, left out of the arithmetic)
+        col = s * BLOCK + idx
+        async_copy.async_copy_global_to_shared(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
+        async_copy.commit_group()
