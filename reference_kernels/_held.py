@@ -71,3 +71,27 @@ if gluon is not None:
         col = s * BLOCK + idx
         async_copy.async_copy_global_to_shared(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
         async_copy.commit_group()
+
+    @gluon.jit
+    def row_start(row, n_cols, VEC: gl.constexpr):
+        # a packed row's aligned-down start (a multiple of VEC elements) and its shift: the elements of the vector
+        # that holds its first element which lie before it
+        base = row.to(gl.int64) * n_cols
+        abase = base // VEC * VEC
+        return abase, (base - abase).to(gl.int32)
+
+    @gluon.jit
+    def edge_columns(eidx, shift, end, VEC: gl.constexpr):
+        # (columns, mask) of the row's elements in its first and last partial vectors, counted from the aligned-down
+        # start: eidx's first VEC lanes the first vector, the other VEC the last
+        ecol = gl.where(eidx < VEC, shift // VEC * VEC + eidx, end // VEC * VEC + eidx - VEC)
+        return ecol, (ecol >= shift) & (ecol < end) & ((eidx >= VEC) | (shift % VEC > 0))
+
+    @gluon.jit
+    def only_the_row(v, s: gl.constexpr, idx, shift, end, fill, BLOCK: gl.constexpr, NSEG: gl.constexpr):
+        # segment s's values with the neighbours' elements made fill; only the first and the last two segments hold
+        # any (the row's ends fall there), so the others pass through unmasked
+        if (s == 0) | (s >= NSEG - 2):
+            col = s * BLOCK + idx
+            v = gl.where((col >= shift) & (col < end), v, fill)
+        return v

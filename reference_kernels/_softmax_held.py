@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._held import (BLOCK, MAX_REGS, WARPS, async_copy, available, copy_segment, gl, gluon, packed_rows,  # noqa: F401
-                    per_sm, segments)
+from ._held import (BLOCK, MAX_REGS, WARPS, async_copy, available, copy_segment, edge_columns, gl, gluon,  # noqa: F401
+                    only_the_row, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
 
@@ -62,17 +62,13 @@ if gluon is not None:
         pid = gl.program_id(0)
         n_progs = gl.num_programs(0)
 
-        base = pid.to(gl.int64) * n_cols
-        abase = base // VEC * VEC
-        shift = (base - abase).to(gl.int32)
+        abase, shift = row_start(pid, n_cols, VEC)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
         for row in range(pid, n_rows, n_progs):
             end = shift + n_cols
             last_v = end // VEC
-            # the edges: the row's elements in its first and last partial vectors
-            ecol = gl.where(eidx < VEC, shift // VEC * VEC + eidx, last_v * VEC + eidx - VEC)
-            emask = (ecol >= shift) & (ecol < end) & ((eidx >= VEC) | (shift % VEC > 0))
+            ecol, emask = edge_columns(eidx, shift, end, VEC)  # the edges
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
 
             # the max, each segment as it lands; in the first and the last two (the only ones a row's ends can fall
@@ -81,10 +77,8 @@ if gluon is not None:
             for s in gl.static_range(NSEG):
                 async_copy.wait_group(NSEG - 1 - s)
                 seg = buf.index(s)
-                v = seg.load(layout).to(gl.float32)
+                v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
                 if (s == 0) | (s >= NSEG - 2):
-                    col = s * BLOCK + idx
-                    v = gl.where((col >= shift) & (col < end), v, float("-inf"))
                     seg.store(v.to(x_ptr.dtype.element_ty))
                 m = gl.maximum(m, v)
             c = gl.max(m, axis=0)
@@ -95,9 +89,7 @@ if gluon is not None:
             inv = 1.0 / total
 
             nxt = row + n_progs
-            nbase = nxt.to(gl.int64) * n_cols
-            nabase = nbase // VEC * VEC
-            nshift = (nbase - nabase).to(gl.int32)
+            nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
             first_v = gl.cdiv(shift, VEC)
             for u in range(NSEG):
