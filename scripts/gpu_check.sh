@@ -15,7 +15,7 @@
 #
 # DIR/environment.txt names the GPU and versions; the test stages log to DIR/<stage>.log,
 # each benchmark to DIR/<script>.txt (and .json); DIR/summary.txt has every stage's exit
-# status. Liger-Kernel, if installed, is one more anchor in the softmax and layer-norm
+# status. Liger-Kernel, if installed (or carried in .whl/), is one more anchor in the softmax and layer-norm
 # tables. PYTHON picks the interpreter (default python3). Exit status 1 if a stage failed.
 set -uo pipefail
 
@@ -37,6 +37,13 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 2
 PY=${PYTHON:-python3}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+# Wheels carried to a GPU machine that reaches no registry (an ignored .whl/ at the repository root: nvtx, Liger-Kernel
+# for the anchor columns) go into this interpreter, without their dependencies: through "$PY -m pip", since a bare pip
+# may belong to another Python than the one that runs the benchmarks.
+if compgen -G "$REPO/.whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-deps "$REPO"/.whl/*.whl 2>/dev/null || echo "gpu_check.sh: a wheel in .whl/ did not install"
+fi
 
 # Load the plugin by name only when it is not installed (loading it twice is an error).
 PYTEST=("$PY" -m pytest -p no:cacheprovider)
