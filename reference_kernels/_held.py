@@ -12,11 +12,13 @@ the interpreter); the planners pick these plans only then.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import triton
+from triton.compiler.errors import CompilationError
 
-try:  # Gluon: Triton 3.5+; its names moved between releases, so any failure means "not here"
+try:  # Gluon: Triton 3.5+; its names move between releases, so any failure means "not here"
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -47,12 +49,30 @@ def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None) -> int:
     return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // WARPS, 65536 // (WARPS * 32 * MAX_REGS))
 
 
+_DISABLED: list[str] = []  # why the held kernels stopped being used in this process (disable())
+
+
 @functools.cache
+def _capable(device_index: int | None) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
 def available(device_index: int | None = None) -> bool:
-    """Whether the held kernels can run on this CUDA device (cp.async: compute capability 8.0+) with this Triton."""
-    if gluon is None or interpreting() or not torch.cuda.is_available():
+    """Whether the held kernels run here: Triton with Gluon, not the interpreter, a CUDA GPU of compute capability 9.x
+    (the sizes above are sm_90's shared memory; other GPUs take the plans without them), and no compile failure so far
+    in this process (``disable``)."""
+    if gluon is None or _DISABLED or interpreting() or not torch.cuda.is_available():
         return False
-    return torch.cuda.get_device_capability(device_index)[0] >= 8
+    return _capable(device_index)
+
+
+def disable(error: Exception) -> None:
+    """After a held kernel failed to compile (a Triton whose Gluon moved on): warn once and use the other plans."""
+    if not _DISABLED:
+        warnings.warn(f"reference_kernels: the shared-memory (held) kernels do not compile with Triton "
+                      f"{triton.__version__} ({type(error).__name__}: {str(error).splitlines()[0][:200]}); the other plans "
+                      "run instead", RuntimeWarning, stacklevel=3)
+    _DISABLED.append(f"{type(error).__name__}: {error}")
 
 
 def packed_rows(*tensors: torch.Tensor) -> bool:
@@ -63,13 +83,16 @@ def packed_rows(*tensors: torch.Tensor) -> bool:
 
 
 if gluon is not None:
+    # the per-thread async copy into shared memory: async_load from Triton 3.7 on, async_copy_global_to_shared before
+    # (3.9 keeps the old name only to raise; the arguments are the same)
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
     def copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
         # segment s of a row into shared memory: the 16-byte vectors from the row's aligned-down start that
         # overlap the row (the first and last carry a neighbour's elements, left out of the arithmetic)
         col = s * BLOCK + idx
-        async_copy.async_copy_global_to_shared(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
+        _async_load(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
         async_copy.commit_group()
 
     @gluon.jit

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, WARPS, async_copy, available, copy_segment, gl, gluon, packed_rows,  # noqa: F401
-                    per_sm, segments)
+from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
+                    gl, gluon, packed_rows, per_sm, segments)
 
 if gluon is not None:
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ._held import (BLOCK, MAX_REGS, WARPS, async_copy, available, copy_segment, edge_columns, gl, gluon,  # noqa: F401
-                    only_the_row, packed_rows, per_sm, row_start, segments)
+from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
+                    edge_columns, gl, gluon, only_the_row, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
 

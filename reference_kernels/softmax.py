@@ -731,8 +731,11 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     if plan.mode == "held":
         if _softmax_held.fits(x2, y2):
-            _softmax_held.launch(x2, y2, sm_count(x2.device))
-            return
+            try:
+                _softmax_held.launch(x2, y2, sm_count(x2.device))
+                return
+            except _softmax_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
+                _softmax_held.disable(exc)
         # rows not packed (a column slice) or not 16-byte aligned: the plan without it
         return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), held=False))
     if plan.mode == "staged":

@@ -1,0 +1,116 @@
+"""Compile the shared-memory (held) Gluon kernels for sm_90 on any machine, GPU or not, and say what came out.
+
+    python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
+
+A case is ``softmax:DTYPE:N`` or ``layer_norm:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32). Per case: the shared
+memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
+is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
+docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
+versions of a kernel instruction by instruction. It uses Triton's own ptxas, cuobjdump and nvdisasm, and Triton's
+private offline-compile entry points (GluonASTSource, GPUTarget), so it needs no GPU but may need updating when
+Triton moves them. Run it without TRITON_INTERPRET: under the interpreter Triton's library functions are not
+compilable. tests/test_ref_held.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SIGNATURES = {
+    "softmax": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
+    "layer_norm": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32", "n_rows:i32",
+                   "n_cols:i32", "eps:fp32"],
+}
+
+
+def compile_case(case: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from reference_kernels import _held, _layer_norm_held, _softmax_held
+
+    subject, *rest = case.split(":")
+    if subject == "softmax":
+        dtype, n = rest[0], int(rest[1])
+        param, kernel = None, _softmax_held._softmax_held_kernel
+    elif subject == "layer_norm":
+        dtype, param, n = rest[0], rest[1], int(rest[2])
+        kernel = _layer_norm_held._layer_norm_fwd_held_kernel
+    else:
+        raise SystemExit(f"unknown subject in {case!r}: softmax or layer_norm")
+    elem = 4 if dtype == "fp32" else 2
+    signature = {}
+    for entry in SIGNATURES[subject]:
+        name, ty = entry.split(":")
+        signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
+    constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
+    if subject == "softmax":
+        constexprs["EXACT"] = elem == 4
+    signature.update({name: "constexpr" for name in constexprs})
+    # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": _held.WARPS, "maxnreg": _held.MAX_REGS})
+    ptx = compiled.asm["ptx"]
+    copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)
+    result = {
+        "case": case,
+        "shared": compiled.metadata.shared,
+        "copies": len(copies),
+        "copies_16_byte": bool(copies) and all(kind == "cg" and size == "0x10" for kind, size in copies),
+        "vector_stores": "st.global.v4.b32" in ptx,
+    }
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+        regs = re.search(r"REG:(\d+)", usage)
+        stack = re.search(r"STACK:(\d+)", usage)
+        result["registers"] = int(regs.group(1)) if regs else None
+        result["stack"] = int(stack.group(1)) if stack else None
+        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
+        result["instructions"] = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M))
+        result["sass"] = sass
+    except OSError:  # no cuobjdump / nvdisasm in this Triton build
+        result.update(registers=None, stack=None, instructions=None, sass="")
+    finally:
+        os.unlink(f.name)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="+", metavar="CASE")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line instead of a table")
+    parser.add_argument("--sass", metavar="DIR", help="write each case's SASS to DIR/<case>.sass")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("held_sass.py: unset TRITON_INTERPRET (the interpreter's library functions do not compile)")
+    from reference_kernels import _held
+
+    if _held.gluon is None:
+        print(json.dumps({"unavailable": "this Triton has no Gluon"}) if args.json else "this Triton has no Gluon")
+        return
+    for case in args.cases:
+        result = compile_case(case)
+        sass = result.pop("sass")
+        if args.sass:
+            Path(args.sass).mkdir(parents=True, exist_ok=True)
+            (Path(args.sass) / f"{case.replace(':', '_')}.sass").write_text(sass)
+        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The kernels that hold rows in shared memory (reference_kernels/_held.py, _softmax_held.py, _layer_norm_held.py).
+
+They are Gluon kernels, which Triton's interpreter does not run, so CI checks what it can without a GPU: that they
+compile for sm_90 with the installed Triton (Gluon's names move between releases, and a kernel that no longer compiles
+would otherwise surface only on a GPU), that the copies and stores come out as 16-byte vectors, and that a compile
+failure at run time falls back to the other plans with one warning. The kernels' results are the ``gpu`` tests of
+tests/test_ref_softmax.py and tests/test_ref_layer_norm.py (``-k held``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from reference_kernels import _held, _layer_norm_held, _softmax_held, layer_norm, softmax
+
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "held_sass.py"
+CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001",
+         "layer_norm:bf16:bf16:12345", "layer_norm:bf16:fp32:10468", "layer_norm:fp32:fp32:17000"]
+
+
+@pytest.fixture(scope="module")
+def compiled_for_sm90():
+    """scripts/held_sass.py over CASES, in a process of its own without TRITON_INTERPRET (under the interpreter
+    Triton's library functions cannot be compiled): {case: what came out}."""
+    if _held.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(SCRIPT), *CASES, "--json"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    if results and "unavailable" in results[0]:
+        pytest.skip(results[0]["unavailable"])
+    return {r["case"]: r for r in results}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_and_stores(compiled_for_sm90, case):
+    result = compiled_for_sm90[case]
+    assert result["copies"] > 0 and result["copies_16_byte"], result  # every copy a 16-byte cp.async
+    assert result["vector_stores"], result  # the body stored as 16-byte vectors (the edges element by element)
+    assert result["shared"] <= _held.SMEM_PER_BLOCK, result
+    if result["registers"] is not None:
+        assert result["registers"] <= _held.MAX_REGS, result
+
+
+@pytest.fixture
+def a_machine_that_runs_them(monkeypatch):
+    """available() as on an H200 with a working Gluon, whatever this machine is; a fresh disable() record."""
+    monkeypatch.setattr(_held, "_DISABLED", [])
+    monkeypatch.setattr(_held, "interpreting", lambda: False)
+    monkeypatch.setattr(_held.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(_held, "_capable", lambda device_index: True)
+    if _held.gluon is None:
+        monkeypatch.setattr(_held, "gluon", object())
+
+
+def _compile_failure():
+    from triton.compiler.errors import CompilationError
+
+    return CompilationError(None, None, "async_copy_global_to_shared has been removed; call async_load instead")
+
+
+def test_a_compile_failure_disables_the_held_kernels_with_one_warning(a_machine_that_runs_them):
+    assert _held.available()
+    with pytest.warns(RuntimeWarning, match="held.*do not compile with Triton .*CompilationError"):
+        _held.disable(_compile_failure())
+    assert not _held.available() and not _softmax_held.available() and not _layer_norm_held.available()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _held.disable(_compile_failure())  # once is enough
+
+
+def test_the_held_plans_are_only_for_compute_capability_9(monkeypatch):
+    # their sizes are sm_90's shared memory (228 KiB an SM): an A100's 164 KiB would not hold two 100 KiB rows
+    _held._capable.cache_clear()
+    monkeypatch.setattr(_held.torch.cuda, "get_device_capability", lambda index=None: (8, 0))
+    assert not _held._capable(None)
+    _held._capable.cache_clear()
+    monkeypatch.setattr(_held.torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    assert _held._capable(None)
+    _held._capable.cache_clear()
+
+
+def test_a_softmax_whose_held_kernel_fails_to_compile_runs_the_plan_without_it(a_machine_that_runs_them, monkeypatch):
+    def broken(*args):
+        raise _compile_failure()
+
+    monkeypatch.setattr(_softmax_held, "fits", lambda x2, y2: True)
+    monkeypatch.setattr(_softmax_held, "launch", broken)
+    x = torch.randn(4, 40)
+    plan = softmax._Plan("held", 1, _held.BLOCK, _held.WARPS, per_sm=2, max_regs=_held.MAX_REGS)
+    out = torch.full_like(x, float("nan"))
+    with pytest.warns(RuntimeWarning, match="do not compile"):
+        softmax._launch(x, out, plan)
+    torch.testing.assert_close(out, torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    assert not _softmax_held.available()
+
+
+def test_a_layer_norm_whose_held_kernel_fails_to_compile_runs_the_plans_without_it(a_machine_that_runs_them,
+                                                                                   monkeypatch):
+    def broken(*args):
+        raise _compile_failure()
+
+    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", {2: 8, 4: 8})
+    monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
+    monkeypatch.setattr(_layer_norm_held, "launch", broken)
+    x, weight, bias = torch.randn(5, 41), torch.randn(41), torch.randn(41)
+    assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    with pytest.warns(RuntimeWarning, match="do not compile"):
+        y, mean, rstd = layer_norm.forward(x, weight, bias)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (41,), weight, bias), rtol=1e-5, atol=1e-5)
+    assert not layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
