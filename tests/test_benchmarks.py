@@ -161,3 +161,12 @@ def test_the_copy_roofline_is_the_faster_of_the_graph_and_the_events_timer(monke
         monkeypatch.setattr(_common, "device_ms", lambda fn, g=graph: (g, "graph"))
         monkeypatch.setattr(_common, "bench_ms", lambda fn, *a, e=events: e)
         assert _common.copy_gbps(2 * 10**6, device="cpu") == pytest.approx(8.0)
+
+
+def test_the_sweep_times_the_layer_norm_outside_its_target_band_unless_told_not_to():
+    from benchmarks import sweep
+
+    assert sweep.timed("layer_norm_fwd", 17000) and sweep.timed("layer_norm_bwd", 65536)
+    assert not sweep.timed("layer_norm_fwd", 17000, band_only=True) and sweep.timed("layer_norm_fwd", 16384, band_only=True)
+    assert not sweep.timed("layer_norm_bwd", 512, band_only=True) and sweep.timed("layer_norm_bwd", 768, band_only=True)
+    assert sweep.timed("softmax", 262144, band_only=True)  # a target at every width
