@@ -83,7 +83,7 @@ def packed_rows(*tensors: torch.Tensor) -> bool:
 
 
 if gluon is not None:
-    # the per-thread async copy into shared memory: async_load from Triton 3.7 on, async_copy_global_to_shared before
+    # the per-thread async copy into shared memory: async_load in newer Triton (3.9), async_copy_global_to_shared in 3.6
     # (3.9 keeps the old name only to raise; the arguments are the same)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
