@@ -6,10 +6,11 @@ Five launch plans, on three kernels; ``_softmax_settings`` chooses:
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
   read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
   row's first element). Measured 92-100% of copy bandwidth on an H200.
-* ``held`` (16385 columns up to what two programs an SM hold in shared memory: 16-bit rows to
-  ~56000, fp32 to ~28600; on CUDA GPUs with Triton's Gluon, ``_softmax_held``): persistent programs
-  copy each row into shared memory (``cp.async``) and read it there three times, the next row's
-  copies in flight behind the arithmetic; one read and one write. 81-95% of copy (docs/kernels.md,
+* ``held`` (from 16385 columns, 16-bit rows to ~56000 where two programs an SM hold them in shared
+  memory, fp32 rows of no multiple of 16 columns to ~18400 where three do; on compute-capability 9.x
+  GPUs with Triton's Gluon, ``_softmax_held``): persistent programs copy each row into shared memory
+  (``cp.async``) and read it there three times, the next row's copies in flight behind the arithmetic;
+  one read and one write. 73-86% of copy in the sweep, 84-95% on a faster H200 host (docs/kernels.md,
   "Rows held in shared memory"); the plans below where it is not available or measured slower.
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
