@@ -3,9 +3,9 @@
 A persistent Gluon program copies a row into shared memory with ``cp.async`` in ``BLOCK``-element segments (16-byte
 vectors counted from the aligned vector that holds the row's first element, so that ragged rows copy as aligned ones),
 reads it there as often as its arithmetic needs, and copies the next row into each segment its last pass leaves.
-The softmax (``_softmax_held``) and the layer-norm forward (``_layer_norm_held``) are written this way. Gluon is
-Triton's explicit-layout dialect (Triton 3.5+): it gives a kernel its shared memory, which Triton's own language does
-not. ``available`` says whether this machine runs it (a CUDA GPU of compute capability 8.0+, Triton with Gluon, not
+The softmax (``_softmax_held``) and the layer norm's forward and backward (``_layer_norm_held``) are written this
+way. Gluon is Triton's explicit-layout dialect (Triton 3.5+): it gives a kernel its shared memory, which Triton's own
+language does not. ``available`` says whether this machine runs it (a CUDA GPU of compute capability 9.x, Triton with Gluon, not
 the interpreter); the planners pick these plans only then.
 """
 
@@ -93,6 +93,15 @@ if gluon is not None:
         # overlap the row (the first and last carry a neighbour's elements, left out of the arithmetic)
         col = s * BLOCK + idx
         _async_load(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def copy_segment_pair(buf, dbuf, x_ptr, d_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # segment s of the rows of two tensors laid out alike (x and dy) into their buffers, one commit group
+        col = s * BLOCK + idx
+        ok = col // VEC < n_vecs
+        _async_load(buf.index(s), x_ptr + abase + col, mask=ok)
+        _async_load(dbuf.index(s), d_ptr + abase + col, mask=ok)
         async_copy.commit_group()
 
     @gluon.jit

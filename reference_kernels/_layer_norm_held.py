@@ -1,5 +1,5 @@
-"""Layer-norm forward rows held in shared memory: the forward's "held" plan (docs/kernels.md, "Rows held in shared
-memory").
+"""Layer-norm rows held in shared memory: the "held" plans of the forward and the backward (docs/kernels.md, "Rows held
+in shared memory"; "layer_norm: backward").
 
 A persistent program copies each row into shared memory (``_held``: ``cp.async`` from the row's aligned-down start),
 takes its mean, its centred variance and its output from there, and copies the next row into each segment the output
@@ -7,17 +7,26 @@ pass leaves. The weight and bias are what a ragged row makes hard: a row that st
 16-byte boundary needs column c of the weight at slot c + shift, off the weight's own vector grid. The grid's size is
 a multiple of the vector, so every row of a program starts at the same phase (row r's phase is r N mod VEC), and each
 program copies the weight and bias once into shared memory at its phase; its rows then read them as aligned vectors.
+
+The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
+program's phase and the program's float32 dweight/dbias shares in shared memory too: one phase a program keeps its
+shares in its own slots, written out once at the end, shifted to the real columns, and summed as every backward
+plan's shares are (``layer_norm._sum_shares``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    gl, gluon, packed_rows, per_sm, segments)
+from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS, CompilationError,  # noqa: F401
+                    async_copy, available, copy_segment, copy_segment_pair, disable, edge_columns, gl, gluon,
+                    packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
+    from ._held import _async_load
 
     @gluon.jit
     def _layer_norm_fwd_held_kernel(
@@ -109,6 +118,149 @@ if gluon is not None:
             abase = nabase
         async_copy.wait_group(0)
 
+    @gluon.jit
+    def _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, first, n_vecs, idx, BLOCK: gl.constexpr,
+                        VEC: gl.constexpr, NSEG: gl.constexpr):
+        # a row of x and of dy into segments first .. first + NSEG - 1 of their buffers: one commit group
+        for s in gl.static_range(NSEG):
+            col = s * BLOCK + idx
+            ok = col // VEC < n_vecs
+            _async_load(xbuf.index(first + s), x_ptr + abase + col, mask=ok)
+            _async_load(dybuf.index(first + s), dy_ptr + abase + col, mask=ok)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _layer_norm_bwd_held_kernel(
+        x_ptr,  # forward input, rows packed (stride N), 16-byte aligned at row 0
+        dy_ptr,  # gradient of y, x's layout and dtype
+        w_ptr,  # weight (N,), any float dtype
+        mean_ptr,  # (M,) float32 from the forward
+        rstd_ptr,  # (M,) float32 from the forward
+        dx_ptr,  # gradient of x, x's layout and dtype
+        dw_part_ptr,  # (programs, N) float32: each program's share of dweight
+        db_part_ptr,  # (programs, N) float32: each program's share of dbias
+        n_rows,
+        n_cols,
+        BLOCK: gl.constexpr,  # elements a segment (VEC x 32 x num_warps, twice that for fp32)
+        NSEG: gl.constexpr,  # segments a row (_held.segments)
+        VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
+        RING: gl.constexpr,  # rows held at once: 1, the next row copied segment by segment as pass two leaves each;
+        # R > 1, a ring of R rows, R - 1 of them in flight (each a copy of its own) while one is reduced
+        num_warps: gl.constexpr,
+    ):
+        """Rows pid, pid + programs, ... (all at one phase), x and dy held in shared memory. Pass one: the row's two
+        sums (x-hat . w dy and the sum of w dy), their terms masked in the first and the last two segments (the only
+        ones a row's ends fall in). Pass two: dx, and the program's dweight/dbias shares (float32 in shared memory, in
+        the program's slots; the neighbours' slots gather what is never written out). The shares go out once, at the
+        program's end, shifted to the real columns; the partial vectors at the row's ends are stored element by
+        element (the edges)."""
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        xbuf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RING * NSEG, BLOCK], flat)
+        dybuf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RING * NSEG, BLOCK], flat)
+        wbuf = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [NSEG, BLOCK], flat)
+        dwbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
+        dbbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
+        idx = gl.arange(0, BLOCK, layout=layout)
+        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
+        pid = gl.program_id(0)
+        n_progs = gl.num_programs(0)
+
+        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
+        end = shift + n_cols
+        first_v = gl.cdiv(shift, VEC)
+        last_v = end // VEC
+        row_vecs = gl.cdiv(end, VEC)
+        if RING == 1:
+            for s in gl.static_range(NSEG):
+                copy_segment_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, s, gl.where(pid < n_rows, row_vecs, 0), idx,
+                                  BLOCK, VEC)
+        else:
+            for k in gl.static_range(RING - 1):
+                r = pid + k * n_progs
+                _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, r.to(gl.int64) * n_cols // VEC * VEC, k * NSEG,
+                                gl.where(r < n_rows, row_vecs, 0), idx, BLOCK, VEC, NSEG)
+        zero = gl.zeros([BLOCK], gl.float32, layout)
+        for t in range(NSEG):  # the weight at this program's phase (slot j: column j - shift), zero shares
+            c = t * BLOCK + idx - shift
+            wbuf.index(t).store(gl.load(w_ptr + c, mask=(c >= 0) & (c < n_cols), other=0.0))
+            dwbuf.index(t).store(zero)
+            dbbuf.index(t).store(zero)
+        ecol, emask = edge_columns(eidx, shift, end, VEC)
+        ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
+        # a row's statistics and edges are loaded one row ahead: global loads waited on at the row's start would put
+        # their latency on every row (a program without rows loads row n_rows - 1's statistics and no edges)
+        first = gl.minimum(pid, n_rows - 1)
+        mean_n = gl.load(mean_ptr + first)
+        rstd_n = gl.load(rstd_ptr + first)
+        edge_ok = emask & (pid < n_rows)
+        ex_n = gl.load(x_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        edy_n = gl.load(dy_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        it = 0
+        for row in range(pid, n_rows, n_progs):
+            slot = 0
+            if RING > 1:  # the row RING - 1 ahead into the slot the last row left, then wait for this row's
+                slot = it % RING * NSEG
+                ahead = row + (RING - 1) * n_progs
+                _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, ahead.to(gl.int64) * n_cols // VEC * VEC,
+                                (it + RING - 1) % RING * NSEG, gl.where(ahead < n_rows, row_vecs, 0), idx, BLOCK,
+                                VEC, NSEG)
+                async_copy.wait_group(RING - 1)
+            it += 1
+            mean = mean_n
+            rstd = rstd_n
+            ex = ex_n.to(gl.float32)
+            edy = edy_n.to(gl.float32)
+            nabase = (row + n_progs).to(gl.int64) * n_cols // VEC * VEC  # the same shift: programs are VEC apart
+            nxt = gl.minimum(row + n_progs, n_rows - 1)
+            mean_n = gl.load(mean_ptr + nxt)
+            rstd_n = gl.load(rstd_ptr + nxt)
+            edge_ok = emask & (row + n_progs < n_rows)
+            ex_n = gl.load(x_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            edy_n = gl.load(dy_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            a1 = gl.zeros([BLOCK], gl.float32, layout)
+            a2 = gl.zeros([BLOCK], gl.float32, layout)
+            for s in gl.static_range(NSEG):
+                if RING == 1:
+                    async_copy.wait_group(NSEG - 1 - s)
+                xhat = (xbuf.index(slot + s).load(layout).to(gl.float32) - mean) * rstd
+                wdy = wbuf.index(s).load(layout).to(gl.float32) * dybuf.index(slot + s).load(layout).to(gl.float32)
+                term = xhat * wdy
+                if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
+                    col = s * BLOCK + idx
+                    inside = (col >= shift) & (col < end)
+                    wdy = gl.where(inside, wdy, 0.0)
+                    term = gl.where(inside, term, 0.0)
+                a1 += term
+                a2 += wdy
+            c1 = gl.sum(a1, axis=0) / n_cols
+            c2 = gl.sum(a2, axis=0) / n_cols
+
+            nv = gl.where(row + n_progs < n_rows, row_vecs, 0)
+            for u in range(NSEG):
+                xhat = (xbuf.index(slot + u).load(layout).to(gl.float32) - mean) * rstd
+                dyv = dybuf.index(slot + u).load(layout).to(gl.float32)
+                wv = wbuf.index(u).load(layout).to(gl.float32)
+                dx = (wv * dyv - (xhat * c1 + c2)) * rstd
+                vi = (u * BLOCK + idx) // VEC
+                gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty),
+                         mask=(vi >= first_v) & (vi < last_v))
+                dwbuf.index(u).store(dwbuf.index(u).load(layout) + dyv * xhat)
+                dbbuf.index(u).store(dbbuf.index(u).load(layout) + dyv)
+                if RING == 1:
+                    copy_segment_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, u, nv, idx, BLOCK, VEC)
+            edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
+            gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
+            abase = nabase
+        async_copy.wait_group(0)
+        share = pid.to(gl.int64) * n_cols - shift
+        for t in range(NSEG):  # the shares at the real columns
+            c = t * BLOCK + idx
+            ok = (c >= shift) & (c < end)
+            gl.store(dw_part_ptr + share + c, dwbuf.index(t).load(layout), mask=ok)
+            gl.store(db_part_ptr + share + c, dbbuf.index(t).load(layout), mask=ok)
+
 
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
     """Shared memory a column takes: the row's element, the weight's and the bias's."""
@@ -137,3 +289,77 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     _layer_norm_fwd_held_kernel[(max(vec, min(triton.cdiv(n_rows, vec) * vec, progs)),)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=vec,
         num_warps=WARPS, maxnreg=MAX_REGS)
+
+
+# The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048
+# elements at 8 warps), and the rows held at once: a ring of BWD_RING (all but one in flight), fewer where shared memory
+# does not hold them; with one, the next row is copied segment by segment as pass two leaves each.
+BWD_WARPS = 4
+BWD_RING = 2
+
+
+class BwdShape(NamedTuple):
+    warps: int
+    block: int  # elements a segment
+    nseg: int  # segments a row
+    ring: int  # rows held at once
+    per_sm: int  # programs an SM (0: a row does not fit)
+    max_regs: int  # registers a thread: the register file shared by those programs
+
+
+def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
+    """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
+    elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
+    warps = BWD_WARPS
+    block = max(warps * 32 * 16 // elem_size, 2048 * warps // 8)
+    nseg = triton.cdiv(n_cols + 16 // elem_size - 1, block)
+    ring = BWD_RING
+    while True:
+        smem = nseg * block * (ring * 2 * elem_size + w_size + 8) + SMEM_RESERVED
+        if smem <= SMEM_PER_BLOCK or ring == 1:
+            break
+        ring -= 1
+    if smem > SMEM_PER_BLOCK:
+        return BwdShape(warps, block, nseg, ring, 0, 0)
+    progs = min(SMEM_PER_SM // (smem + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))
+    return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8))
+
+
+def _bwd_shape(x2: torch.Tensor, weight: torch.Tensor) -> BwdShape:
+    return bwd_shape(x2.shape[1], x2.element_size(), weight.element_size())
+
+
+def backward_programs(x2: torch.Tensor, weight: torch.Tensor, sm_count: int) -> int:
+    """The backward's programs (and so its dweight/dbias share rows): as many as fit the SMs, a multiple of VEC (one
+    phase a program), no more than the rows need."""
+    vec = 16 // x2.element_size()
+    progs = _bwd_shape(x2, weight).per_sm * sm_count // vec * vec
+    return max(vec, min(triton.cdiv(x2.shape[0], vec) * vec, progs))
+
+
+def fits_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
+    """Whether ``launch_backward`` takes these: packed, 16-byte aligned CUDA rows of x, dy and dx of one dtype, a
+    contiguous weight of N elements on their device, a row (with its weight and shares) that fits shared memory."""
+    n_cols = x2.shape[1]
+    return (dy2.dtype == x2.dtype == dx2.dtype and packed_rows(x2, dy2, dx2) and weight.device == x2.device
+            and weight.shape == (n_cols,) and weight.stride(0) == 1
+            and _bwd_shape(x2, weight).per_sm > 0)
+
+
+def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx of the packed (M, N) rows into ``dx2`` (``fits_backward``); returns the (programs, N) float32 dweight and
+    dbias shares, which the caller sums (``layer_norm._sum_shares``)."""
+    if not fits_backward(dy2, x2, weight, dx2):
+        raise ValueError("the held layer-norm backward takes packed, 16-byte aligned CUDA rows of x, dy and dx of one"
+                         " dtype, a contiguous (N,) weight, and rows that fit shared memory (x: "
+                         f"{tuple(x2.shape)} {x2.dtype} strides {x2.stride()} on {x2.device}, dy: {tuple(dy2.shape)}"
+                         f" {dy2.dtype}, dx: {tuple(dx2.shape)} {dx2.dtype}, weight {tuple(weight.shape)})")
+    n_rows, n_cols = x2.shape
+    progs = backward_programs(x2, weight, sm_count)
+    shape = _bwd_shape(x2, weight)
+    dw_part = torch.empty((progs, n_cols), dtype=torch.float32, device=x2.device)
+    db_part = torch.empty_like(dw_part)
+    _layer_norm_bwd_held_kernel[(progs,)](
+        x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
+        VEC=16 // x2.element_size(), RING=shape.ring, num_warps=shape.warps, maxnreg=shape.max_regs)
+    return dw_part, db_part

@@ -15,7 +15,9 @@ the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): pers
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
 with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
 tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
-The backward's ``phased`` plan holds whole rows of up to
+The backward's ``held`` plan (``_layer_norm_held``, the same GPUs) takes 16-bit rows of N not a multiple of 16
+past 8192 columns, and narrower ones that fill its 1024-element segments better than the phased plan's tile
+(2300, 3001, 4300-6137, ...). The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
 read as aligned vectors, ``_ragged``). Contiguous 16-bit rows that their power of two would leave part
@@ -1322,6 +1324,16 @@ _ROWS_TILE = 2048
 # 16383 level). Narrower unaligned rows lost (bf16 4097 76 -> 54, 2049 81 -> 39), aligned ones too (10240 86 -> 79,
 # 24000 79 -> 63). None: never.
 _HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 5121, 4: 16385}
+# Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy, the weight and the program's dweight /
+# dbias shares there), for 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it
+# runs and its row fits: past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33
+# -> 42-45% of copy), narrower rows where two or more programs an SM fit and the row fills at least _HELD_BWD_MIN_GAIN
+# more of its 1024-element segments than of the phased plan's tile and pieces: both run over every slot of theirs,
+# the held kernel 10-20% slower a slot (bf16 2300 42 -> 47, 3001 53 -> 58, 5113 44 -> 56, 6001 49 -> 54; 1900 69 -> 56
+# and 4001 67 -> 57, where both fill alike, are not taken). None: never. docs/kernels.md, "layer_norm: backward".
+_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (1025, 16383)}
+_HELD_BWD_MIN_GAIN = 0.1
+_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[int, int]] | None = None  # the same for aligned rows (N a multiple of 16)
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
 # take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
 # (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
@@ -2219,6 +2231,19 @@ def _share_rows(plan: _Plan) -> int:
     return plan.n_groups * (plan.block_m if plan.variant == "flat" else 1)
 
 
+def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> int:
+    """The float32 dweight/dbias share rows ``backward`` writes for these tensors (and re-reads to sum them), whichever
+    plan runs: the held plan's programs, else ``_share_rows`` of the planned launch. What the byte budget's slack for
+    the shares is computed from (tests/test_ref_dogfood.py)."""
+    x2, dy2 = as_rows(x), as_rows(dy)
+    if _held_backward(dy2, x2, weight.contiguous(), torch.empty_like(x2)):
+        return _layer_norm_held.backward_programs(x2, weight, sm_count(x.device))
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, sm_count=sm_count(x.device),
+                                phased_ok=dy.dtype == x.dtype, flat_ok=_flat_layout(x2, dy2),
+                                packed=_packed_width(x2, dy2) > 0)
+    return _share_rows(plan)
+
+
 def _flat_layout(*tensors: torch.Tensor) -> bool:
     """Whether each (M, N) tensor's rows lie back to back from a 16-byte aligned address (the flat backward's)."""
     return all(t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
@@ -2302,6 +2327,30 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
             and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
+def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
+    """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_BWD_BANDS``): widths
+    that are not a multiple of 16, inside the band of their element size, past the phased plan's widest row or, with
+    two programs an SM or more, filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``)."""
+    band = ((_HELD_BWD_BANDS if n_cols % 16 else _HELD_BWD_ALIGNED_BANDS) or {}).get(4 if elem_size >= 4 else 2)
+    if band is None or not band[0] <= n_cols <= band[1]:
+        return False
+    if n_cols > _PHASED_BWD_MAX_ROW:
+        return True
+    shape = _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size)
+    pieces = _phased_bwd_pieces(n_cols, elem_size)
+    if shape.per_sm < 2 or pieces is None:
+        return False
+    held_fill = (n_cols + 16 // elem_size - 1) / (shape.nseg * shape.block)  # from the widest phase's aligned start
+    phased_fill = min(1.0, n_cols / sum(pieces))  # its tile and pieces (a tail in words past them: full)
+    return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
+
+
+def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
+    """Whether this backward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
+    return (_held_bwd_default(x2.shape[1], x2.element_size()) and _layer_norm_held.available()
+            and _layer_norm_held.fits_backward(dy2, x2, weight, dx2))
+
+
 def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     check_tensor(x, "x", min_ndim=1)
     for name, p in (("weight", weight), ("bias", bias)):
@@ -2378,6 +2427,15 @@ def backward(
     db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
     x2, dy2 = as_rows(x), as_rows(dy)
     dx2 = dx.view(x2.shape)
+    weight = weight.contiguous()
+    if max_row is None and one_pass is None and variant is None and _held_backward(dy2, x2, weight, dx2):
+        try:
+            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2,
+                                                      sm_count(x.device))
+            _sum_shares(*shares, dw, db)
+            return dx, dw, db
+        except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
+            _layer_norm_held.disable(exc)
     plan = _layer_norm_settings(
         *x2.shape,
         x.element_size(),
@@ -2390,7 +2448,7 @@ def backward(
         flat_ok=_flat_layout(x2, dy2),
         packed=_packed_width(x2, dy2, dx2) > 0,
     )
-    _backward_launch(dy2, x2, weight.contiguous(), mean.reshape(-1), rstd.reshape(-1), dx2, dw, db, plan)
+    _backward_launch(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2, dw, db, plan)
     return dx, dw, db
 
 

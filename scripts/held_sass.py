@@ -2,7 +2,8 @@
 
     python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
 
-A case is ``softmax:DTYPE:N`` or ``layer_norm:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32). Per case: the shared
+A case is ``softmax:DTYPE:N``, ``layer_norm:DTYPE:PARAM_DTYPE:N`` or ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE
+bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
 is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
 docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
@@ -29,6 +30,8 @@ SIGNATURES = {
     "softmax": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
     "layer_norm": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32", "n_rows:i32",
                    "n_cols:i32", "eps:fp32"],
+    "layer_norm_bwd": ["x_ptr:*X", "dy_ptr:*X", "w_ptr:*P", "mean_ptr:*fp32", "rstd_ptr:*fp32", "dx_ptr:*X",
+                       "dw_part_ptr:*fp32", "db_part_ptr:*fp32", "n_rows:i32", "n_cols:i32"],
 }
 
 
@@ -43,25 +46,31 @@ def compile_case(case: str) -> dict:
     if subject == "softmax":
         dtype, n = rest[0], int(rest[1])
         param, kernel = None, _softmax_held._softmax_held_kernel
-    elif subject == "layer_norm":
+    elif subject in ("layer_norm", "layer_norm_bwd"):
         dtype, param, n = rest[0], rest[1], int(rest[2])
-        kernel = _layer_norm_held._layer_norm_fwd_held_kernel
+        kernel = (_layer_norm_held._layer_norm_fwd_held_kernel if subject == "layer_norm"
+                  else _layer_norm_held._layer_norm_bwd_held_kernel)
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax or layer_norm")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, layer_norm or layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
     for entry in SIGNATURES[subject]:
         name, ty = entry.split(":")
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
+    regs = _held.MAX_REGS
     if subject == "softmax":
         constexprs["EXACT"] = elem == 4
+    if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
+        shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
+        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, num_warps=shape.warps)
+        regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})
     # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": _held.WARPS, "maxnreg": _held.MAX_REGS})
+                              options={"num_warps": constexprs["num_warps"], "maxnreg": regs})
     ptx = compiled.asm["ptx"]
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)
     result = {

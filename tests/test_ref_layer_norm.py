@@ -1407,3 +1407,105 @@ def test_the_held_forward_takes_float32_parameters_for_16_bit_rows_and_falls_bac
     assert not layer_norm._held_forward(sliced, weight, bias, torch.empty_like(packed))
     expected = F.layer_norm(sliced.float(), (12345,), weight, bias).bfloat16()
     assert_close(layer_norm.forward(sliced, weight, bias)[0], expected, torch.bfloat16, "y, sliced")
+
+
+# The backward's held plan: x and dy held in shared memory with the weight (at the program's phase) and the program's
+# float32 dweight/dbias shares, summed afterwards as every plan's shares are (_sum_shares).
+
+
+def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    rule = layer_norm._held_bwd_default
+    # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
+    # KiB); up to 8192 where two programs an SM fit and the row fills 10% more of its 1024-element segments than of
+    # the phased plan's power of two (2300: 75% of 3072 against 56% of 4096; 1900 and 4089 fill both alike)
+    widths = (1000, 1025, 1900, 2049, 2300, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200, 7001, 8191, 8192,
+              9001, 12345, 16383)
+    assert [n for n in widths if rule(n, 2)] == [2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
+    assert not any(rule(n, 4) for n in (1025, 3001, 8191))  # fp32: not taken
+    monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", None)
+    assert not rule(3001, 2)
+    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", {2: (1, 16384)})
+    assert rule(10240, 2) and not rule(3001, 2)  # aligned rows have their own bands (none by default)
+    # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
+    # with 16-bit weights), programs an SM from shared memory, the register file shared by them
+    assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128)
+    assert _layer_norm_held.bwd_shape(12345, 2, 2) == (4, 1024, 13, 1, 1, 255)
+    assert _layer_norm_held.bwd_shape(3001, 4, 4) == (4, 1024, 3, 2, 2, 255)  # fp32: two 16-byte vectors a thread
+    assert _layer_norm_held.bwd_shape(16383, 2, 2).per_sm == 0
+    x, w = torch.empty(4, 3001, dtype=torch.bfloat16), torch.empty(3001, dtype=torch.bfloat16)
+    # the programs: a multiple of the vector (one phase each), no more than the rows need
+    assert _layer_norm_held.backward_programs(torch.empty(10000, 3001, dtype=torch.bfloat16), w, 132) == 528
+    assert _layer_norm_held.backward_programs(x, w, 132) == 8
+
+
+def test_the_backward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    if not torch.cuda.is_available():
+        assert not _layer_norm_held.available()
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", {2: (8, 100), 4: (8, 100)})
+    calls = []
+    monkeypatch.setattr(_layer_norm_held, "launch_backward", lambda *args: calls.append(args))
+    x, weight, bias = inputs((6, 41), torch.float32)
+    dy = torch.randn_like(x)
+    _, mean, rstd = layer_norm.forward(x[:, 1:], weight[1:], bias[1:])
+    dx, dw, db = layer_norm.backward(dy[:, 1:], x[:, 1:], weight[1:], mean, rstd)  # a column slice: not packed
+    assert not calls
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db),
+                          torch_reference(x[:, 1:], weight[1:], bias[1:], dy[:, 1:])[1:]):
+        assert_close(a, e, torch.float32, what, inputs=(x[:, 1:], weight[1:], dy[:, 1:]))
+
+
+def test_the_held_backward_launcher_refuses_tensors_it_cannot_take_with_a_clear_error():
+    from reference_kernels import _layer_norm_held
+
+    x, weight, _ = inputs((3, 40), torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows of x, dy and dx"):
+        _layer_norm_held.launch_backward(x, x, weight, torch.empty(3), torch.empty(3), torch.empty_like(x), 132)
+
+
+HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.bfloat16, 4097),
+            (torch.float16, 5121), (torch.bfloat16, 8191), (torch.bfloat16, 12345), (torch.bfloat16, 6144),
+            (torch.float32, 3001), (torch.float32, 1000)]
+
+
+@pytest.fixture
+def held_at_every_width(monkeypatch):
+    """The held backward at whatever width a test gives it (its rule takes a few bands), aligned rows and fp32 too."""
+    monkeypatch.setattr(layer_norm, "_held_bwd_default", lambda n_cols, elem_size: True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301, 4099])
+@pytest.mark.parametrize("dtype, n", HELD_BWD, ids=str)
+def test_the_held_backward_matches_torch_and_writes_every_gradient(held_at_every_width, dtype, n, rows):
+    x, weight, bias = inputs((rows, n), dtype)
+    dy = torch.randn_like(x)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert layer_norm._held_backward(dy, x, weight, torch.empty_like(x))
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd)
+    assert not dx.isnan().any() and not dw.isnan().any() and not db.isnan().any()
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), torch_reference(x, weight, bias, dy)[1:]):
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
+@pytest.mark.gpu
+def test_the_held_backward_takes_float32_weights_and_keeps_a_neighbours_inf_out_of_a_row(held_at_every_width):
+    # 16-bit rows with float32 parameters (autocast); then rows holding inf and nan at their ends, which the
+    # aligned-down copies carry into their neighbours' shared memory: only the rows that hold them come out non-finite
+    n = 4097
+    x = (torch.randn(64, n, device="cuda") * 3 + 1).bfloat16()
+    weight, bias = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    dy = torch.randn_like(x)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert layer_norm._held_backward(dy, x, weight, torch.empty_like(x))
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, bias_dtype=torch.float32)
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), torch_reference(x, weight, bias, dy)[1:]):
+        assert_close(a, e, torch.bfloat16, what, inputs=(x, weight, dy))
+    x[10, -1], dy[10, -1], x[20, 0], dy[20, 0] = float("inf"), float("nan"), float("nan"), float("inf")
+    dx = layer_norm.backward(dy, x, weight, mean, rstd)[0]
+    finite = dx.isfinite().all(-1)
+    assert finite.sum() == 62 and not finite[10] and not finite[20]
