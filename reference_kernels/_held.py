@@ -35,18 +35,22 @@ SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scr
 SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
 
 
-def segments(n_cols: int, elem_size: int) -> int:
-    """Segments of ``BLOCK`` elements that hold a row from its aligned-down start (up to 15 bytes before it)."""
-    return triton.cdiv(n_cols + 16 // elem_size - 1, BLOCK)
+def segments(n_cols: int, elem_size: int, block: int | None = None) -> int:
+    """Segments of ``block`` (default ``BLOCK``) elements that hold a row from its aligned-down start (up to 15 bytes
+    before it)."""
+    return triton.cdiv(n_cols + 16 // elem_size - 1, block or BLOCK)
 
 
-def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None) -> int:
+def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,
+           block: int | None = None) -> int:
     """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the
-    element's), up to what the warps and registers allow; 0 where one does not fit."""
-    row = segments(n_cols, elem_size) * BLOCK * (col_bytes or elem_size) + SMEM_RESERVED
+    element's), up to what the warps and registers allow; 0 where one does not fit. ``warps`` and ``block``: a
+    program's warps and its segments' elements (default ``WARPS``, ``BLOCK``)."""
+    warps, block = warps or WARPS, block or BLOCK
+    row = segments(n_cols, elem_size, block) * block * (col_bytes or elem_size) + SMEM_RESERVED
     if row > SMEM_PER_BLOCK:
         return 0
-    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // WARPS, 65536 // (WARPS * 32 * MAX_REGS))
+    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))
 
 
 _DISABLED: list[str] = []  # why the held kernels stopped being used in this process (disable())

@@ -276,6 +276,22 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
             and per_sm(n_cols, x2.element_size(), col_bytes(x2, weight, bias)) > 0)
 
 
+# The forward's shape: 4-warp programs on 1024-element segments where FWD_NARROW_MIN_PER_SM of them fit an SM (H200,
+# bf16, % of copy, 8 -> 4 warps: 5121 59 -> 75, 6001 65 -> 80, 7001 67 -> 79, 8191 63 -> 75 at 4-6 an SM; 10468 level at
+# three, 12345 62 -> 58 at two), else 8-warp programs on 2048-element ones (docs/kernels.md, "layer_norm: forward").
+FWD_NARROW_WARPS = 4
+FWD_NARROW_BLOCK = 1024
+FWD_NARROW_MIN_PER_SM = 4
+
+
+def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, int, int]:
+    """(warps, elements a segment, segments a row, programs an SM) of the forward for rows of ``n_cols``."""
+    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, FWD_NARROW_BLOCK)
+    if FWD_NARROW_MIN_PER_SM and narrow >= FWD_NARROW_MIN_PER_SM:
+        return FWD_NARROW_WARPS, FWD_NARROW_BLOCK, segments(n_cols, elem_size, FWD_NARROW_BLOCK), narrow
+    return WARPS, BLOCK, segments(n_cols, elem_size), per_sm(n_cols, elem_size, col_bytes)
+
+
 def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     """Layer norm of the packed (M, N) rows of ``x2`` into ``y2``, ``mean`` and ``rstd`` (``fits``)."""
     if not fits(x2, weight, bias, y2):
@@ -285,10 +301,11 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     n_rows, n_cols = x2.shape
     es = x2.element_size()
     vec = 16 // es
-    progs = per_sm(n_cols, es, col_bytes(x2, weight, bias)) * sm_count // vec * vec  # a multiple of VEC: one phase
+    warps, block, nseg, fit = fwd_shape(n_cols, es, col_bytes(x2, weight, bias))
+    progs = fit * sm_count // vec * vec  # a multiple of VEC: one phase
     _layer_norm_fwd_held_kernel[(max(vec, min(triton.cdiv(n_rows, vec) * vec, progs)),)](
-        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=vec,
-        num_warps=WARPS, maxnreg=MAX_REGS)
+        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, num_warps=warps,
+        maxnreg=MAX_REGS)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048

@@ -2236,7 +2236,7 @@ def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     plan runs: the held plan's programs, else ``_share_rows`` of the planned launch. What the byte budget's slack for
     the shares is computed from (tests/test_ref_dogfood.py)."""
     x2, dy2 = as_rows(x), as_rows(dy)
-    if _held_backward(dy2, x2, weight.contiguous(), torch.empty_like(x2)):
+    if _held_backward(dy2, x2, weight.contiguous(), x2):  # x2 for dx: a fresh dx is packed wherever x is
         return _layer_norm_held.backward_programs(x2, weight, sm_count(x.device))
     plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, sm_count=sm_count(x.device),
                                 phased_ok=dy.dtype == x.dtype, flat_ok=_flat_layout(x2, dy2),

@@ -61,6 +61,9 @@ def compile_case(case: str) -> dict:
     regs = _held.MAX_REGS
     if subject == "softmax":
         constexprs["EXACT"] = elem == 4
+    if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
+        warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
+        constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, num_warps=shape.warps)

@@ -1346,6 +1346,12 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert _layer_norm_held.col_bytes(x, w, b) == 2 + 2 + 4
     assert _layer_norm_held.per_sm(12345, 2, 6) == 2 and _layer_norm_held.per_sm(12345, 2, 12) == 1
     assert _layer_norm_held.per_sm(50257, 2, 6) == 0  # 300 KiB: over what one block may take
+    # 4-warp programs on 1024-element segments where four or more fit an SM, else 8 warps on 2048
+    assert [_layer_norm_held.fwd_shape(n, 2, 6) for n in (5121, 8191, 10468, 12345)] == [
+        (4, 1024, 6, 6), (4, 1024, 9, 4), (8, 2048, 6, 3), (8, 2048, 7, 2)]
+    assert _layer_norm_held.fwd_shape(17000, 4, 12) == (8, 2048, 9, 1)  # fp32 rows with fp32 parameters
+    monkeypatch.setattr(_layer_norm_held, "FWD_NARROW_MIN_PER_SM", 0)
+    assert _layer_norm_held.fwd_shape(5121, 2, 6) == (8, 2048, 3, 4)
 
 
 def test_the_forward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
@@ -1373,7 +1379,7 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
         _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, 132)
 
 
-HELD_FWD = [(torch.bfloat16, 5121), (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000),
+HELD_FWD = [(torch.bfloat16, 5121), (torch.float16, 8191), (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000),
             (torch.bfloat16, 33000), (torch.float32, 17000), (torch.float32, 16385)]
 
 
