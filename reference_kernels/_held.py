@@ -100,15 +100,6 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
-    def copy_segment_pair(buf, dbuf, x_ptr, d_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
-        # segment s of the rows of two tensors laid out alike (x and dy) into their buffers, one commit group
-        col = s * BLOCK + idx
-        ok = col // VEC < n_vecs
-        _async_load(buf.index(s), x_ptr + abase + col, mask=ok)
-        _async_load(dbuf.index(s), d_ptr + abase + col, mask=ok)
-        async_copy.commit_group()
-
-    @gluon.jit
     def row_start(row, n_cols, VEC: gl.constexpr):
         # a packed row's aligned-down start (a multiple of VEC elements) and its shift: the elements of the vector
         # that holds its first element which lie before it

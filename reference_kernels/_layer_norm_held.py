@@ -21,9 +21,8 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS, CompilationError,  # noqa: F401
-                    async_copy, available, copy_segment, copy_segment_pair, disable, edge_columns, gl, gluon,
-                    packed_rows, per_sm, row_start, segments)
+from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
+                    edge_columns, gl, gluon, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
     from ._held import _async_load
@@ -119,14 +118,15 @@ if gluon is not None:
         async_copy.wait_group(0)
 
     @gluon.jit
-    def _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, first, n_vecs, idx, BLOCK: gl.constexpr,
-                        VEC: gl.constexpr, NSEG: gl.constexpr):
-        # a row of x and of dy into segments first .. first + NSEG - 1 of their buffers: one commit group
-        for s in gl.static_range(NSEG):
-            col = s * BLOCK + idx
+    def _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, slot, s0, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr,
+                   COUNT: gl.constexpr):
+        # segments s0 .. s0 + COUNT - 1 of a row of x and of dy (laid out alike) into segments slot + s0 .. of their
+        # buffers: one commit group (a whole row into its ring slot, or one segment)
+        for k in gl.static_range(COUNT):
+            col = (s0 + k) * BLOCK + idx
             ok = col // VEC < n_vecs
-            _async_load(xbuf.index(first + s), x_ptr + abase + col, mask=ok)
-            _async_load(dybuf.index(first + s), dy_ptr + abase + col, mask=ok)
+            _async_load(xbuf.index(slot + s0 + k), x_ptr + abase + col, mask=ok)
+            _async_load(dybuf.index(slot + s0 + k), dy_ptr + abase + col, mask=ok)
         async_copy.commit_group()
 
     @gluon.jit
@@ -174,13 +174,13 @@ if gluon is not None:
         row_vecs = gl.cdiv(end, VEC)
         if RING == 1:
             for s in gl.static_range(NSEG):
-                copy_segment_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, s, gl.where(pid < n_rows, row_vecs, 0), idx,
-                                  BLOCK, VEC)
+                _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, 0, s, gl.where(pid < n_rows, row_vecs, 0), idx, BLOCK,
+                           VEC, 1)
         else:
             for k in gl.static_range(RING - 1):
                 r = pid + k * n_progs
-                _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, r.to(gl.int64) * n_cols // VEC * VEC, k * NSEG,
-                                gl.where(r < n_rows, row_vecs, 0), idx, BLOCK, VEC, NSEG)
+                _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, r.to(gl.int64) * n_cols // VEC * VEC, k * NSEG, 0,
+                           gl.where(r < n_rows, row_vecs, 0), idx, BLOCK, VEC, NSEG)
         zero = gl.zeros([BLOCK], gl.float32, layout)
         for t in range(NSEG):  # the weight at this program's phase (slot j: column j - shift), zero shares
             c = t * BLOCK + idx - shift
@@ -203,9 +203,9 @@ if gluon is not None:
             if RING > 1:  # the row RING - 1 ahead into the slot the last row left, then wait for this row's
                 slot = it % RING * NSEG
                 ahead = row + (RING - 1) * n_progs
-                _copy_rows_pair(xbuf, dybuf, x_ptr, dy_ptr, ahead.to(gl.int64) * n_cols // VEC * VEC,
-                                (it + RING - 1) % RING * NSEG, gl.where(ahead < n_rows, row_vecs, 0), idx, BLOCK,
-                                VEC, NSEG)
+                _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, ahead.to(gl.int64) * n_cols // VEC * VEC,
+                           (it + RING - 1) % RING * NSEG, 0, gl.where(ahead < n_rows, row_vecs, 0), idx, BLOCK, VEC,
+                           NSEG)
                 async_copy.wait_group(RING - 1)
             it += 1
             mean = mean_n
@@ -249,7 +249,7 @@ if gluon is not None:
                 dwbuf.index(u).store(dwbuf.index(u).load(layout) + dyv * xhat)
                 dbbuf.index(u).store(dbbuf.index(u).load(layout) + dyv)
                 if RING == 1:
-                    copy_segment_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, u, nv, idx, BLOCK, VEC)
+                    _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, 0, u, nv, idx, BLOCK, VEC, 1)
             edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
             gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
             abase = nabase
@@ -328,18 +328,13 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
     warps = BWD_WARPS
-    block = max(warps * 32 * 16 // elem_size, 2048 * warps // 8)
-    nseg = triton.cdiv(n_cols + 16 // elem_size - 1, block)
-    ring = BWD_RING
-    while True:
-        smem = nseg * block * (ring * 2 * elem_size + w_size + 8) + SMEM_RESERVED
-        if smem <= SMEM_PER_BLOCK or ring == 1:
-            break
-        ring -= 1
-    if smem > SMEM_PER_BLOCK:
-        return BwdShape(warps, block, nseg, ring, 0, 0)
-    progs = min(SMEM_PER_SM // (smem + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))
-    return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8))
+    block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32
+    nseg = segments(n_cols, elem_size, block)
+    for ring in range(BWD_RING, 0, -1):  # a column: x and dy for each row held, the weight, two float32 shares
+        progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + 8, warps, block)
+        if progs:
+            return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8))
+    return BwdShape(warps, block, nseg, 1, 0, 0)
 
 
 def _bwd_shape(x2: torch.Tensor, weight: torch.Tensor) -> BwdShape:

@@ -58,7 +58,7 @@ def compile_case(case: str) -> dict:
         name, ty = entry.split(":")
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
-    regs = _held.MAX_REGS
+    max_regs = _held.MAX_REGS
     if subject == "softmax":
         constexprs["EXACT"] = elem == 4
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
@@ -67,13 +67,13 @@ def compile_case(case: str) -> dict:
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, num_warps=shape.warps)
-        regs = shape.max_regs
+        max_regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})
     # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)
     attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": constexprs["num_warps"], "maxnreg": regs})
+                              options={"num_warps": constexprs["num_warps"], "maxnreg": max_regs})
     ptx = compiled.asm["ptx"]
     copies = re.findall(r"cp\.async\.(\w+)\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)
     result = {
@@ -82,6 +82,7 @@ def compile_case(case: str) -> dict:
         "copies": len(copies),
         "copies_16_byte": bool(copies) and all(kind == "cg" and size == "0x10" for kind, size in copies),
         "vector_stores": "st.global.v4.b32" in ptx,
+        "register_cap": max_regs,  # the launch's maxnreg, which the compile used
     }
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
