@@ -22,7 +22,7 @@ import torch
 import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, packed_rows, per_sm, row_start, segments)
+                    edge_columns, gl, gluon, only_the_row, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
     from ._held import _async_load
@@ -58,9 +58,7 @@ if gluon is not None:
         pid = gl.program_id(0)
         n_progs = gl.num_programs(0)
 
-        base = pid.to(gl.int64) * n_cols
-        abase = base // VEC * VEC
-        shift = (base - abase).to(gl.int32)  # the same for every row of this program
+        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
         end = shift + n_cols
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
@@ -73,8 +71,7 @@ if gluon is not None:
             ok = (c >= 0) & (c < n_cols)
             wbuf.index(t).store(gl.load(w_ptr + c, mask=ok, other=0.0))
             bbuf.index(t).store(gl.load(b_ptr + c, mask=ok, other=0.0))
-        ecol = gl.where(eidx < VEC, shift // VEC * VEC + eidx, last_v * VEC + eidx - VEC)
-        emask = (ecol >= shift) & (ecol < end) & ((eidx >= VEC) | (shift % VEC > 0))
+        ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         for row in range(pid, n_rows, n_progs):
@@ -83,19 +80,14 @@ if gluon is not None:
             for s in gl.static_range(NSEG):
                 async_copy.wait_group(NSEG - 1 - s)
                 seg = buf.index(s)
-                v = seg.load(layout).to(gl.float32)
-                if (s == 0) | (s >= NSEG - 2):
-                    col = s * BLOCK + idx
-                    v = gl.where((col >= shift) & (col < end), v, 0.0)
+                v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, 0.0, BLOCK, NSEG)
+                if (s == 0) | (s >= NSEG - 2):  # the neighbours' elements stay 0 for the passes after
                     seg.store(v.to(x_ptr.dtype.element_ty))
                 acc += v
             mean = gl.sum(acc, axis=0) / n_cols
             acc = gl.zeros([BLOCK], gl.float32, layout)
             for s in gl.static_range(NSEG):
-                d = buf.index(s).load(layout).to(gl.float32) - mean
-                if (s == 0) | (s >= NSEG - 2):
-                    col = s * BLOCK + idx
-                    d = gl.where((col >= shift) & (col < end), d, 0.0)
+                d = only_the_row(buf.index(s).load(layout).to(gl.float32) - mean, s, idx, shift, end, 0.0, BLOCK, NSEG)
                 acc += d * d
             rstd = 1.0 / gl.sqrt(gl.sum(acc, axis=0) / n_cols + eps)
             gl.store(mean_ptr + row, mean)
@@ -116,6 +108,10 @@ if gluon is not None:
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
         async_copy.wait_group(0)
+
+    @gluon.jit
+    def _add_pairs(a1, a2, b1, b2):
+        return a1 + b1, a2 + b2
 
     @gluon.jit
     def _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, slot, s0, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr,
@@ -146,6 +142,7 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         RING: gl.constexpr,  # rows held at once: 1, the next row copied segment by segment as pass two leaves each;
         # R > 1, a ring of R rows, R - 1 of them in flight (each a copy of its own) while one is reduced
+        PAIRED: gl.constexpr,  # the row's two sums in one block reduction of the pair (BWD_PAIRED)
         num_warps: gl.constexpr,
     ):
         """Rows pid, pid + programs, ... (all at one phase), x and dy held in shared memory. Pass one: the row's two
@@ -234,8 +231,13 @@ if gluon is not None:
                     term = gl.where(inside, term, 0.0)
                 a1 += term
                 a2 += wdy
-            c1 = gl.sum(a1, axis=0) / n_cols
-            c2 = gl.sum(a2, axis=0) / n_cols
+            if PAIRED:
+                c1, c2 = gl.reduce((a1, a2), 0, _add_pairs)
+                c1 = c1 / n_cols
+                c2 = c2 / n_cols
+            else:
+                c1 = gl.sum(a1, axis=0) / n_cols
+                c2 = gl.sum(a2, axis=0) / n_cols
 
             nv = gl.where(row + n_progs < n_rows, row_vecs, 0)
             for u in range(NSEG):
@@ -313,6 +315,10 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
 # does not hold them; with one, the next row is copied segment by segment as pass two leaves each.
 BWD_WARPS = 4
 BWD_RING = 2
+# The row's two sums in one block reduction of the pair where two rows are held (a ring): three barriers a row fewer
+# than two reductions (sm_90 SASS), H200 bf16 / fp16 +1-2 points of copy at 2300-6001; rows held one at a time (past
+# ~8192) read 0-1 point lower with it (docs/kernels.md, "Rows held in shared memory (backward)").
+BWD_PAIRED = True
 
 
 class BwdShape(NamedTuple):
@@ -335,6 +341,11 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
         if progs:
             return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8))
     return BwdShape(warps, block, nseg, 1, 0, 0)
+
+
+def paired(shape: BwdShape) -> bool:
+    """Whether the backward of this shape takes its row's two sums in one reduction (``BWD_PAIRED``)."""
+    return BWD_PAIRED and shape.ring > 1
 
 
 def _bwd_shape(x2: torch.Tensor, weight: torch.Tensor) -> BwdShape:
@@ -373,5 +384,5 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_held_kernel[(progs,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
-        VEC=16 // x2.element_size(), RING=shape.ring, num_warps=shape.warps, maxnreg=shape.max_regs)
+        VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), num_warps=shape.warps, maxnreg=shape.max_regs)
     return dw_part, db_part

@@ -66,7 +66,8 @@ def compile_case(case: str) -> dict:
         constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
-        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, num_warps=shape.warps)
+        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, PAIRED=_layer_norm_held.paired(shape),
+                          num_warps=shape.warps)
         max_regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})
     # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)
