@@ -37,6 +37,12 @@ if gluon is not None:
         return _ex2(v * LOG2E - c * LOG2E)
 
     @gluon.jit
+    def _merge_max_sum(m1, a1, m2, a2):
+        # two (max, sum of exp(x - max)) pairs as one; exact exponents (the pairs are few)
+        m = gl.maximum(m1, m2)
+        return m, a1 * _exp_from(m1, m, True) + a2 * _exp_from(m2, m, True)
+
+    @gluon.jit
     def _softmax_held_kernel(
         x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
         y_ptr,  # output, the same layout
@@ -46,6 +52,7 @@ if gluon is not None:
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
         EXACT: gl.constexpr,  # exponents as (x - c) log2(e): fp32 outputs (16-bit: x log2(e) - c log2(e), one FMA)
+        ONLINE: gl.constexpr,  # the max and the sum in one pass and one reduction (ONLINE below)
         num_warps: gl.constexpr,
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
@@ -56,6 +63,7 @@ if gluon is not None:
         ends of the row are stored element by element (the edges, loaded at the row's start)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])  # a thread's vectors
         buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NSEG, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         idx = gl.arange(0, BLOCK, layout=layout)
         eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
@@ -73,19 +81,37 @@ if gluon is not None:
 
             # the max, each segment as it lands; in the first and the last two (the only ones a row's ends can fall
             # in) the neighbours' elements become -inf, so that the sum and the output need no masks
-            m = gl.full([BLOCK], float("-inf"), gl.float32, layout)
-            for s in gl.static_range(NSEG):
-                async_copy.wait_group(NSEG - 1 - s)
-                seg = buf.index(s)
-                v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
-                if (s == 0) | (s >= NSEG - 2):
-                    seg.store(v.to(x_ptr.dtype.element_ty))
-                m = gl.maximum(m, v)
-            c = gl.max(m, axis=0)
-            acc = gl.zeros([BLOCK], gl.float32, layout)
-            for t in range(NSEG):
-                acc += _exp_from(buf.index(t).load(layout).to(gl.float32), c, EXACT)
-            total = gl.sum(acc, axis=0)
+            if ONLINE:
+                # each thread's running max and sum over its VEC-element vectors (one rescale a vector), then one
+                # reduction of the (max, sum) pairs. The running max starts at a finite floor so that a vector of
+                # neighbours' -inf rescales by 2^0 and adds 0 (no inf - inf); -1e38 log2(e) stays finite
+                m = gl.full([BLOCK // VEC], -1.0e38, gl.float32, gl.SliceLayout(1, vec_layout))
+                a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
+                for s in gl.static_range(NSEG):
+                    async_copy.wait_group(NSEG - 1 - s)
+                    seg = buf.index(s)
+                    v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
+                    if (s == 0) | (s >= NSEG - 2):
+                        seg.store(v.to(x_ptr.dtype.element_ty))
+                    v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
+                    m_new = gl.maximum(m, gl.max(v2, axis=1))
+                    a = a * _exp_from(m, m_new, True) + gl.sum(_exp_from(v2, m_new[:, None], EXACT), axis=1)
+                    m = m_new
+                c, total = gl.reduce((m, a), 0, _merge_max_sum)
+            else:
+                m = gl.full([BLOCK], float("-inf"), gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    async_copy.wait_group(NSEG - 1 - s)
+                    seg = buf.index(s)
+                    v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
+                    if (s == 0) | (s >= NSEG - 2):
+                        seg.store(v.to(x_ptr.dtype.element_ty))
+                    m = gl.maximum(m, v)
+                c = gl.max(m, axis=0)
+                acc = gl.zeros([BLOCK], gl.float32, layout)
+                for t in range(NSEG):
+                    acc += _exp_from(buf.index(t).load(layout).to(gl.float32), c, EXACT)
+                total = gl.sum(acc, axis=0)
             inv = 1.0 / total
 
             nxt = row + n_progs
@@ -106,6 +132,12 @@ if gluon is not None:
         async_copy.wait_group(0)
 
 
+# The row's max and sum of exponentials in one pass over shared memory and one block reduction of (max, sum) pairs,
+# each thread rescaling its running sum once a 16-byte vector, instead of a pass and a reduction each
+# (docs/kernels.md, "Rows held in shared memory").
+ONLINE = True
+
+
 def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether ``launch`` takes these (M, N) views: CUDA tensors whose rows lie packed (stride N, unit column
     stride), both 16 bytes aligned, of one dtype, a row that fits shared memory."""
@@ -121,5 +153,5 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     es = x2.element_size()
     progs = per_sm(n_cols, es)
     _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
-        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es, EXACT=es >= 4, num_warps=WARPS,
-        maxnreg=MAX_REGS)
+        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es, EXACT=es >= 4, ONLINE=ONLINE,
+        num_warps=WARPS, maxnreg=MAX_REGS)

@@ -1320,10 +1320,13 @@ _ROWS_TILE = 2048
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
 # these widths:
-# H200, bf16 5121 49 -> 64%, 10468 42 -> 75, 12345 50 -> 68, 17000 35 -> 74, 33000 34 -> 63; fp32 17000 47 -> 76 (12345 /
-# 16383 level). Narrower unaligned rows lost (bf16 4097 76 -> 54, 2049 81 -> 39), aligned ones too (10240 86 -> 79,
-# 24000 79 -> 63). None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 5121, 4: 16385}
+# H200, bf16 5121 49 -> 64%, 10468 42 -> 75, 12345 50 -> 68, 17000 35 -> 74, 33000 34 -> 63; fp32 17000 47 -> 76. With
+# 4-warp programs where four fit an SM (_layer_norm_held.fwd_shape), narrower rows too: bf16 / fp16 2600 45 -> 65 / 69,
+# 3001 50 -> 72 / 75, 4300 53 -> 74 / 75, 5113 45 -> 80; 2300 level / +3; 2100 67 -> 54 / 59 and 2049 and under lost;
+# fp32 4500 65 -> 76, 6500 63 -> 75, 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 ->
+# 74). Aligned rows lost (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2300, 4: 4098}
+_HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy, the weight and the program's dweight /
 # dbias shares there), for 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it
 # runs and its row fits: past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33
@@ -2314,17 +2317,23 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
 # --------------------------------------------------------------------------- public functions
 
 
-def _held_default(n_cols: int, elem_size: int) -> bool:
+def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> bool:
     """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_FWD_MIN_COLS``):
-    widths that are not a multiple of 16, from the band's first width on."""
+    widths that are not a multiple of 16, from the band's first width on; fp32 rows under
+    ``_HELD_FWD_FP32_ALONE_MIN_COLS`` only where two programs an SM fit (``col_bytes``: shared memory a column, default
+    the row's, the weight's and the bias's element alike)."""
     least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
-    return least is not None and n_cols >= least and n_cols % 16 != 0
+    if least is None or n_cols < least or n_cols % 16 == 0:
+        return False
+    if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
+        return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2
+    return True
 
 
 def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether this forward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
-    return (_held_default(x2.shape[1], x2.element_size()) and _layer_norm_held.available()
-            and _layer_norm_held.fits(x2, weight, bias, y2))
+    return (_held_default(x2.shape[1], x2.element_size(), _layer_norm_held.col_bytes(x2, weight, bias))
+            and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
 def _held_bwd_default(n_cols: int, elem_size: int) -> bool:

@@ -60,7 +60,7 @@ def compile_case(case: str) -> dict:
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
     max_regs = _held.MAX_REGS
     if subject == "softmax":
-        constexprs["EXACT"] = elem == 4
+        constexprs.update(EXACT=elem == 4, ONLINE=_softmax_held.ONLINE)
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)

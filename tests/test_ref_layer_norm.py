@@ -1335,9 +1335,13 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     from reference_kernels import _layer_norm_held
 
     rule = layer_norm._held_default
-    assert [n for n in (4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
-        5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: N not a multiple of 16, from 5121
-    assert [n for n in (12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [16385, 17000]  # fp32: from 16385
+    assert [n for n in (2100, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
+        2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: N not a multiple of 16, from 2300
+    # fp32: from 4098 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
+    # from 16385 where one does
+    assert [n for n in (4097, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
+        4500, 7001, 8189, 16385, 17000]
+    assert not rule(8189, 4, col_bytes=20)  # 20 bytes of shared memory a column: one program an SM
     monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
     assert not rule(17000, 2)
     # shared memory a column: the row's element, the weight's and the bias's (a bf16 weight and an fp32 bias: 8 bytes;
@@ -1379,8 +1383,9 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
         _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, 132)
 
 
-HELD_FWD = [(torch.bfloat16, 5121), (torch.float16, 8191), (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000),
-            (torch.bfloat16, 33000), (torch.float32, 17000), (torch.float32, 16385)]
+HELD_FWD = [(torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
+            (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000), (torch.bfloat16, 33000),
+            (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385)]
 
 
 @pytest.mark.gpu
