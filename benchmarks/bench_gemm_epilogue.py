@@ -130,7 +130,8 @@ def main() -> int:
                     ref = ge.unfused(a.float(), b.float(), bias.float(), "gelu", approximate="tanh")
                     tanh = ge.fused(a, b, bias, "gelu", approximate="tanh").float()
                     rec["rel_err_tanh"] = ((tanh - ref).norm() / ref.norm()).item()
-                rec["path"], rec["config"] = path, list(config)
+                rec["path"] = "ws" if isinstance(config, ge._gemm_ws.WsConfig) else path
+                rec["config"] = list(config)
                 del a, b, bias, ref
                 for name in impls:
                     try:
@@ -169,7 +170,7 @@ def _summarise(records: list[dict], impls: list[str]) -> None:
                   "eager": _ratio(t.get("ours"), t.get("eager"))}
         rows.append([rec["dtype"], f"{rec['M']}x{rec['K']}x{rec['N']}"] + [t.get(x) or "n/a" for x in impls]
                     + [f"{r:.2f}x" if r else "n/a" for r in ratios.values()]
-                    + ["x".join(map(str, rec["config"][:3])) + f" s{rec['config'][8]}"])
+                    + [_config_cell(rec["config"])])
         for what, ratio in ratios.items():
             if ratio is None:
                 continue
@@ -190,6 +191,13 @@ def _summarise(records: list[dict], impls: list[str]) -> None:
     print(f"shapes below target (0.9x addmm_act or not faster than eager): {len(misses)} of {len(records)}")
     for line in misses:
         print("  " + line)
+
+
+def _config_cell(config: list) -> str:
+    """A tuned config, short: the tile and split-K of the TMA / tiled kernels' nine fields, or the tile of the
+    warp-specialised kernel's seven (``_gemm_ws.WsConfig``, "ws")."""
+    tile = "x".join(map(str, config[:3]))
+    return f"{tile} s{config[8]}" if len(config) >= 9 else f"{tile} ws"
 
 
 def _parse_configs(text: str) -> list[tuple]:

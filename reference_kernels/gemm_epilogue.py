@@ -4,7 +4,7 @@ The bias add, the activation and the residual add are applied to the fp32 accumu
 tile in registers, before the tile's single store, so the (M, N) intermediate never
 leaves the chip. The unfused version writes and re-reads it three more times.
 
-Two kernels share one epilogue:
+Three kernels share one epilogue:
 
 * ``_gemm_epilogue_tma_kernel``: Hopper style (sm_90+): a persistent grid of one
   program an SM (a config's last field) walking the output tiles in grouped order,
@@ -13,6 +13,9 @@ Two kernels share one epilogue:
 * ``_gemm_epilogue_kernel``: the plain tiled ``tl.dot`` kernel with pointer loads,
   used on older GPUs, when a stride or address breaks TMA's 16-byte rules, and
   under the interpreter.
+* ``_gemm_ws._gemm_ws_kernel``: a warp-specialised "ping-pong" kernel in Gluon for 16-bit
+  inputs on sm_90 (two consumer warpgroups on alternate tiles, one's epilogue under the
+  other's MMAs, a TMA loader warp): timed beside the TMA kernel's configs (``_WS_CONFIGS``).
 
 ``_gemm_path`` and ``_gemm_configs`` are the launch heuristics: which kernel, which
 tile shapes; when several configs remain, the launcher times each once per shape
@@ -31,9 +34,11 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 
 from pytest_fusioncheck.budget import Budget
 
+from . import _gemm_ws
 from ._common import check_tensor, graph_device_ms, interpreting, sm_count
 from ._math import gelu
 
@@ -400,6 +405,13 @@ _CANDIDATES = 4  # ranked configs timed per shape bucket
 # buckets at K = 768 (7-13%) and 2 of 3 at K = 3072 (4%), and none of 6 at K = 4096 (1-15% slower).
 _TWO_PER_SM_CONFIG = (128, 128, 64, 8, 2, 3, 8, 2, 1)
 _TWO_PER_SM_MAX_K = 3072
+# The warp-specialised ping-pong kernel (_gemm_ws: two consumer warpgroups on alternate tiles, one's epilogue under
+# the other's MMAs, a TMA loader warp), 16-bit on the TMA path where Gluon runs it (compute capability 9.x): two more
+# timed candidates, 128x128 and 64x128 tiles a consumer. H200, bf16 + bias + exact GELU, TFLOPS, best ws / the best
+# candidate before: 2048x768x3072 454 / 375, 8192x768x3072 562 / 477, 1024x3072x768 348 / 304, 4096^3 723 / 706;
+# level at 512x768x3072 and 128x4096x4096 (docs/kernels.md, "gemm_epilogue"). False: never.
+_WS = True
+_WS_CONFIGS = [_gemm_ws.WsConfig(128, 128, 64, 8, 6, 1), _gemm_ws.WsConfig(64, 128, 64, 8, 6, 1)]
 # The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
 # (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
@@ -455,9 +467,10 @@ def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, sms: 
     return max(compute, nbytes / _DRAM_BYTES_PER_S) + waves * _WAVE_S + (_SECOND_LAUNCH_S if split > 1 else 0)
 
 
-def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int) -> list[tuple]:
+def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: bool = False) -> list[tuple]:
     """The configs to time for one problem: the measured big-tile list when 128x256 tiles fill two
-    waves, else the cost model's best ``_CANDIDATES`` of the smaller tiles and split-K factors.
+    waves, else the cost model's best ``_CANDIDATES`` of the smaller tiles and split-K factors; with ``ws``
+    (the warp-specialised kernel runs here), 16-bit TMA problems also time ``_WS_CONFIGS``.
 
     Split-K is considered only while the output has fewer tiles than SMs, keeping at least
     ``_MIN_K_STEPS`` K steps a range and at most three waves. fp32 inputs halve BLOCK_K and drop the
@@ -483,6 +496,8 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int) -> li
     if elt == 4:  # fp32: BLOCK_K 32, and no 128x256 tile (its fp32 output tile alone takes 128 KB)
         configs = [(c[0], c[1], min(c[2], 32)) + c[3:] for c in configs if c[0] * c[1] <= 128 * 128]
         configs = configs or [(128, 128, 32, 8, 1, 4, 8, 1, 1)]
+    if ws and path == "tma" and elt == 2:
+        configs += [c for c in _WS_CONFIGS if c not in configs]
     return configs
 
 
@@ -494,7 +509,9 @@ def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.
     if _input_precision(dtype) == "ieee":
         return [_IEEE_CONFIG]
     elt = torch.empty((), dtype=dtype).element_size()
-    return _ranked_configs(path, M, N, K, elt, sm_count(device or torch.device("cuda")))
+    device = device or torch.device("cuda")
+    ws = _WS and device.type == "cuda" and _gemm_ws.available(device.index)
+    return _ranked_configs(path, M, N, K, elt, sm_count(device), ws)
 
 
 def _bucket(n: int) -> int:
@@ -516,6 +533,9 @@ def _timing_sets(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, t
 
 
 def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
+    if isinstance(cfg, _gemm_ws.WsConfig):  # the warp-specialised kernel (it maps the GELUs to fast-math itself)
+        _gemm_ws.launch(a, b, out, bias, residual, activation_code, gelu_degree, cfg)
+        return
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm, split_k = cfg
@@ -600,9 +620,12 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
     N = b.shape[1]
     path = path or _gemm_path(a, b, out)
     configs = [config] if config else _gemm_configs(path, M, N, K, a.dtype, a.device)
+    ws_ok = any(isinstance(c, _gemm_ws.WsConfig) for c in configs) and _gemm_ws.fits(a, b, out, bias, residual)
+    if not config:  # the warp-specialised kernel's configs only where it takes these tensors
+        configs = [c for c in configs if ws_ok or not isinstance(c, _gemm_ws.WsConfig)]
     if len(configs) > 1:
         key = (path, a.dtype, _input_precision(a.dtype), _bucket(M), _bucket(N), _bucket(K), bias is not None,
-               activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree)
+               activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree, ws_ok)
         if key in _tuned:
             configs = [_tuned[key]]
         elif not _capturing(a.device):
@@ -617,6 +640,11 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
                 try:
                     launch((a, b))
                 except triton.runtime.errors.OutOfResources:  # a tile this GPU's shared memory cannot hold
+                    continue
+                except CompilationError as error:  # the Gluon kernel on a Triton whose Gluon moved on
+                    if not isinstance(c, _gemm_ws.WsConfig):
+                        raise
+                    _gemm_ws.disable(error)
                     continue
                 kept.append(c)
                 launches.append(launch)

@@ -125,6 +125,19 @@ def test_the_gemm_bench_times_each_forced_config_and_records_one_that_fails(monk
     assert printed[0].startswith("    (64, 64") and "None TFLOPS (RuntimeError" in printed[-1]
 
 
+def test_the_gemm_bench_summary_names_the_warp_specialised_kernels_configs_beside_the_others(capsys):
+    from benchmarks import bench_gemm_epilogue as bench
+
+    assert bench._config_cell([128, 256, 64, 8, 1, 3, 8, 1, 2]) == "128x256x64 s2"
+    assert bench._config_cell(list(bench.ge._gemm_ws.WsConfig(64, 128, 64, 8, 6, 1))) == "64x128x64 ws"
+    records = [{"dtype": "bfloat16", "M": m, "K": 768, "N": 3072, "config": config,
+                "tflops": {"ours": 500.0, "addmm_act": 520.0, "eager": 240.0}}
+               for m, config in ((2048, list(bench.ge._WS_CONFIGS[0])), (512, [128, 128, 64, 8, 1, 4, 8, 1, 1]))]
+    bench._summarise(records, ["ours", "addmm_act", "eager"])
+    printed = capsys.readouterr().out
+    assert "128x128x64 ws" in printed and "128x128x64 s1" in printed and "0 of 2" in printed
+
+
 def test_the_bandwidth_scripts_time_device_time_and_say_when_they_could_not(monkeypatch):
     # Host-timed events read the layer-norm backward at 46-69% of copy where a CUDA graph read 89-92%
     # (docs/kernels.md, "How the figures were measured"): the scripts time from a graph, and a

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from reference_kernels import _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 
@@ -454,6 +455,60 @@ def test_short_k_problems_with_more_tiles_than_sms_also_time_two_programs_an_sm(
     assert two not in ge._ranked_configs("tma", 8192, 3072, 4096, 2, 132)  # long K: the main loop dominates
     assert two not in ge._ranked_configs("tiled", 8192, 3072, 768, 2, 132)  # one program a tile there
     assert two not in ge._ranked_configs("tma", 8192, 3072, 768, 4, 132)  # fp32: its tiles halve BLOCK_K
+
+
+def test_16_bit_tma_problems_also_time_the_warp_specialised_kernel_where_it_runs():
+    ws = ge._WS_CONFIGS
+    assert all(isinstance(c, _gemm_ws.WsConfig) for c in ws) and len(ws) == 2
+    for M, N, K in ((2048, 3072, 768), (8192, 8192, 8192), (128, 4096, 4096)):
+        configs = ge._ranked_configs("tma", M, N, K, 2, 132, ws=True)
+        assert configs[-2:] == ws and configs[:-2] == ge._ranked_configs("tma", M, N, K, 2, 132)
+    assert not set(ws) & set(ge._ranked_configs("tma", 2048, 3072, 768, 4, 132, ws=True))  # fp32
+    assert not set(ws) & set(ge._ranked_configs("tiled", 2048, 3072, 768, 2, 132, ws=True))
+    assert not set(ws) & set(ge._gemm_configs("tma", 2048, 3072, 768, torch.bfloat16, torch.device("cpu")))
+
+
+def test_a_warp_specialised_config_launches_its_kernel_and_is_dropped_where_that_cannot_take_the_tensors(
+        monkeypatch):
+    calls, launched = [], []
+    monkeypatch.setattr(_gemm_ws, "launch", lambda *args: calls.append(args))
+    a, b, c, _ = operands(64, 48, 32, torch.float32, True, residual=False)
+    out = poisoned(64, 48, torch.float32)
+    ge._launch("tma", ge._WS_CONFIGS[0], a, b, out, c, None, 2)
+    assert len(calls) == 1 and calls[0][7] == ge._WS_CONFIGS[0] and calls[0][5] == 2  # the code as given
+    # in _run: a WS candidate beside one other, where the kernel does not take the tensors, is never timed
+    tile = (32, 32, 16, 2, 1, 1, 1, 1, 1)
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [tile, ge._WS_CONFIGS[0]])
+    monkeypatch.setattr(_gemm_ws, "fits", lambda *args: False)
+    real = ge._launch
+    monkeypatch.setattr(ge, "_launch", lambda path, cfg, *args: (launched.append(cfg), real(path, cfg, *args)))
+    path, config = ge._run(a, b, out, c, None, ge._activation_code("gelu"))
+    assert config == tile and launched == [tile] and len(calls) == 1
+    torch.testing.assert_close(out, ge.unfused(a, b, c, "gelu"), rtol=1e-4, atol=1e-4)
+
+
+def test_a_warp_specialised_kernel_that_fails_to_compile_is_dropped_from_the_tuning_with_one_warning(monkeypatch):
+    from triton.compiler.errors import CompilationError
+
+    def broken(*args):
+        raise CompilationError(None, None, "tma.async_copy_global_to_shared has been removed")
+
+    tile = (32, 32, 16, 2, 1, 1, 1, 1, 1)
+    monkeypatch.setattr(ge, "_tuned", {})
+    monkeypatch.setattr(ge, "_timings", {})
+    monkeypatch.setattr(_gemm_ws, "_DISABLED", [])
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [ge._WS_CONFIGS[0], tile])
+    monkeypatch.setattr(_gemm_ws, "fits", lambda *args: True)
+    monkeypatch.setattr(_gemm_ws, "launch", broken)
+    monkeypatch.setattr(ge, "graph_device_ms", lambda fn, sets: (fn(sets[0]), 1.0)[1])
+    monkeypatch.setattr(ge, "_timing_sets", lambda a, b: [(a, b)])
+    a, b, c, _ = operands(64, 48, 32, torch.float32, True, residual=False)
+    out = poisoned(64, 48, torch.float32)
+    with pytest.warns(RuntimeWarning, match="warp-specialised GEMM does not compile with Triton .*CompilationError"):
+        path, config = ge._run(a, b, out, c, None, ge._activation_code("gelu"))
+    assert config == tile and _gemm_ws._DISABLED
+    torch.testing.assert_close(out, ge.unfused(a, b, c, "gelu"), rtol=1e-4, atol=1e-4)
+    assert not _gemm_ws.available()
 
 
 def test_the_model_splits_k_when_few_tiles_cover_a_long_k_and_never_when_k_is_short():
