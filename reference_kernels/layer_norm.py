@@ -9,7 +9,7 @@ bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096). On CUDA GPUs with Triton's Gluon the forward's ``held`` plan
-(``_layer_norm_held``) takes rows of N not a multiple of 16 from 2300 16-bit / 4098 fp32 columns (docs/kernels.md):
+(``_layer_norm_held``) takes rows of N not a multiple of 16 from 2300 16-bit / 4200 fp32 columns (docs/kernels.md):
 persistent programs of one phase each hold their rows, weight and bias in shared memory. Elsewhere
 the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
@@ -1323,9 +1323,9 @@ _ROWS_TILE = 2048
 # H200, bf16 5121 49 -> 64%, 10468 42 -> 75, 12345 50 -> 68, 17000 35 -> 74, 33000 34 -> 63; fp32 17000 47 -> 76. With
 # 4-warp programs where four fit an SM (_layer_norm_held.fwd_shape), narrower rows too: bf16 / fp16 2600 45 -> 65 / 69,
 # 3001 50 -> 72 / 75, 4300 53 -> 74 / 75, 5113 45 -> 80; 2300 level / +3; 2100 67 -> 54 / 59 and 2049 and under lost;
-# fp32 4500 65 -> 76, 6500 63 -> 75, 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 ->
-# 74). Aligned rows lost (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2300, 4: 4098}
+# fp32 4200 70 -> 76, 6500 63 -> 75, 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 ->
+# 74, 4113 77 -> 73). Aligned rows lost (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2300, 4: 4200}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy, the weight and the program's dweight /
 # dbias shares there), for 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it

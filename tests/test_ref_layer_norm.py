@@ -1337,10 +1337,10 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     rule = layer_norm._held_default
     assert [n for n in (2100, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
         2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: N not a multiple of 16, from 2300
-    # fp32: from 4098 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
+    # fp32: from 4200 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
     # from 16385 where one does
-    assert [n for n in (4097, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
-        4500, 7001, 8189, 16385, 17000]
+    assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
+        4200, 4500, 7001, 8189, 16385, 17000]
     assert not rule(8189, 4, col_bytes=20)  # 20 bytes of shared memory a column: one program an SM
     monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
     assert not rule(17000, 2)
