@@ -58,7 +58,8 @@ SMEM_PER_BLOCK = 232448  # the most one block may take on sm_90 (227 KiB, opt-in
 # Registers a thread (setmaxnreg, by warpgroup): 12 warps launch at 168 (64K / 384 threads); the consumer worker asks
 # CONSUMER_REGS, the loader's warpgroup (1 warp used) LOADER_REGS, the default partition (consumer 0) the rest:
 # (168 * 384 - 240 * 128 - 24 * 128) / 128 = 240 (SASS: USETMAXREG 0xf0 / 0x18). 240 rather than 232 (loader 40):
-# a residual whose row stride is not a multiple of 16 elements spills 17 registers at 232, 11 at 240 (none if aligned).
+# a residual whose row stride is not a multiple of 16 elements spills 17 registers at 232, 11 at 240 with Triton 3.6
+# (none if aligned, none with 3.9).
 CONSUMER_REGS = 240
 LOADER_REGS = 24
 
@@ -70,7 +71,7 @@ class WsConfig(NamedTuple):
     block_k: int
     group_m: int  # grouped tile order (gemm_epilogue._tile_coords)
     stages: int  # (A, B) stages of the loader's ring
-    per_sm: int  # programs an SM (1: 12 warps at 168 registers fill the register file)
+    per_sm: int  # programs an SM: 1 (12 warps at 168 registers fill the register file; launch refuses more)
     epilogue_split: int = 2  # 1, or 2: store a tile in two column halves (half the output tiles' shared memory)
 
 
