@@ -863,10 +863,18 @@ HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16,
                (torch.float32, 17001)]
 
 
+@pytest.fixture(params=[False, True], ids=["two_passes", "online"])
+def held_kernel(request, monkeypatch):
+    """The held kernel's max and sum in two passes or in one (``_softmax_held.ONLINE``), whichever the default."""
+    monkeypatch.setattr(_softmax_held, "ONLINE", request.param)
+    return request.param
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3, 301])
 @pytest.mark.parametrize("dtype, n", HELD_WIDTHS, ids=str)
-def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_rows_as_torch(dtype, n, rows):
+def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_rows_as_torch(held_kernel, dtype, n,
+                                                                                            rows):
     assert softmax._softmax_settings(rows, n, torch.tensor([], dtype=dtype).element_size()).mode == "held"
     x = torch.randn(rows, n, device="cuda").mul_(4).to(dtype)
     if rows > 1:
@@ -884,7 +892,25 @@ def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_r
 
 
 @pytest.mark.gpu
-def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch():
+@pytest.mark.parametrize("dtype, fill", [(torch.float32, torch.finfo(torch.float32).min), (torch.float32, -1.5e38),
+                                         (torch.bfloat16, -1.5e38), (torch.float16, torch.finfo(torch.float16).min)],
+                         ids=str)
+def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uniform_softmax(held_kernel, dtype, fill):
+    # an attention-style mask at finfo.min over a whole row: torch gives 1/N; a running max that starts above the
+    # row's values (the first one-pass version started at -1e38) gave nan. bf16 at finfo.min itself (-3.4e38) is out:
+    # its folded exponent x log2(e) - max log2(e) overflows float32 in either version (docs/kernels.md)
+    x = torch.randn(4, 50257 if dtype != torch.float32 else 17001, device="cuda").to(dtype)
+    x[1] = fill
+    x[2, 5:] = fill  # five real logits, the rest masked
+    assert softmax._softmax_settings(4, x.shape[1], x.element_size()).mode == "held"
+    out = softmax.fused(x)
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    assert not out.isnan().any()
+    assert_close_to_row_scale(out, expected, dtype)
+
+
+@pytest.mark.gpu
+def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch(held_kernel):
     x = torch.randn(4, 50257, device="cuda").bfloat16()
     x[0] = -float("inf")
     x[1, 7] = float("inf")
@@ -904,7 +930,7 @@ def test_the_held_plan_falls_back_on_rows_of_a_wider_tensor_on_the_gpu(offset):
 
 
 @pytest.mark.gpu
-def test_the_held_plan_keeps_full_float32_precision_at_large_logits():
+def test_the_held_plan_keeps_full_float32_precision_at_large_logits(held_kernel):
     # fp32 exponents as (x - max) log2(e): the folded x log2(e) - max log2(e) loses |max| 2^-24 (6e-4 at 1e4)
     x = torch.randn(64, 17001, device="cuda", dtype=torch.float64).mul_(3).add_(1e4)
     assert softmax._softmax_settings(64, 17001, 4).mode == "held"
