@@ -11,6 +11,7 @@ these, never from each other.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -136,3 +137,16 @@ def graph_device_ms(launch, sets: list, replays: int = 5) -> float:
         times.append(start.elapsed_time(end) / calls)
     del graph
     return statistics.median(times)
+
+
+def disable_after_compile_failure(record: list[str], what: str, instead: str, error: Exception) -> None:
+    """A Gluon kernel failed to compile (a Triton whose Gluon moved on): warn once that ``what`` does not compile with
+    this Triton and that ``instead`` runs, and append the error to ``record`` (the module's list that its
+    ``available()`` reads). The warning points at the caller of the module's ``disable``."""
+    if not record:
+        import triton
+
+        first = str(error).splitlines()[0][:200] if str(error) else ""
+        warnings.warn(f"reference_kernels: {what} with Triton {triton.__version__} ({type(error).__name__}: {first}); "
+                      f"{instead}", RuntimeWarning, stacklevel=4)
+    record.append(f"{type(error).__name__}: {error}")

@@ -32,13 +32,12 @@ where it failed, under the interpreter, and off a GPU of compute capability 9.x.
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import NamedTuple
 
 import torch
 import triton
 
-from ._common import interpreting, sm_count
+from ._common import disable_after_compile_failure, interpreting, sm_count
 
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
     from triton.experimental import gluon
@@ -98,11 +97,8 @@ _DISABLED: list[str] = []  # why this kernel stopped being offered in this proce
 
 def disable(error: Exception) -> None:
     """After the kernel failed to compile (a Triton whose Gluon moved on): warn once; the tuner's other configs run."""
-    if not _DISABLED:
-        warnings.warn(f"reference_kernels: the warp-specialised GEMM does not compile with Triton {triton.__version__} "
-                      f"({type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}); the other "
-                      "GEMM kernels run instead", RuntimeWarning, stacklevel=3)
-    _DISABLED.append(f"{type(error).__name__}: {error}")
+    disable_after_compile_failure(_DISABLED, "the warp-specialised GEMM does not compile", "the other GEMM kernels "
+                                  "run instead", error)
 
 
 if gluon is not None:

@@ -12,7 +12,6 @@ the interpreter); the planners pick these plans only then.
 from __future__ import annotations
 
 import functools
-import warnings
 
 import torch
 import triton
@@ -25,7 +24,7 @@ try:  # Gluon: Triton 3.5+; its names move between releases, so any failure mean
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
-from ._common import interpreting
+from ._common import disable_after_compile_failure, interpreting
 
 BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
 WARPS = 8
@@ -72,11 +71,8 @@ def available(device_index: int | None = None) -> bool:
 
 def disable(error: Exception) -> None:
     """After a held kernel failed to compile (a Triton whose Gluon moved on): warn once and use the other plans."""
-    if not _DISABLED:
-        warnings.warn(f"reference_kernels: the shared-memory (held) kernels do not compile with Triton "
-                      f"{triton.__version__} ({type(error).__name__}: {str(error).splitlines()[0][:200]}); the other plans "
-                      "run instead", RuntimeWarning, stacklevel=3)
-    _DISABLED.append(f"{type(error).__name__}: {error}")
+    disable_after_compile_failure(_DISABLED, "the shared-memory (held) kernels do not compile", "the other plans run "
+                                  "instead", error)
 
 
 def packed_rows(*tensors: torch.Tensor) -> bool:
@@ -121,4 +117,16 @@ if gluon is not None:
         if (s == 0) | (s >= NSEG - 2):
             col = s * BLOCK + idx
             v = gl.where((col >= shift) & (col < end), v, fill)
+        return v
+
+    @gluon.jit
+    def land_segment(buf, s: gl.constexpr, idx, shift, end, fill, layout: gl.constexpr, BLOCK: gl.constexpr,
+                     NSEG: gl.constexpr):
+        # segment s of a row copied in segment by segment, once its copy has landed: float32, the neighbours'
+        # elements made fill (only_the_row) and written back as fill, so that the passes after read it unmasked
+        async_copy.wait_group(NSEG - 1 - s)
+        seg = buf.index(s)
+        v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, fill, BLOCK, NSEG)
+        if (s == 0) | (s >= NSEG - 2):
+            seg.store(v.to(seg.dtype))
         return v

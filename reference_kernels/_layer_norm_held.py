@@ -22,7 +22,7 @@ import torch
 import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, only_the_row, packed_rows, per_sm, row_start, segments)
+                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
     from ._held import _async_load
@@ -78,12 +78,7 @@ if gluon is not None:
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
             acc = gl.zeros([BLOCK], gl.float32, layout)
             for s in gl.static_range(NSEG):
-                async_copy.wait_group(NSEG - 1 - s)
-                seg = buf.index(s)
-                v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, 0.0, BLOCK, NSEG)
-                if (s == 0) | (s >= NSEG - 2):  # the neighbours' elements stay 0 for the passes after
-                    seg.store(v.to(x_ptr.dtype.element_ty))
-                acc += v
+                acc += land_segment(buf, s, idx, shift, end, 0.0, layout, BLOCK, NSEG)  # neighbours' elements 0
             mean = gl.sum(acc, axis=0) / n_cols
             acc = gl.zeros([BLOCK], gl.float32, layout)
             for s in gl.static_range(NSEG):
@@ -384,5 +379,6 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_held_kernel[(progs,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
-        VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), num_warps=shape.warps, maxnreg=shape.max_regs)
+        VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), num_warps=shape.warps,
+        maxnreg=shape.max_regs)
     return dw_part, db_part

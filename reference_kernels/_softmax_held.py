@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, only_the_row, packed_rows, per_sm, row_start, segments)
+                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments)
 
 if gluon is not None:
 
@@ -94,11 +94,7 @@ if gluon is not None:
                 m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
                 a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
                 for s in gl.static_range(NSEG):
-                    async_copy.wait_group(NSEG - 1 - s)
-                    seg = buf.index(s)
-                    v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
-                    if (s == 0) | (s >= NSEG - 2):
-                        seg.store(v.to(x_ptr.dtype.element_ty))
+                    v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
                     v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
                     m_new = gl.maximum(m, gl.max(v2, axis=1))
                     k = _finite_or_zero(m_new)
@@ -108,12 +104,7 @@ if gluon is not None:
             else:
                 m = gl.full([BLOCK], float("-inf"), gl.float32, layout)
                 for s in gl.static_range(NSEG):
-                    async_copy.wait_group(NSEG - 1 - s)
-                    seg = buf.index(s)
-                    v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
-                    if (s == 0) | (s >= NSEG - 2):
-                        seg.store(v.to(x_ptr.dtype.element_ty))
-                    m = gl.maximum(m, v)
+                    m = gl.maximum(m, land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG))
                 c = gl.max(m, axis=0)
                 acc = gl.zeros([BLOCK], gl.float32, layout)
                 for t in range(NSEG):

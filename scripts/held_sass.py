@@ -15,16 +15,14 @@ compilable. tests/test_ref_held.py runs it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _sass  # noqa: E402
 
 SIGNATURES = {
     "softmax": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
@@ -87,45 +85,16 @@ def compile_case(case: str) -> dict:
         "vector_stores": "st.global.v4.b32" in ptx,
         "register_cap": max_regs,  # the launch's maxnreg, which the compile used
     }
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    try:
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
-        regs = re.search(r"REG:(\d+)", usage)
-        stack = re.search(r"STACK:(\d+)", usage)
-        result["registers"] = int(regs.group(1)) if regs else None
-        result["stack"] = int(stack.group(1)) if stack else None
-        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
-        result["instructions"] = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M))
-        result["sass"] = sass
-    except OSError:  # no cuobjdump / nvdisasm in this Triton build
-        result.update(registers=None, stack=None, instructions=None, sass="")
-    finally:
-        os.unlink(f.name)
+    usage, sass = _sass.disassemble(compiled.asm["cubin"])
+    result.update(registers=_sass.resource(usage, "REG"), stack=_sass.resource(usage, "STACK"),
+                  instructions=len(re.findall(_sass.INSTRUCTION, sass, re.M)) if sass else None, sass=sass)
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="+", metavar="CASE")
-    parser.add_argument("--json", action="store_true", help="one JSON object a line instead of a table")
-    parser.add_argument("--sass", metavar="DIR", help="write each case's SASS to DIR/<case>.sass")
-    args = parser.parse_args()
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise SystemExit("held_sass.py: unset TRITON_INTERPRET (the interpreter's library functions do not compile)")
     from reference_kernels import _held
 
-    if _held.gluon is None:
-        print(json.dumps({"unavailable": "this Triton has no Gluon"}) if args.json else "this Triton has no Gluon")
-        return
-    for case in args.cases:
-        result = compile_case(case)
-        sass = result.pop("sass")
-        if args.sass:
-            Path(args.sass).mkdir(parents=True, exist_ok=True)
-            (Path(args.sass) / f"{case.replace(':', '_')}.sass").write_text(sass)
-        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()))
+    _sass.main(__doc__.splitlines()[0], "held_sass.py", compile_case, lambda: _held.gluon is not None)
 
 
 if __name__ == "__main__":

@@ -23,16 +23,14 @@ tests/test_ref_gemm_ws.py runs it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _sass  # noqa: E402
 
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "tanh": 3}  # gemm_epilogue's codes before _fast_activation
 FLAGS = ("residual", "kmajor", "nobias", "ragged")
@@ -128,19 +126,9 @@ def compile_case(case: str) -> dict:
         "smem_bytes": _gemm_ws.smem_bytes(spec["config"], tdt.itemsize, split),  # the host's estimate
         "warps": compiled.metadata.num_warps,  # all partitions'
     }
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(compiled.asm["cubin"])
-    try:
-        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True).stdout
-    except OSError:  # no cuobjdump / nvdisasm in this Triton build
-        usage = sass = ""
-    finally:
-        os.unlink(f.name)
+    usage, sass = _sass.disassemble(compiled.asm["cubin"])
     for name, key in (("registers", "REG"), ("stack", "STACK"), ("local", "LOCAL")):
-        found = re.search(rf"\b{key}:(\d+)", usage)
-        result[name] = int(found.group(1)) if found else None
+        result[name] = _sass.resource(usage, key)
 
     def count(pattern):
         return len(re.findall(pattern, sass, re.M)) if sass else None
@@ -155,32 +143,16 @@ def compile_case(case: str) -> dict:
         utmastg=count(r"\bUTMASTG\b"),
         stl=count(r"\bSTL\b"),
         ldl=count(r"\bLDL\b"),
-        instructions=count(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S"),
+        instructions=count(_sass.INSTRUCTION),
         sass=sass,
     )
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("cases", nargs="+", metavar="CASE")
-    parser.add_argument("--json", action="store_true", help="one JSON object a line instead of a table")
-    parser.add_argument("--sass", metavar="DIR", help="write each case's SASS to DIR/<case>.sass")
-    args = parser.parse_args()
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise SystemExit("ws_sass.py: unset TRITON_INTERPRET (the interpreter's library functions do not compile)")
     from reference_kernels import _gemm_ws
 
-    if _gemm_ws.gluon is None:
-        print(json.dumps({"unavailable": "this Triton has no Gluon"}) if args.json else "this Triton has no Gluon")
-        return
-    for case in args.cases:
-        result = compile_case(case)
-        sass = result.pop("sass")
-        if args.sass:
-            Path(args.sass).mkdir(parents=True, exist_ok=True)
-            (Path(args.sass) / f"{case.replace(':', '_')}.sass").write_text(sass)
-        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()))
+    _sass.main(__doc__.splitlines()[0], "ws_sass.py", compile_case, lambda: _gemm_ws.gluon is not None)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,6 @@ H200, against a float32 reference, into an output poisoned with NaN.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +21,7 @@ from reference_kernels import _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 from test_ref_gemm_epilogue import TOLERANCES
+from test_ref_held import compile_for_sm90
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ws_sass.py"
 CASES = ["bf16:gelu", "fp16:gelu:residual:kmajor", "bf16:tanh:64x128"]
@@ -32,18 +29,9 @@ CASES = ["bf16:gelu", "fp16:gelu:residual:kmajor", "bf16:tanh:64x128"]
 
 @pytest.fixture(scope="module")
 def compiled_for_sm90():
-    """scripts/ws_sass.py over CASES, in a process of its own without TRITON_INTERPRET (under the interpreter
-    Triton's library functions cannot be compiled): {case: what came out}."""
-    if _gemm_ws.gluon is None:
-        pytest.skip("this Triton has no Gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(SCRIPT), *CASES, "--json"], capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    if results and "unavailable" in results[0]:
-        pytest.skip(results[0]["unavailable"])
-    return {r["case"]: r for r in results}
+    """scripts/ws_sass.py over CASES (test_ref_held.compile_for_sm90; it skips where this Triton's Gluon lacks the
+    Hopper ops the kernel needs, as the script reports): {case: what came out}."""
+    return compile_for_sm90(SCRIPT, CASES)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -31,20 +31,26 @@ CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "soft
          "layer_norm_bwd:bf16:bf16:3001", "layer_norm_bwd:fp16:fp32:10468"]
 
 
-@pytest.fixture(scope="module")
-def compiled_for_sm90():
-    """scripts/held_sass.py over CASES, in a process of its own without TRITON_INTERPRET (under the interpreter
-    Triton's library functions cannot be compiled): {case: what came out}."""
+def compile_for_sm90(script: Path, cases: list[str]) -> dict:
+    """An offline-compile script (scripts/held_sass.py, scripts/ws_sass.py) over ``cases``, in a process of its own
+    without TRITON_INTERPRET (under the interpreter Triton's library functions cannot be compiled): {case: what came
+    out}; the test skips where this Triton has no Gluon."""
     if _held.gluon is None:
         pytest.skip("this Triton has no Gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(SCRIPT), *CASES, "--json"], capture_output=True, text=True, env=env,
+    run = subprocess.run([sys.executable, str(script), *cases, "--json"], capture_output=True, text=True, env=env,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     if results and "unavailable" in results[0]:
         pytest.skip(results[0]["unavailable"])
     return {r["case"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def compiled_for_sm90():
+    """scripts/held_sass.py over CASES: {case: what came out}."""
+    return compile_for_sm90(SCRIPT, CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
