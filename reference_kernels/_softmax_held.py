@@ -3,7 +3,7 @@
 A wide row (16385-56000 16-bit columns) is too wide for one program's registers and, walked twice,
 re-reads from L2 what a few programs an SM hold in flight. Here a persistent program copies the
 whole row into shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start,
-no registers held), takes its max, its sum of exponentials and its output from there, and copies
+no registers held), takes its max and its sum of exponentials in one pass and its output from there, and copies
 the next row into each segment as soon as the output pass has left it: one HBM read and one write,
 the next row's loads in flight behind this row's arithmetic, and two or more programs an SM where
 shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
@@ -28,13 +28,11 @@ if gluon is not None:
                                          pack=1)
 
     @gluon.jit
-    def _exp_from(v, c, EXACT: gl.constexpr):
-        # exp(v - c) by ex2.approx.ftz; EXACT keeps the subtraction first (folding c into an FMA loses |c| 2^-24 of
-        # the exponent: 6e-4 relative at logits of 1e4, fine for 16-bit outputs, not for fp32 ones)
+    def _exp_from(v, c):
+        # exp(v - c) by ex2.approx.ftz, the subtraction first: folded into one FMA, v log2(e) - c log2(e) loses
+        # |c| 2^-24 of the exponent, which at a fully masked row's max (finfo.min) is 1e31 (docs/kernels.md)
         LOG2E: gl.constexpr = 1.4426950408889634
-        if EXACT:
-            return _ex2((v - c) * LOG2E)
-        return _ex2(v * LOG2E - c * LOG2E)
+        return _ex2((v - c) * LOG2E)
 
     @gluon.jit
     def _finite_or_zero(m):
@@ -43,10 +41,10 @@ if gluon is not None:
 
     @gluon.jit
     def _merge_max_sum(m1, a1, m2, a2):
-        # two (max, sum of exp(x - max)) pairs as one; exact exponents (the pairs are few)
+        # two (max, sum of exp(x - max)) pairs as one
         m = gl.maximum(m1, m2)
         k = _finite_or_zero(m)
-        return m, a1 * _exp_from(m1, k, True) + a2 * _exp_from(m2, k, True)
+        return m, a1 * _exp_from(m1, k) + a2 * _exp_from(m2, k)
 
     @gluon.jit
     def _softmax_held_kernel(
@@ -57,13 +55,11 @@ if gluon is not None:
         BLOCK: gl.constexpr,  # elements a segment
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
-        EXACT: gl.constexpr,  # exponents as (x - c) log2(e): fp32 outputs (16-bit: x log2(e) - c log2(e), one FMA)
-        ONLINE: gl.constexpr,  # the max and the sum in one pass and one reduction (ONLINE below)
         num_warps: gl.constexpr,
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
-        counted from the aligned vector that holds its first element (``shift`` elements before it). The max, the sum
-        and the output read it there; the output pass copies the next row into each segment it has left (each
+        counted from the aligned vector that holds its first element (``shift`` elements before it). The max and the
+        sum (one pass) and the output read it there; the output pass copies the next row into each segment it has left (each
         thread copies into the slots it read, so no other thread's data is overwritten). Segments strictly inside
         the row take no masks; the first and last take element masks, and the output's partial vectors at the two
         ends of the row are stored element by element (the edges, loaded at the row's start)."""
@@ -85,31 +81,21 @@ if gluon is not None:
             ecol, emask = edge_columns(eidx, shift, end, VEC)  # the edges
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
 
-            # the max, each segment as it lands; in the first and the last two (the only ones a row's ends can fall
-            # in) the neighbours' elements become -inf, so that the sum and the output need no masks
-            if ONLINE:
-                # each thread's running max and sum over its VEC-element vectors (one rescale a vector), then one
-                # reduction of the (max, sum) pairs. A max still -inf (a vector of neighbours' -inf, or a row of
-                # them) is subtracted as 0 (_finite_or_zero), so those terms add 0 instead of exp(-inf + inf)
-                m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
-                a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
-                for s in gl.static_range(NSEG):
-                    v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
-                    v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
-                    m_new = gl.maximum(m, gl.max(v2, axis=1))
-                    k = _finite_or_zero(m_new)
-                    a = a * _exp_from(m, k, True) + gl.sum(_exp_from(v2, k[:, None], EXACT), axis=1)
-                    m = m_new
-                c, total = gl.reduce((m, a), 0, _merge_max_sum)
-            else:
-                m = gl.full([BLOCK], float("-inf"), gl.float32, layout)
-                for s in gl.static_range(NSEG):
-                    m = gl.maximum(m, land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG))
-                c = gl.max(m, axis=0)
-                acc = gl.zeros([BLOCK], gl.float32, layout)
-                for t in range(NSEG):
-                    acc += _exp_from(buf.index(t).load(layout).to(gl.float32), c, EXACT)
-                total = gl.sum(acc, axis=0)
+            # the max and the sum in one pass, each segment as it lands: each thread's running max and sum over its
+            # VEC-element vectors (one rescale a vector), then one reduction of the (max, sum) pairs. In the first and
+            # the last two segments (the only ones a row's ends can fall in) the neighbours' elements become -inf, so
+            # that the output needs no masks; a max still -inf (a vector of neighbours, or a row of -inf) is
+            # subtracted as 0 (_finite_or_zero), so those terms add 0 instead of exp(-inf + inf)
+            m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
+            a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
+            for s in gl.static_range(NSEG):
+                v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
+                v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
+                m_new = gl.maximum(m, gl.max(v2, axis=1))
+                k = _finite_or_zero(m_new)
+                a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
+                m = m_new
+            c, total = gl.reduce((m, a), 0, _merge_max_sum)
             inv = 1.0 / total
 
             nxt = row + n_progs
@@ -118,24 +104,16 @@ if gluon is not None:
             first_v = gl.cdiv(shift, VEC)
             for u in range(NSEG):
                 v = buf.index(u).load(layout).to(gl.float32)
-                y = (_exp_from(v, c, EXACT) * inv).to(y_ptr.dtype.element_ty)
+                y = (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty)
                 col = u * BLOCK + idx
                 vi = col // VEC
                 gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
                 copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
-            ey = _exp_from(ev, c, EXACT) * inv
+            ey = _exp_from(ev, c) * inv
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             shift = nshift
         async_copy.wait_group(0)
-
-
-# The row's max and sum of exponentials in one pass over shared memory and one block reduction of (max, sum) pairs,
-# each thread rescaling its running sum once a 16-byte vector, instead of a pass and a reduction each
-# (docs/kernels.md, "Rows held in shared memory"): H200 +1-3 points of copy at 28672-50257 16-bit columns. Off until
-# its gpu tests have run on this version: the timed one started its running max at -1e38, which turns a row of
-# values under -1e38 (a fully masked row at finfo.min) into nan; this one starts at -inf, guarded.
-ONLINE = False
 
 
 def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
@@ -153,5 +131,5 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     es = x2.element_size()
     progs = per_sm(n_cols, es)
     _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
-        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es, EXACT=es >= 4, ONLINE=ONLINE,
+        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
         num_warps=WARPS, maxnreg=MAX_REGS)

@@ -509,12 +509,15 @@ _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 # Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
 # in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM but powers of
-# two (32768: staged 86 against 83); fp32 rows that are not a multiple of 16 columns, three or more programs an SM
-# (17000: 70 -> 82; with two, level to 5 points lower: 27470 82 -> 77; multiples of 16 keep staged, 24000 96 vs 91).
-# False: never.
+# two (32768: staged 86 against 83); fp32 rows that are not a multiple of 16 columns (multiples of 16 keep staged,
+# 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
+# row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; 27470, 84% of 32768: 83 -> 78) or
+# the row is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True
 _HELD_MIN_COLS = 16385
-_HELD_MIN_PER_SM = {2: 2, 4: 3}  # by element size; one program an SM loses (bf16 65536 77 -> 66, fp32 30522 91 -> 83)
+_HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit rows at one program an SM: 60000 70 -> 74, 65536 77 -> 66
+_HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
+_HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
@@ -657,13 +660,19 @@ def _softmax_settings(
 
 def _held_default(n_cols: int, elem_size: int) -> bool:
     """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, at least
-    ``_HELD_MIN_PER_SM`` programs an SM): 16-bit rows but powers of two, fp32 rows of no multiple of 16 columns."""
-    least = _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]
-    if not _HELD or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) < least:
+    ``_HELD_MIN_PER_SM`` programs an SM): 16-bit rows but powers of two; fp32 rows of no multiple of 16 columns, where
+    the staged plan would take them only with ``_HELD_FP32_STAGED_MIN_PER_SM`` programs an SM or where its lanes are
+    used under ``_HELD_FP32_STAGED_LANE_USE``."""
+    progs = _softmax_held.per_sm(n_cols, elem_size)
+    if not _HELD or n_cols < _HELD_MIN_COLS or progs < _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]:
         return False
-    if elem_size >= 4:
-        return n_cols % 16 != 0
-    return n_cols & (n_cols - 1) != 0
+    if elem_size < 4:
+        return n_cols & (n_cols - 1) != 0
+    if n_cols % 16 == 0:
+        return False
+    if progs >= _HELD_FP32_STAGED_MIN_PER_SM or ragged_width(n_cols, elem_size) > _STAGED_MAX_COLS:
+        return True
+    return n_cols / sum(_staged_plan(n_cols, elem_size).pieces) < _HELD_FP32_STAGED_LANE_USE
 
 
 def _rows_tile(n_cols: int, elem_size: int) -> int:

@@ -41,7 +41,7 @@ def compile_case(case: str) -> dict:
     from reference_kernels import _held, _layer_norm_held, _softmax_held
 
     subject, *rest = case.split(":")
-    if subject in ("softmax", "softmax_online"):  # softmax_online: the one-pass kernel whatever ONLINE says
+    if subject == "softmax":
         dtype, n = rest[0], int(rest[1])
         param, kernel = None, _softmax_held._softmax_held_kernel
     elif subject in ("layer_norm", "layer_norm_bwd"):
@@ -49,18 +49,14 @@ def compile_case(case: str) -> dict:
         kernel = (_layer_norm_held._layer_norm_fwd_held_kernel if subject == "layer_norm"
                   else _layer_norm_held._layer_norm_bwd_held_kernel)
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_online, layer_norm or layer_norm_bwd")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, layer_norm or layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
-    for entry in SIGNATURES["softmax" if subject == "softmax_online" else subject]:
+    for entry in SIGNATURES[subject]:
         name, ty = entry.split(":")
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
     max_regs = _held.MAX_REGS
-    if subject == "softmax":
-        constexprs.update(EXACT=elem == 4, ONLINE=_softmax_held.ONLINE)
-    if subject == "softmax_online":
-        constexprs.update(EXACT=elem == 4, ONLINE=True)
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)

@@ -827,7 +827,7 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
             for e in (2, 4) if settings(4096, n, e, held=True).mode == "held"}
     assert held == {(16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
                     (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM)
-                    (16385, 4), (17000, 4)}  # fp32: not 18432 (a multiple of 16), not 25049 (two an SM, not three)
+                    (16385, 4), (17000, 4), (25049, 4), (50257, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522
     assert settings(4096, 50257, 2, held=True) == softmax._Plan("held", 1, 2048, 8, per_sm=2, max_regs=64)
     # never where a test forces a plan, nor with held=False or _HELD off
     assert settings(4096, 50257, 2, held=True, max_row=4096).mode != "held"
@@ -835,6 +835,20 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     assert settings(4096, 50257, 2, held=False).mode != "held"
     monkeypatch.setattr(softmax, "_HELD", False)
     assert settings(4096, 50257, 2, held=True).mode != "held"
+
+
+def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_fewer_programs_an_sm(monkeypatch):
+    settings = softmax._softmax_settings
+    # three programs an SM: held; two or one: held where the staged plan's lanes are used under 80% (it pads the row
+    # to 32768), or past the staged plan (a split walk otherwise)
+    assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 30522, 40001)] == [3, 2, 2, 1, 1]
+    assert {n: settings(64, n, 4, held=True).mode for n in (18401, 21001, 26001, 27470, 30522, 32767, 40001)} == {
+        18401: "held", 21001: "held", 26001: "held", 27470: "staged", 30522: "staged", 32767: "held", 40001: "held"}
+    assert settings(64, 40001, 4, held=False).mode == "split"
+    monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.9)
+    assert settings(64, 27470, 4, held=True).mode == "held" and settings(64, 30522, 4, held=True).mode == "staged"
+    monkeypatch.setattr(softmax, "_HELD_MIN_PER_SM", {2: 2, 4: 2})
+    assert settings(64, 40001, 4, held=True).mode == "split"
 
 
 def test_a_held_plan_falls_back_to_the_plan_without_it_where_the_kernel_does_not_take_the_rows(monkeypatch):
@@ -860,21 +874,13 @@ def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
 
 HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
-               (torch.float32, 17001)]
-
-
-@pytest.fixture(params=[False, True], ids=["two_passes", "online"])
-def held_kernel(request, monkeypatch):
-    """The held kernel's max and sum in two passes or in one (``_softmax_held.ONLINE``), whichever the default."""
-    monkeypatch.setattr(_softmax_held, "ONLINE", request.param)
-    return request.param
+               (torch.float32, 17001), (torch.float32, 21001), (torch.float32, 40001)]  # fp32: 3, 2, 1 programs an SM
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3, 301])
 @pytest.mark.parametrize("dtype, n", HELD_WIDTHS, ids=str)
-def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_rows_as_torch(held_kernel, dtype, n,
-                                                                                            rows):
+def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_rows_as_torch(dtype, n, rows):
     assert softmax._softmax_settings(rows, n, torch.tensor([], dtype=dtype).element_size()).mode == "held"
     x = torch.randn(rows, n, device="cuda").mul_(4).to(dtype)
     if rows > 1:
@@ -893,12 +899,13 @@ def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_r
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, fill", [(torch.float32, torch.finfo(torch.float32).min), (torch.float32, -1.5e38),
-                                         (torch.bfloat16, -1.5e38), (torch.float16, torch.finfo(torch.float16).min)],
+                                         (torch.bfloat16, torch.finfo(torch.bfloat16).min), (torch.bfloat16, -1.5e38),
+                                         (torch.bfloat16, -1e30), (torch.float16, torch.finfo(torch.float16).min)],
                          ids=str)
-def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uniform_softmax(held_kernel, dtype, fill):
-    # an attention-style mask at finfo.min over a whole row: torch gives 1/N; a running max that starts above the
-    # row's values (the first one-pass version started at -1e38) gave nan. bf16 at finfo.min itself (-3.4e38) is out:
-    # its folded exponent x log2(e) - max log2(e) overflows float32 in either version (docs/kernels.md)
+def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uniform_softmax(dtype, fill):
+    # an attention-style mask at finfo.min over a whole row: torch gives 1/N. A running max that starts above the
+    # row's values (the first one-pass version started at -1e38) gave nan; so did 16-bit exponents folded into one
+    # FMA, x log2(e) - max log2(e), which lose |max| 2^-24 of the exponent (1e31 at -1.5e38; docs/kernels.md)
     x = torch.randn(4, 50257 if dtype != torch.float32 else 17001, device="cuda").to(dtype)
     x[1] = fill
     x[2, 5:] = fill  # five real logits, the rest masked
@@ -910,7 +917,7 @@ def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uni
 
 
 @pytest.mark.gpu
-def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch(held_kernel):
+def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch():
     x = torch.randn(4, 50257, device="cuda").bfloat16()
     x[0] = -float("inf")
     x[1, 7] = float("inf")
@@ -930,8 +937,8 @@ def test_the_held_plan_falls_back_on_rows_of_a_wider_tensor_on_the_gpu(offset):
 
 
 @pytest.mark.gpu
-def test_the_held_plan_keeps_full_float32_precision_at_large_logits(held_kernel):
-    # fp32 exponents as (x - max) log2(e): the folded x log2(e) - max log2(e) loses |max| 2^-24 (6e-4 at 1e4)
+def test_the_held_plan_keeps_full_float32_precision_at_large_logits():
+    # exponents as (x - max) log2(e): the folded x log2(e) - max log2(e) loses |max| 2^-24 (6e-4 at 1e4)
     x = torch.randn(64, 17001, device="cuda", dtype=torch.float64).mul_(3).add_(1e4)
     assert softmax._softmax_settings(64, 17001, 4).mode == "held"
     out = softmax.fused(x.float())
