@@ -22,8 +22,9 @@ tuning took (``gemm_epilogue._timings``). docs/kernels.md, "gemm_epilogue".
         [--out DIR]
 
 ``--configs`` also times each given config (``gemm_epilogue._launch``'s tuple: BLOCK_M, BLOCK_N, BLOCK_K,
-GROUP_M, epilogue split, stages, warps, programs an SM, split-K; ";"-separated) at every shape, forced
-instead of tuned, and prints them fastest first beside the tuned one.
+GROUP_M, epilogue split, stages, warps, programs an SM, split-K; or ``ws(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+stages, programs an SM[, epilogue split])``, a ``_gemm_ws.WsConfig`` of the warp-specialised kernel; ";"-separated)
+at every shape, forced instead of tuned, and prints them fastest first beside the tuned one.
 """
 
 from __future__ import annotations
@@ -201,17 +202,21 @@ def _config_cell(config: list) -> str:
 
 
 def _parse_configs(text: str) -> list[tuple]:
-    """``--configs``: ";"-separated tuples of nine ints, refused with a clear message otherwise."""
+    """``--configs``: ";"-separated tuples of nine ints, or ``ws(...)`` of six or seven (a ``WsConfig``), refused with
+    a clear message otherwise."""
     configs = []
     for item in filter(None, (part.strip() for part in text.split(";"))):
+        ws = item.startswith("ws(")
         try:
-            config = tuple(ast.literal_eval(item))
+            config = tuple(ast.literal_eval(item[2:] if ws else item))
         except (ValueError, SyntaxError, TypeError):
             raise SystemExit(f"--configs {item!r}: not a tuple literal") from None
-        if len(config) != 9 or not all(isinstance(v, int) for v in config):
-            raise SystemExit(f"--configs {item!r}: expected nine ints (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, "
-                             "epilogue split, stages, warps, programs an SM, split-K)")
-        configs.append(config)
+        if not all(isinstance(v, int) for v in config) or len(config) not in ((6, 7) if ws else (9,)):
+            raise SystemExit(f"--configs {item!r}: " + (
+                "expected ws(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, programs an SM[, epilogue split])" if ws else
+                "expected nine ints (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, epilogue split, stages, warps, programs an "
+                "SM, split-K)"))
+        configs.append(ge._gemm_ws.WsConfig(*config) if ws else config)
     return configs
 
 

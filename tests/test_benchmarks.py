@@ -94,8 +94,13 @@ def test_the_gemm_bench_parses_forced_configs_and_refuses_bad_ones():
     assert _parse_configs("") == []
     assert _parse_configs("(64,128,64,8,1,4,4,1,2); (128, 128, 64, 8, 1, 4, 8, 2, 1)") == [
         (64, 128, 64, 8, 1, 4, 4, 1, 2), (128, 128, 64, 8, 1, 4, 8, 2, 1)]
+    # the warp-specialised kernel's configs: ws(...) of six or seven ints, a WsConfig (its launch dispatches on it)
+    ws = _parse_configs("ws(64, 64, 64, 8, 8, 1); ws(128,128,64,8,6,1,2)")
+    assert ws == [(64, 64, 64, 8, 8, 1, 2), (128, 128, 64, 8, 6, 1, 2)]
+    assert all(type(c).__name__ == "WsConfig" for c in ws)
     for bad, words in [("(64, 128)", "expected nine ints"), ("64x128", "not a tuple literal"),
-                       ("(64, 128, 64, 8, 1, 4, 4, 1, 2.5)", "expected nine ints")]:
+                       ("(64, 128, 64, 8, 1, 4, 4, 1, 2.5)", "expected nine ints"), ("ws(64, 64)", "expected ws("),
+                       ("ws(64, 64, 64, 8, 8, 1, 2, 1, 1)", "expected ws("), ("ws[64]", "not a tuple literal")]:
         with pytest.raises(SystemExit, match=re.escape(words)):
             _parse_configs(bad)
 
