@@ -411,7 +411,13 @@ _TWO_PER_SM_MAX_K = 3072
 # candidate before: 2048x768x3072 454 / 375, 8192x768x3072 562 / 477, 1024x3072x768 348 / 304, 4096^3 723 / 706;
 # level at 512x768x3072 and 128x4096x4096 (docs/kernels.md, "gemm_epilogue"). False: never.
 _WS = True
-_WS_CONFIGS = [_gemm_ws.WsConfig(128, 128, 64, 8, 6, 1), _gemm_ws.WsConfig(64, 128, 64, 8, 6, 1)]
+_WS_CONFIGS = [_gemm_ws.WsConfig(128, 128, 64, 8, 6, 1), _gemm_ws.WsConfig(64, 128, 64, 8, 8, 1)]
+# Problems of fewer than _WS_SMALL_WAVES waves of 64x128 tiles also time smaller tiles (more of them: every SM busy):
+# H200, bf16 + bias + exact GELU, TFLOPS, forced against the tuned choice: 64x768x3072 50 (64x32) / 43, 512x3072x768
+# 224 (64x64) / 209, 1024x3072x768 357 (128x64) / 339 (docs/kernels.md, "gemm_epilogue").
+_WS_SMALL_CONFIGS = [_gemm_ws.WsConfig(128, 64, 64, 8, 8, 1), _gemm_ws.WsConfig(64, 64, 64, 8, 8, 1),
+                     _gemm_ws.WsConfig(64, 32, 64, 8, 8, 1)]
+_WS_SMALL_WAVES = 2
 # The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
 # (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
 # 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
@@ -470,7 +476,8 @@ def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, sms: 
 def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: bool = False) -> list[tuple]:
     """The configs to time for one problem: the measured big-tile list when 128x256 tiles fill two
     waves, else the cost model's best ``_CANDIDATES`` of the smaller tiles and split-K factors; with ``ws``
-    (the warp-specialised kernel runs here), 16-bit TMA problems also time ``_WS_CONFIGS``.
+    (the warp-specialised kernel runs here), 16-bit TMA problems also time ``_WS_CONFIGS``, and ``_WS_SMALL_CONFIGS``
+    where 64x128 tiles fill fewer than ``_WS_SMALL_WAVES`` waves.
 
     Split-K is considered only while the output has fewer tiles than SMs, keeping at least
     ``_MIN_K_STEPS`` K steps a range and at most three waves. fp32 inputs halve BLOCK_K and drop the
@@ -497,7 +504,8 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
         configs = [(c[0], c[1], min(c[2], 32)) + c[3:] for c in configs if c[0] * c[1] <= 128 * 128]
         configs = configs or [(128, 128, 32, 8, 1, 4, 8, 1, 1)]
     if ws and path == "tma" and elt == 2:
-        configs += [c for c in _WS_CONFIGS if c not in configs]
+        small = triton.cdiv(M, 64) * triton.cdiv(N, 128) < _WS_SMALL_WAVES * sms
+        configs += [c for c in _WS_CONFIGS + (_WS_SMALL_CONFIGS if small else []) if c not in configs]
     return configs
 
 

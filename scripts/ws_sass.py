@@ -8,9 +8,10 @@ gelu (the exact one) or tanh (the tanh GELU), as the kernel gets them on CUDA (`
 gelu 5, tanh 4), default none; flags ``residual`` (a contiguous residual), ``kmajor`` (b the transpose of a
 contiguous (N, K) weight), ``nobias``, ``ragged`` (N = 744, so N and the residual's row stride are not multiples of
 16 and their loads do not pair up; else N = 768); ``BMxBN`` a consumer's tile, with the stages, BLOCK_K, GROUP_M and
-epilogue split of the ``gemm_epilogue._WS_CONFIGS`` entry of that tile (else ``_gemm_ws.DEFAULT_CONFIG``'s); ``sN``
-N stages; ``split1`` / ``split2`` the epilogue split (whole tiles or column halves). The compile is the one
-``_gemm_ws.launch`` asks for at such a problem on an H200 (132 programs, the JIT's specialisation of its arguments).
+epilogue split of the ``gemm_epilogue._WS_CONFIGS`` or ``_WS_SMALL_CONFIGS`` entry of that tile (else
+``_gemm_ws.DEFAULT_CONFIG``'s); ``sN`` N stages; ``split1`` / ``split2`` the epilogue split (whole tiles or column
+halves). The compile is the one ``_gemm_ws.launch`` asks for at such a problem on an H200 (132 programs, the JIT's
+specialisation of its arguments).
 
 Per case: registers, stack and local memory (cuobjdump), shared memory (and ``smem_bytes``, the host's budget of
 it), warps, the SASS's HGMMAs, the USETMAXREG register counts (``alloc``: TRY_ALLOC, ``dealloc``: DEALLOC), TMA loads
@@ -63,7 +64,7 @@ def parse(case: str) -> dict:
                              f"{', '.join(FLAGS)}; a tile BMxBN; sN stages; split1 or split2)")
     config = tuple(_gemm_ws.DEFAULT_CONFIG)
     if tile:
-        known = [tuple(c) for c in getattr(ge, "_WS_CONFIGS", ()) if tuple(c[:2]) == tile]
+        known = [tuple(c) for c in ge._WS_CONFIGS + ge._WS_SMALL_CONFIGS if tuple(c[:2]) == tile]
         config = known[0] if known else tile + config[2:]
     if stages:
         config = config[:4] + (stages,) + config[5:]

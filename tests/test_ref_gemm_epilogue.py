@@ -458,11 +458,17 @@ def test_short_k_problems_with_more_tiles_than_sms_also_time_two_programs_an_sm(
 
 
 def test_16_bit_tma_problems_also_time_the_warp_specialised_kernel_where_it_runs():
-    ws = ge._WS_CONFIGS
-    assert all(isinstance(c, _gemm_ws.WsConfig) for c in ws) and len(ws) == 2
-    for M, N, K in ((2048, 3072, 768), (8192, 8192, 8192), (128, 4096, 4096)):
+    ws, small = ge._WS_CONFIGS, ge._WS_SMALL_CONFIGS
+    assert all(isinstance(c, _gemm_ws.WsConfig) for c in ws + small) and len(ws) == 2 and len(small) == 3
+    for M, N, K in ((2048, 3072, 768), (8192, 8192, 8192), (4096, 3072, 768)):  # 768+ tiles of 64x128
         configs = ge._ranked_configs("tma", M, N, K, 2, 132, ws=True)
         assert configs[-2:] == ws and configs[:-2] == ge._ranked_configs("tma", M, N, K, 2, 132)
+    # under two waves of 64x128 tiles (264 on 132 SMs) the smaller tiles too: 128x4096x4096 64 tiles, 2048x768 192
+    for M, N, K in ((128, 4096, 4096), (2048, 768, 3072), (64, 3072, 768)):
+        configs = ge._ranked_configs("tma", M, N, K, 2, 132, ws=True)
+        assert configs[-5:] == ws + small and configs[:-5] == ge._ranked_configs("tma", M, N, K, 2, 132)
+    assert ge._ranked_configs("tma", 2112, 1024, 768, 2, 132, ws=True)[-2:] == ws  # 33 x 8 = 264 tiles: two waves
+    assert ge._ranked_configs("tma", 2048, 1024, 768, 2, 132, ws=True)[-3:] == small  # 256
     assert not set(ws) & set(ge._ranked_configs("tma", 2048, 3072, 768, 4, 132, ws=True))  # fp32
     assert not set(ws) & set(ge._ranked_configs("tiled", 2048, 3072, 768, 2, 132, ws=True))
     assert not set(ws) & set(ge._gemm_configs("tma", 2048, 3072, 768, torch.bfloat16, torch.device("cpu")))

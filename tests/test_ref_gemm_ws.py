@@ -24,7 +24,7 @@ from test_ref_gemm_epilogue import TOLERANCES
 from test_ref_held import compile_for_sm90
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ws_sass.py"
-CASES = ["bf16:gelu", "fp16:gelu:residual:kmajor", "bf16:tanh:64x128"]
+CASES = ["bf16:gelu", "fp16:gelu:residual:kmajor", "bf16:tanh:64x128", "bf16:gelu:64x32"]  # the last: the smallest tile
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,9 @@ def test_the_scripts_cases_name_the_kernels_activation_codes_and_configs(monkeyp
     assert (spec["activation"], spec["flags"], spec["config"]) == (5, set(), default)
     spec = ws_sass.parse("fp16:tanh:residual:kmajor:64x128")
     assert (spec["dtype"], spec["activation"], spec["flags"]) == ("fp16", 4, {"residual", "kmajor"})
-    assert spec["config"][:2] == (64, 128) and spec["config"][2:] == default[2:]
+    assert spec["config"] == tuple(ge._WS_CONFIGS[1])  # the tuning's 64x128 candidate
+    assert ws_sass.parse("bf16:64x32")["config"] == tuple(ge._WS_SMALL_CONFIGS[2])
+    assert ws_sass.parse("bf16:256x64")["config"] == (256, 64) + default[2:]  # no candidate: the default's rest
     assert ws_sass.parse("bf16:relu:s4:split1")["config"][4:] == (4, 1, 1)
     assert ws_sass.parse("bf16")["activation"] == 0
     for bad in ("fp32:gelu", "bf16:silu", "bf16:gelu:128"):
@@ -175,7 +177,7 @@ def test_the_shared_memory_a_config_takes_is_its_ring_its_two_output_tiles_and_b
     assert _gemm_ws.smem_bytes(_gemm_ws.DEFAULT_CONFIG._replace(stages=7)) > _gemm_ws.SMEM_PER_BLOCK
     assert _gemm_ws.smem_bytes(_gemm_ws.DEFAULT_CONFIG._replace(epilogue_split=1)) == _gemm_ws.smem_bytes(
         _gemm_ws.DEFAULT_CONFIG, epilogue_split=1)  # a config's own split
-    for config in getattr(ge, "_WS_CONFIGS", [_gemm_ws.DEFAULT_CONFIG]):  # gemm_epilogue's candidates fit
+    for config in ge._WS_CONFIGS + ge._WS_SMALL_CONFIGS:  # gemm_epilogue's candidates fit
         assert _gemm_ws.smem_bytes(config) <= _gemm_ws.SMEM_PER_BLOCK, config
 
 
@@ -248,7 +250,7 @@ def test_launch_matches_a_float32_reference_and_writes_every_element(hopper, mkn
 @pytest.mark.parametrize("mkn", SHAPES, ids=str)
 # whole tiles (split 1) at 128x64: no spills (at 128x128, 56 bytes of stack: launch refuses it)
 @pytest.mark.parametrize("config", [_gemm_ws.WsConfig(64, 128, 64, 8, 6, 1), (128, 64, 64, 8, 8, 1, 1),
-                                    (64, 256, 64, 8, 4, 1, 2)], ids=str)
+                                    (64, 256, 64, 8, 4, 1, 2), *ge._WS_CONFIGS[1:], *ge._WS_SMALL_CONFIGS], ids=str)
 def test_other_tiles_stages_and_an_unsplit_epilogue_match_too(hopper, config, mkn, kmajor):
     _check(*mkn, torch.bfloat16, True, kmajor, config=config)
 
