@@ -15,11 +15,12 @@ Three kernels share one epilogue:
   under the interpreter.
 * ``_gemm_ws._gemm_ws_kernel``: a warp-specialised "ping-pong" kernel in Gluon for 16-bit
   inputs on sm_90 (two consumer warpgroups on alternate tiles, one's epilogue under the
-  other's MMAs, a TMA loader warp): timed beside the TMA kernel's configs (``_WS_CONFIGS``).
+  other's MMAs, a TMA loader warp): timed beside the TMA kernel's configs (``_WS_CONFIGS``, and
+  ``_WS_SMALL_CONFIGS`` for problems of few tiles).
 
 ``_gemm_path`` and ``_gemm_configs`` are the launch heuristics: which kernel, which
 tile shapes; when several configs remain, the launcher times each once per shape
-bucket and keeps the fastest (``_tuned``).
+bucket (``_TUNING_ROUNDS`` rounds, each candidate's best) and keeps the fastest (``_tuned``).
 
 Small and skinny problems (few output tiles for 132 SMs) get smaller tiles, or split-K:
 ``_gemm_splitk_kernel`` writes fp32 partial sums of a K range to a workspace and
