@@ -3,10 +3,10 @@
 A wide row (16385-56000 16-bit columns) is too wide for one program's registers and, walked twice,
 re-reads from L2 what a few programs an SM hold in flight. Here a persistent program copies the
 whole row into shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start,
-no registers held), takes its max and its sum of exponentials in one pass and its output from there, and copies
-the next row into each segment as soon as the output pass has left it: one HBM read and one write,
-the next row's loads in flight behind this row's arithmetic, and two or more programs an SM where
-shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
+no registers held), takes its max and its sum of exponentials in one pass and its output from
+there, and copies the next row into each segment as soon as the output pass has left it: one HBM
+read and one write, the next row's loads in flight behind this row's arithmetic, and more programs
+an SM where shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
 the kernel its shared memory; Triton's own language does not.
 
 What it shares with the layer-norm forward's held kernel (the sizes, ``available``, the segment copy) is in
@@ -59,8 +59,8 @@ if gluon is not None:
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
         counted from the aligned vector that holds its first element (``shift`` elements before it). The max and the
-        sum (one pass) and the output read it there; the output pass copies the next row into each segment it has left (each
-        thread copies into the slots it read, so no other thread's data is overwritten). Segments strictly inside
+        sum (one pass) and the output read it there; the output pass copies the next row into each segment it has
+        left (each thread copies into the slots it read, so no other thread's data is overwritten). Segments strictly inside
         the row take no masks; the first and last take element masks, and the output's partial vectors at the two
         ends of the row are stored element by element (the edges, loaded at the row's start)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])

@@ -515,7 +515,7 @@ _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one
 # the row is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True
 _HELD_MIN_COLS = 16385
-_HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit rows at one program an SM: 60000 70 -> 74, 65536 77 -> 66
+_HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
 _HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
