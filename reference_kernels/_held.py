@@ -104,6 +104,13 @@ if gluon is not None:
         return abase, (base - abase).to(gl.int32)
 
     @gluon.jit
+    def row_span(shift, n_cols, VEC: gl.constexpr):
+        # counted from the row's aligned-down start (row_start): its end, and its first and last whole vectors
+        # (the vectors from first_v up to last_v hold none of the neighbours' elements)
+        end = shift + n_cols
+        return end, gl.cdiv(shift, VEC), end // VEC
+
+    @gluon.jit
     def edge_columns(eidx, shift, end, VEC: gl.constexpr):
         # (columns, mask) of the row's elements in its first and last partial vectors, counted from the aligned-down
         # start: eidx's first VEC lanes the first vector, the other VEC the last

@@ -22,7 +22,8 @@ import torch
 import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, row_start, segments)
+                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, row_span, row_start,
+                    segments)
 
 if gluon is not None:
     from ._held import _async_load
@@ -59,9 +60,7 @@ if gluon is not None:
         n_progs = gl.num_programs(0)
 
         abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
-        end = shift + n_cols
-        first_v = gl.cdiv(shift, VEC)
-        last_v = end // VEC
+        end, first_v, last_v = row_span(shift, n_cols, VEC)
         n_vecs = gl.where(pid < n_rows, gl.cdiv(end, VEC), 0)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK, VEC)
@@ -160,9 +159,7 @@ if gluon is not None:
         n_progs = gl.num_programs(0)
 
         abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
-        end = shift + n_cols
-        first_v = gl.cdiv(shift, VEC)
-        last_v = end // VEC
+        end, first_v, last_v = row_span(shift, n_cols, VEC)
         row_vecs = gl.cdiv(end, VEC)
         if RING == 1:
             for s in gl.static_range(NSEG):

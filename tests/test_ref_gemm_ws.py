@@ -21,7 +21,7 @@ from reference_kernels import _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 from test_ref_gemm_epilogue import TOLERANCES
-from test_ref_held import compile_for_sm90
+from test_ref_held import compile_for_sm90, pretend_an_sm90_machine
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "ws_sass.py"
 CASES = ["bf16:gelu", "fp16:gelu:residual:kmajor", "bf16:tanh:64x128", "bf16:gelu:64x32"]  # the last: the smallest tile
@@ -85,13 +85,7 @@ def test_the_scripts_cases_name_the_kernels_activation_codes_and_configs(monkeyp
 
 @pytest.fixture
 def a_machine_that_runs_it(monkeypatch):
-    """available() as on an H200 with a working Gluon, whatever this machine is; a fresh disable() record."""
-    monkeypatch.setattr(_gemm_ws, "_DISABLED", [], raising=False)
-    monkeypatch.setattr(_gemm_ws, "interpreting", lambda: False)
-    monkeypatch.setattr(_gemm_ws.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_gemm_ws, "_capable", lambda device_index: True)
-    if _gemm_ws.gluon is None:
-        monkeypatch.setattr(_gemm_ws, "gluon", object())
+    pretend_an_sm90_machine(monkeypatch, _gemm_ws)
 
 
 def test_the_kernel_is_unavailable_without_an_sm90_gpu_and_under_the_interpreter():

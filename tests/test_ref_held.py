@@ -67,15 +67,20 @@ def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_
             assert not result["stack"], result
 
 
+def pretend_an_sm90_machine(monkeypatch, module):
+    """``module.available()`` (``_held``, ``_gemm_ws``) as on an H200 with a working Gluon, whatever this machine is;
+    a fresh ``disable()`` record."""
+    monkeypatch.setattr(module, "_DISABLED", [])
+    monkeypatch.setattr(module, "interpreting", lambda: False)
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(module, "_capable", lambda device_index: True)
+    if module.gluon is None:
+        monkeypatch.setattr(module, "gluon", object())
+
+
 @pytest.fixture
 def a_machine_that_runs_them(monkeypatch):
-    """available() as on an H200 with a working Gluon, whatever this machine is; a fresh disable() record."""
-    monkeypatch.setattr(_held, "_DISABLED", [])
-    monkeypatch.setattr(_held, "interpreting", lambda: False)
-    monkeypatch.setattr(_held.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(_held, "_capable", lambda device_index: True)
-    if _held.gluon is None:
-        monkeypatch.setattr(_held, "gluon", object())
+    pretend_an_sm90_machine(monkeypatch, _held)
 
 
 def _compile_failure():
