@@ -86,6 +86,8 @@ if gluon is not None:
     # the per-thread async copy into shared memory: async_load in newer Triton (3.9), async_copy_global_to_shared in 3.6
     # (3.9 keeps the old name only to raise; the arguments are the same)
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    # a barrier of the program's threads: gl.barrier in 3.9, gl.thread_barrier in 3.6
+    thread_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
     @gluon.jit
     def copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):

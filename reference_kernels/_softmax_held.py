@@ -16,9 +16,11 @@ What it shares with the layer-norm forward's held kernel (the sizes, ``available
 from __future__ import annotations
 
 import torch
+import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments)
+                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier)
+from ._split_walk import _SPIN_ASM, COUNTER_STRIDE, split_launch
 
 if gluon is not None:
 
@@ -47,6 +49,42 @@ if gluon is not None:
         return m, a1 * _exp_from(m1, k) + a2 * _exp_from(m2, k)
 
     @gluon.jit
+    def _tile_max_sum(buf, idx, shift, end, layout: gl.constexpr, vec_layout: gl.constexpr, BLOCK: gl.constexpr,
+                      NSEG: gl.constexpr, VEC: gl.constexpr):
+        # the (max, sum of exp(x - max)) of the elements [shift, end) held in buf, in one pass, each segment as it
+        # lands: each thread's running max and sum over its VEC-element vectors (one rescale a vector), then one
+        # reduction of the (max, sum) pairs. In the first and the last two segments (the only ones the ends can fall
+        # in) the neighbours' elements become -inf, so that the output needs no masks; a max still -inf (a vector of
+        # neighbours, or a row of -inf) is subtracted as 0 (_finite_or_zero), so those terms add 0 instead of
+        # exp(-inf + inf)
+        m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
+        a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
+        for s in gl.static_range(NSEG):
+            v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
+            v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
+            m_new = gl.maximum(m, gl.max(v2, axis=1))
+            k = _finite_or_zero(m_new)
+            a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
+            m = m_new
+        return gl.reduce((m, a), 0, _merge_max_sum)
+
+    @gluon.jit
+    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout: gl.constexpr,
+                     BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
+        # exp(x - c) * inv for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
+        # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
+        # thread's data is overwritten); the partial vectors at the two ends are the caller's (the edges)
+        first_v = gl.cdiv(shift, VEC)
+        last_v = end // VEC
+        for u in range(NSEG):
+            v = buf.index(u).load(layout).to(gl.float32)
+            y = (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty)
+            col = u * BLOCK + idx
+            vi = col // VEC
+            gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
+            copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+
+    @gluon.jit
     def _softmax_held_kernel(
         x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
         y_ptr,  # output, the same layout
@@ -59,10 +97,10 @@ if gluon is not None:
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
         counted from the aligned vector that holds its first element (``shift`` elements before it). The max and the
-        sum (one pass) and the output read it there; the output pass copies the next row into each segment it has
-        left (each thread copies into the slots it read, so no other thread's data is overwritten). Segments strictly inside
-        the row take no masks; the first and last take element masks, and the output's partial vectors at the two
-        ends of the row are stored element by element (the edges, loaded at the row's start)."""
+        sum (one pass, ``_tile_max_sum``) and the output (``_tile_output``) read it there; the output pass copies the
+        next row into each segment it has left. Segments strictly inside the row take no masks; the first and last
+        take element masks, and the output's partial vectors at the two ends of the row are stored element by element
+        (the edges, loaded at the row's start)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])  # a thread's vectors
@@ -77,43 +115,106 @@ if gluon is not None:
             copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
         for row in range(pid, n_rows, n_progs):
             end = shift + n_cols
-            last_v = end // VEC
             ecol, emask = edge_columns(eidx, shift, end, VEC)  # the edges
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
-
-            # the max and the sum in one pass, each segment as it lands: each thread's running max and sum over its
-            # VEC-element vectors (one rescale a vector), then one reduction of the (max, sum) pairs. In the first and
-            # the last two segments (the only ones a row's ends can fall in) the neighbours' elements become -inf, so
-            # that the output needs no masks; a max still -inf (a vector of neighbours, or a row of -inf) is
-            # subtracted as 0 (_finite_or_zero), so those terms add 0 instead of exp(-inf + inf)
-            m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
-            a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
-            for s in gl.static_range(NSEG):
-                v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
-                v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
-                m_new = gl.maximum(m, gl.max(v2, axis=1))
-                k = _finite_or_zero(m_new)
-                a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
-                m = m_new
-            c, total = gl.reduce((m, a), 0, _merge_max_sum)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
             inv = 1.0 / total
 
             nxt = row + n_progs
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            first_v = gl.cdiv(shift, VEC)
-            for u in range(NSEG):
-                v = buf.index(u).load(layout).to(gl.float32)
-                y = (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty)
-                col = u * BLOCK + idx
-                vi = col // VEC
-                gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
-                copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
             ey = _exp_from(ev, c) * inv
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             shift = nshift
         async_copy.wait_group(0)
+
+    @gluon.jit
+    def _ticket(sync_ptr, n_rows):
+        # the next tile of the walk: a relaxed atomic ticket, taken only after a program's wait on its row
+        # (_split_walk's module docstring: why that cannot deadlock)
+        return gl.atomic_add(sync_ptr + n_rows * COUNTER_STRIDE, 1, sem="relaxed")
+
+    @gluon.jit
+    def _softmax_held_split_kernel(
+        x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
+        y_ptr,  # output, the same layout
+        part_ptr,  # (n_rows, GROUP, 2) float32: each slice's (max, sum)
+        sync_ptr,  # (n_rows + 1) x COUNTER_STRIDE int32 zeros: each row's arrivals, then the ticket
+        n_rows,
+        n_cols,
+        slice_cols,  # columns a slice (a multiple of VEC); the last slice of a row takes what is left
+        GROUP: gl.constexpr,  # slices a row
+        BLOCK_G: gl.constexpr,  # GROUP's power of two
+        BLOCK: gl.constexpr,
+        NSEG: gl.constexpr,  # segments a slice (segments(slice_cols))
+        VEC: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
+        program at a time, held in shared memory as ``_softmax_held_kernel`` holds a row. A slice's (max, sum) goes
+        out to ``part``; the program arrives at its row's counter, waits for the row's other slices (``_split_walk``'s
+        release add and acquire spin) and merges the row's pairs. Only then does it take its next tile's ticket, whose
+        copies the output pass puts in flight. Slices start at multiples of VEC columns, so every slice of a row has
+        the row's phase and its own partial edge vectors."""
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])
+        buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NSEG, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        idx = gl.arange(0, BLOCK, layout=layout)
+        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
+        gidx = gl.arange(0, BLOCK_G, layout=edge_layout)
+        n_tiles = n_rows * GROUP
+
+        tile = _ticket(sync_ptr, n_rows)
+        abase, shift, n_tile = _slice_start(tile, n_rows, n_cols, slice_cols, GROUP, VEC)
+        n_vecs = gl.where(tile < n_tiles, gl.cdiv(n_tile + shift, VEC), 0)
+        for s in gl.static_range(NSEG):
+            copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK, VEC)
+        while tile < n_tiles:
+            row = tile // GROUP
+            end = shift + n_tile
+            ecol, emask = edge_columns(eidx, shift, end, VEC)
+            ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
+
+            # the exchange: this slice's pair out, the row's pairs in (every thread holds its own acquire)
+            part_row = part_ptr + row.to(gl.int64) * (2 * GROUP)
+            slot = tile % GROUP
+            gl.store(part_row + 2 * slot, c)
+            gl.store(part_row + 2 * slot + 1, total)
+            count = sync_ptr + row.to(gl.int64) * COUNTER_STRIDE
+            thread_barrier()  # every thread's stores precede the release
+            gl.atomic_add(count, 1, sem="release", scope="gpu")
+            gl.inline_asm_elementwise(_SPIN_ASM, "=r,l,r", [count, GROUP], dtype=gl.int32, is_pure=False, pack=1)
+            thread_barrier()
+            all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
+            all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
+            c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
+            inv = 1.0 / total
+
+            nxt = _ticket(sync_ptr, n_rows)
+            nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
+            n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
+            ey = _exp_from(ev, c) * inv
+            gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
+            tile = nxt
+            abase = nabase
+            shift = nshift
+            n_tile = n_next
+        async_copy.wait_group(0)
+
+    @gluon.jit
+    def _slice_start(tile, n_rows, n_cols, slice_cols, GROUP: gl.constexpr, VEC: gl.constexpr):
+        # a tile's aligned-down start, shift and columns; past the last tile the last row's last slice (a start in
+        # bounds that nothing copies: its n_vecs is 0)
+        t = gl.minimum(tile, n_rows * GROUP - 1)
+        first = (t % GROUP) * slice_cols
+        base = (t // GROUP).to(gl.int64) * n_cols + first
+        abase = base // VEC * VEC
+        return abase, (base - abase).to(gl.int32), gl.minimum(slice_cols, n_cols - first)
 
 
 def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
@@ -133,3 +234,36 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
         x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
         num_warps=WARPS, maxnreg=MAX_REGS)
+
+
+def split_shape(n_cols: int, elem_size: int, group: int) -> tuple[int, int]:
+    """(slices a row, columns a slice) for ``group`` slices asked: slices of a multiple of 16 bytes (so that each
+    has its row's phase), none empty."""
+    vec = 16 // elem_size
+    slice_cols = triton.cdiv(triton.cdiv(n_cols, max(1, group)), vec) * vec
+    return triton.cdiv(n_cols, slice_cols), slice_cols
+
+
+def split_fits(x2: torch.Tensor, y2: torch.Tensor, group: int) -> bool:
+    """Whether ``launch_split`` takes these (M, N) views in ``group`` slices a row (``fits``, for a slice's width)."""
+    _, slice_cols = split_shape(x2.shape[1], x2.element_size(), group)
+    return y2.dtype == x2.dtype and packed_rows(x2, y2) and per_sm(slice_cols, x2.element_size()) > 0
+
+
+def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) -> None:
+    """Softmax of the packed (M, N) rows of ``x2`` into ``y2``, each row in ``group`` slices held by programs that
+    exchange their (max, sum) (``split_fits``; ``split_shape`` may make fewer slices)."""
+    if not split_fits(x2, y2, group):
+        raise ValueError("the held softmax takes packed, 16-byte aligned CUDA rows of one dtype whose slices fit shared"
+                         f" memory (x: {tuple(x2.shape)} strides {x2.stride()} on {x2.device}, y: {tuple(y2.shape)},"
+                         f" {group} slices)")
+    n_rows, n_cols = x2.shape
+    es = x2.element_size()
+    group, slice_cols = split_shape(n_cols, es, group)
+    if group == 1:
+        return launch(x2, y2, sm_count)
+    progs = per_sm(slice_cols, es)
+    _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
+    _softmax_held_split_kernel[(max(1, min(n_rows * group, progs * sm_count)),)](
+        x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
+        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, num_warps=WARPS, maxnreg=MAX_REGS)

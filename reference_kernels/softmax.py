@@ -466,7 +466,7 @@ class _Plan(NamedTuple):
     block_m: int
     block_n: int
     num_warps: int
-    group: int = 1  # "split": programs (slices) per row; "persistent" is "split" with 1
+    group: int = 1  # "split" and "held": programs (slices) per row; "persistent" is "split" with 1
     per_sm: int = 0  # "staged", "persistent", "split": programs launched per SM
     max_regs: int = 0  # registers a thread may use (Triton's maxnreg), 0: the compiler's choice
     stages: int = 0  # "staged": software-pipelining depth of the row loop
@@ -518,6 +518,11 @@ _HELD_MIN_COLS = 16385
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
 _HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share
+# Rows too wide for that rule (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices, a slice a program,
+# the slices of a row exchanging their (max, sum) (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared
+# memory"): as few slices as leave _HELD_SPLIT_PER_SM programs an SM, up to _MAX_SPLIT_GROUP. False: the split walk.
+_HELD_SPLIT = True
+_HELD_SPLIT_PER_SM = {2: 3, 4: 3}  # by element size
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
@@ -619,6 +624,11 @@ def _softmax_settings(
     if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
         return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
                      per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
+    slices = _held_split_group(n_cols, elem_size) if held and max_row is None and wide is None else 0
+    if slices:
+        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS, slices,
+                     _softmax_held.per_sm(_softmax_held.split_shape(n_cols, elem_size, slices)[1], elem_size),
+                     _softmax_held.MAX_REGS)
     widest = max_row if max_row is not None else _MAX_ROW
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
@@ -673,6 +683,20 @@ def _held_default(n_cols: int, elem_size: int) -> bool:
     if progs >= _HELD_FP32_STAGED_MIN_PER_SM or ragged_width(n_cols, elem_size) > _STAGED_MAX_COLS:
         return True
     return n_cols / sum(_staged_plan(n_cols, elem_size).pieces) < _HELD_FP32_STAGED_LANE_USE
+
+
+def _held_split_group(n_cols: int, elem_size: int) -> int:
+    """Slices a row for the "held" plan in slices (``_HELD_SPLIT``): rows too wide for ``_held_default``'s
+    ``_HELD_MIN_PER_SM`` programs an SM, in the fewest slices that leave ``_HELD_SPLIT_PER_SM`` (at most
+    ``_MAX_SPLIT_GROUP``); 0 where it is not taken."""
+    key = 4 if elem_size >= 4 else 2
+    if not _HELD_SPLIT or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) >= _HELD_MIN_PER_SM[key]:
+        return 0
+    for asked in range(2, _MAX_SPLIT_GROUP + 1):
+        group, slice_cols = _softmax_held.split_shape(n_cols, elem_size, asked)
+        if group > 1 and _softmax_held.per_sm(slice_cols, elem_size) >= _HELD_SPLIT_PER_SM[key]:
+            return group
+    return 0
 
 
 def _rows_tile(n_cols: int, elem_size: int) -> int:
@@ -740,9 +764,9 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     if plan.mode == "held":
-        if _softmax_held.fits(x2, y2):
+        if _softmax_held.split_fits(x2, y2, plan.group):
             try:
-                _softmax_held.launch(x2, y2, sm_count(x2.device))
+                _softmax_held.launch_split(x2, y2, plan.group, sm_count(x2.device))
                 return
             except _softmax_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
                 _softmax_held.disable(exc)

@@ -2,8 +2,8 @@
 
     python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
 
-A case is ``softmax:DTYPE:N``, ``layer_norm:DTYPE:PARAM_DTYPE:N`` or ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE
-bf16, fp16 or fp32; the last is the backward). Per case: the shared
+A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``
+or ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
 is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
 docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
@@ -26,6 +26,8 @@ import _sass  # noqa: E402
 
 SIGNATURES = {
     "softmax": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
+    "softmax_split": ["x_ptr:*X", "y_ptr:*X", "part_ptr:*fp32", "sync_ptr:*i32", "n_rows:i32", "n_cols:i32",
+                      "slice_cols:i32"],
     "layer_norm": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32", "n_rows:i32",
                    "n_cols:i32", "eps:fp32"],
     "layer_norm_bwd": ["x_ptr:*X", "dy_ptr:*X", "w_ptr:*P", "mean_ptr:*fp32", "rstd_ptr:*fp32", "dx_ptr:*X",
@@ -44,12 +46,15 @@ def compile_case(case: str) -> dict:
     if subject == "softmax":
         dtype, n = rest[0], int(rest[1])
         param, kernel = None, _softmax_held._softmax_held_kernel
+    elif subject == "softmax_split":
+        dtype, n, group = rest[0], int(rest[1]), int(rest[2])
+        param, kernel = None, _softmax_held._softmax_held_split_kernel
     elif subject in ("layer_norm", "layer_norm_bwd"):
         dtype, param, n = rest[0], rest[1], int(rest[2])
         kernel = (_layer_norm_held._layer_norm_fwd_held_kernel if subject == "layer_norm"
                   else _layer_norm_held._layer_norm_bwd_held_kernel)
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax, layer_norm or layer_norm_bwd")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm or layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
     for entry in SIGNATURES[subject]:
@@ -57,6 +62,9 @@ def compile_case(case: str) -> dict:
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
     max_regs = _held.MAX_REGS
+    if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
+        group, slice_cols = _softmax_held.split_shape(n, elem, group)
+        constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem))
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)

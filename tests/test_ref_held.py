@@ -25,6 +25,7 @@ from reference_kernels import _held, _layer_norm_held, _softmax_held, layer_norm
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "held_sass.py"
 CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "softmax:fp32:40001",
+         "softmax_split:bf16:128256:4", "softmax_split:fp32:100003:6",
          "layer_norm:bf16:bf16:12345", "layer_norm:bf16:fp32:10468", "layer_norm:fp32:fp32:17000",
          "layer_norm:bf16:bf16:6001",
          "layer_norm_bwd:bf16:bf16:3001", "layer_norm_bwd:fp16:fp32:10468"]
@@ -110,14 +111,16 @@ def test_the_held_plans_are_only_for_compute_capability_9(monkeypatch):
     _held._capable.cache_clear()
 
 
-def test_a_softmax_whose_held_kernel_fails_to_compile_runs_the_plan_without_it(a_machine_that_runs_them, monkeypatch):
+@pytest.mark.parametrize("group", [1, 4], ids=["whole rows", "in slices"])
+def test_a_softmax_whose_held_kernel_fails_to_compile_runs_the_plan_without_it(a_machine_that_runs_them, monkeypatch,
+                                                                               group):
     def broken(*args):
         raise _compile_failure()
 
-    monkeypatch.setattr(_softmax_held, "fits", lambda x2, y2: True)
-    monkeypatch.setattr(_softmax_held, "launch", broken)
+    monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
+    monkeypatch.setattr(_softmax_held, "launch_split", broken)
     x = torch.randn(4, 40)
-    plan = softmax._Plan("held", 1, _held.BLOCK, _held.WARPS, per_sm=2, max_regs=_held.MAX_REGS)
+    plan = softmax._Plan("held", 1, _held.BLOCK, _held.WARPS, group, per_sm=2, max_regs=_held.MAX_REGS)
     out = torch.full_like(x, float("nan"))
     with pytest.warns(RuntimeWarning, match="do not compile"):
         softmax._launch(x, out, plan)

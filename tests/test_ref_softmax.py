@@ -735,13 +735,15 @@ def test_a_split_launch_sizes_its_grid_from_the_programs_the_compiled_kernel_kee
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("plan_mode", ["split", "held"])
 @pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (1024, 128256)), (torch.float32, (512, 262144)), (torch.bfloat16, (512, 262144))], ids=str)
-def test_split_plans_finish_with_right_results_while_another_stream_holds_the_sms(dtype, shape):
-    """The split walk's programs wait on each other; with matmuls on another stream holding SMs
-    not all of them are resident, and every launch must still finish and be right."""
+def test_split_plans_finish_with_right_results_while_another_stream_holds_the_sms(dtype, shape, plan_mode, monkeypatch):
+    """The split walk's programs, and the held plan's slices, wait on each other; with matmuls on another stream
+    holding SMs not all of them are resident, and every launch must still finish and be right."""
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", plan_mode == "held")
     x = torch.randn(shape, device="cuda").mul_(4).to(dtype)
     plan = softmax._softmax_settings(*shape, x.element_size())
-    assert plan.mode == "split" and plan.group > 1, plan
+    assert plan.mode == plan_mode and plan.group > 1, plan
     expected = torch.softmax(x.float(), -1).to(dtype)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) / 90.0
     c = torch.empty_like(a)
@@ -824,7 +826,7 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     settings = softmax._softmax_settings
     held = {(n, e) for n in (16384, 16385, 17000, 18432, 24000, 25049, 30522, 32000, 32768, 50257, 56000, 60000, 65536,
                              128256)
-            for e in (2, 4) if settings(4096, n, e, held=True).mode == "held"}
+            for e in (2, 4) if settings(4096, n, e, held=True)[:5] == ("held", 1, 2048, 8, 1)}  # whole rows
     assert held == {(16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
                     (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM)
                     (16385, 4), (17000, 4), (25049, 4), (50257, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522
@@ -835,6 +837,44 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     assert settings(4096, 50257, 2, held=False).mode != "held"
     monkeypatch.setattr(softmax, "_HELD", False)
     assert settings(4096, 50257, 2, held=True).mode != "held"
+
+
+def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_three_programs_an_sm(monkeypatch):
+    settings = softmax._softmax_settings
+    # slices of a multiple of 16 bytes (each with its row's phase), none empty, the last one what is left
+    assert _softmax_held.split_shape(128256, 2, 4) == (4, 32064)
+    assert _softmax_held.split_shape(50257, 2, 2) == (2, 25136) and 25136 % 8 == 0 and 50257 - 25136 > 0
+    assert _softmax_held.split_shape(10, 4, 8) == (3, 4)  # 4 + 4 + 2: fewer slices than asked, none empty
+    assert _softmax_held.split_shape(100, 2, 1) == (1, 104)
+    # 16-bit rows past two programs an SM whole (~56000); fp32 past one (~57000); 2 to 16 slices
+    plans = {(n, e): settings(4096, n, e, held=True) for n in (56000, 60000, 65536, 128256, 151936, 262144, 600000)
+             for e in (2, 4)}
+    assert {k: p.group for k, p in plans.items() if p.mode == "held"} == {
+        (56000, 2): 1, (60000, 2): 2, (65536, 2): 2, (128256, 2): 4, (151936, 2): 5, (262144, 2): 8,
+        (60000, 4): 4, (65536, 4): 4, (128256, 4): 7, (151936, 4): 9, (262144, 4): 15}
+    for (n, e), plan in plans.items():
+        if plan.mode == "held" and plan.group > 1:
+            group, slice_cols = _softmax_held.split_shape(n, e, plan.group)
+            assert group == plan.group and plan.per_sm == _softmax_held.per_sm(slice_cols, e) >= 3
+            assert _softmax_held.per_sm(_softmax_held.split_shape(n, e, plan.group - 1)[1], e) < 3 or plan.group == 2
+    assert plans[(600000, 2)].mode == "split"  # 16 slices of 37504 leave two programs an SM: the split walk
+    assert plans[(56000, 4)].mode == "split"  # fp32, a multiple of 16: not held whole, and one program an SM fits it
+    # the knobs: programs an SM asked of a slice, and off
+    monkeypatch.setattr(softmax, "_HELD_SPLIT_PER_SM", {2: 4, 4: 3})
+    assert settings(4096, 128256, 2, held=True).group == 5  # 25652 columns a slice, four an SM
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)
+    assert settings(4096, 128256, 2, held=True).mode == "split"
+    # never where a test forces a plan or held is off
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", True)
+    assert settings(4096, 128256, 2, held=False).mode == "split"
+    assert settings(4096, 128256, 2, held=True, wide="persistent").mode == "persistent"
+
+
+def test_the_held_split_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
+    x = torch.randn(3, 40)
+    with pytest.raises(ValueError, match="whose slices fit shared memory"):
+        _softmax_held.launch_split(x, torch.empty_like(x), 4, 132)
+    assert not _softmax_held.split_fits(x, torch.empty_like(x), 4)  # CPU tensors
 
 
 def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_fewer_programs_an_sm(monkeypatch):
@@ -848,6 +888,8 @@ def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_few
     monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.9)
     assert settings(64, 27470, 4, held=True).mode == "held" and settings(64, 30522, 4, held=True).mode == "staged"
     monkeypatch.setattr(softmax, "_HELD_MIN_PER_SM", {2: 2, 4: 2})
+    assert settings(64, 40001, 4, held=True)[:5] == ("held", 1, 2048, 8, 3)  # not whole: in slices
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)
     assert settings(64, 40001, 4, held=True).mode == "split"
 
 
@@ -874,7 +916,10 @@ def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
 
 HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
-               (torch.float32, 17001), (torch.float32, 21001), (torch.float32, 40001)]  # fp32: 3, 2, 1 programs an SM
+               (torch.float32, 17001), (torch.float32, 21001), (torch.float32, 40001),  # fp32: 3, 2, 1 programs an SM
+               # in slices (2, 4, 5, 6 of 16-bit; 4, 6 of fp32), vocabularies and odd widths
+               (torch.bfloat16, 60000), (torch.bfloat16, 128256), (torch.float16, 151936), (torch.bfloat16, 200001),
+               (torch.float32, 65536), (torch.float32, 100003)]
 
 
 @pytest.mark.gpu
@@ -902,14 +947,16 @@ def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_r
                                          (torch.bfloat16, torch.finfo(torch.bfloat16).min), (torch.bfloat16, -1.5e38),
                                          (torch.bfloat16, -1e30), (torch.float16, torch.finfo(torch.float16).min)],
                          ids=str)
-def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uniform_softmax(dtype, fill):
+@pytest.mark.parametrize("n", [50257, 128256], ids=["whole rows", "in slices"])
+def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uniform_softmax(dtype, fill, n):
     # an attention-style mask at finfo.min over a whole row: torch gives 1/N. A running max that starts above the
     # row's values (the first one-pass version started at -1e38) gave nan; so did 16-bit exponents folded into one
     # FMA, x log2(e) - max log2(e), which lose |max| 2^-24 of the exponent (1e31 at -1.5e38; docs/kernels.md)
-    x = torch.randn(4, 50257 if dtype != torch.float32 else 17001, device="cuda").to(dtype)
+    x = torch.randn(4, n if dtype != torch.float32 else {50257: 17001, 128256: 65536}[n], device="cuda").to(dtype)
     x[1] = fill
     x[2, 5:] = fill  # five real logits, the rest masked
-    assert softmax._softmax_settings(4, x.shape[1], x.element_size()).mode == "held"
+    plan = softmax._softmax_settings(4, x.shape[1], x.element_size())
+    assert plan.mode == "held" and (plan.group > 1) == (n == 128256)
     out = softmax.fused(x)
     expected = torch.softmax(x.float(), -1).to(dtype)
     assert not out.isnan().any()
@@ -917,8 +964,9 @@ def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uni
 
 
 @pytest.mark.gpu
-def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch():
-    x = torch.randn(4, 50257, device="cuda").bfloat16()
+@pytest.mark.parametrize("n", [50257, 128256], ids=["whole rows", "in slices"])
+def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch(n):
+    x = torch.randn(4, n, device="cuda").bfloat16()
     x[0] = -float("inf")
     x[1, 7] = float("inf")
     out = softmax.fused(x)
