@@ -23,6 +23,7 @@ import torch
 from reference_kernels import _held, _layer_norm_held, _softmax_held, layer_norm, softmax
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fallbacks below run where the tests run
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "held_sass.py"
 CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "softmax:fp32:40001",
          "softmax_split:bf16:128256:4", "softmax_split:fp32:100003:6",
@@ -119,7 +120,7 @@ def test_a_softmax_whose_held_kernel_fails_to_compile_runs_the_plan_without_it(a
 
     monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
     monkeypatch.setattr(_softmax_held, "launch_split", broken)
-    x = torch.randn(4, 40)
+    x = torch.randn(4, 40, device=DEVICE)
     plan = softmax._Plan("held", 1, _held.BLOCK, _held.WARPS, group, per_sm=2, max_regs=_held.MAX_REGS)
     out = torch.full_like(x, float("nan"))
     with pytest.warns(RuntimeWarning, match="do not compile"):
@@ -136,7 +137,7 @@ def test_a_layer_norm_whose_held_kernel_fails_to_compile_runs_the_plans_without_
     monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", {2: 8, 4: 8})
     monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
     monkeypatch.setattr(_layer_norm_held, "launch", broken)
-    x, weight, bias = torch.randn(5, 41), torch.randn(41), torch.randn(41)
+    x, weight, bias = (torch.randn(shape, device=DEVICE) for shape in ((5, 41), 41, 41))
     assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
     with pytest.warns(RuntimeWarning, match="do not compile"):
         y, mean, rstd = layer_norm.forward(x, weight, bias)
