@@ -518,11 +518,15 @@ _HELD_MIN_COLS = 16385
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
 _HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share
-# Rows too wide for that rule (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices, a slice a program,
-# the slices of a row exchanging their (max, sum) (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared
-# memory"): as few slices as leave _HELD_SPLIT_PER_SM programs an SM, up to _MAX_SPLIT_GROUP. False: the split walk.
+# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
+# rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
+# (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared memory"): as few slices as leave the first of
+# _HELD_SPLIT_PER_SM's programs an SM that up to _MAX_SPLIT_GROUP slices reach. H200, % of copy, the split walk ->
+# slices: bf16 60000 71 -> 80, 128256 71 -> 81, 262144 69 -> 78; fp32 50257 held whole 76-77 -> 82-83, 65536 75 -> 87.
+# False: the plans before.
 _HELD_SPLIT = True
-_HELD_SPLIT_PER_SM = {2: 3, 4: 3}  # by element size
+_HELD_SPLIT_BELOW = {2: 2, 4: 2}  # by element size: programs an SM of the whole row
+_HELD_SPLIT_PER_SM = {2: (3,), 4: (4, 3)}  # by element size, in order of preference
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
@@ -621,14 +625,14 @@ def _softmax_settings(
     """
     if held is None:
         held = _softmax_held.available()
-    if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
-        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
-                     per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
     slices = _held_split_group(n_cols, elem_size) if held and max_row is None and wide is None else 0
     if slices:
         return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS, slices,
                      _softmax_held.per_sm(_softmax_held.split_shape(n_cols, elem_size, slices)[1], elem_size),
                      _softmax_held.MAX_REGS)
+    if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
+        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
+                     per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
     widest = max_row if max_row is not None else _MAX_ROW
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
@@ -686,16 +690,20 @@ def _held_default(n_cols: int, elem_size: int) -> bool:
 
 
 def _held_split_group(n_cols: int, elem_size: int) -> int:
-    """Slices a row for the "held" plan in slices (``_HELD_SPLIT``): rows too wide for ``_held_default``'s
-    ``_HELD_MIN_PER_SM`` programs an SM, in the fewest slices that leave ``_HELD_SPLIT_PER_SM`` (at most
-    ``_MAX_SPLIT_GROUP``); 0 where it is not taken."""
+    """Slices a row for the "held" plan in slices (``_HELD_SPLIT``): rows of which fewer than ``_HELD_SPLIT_BELOW``
+    programs an SM hold whole, but the aligned fp32 rows of the staged plan, in the fewest slices that leave the first
+    of ``_HELD_SPLIT_PER_SM``'s programs an SM that ``_MAX_SPLIT_GROUP`` slices reach; 0 where it is not taken (the
+    planner goes on to ``_held_default``)."""
     key = 4 if elem_size >= 4 else 2
-    if not _HELD_SPLIT or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) >= _HELD_MIN_PER_SM[key]:
+    if not _HELD_SPLIT or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) >= _HELD_SPLIT_BELOW[key]:
         return 0
-    for asked in range(2, _MAX_SPLIT_GROUP + 1):
-        group, slice_cols = _softmax_held.split_shape(n_cols, elem_size, asked)
-        if group > 1 and _softmax_held.per_sm(slice_cols, elem_size) >= _HELD_SPLIT_PER_SM[key]:
-            return group
+    if elem_size >= 4 and n_cols % 16 == 0 and n_cols <= _STAGED_MAX_COLS:  # the staged plan's (24000: 96%)
+        return 0
+    for target in _HELD_SPLIT_PER_SM[key]:
+        for asked in range(2, _MAX_SPLIT_GROUP + 1):
+            group, slice_cols = _softmax_held.split_shape(n_cols, elem_size, asked)
+            if group > 1 and _softmax_held.per_sm(slice_cols, elem_size) >= target:
+                return group
     return 0
 
 

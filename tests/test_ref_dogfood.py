@@ -28,10 +28,10 @@ CASES = [
     ("softmax", BF16, (2048, 30522), 1, 0.72),  # BERT vocab: held, 88% (staged 83-85%)
     ("softmax", BF16, (4096, 33000), 1, 0.7),  # held: 86% (split walk 62%)
     ("softmax", FP32, (4096, 17000), 1, 0.75),  # held: 91% (staged 77%)
-    ("softmax", FP32, (1024, 33000), 1, 0.7),  # held, one program an SM: 83% (split walk and its counters: 74%)
+    ("softmax", FP32, (1024, 33000), 2, 0.7),  # held in three slices, four an SM: 86% (whole, one an SM: 83%)
     ("softmax", FP32, (4096, 21001), 1, 0.72),  # held, two an SM, where staged pads to 32768: 82% (staged 75%)
     ("softmax", BF16, (512, 128256), 2, 0.65),  # Llama-3 vocab: held in four slices, 81-82% (split walk 70%)
-    ("softmax", FP32, (256, 151936), 2, 0.65),  # Qwen vocab: held in nine slices, 80% (split walk 68%)
+    ("softmax", FP32, (256, 151936), 2, 0.65),  # Qwen vocab: held in 13 slices, 80-82% (split walk 68%)
     ("softmax", BF16, (16384, 4097), 1, 0.75),  # just above a power of two: two pieces, 90%+ (was 50%)
     ("softmax", BF16, (4, 1000), 1, None),  # small: launch-bound, bytes and count only
     ("softmax", FP32, (4096, 20000), 1, 0.65),  # staged, in two pieces: 82% (split walk: 73%)

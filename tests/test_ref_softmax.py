@@ -828,8 +828,9 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
                              128256)
             for e in (2, 4) if settings(4096, n, e, held=True)[:5] == ("held", 1, 2048, 8, 1)}  # whole rows
     assert held == {(16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
-                    (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM)
-                    (16385, 4), (17000, 4), (25049, 4), (50257, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522
+                    (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM: in slices)
+                    (16385, 4), (17000, 4), (25049, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522 or 50257
+    # (one program an SM: in slices)
     assert settings(4096, 50257, 2, held=True) == softmax._Plan("held", 1, 2048, 8, per_sm=2, max_regs=64)
     # never where a test forces a plan, nor with held=False or _HELD off
     assert settings(4096, 50257, 2, held=True, max_row=4096).mode != "held"
@@ -839,31 +840,41 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     assert settings(4096, 50257, 2, held=True).mode != "held"
 
 
-def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_three_programs_an_sm(monkeypatch):
+def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_enough_programs_an_sm(monkeypatch):
     settings = softmax._softmax_settings
     # slices of a multiple of 16 bytes (each with its row's phase), none empty, the last one what is left
     assert _softmax_held.split_shape(128256, 2, 4) == (4, 32064)
     assert _softmax_held.split_shape(50257, 2, 2) == (2, 25136) and 25136 % 8 == 0 and 50257 - 25136 > 0
     assert _softmax_held.split_shape(10, 4, 8) == (3, 4)  # 4 + 4 + 2: fewer slices than asked, none empty
     assert _softmax_held.split_shape(100, 2, 1) == (1, 104)
-    # 16-bit rows past two programs an SM whole (~56000); fp32 past one (~57000); 2 to 16 slices
-    plans = {(n, e): settings(4096, n, e, held=True) for n in (56000, 60000, 65536, 128256, 151936, 262144, 600000)
+    # 16-bit rows under two programs an SM whole (past ~56000): three an SM a slice; fp32 rows under two (past
+    # ~28000) four an SM, else three (200001: four would take 17 slices); the aligned fp32 rows of the staged plan not
+    plans = {(n, e): settings(4096, n, e, held=True)
+             for n in (24000, 29001, 32768, 50257, 56000, 60000, 65536, 128256, 151936, 200001, 262144, 600000)
              for e in (2, 4)}
-    assert {k: p.group for k, p in plans.items() if p.mode == "held"} == {
-        (56000, 2): 1, (60000, 2): 2, (65536, 2): 2, (128256, 2): 4, (151936, 2): 5, (262144, 2): 8,
-        (60000, 4): 4, (65536, 4): 4, (128256, 4): 7, (151936, 4): 9, (262144, 4): 15}
+    assert {k: (p.group, p.per_sm) for k, p in plans.items() if p.mode == "held" and p.group > 1} == {
+        (60000, 2): (2, 3), (65536, 2): (2, 3), (128256, 2): (4, 3), (151936, 2): (5, 3), (200001, 2): (6, 3),
+        (262144, 2): (8, 3),
+        (29001, 4): (3, 4), (50257, 4): (5, 4), (56000, 4): (5, 4), (60000, 4): (5, 4), (65536, 4): (6, 4),
+        (128256, 4): (11, 4), (151936, 4): (13, 4), (200001, 4): (11, 3), (262144, 4): (15, 3)}
     for (n, e), plan in plans.items():
         if plan.mode == "held" and plan.group > 1:
             group, slice_cols = _softmax_held.split_shape(n, e, plan.group)
-            assert group == plan.group and plan.per_sm == _softmax_held.per_sm(slice_cols, e) >= 3
-            assert _softmax_held.per_sm(_softmax_held.split_shape(n, e, plan.group - 1)[1], e) < 3 or plan.group == 2
-    assert plans[(600000, 2)].mode == "split"  # 16 slices of 37504 leave two programs an SM: the split walk
-    assert plans[(56000, 4)].mode == "split"  # fp32, a multiple of 16: not held whole, and one program an SM fits it
-    # the knobs: programs an SM asked of a slice, and off
-    monkeypatch.setattr(softmax, "_HELD_SPLIT_PER_SM", {2: 4, 4: 3})
+            assert group == plan.group and plan.per_sm == _softmax_held.per_sm(slice_cols, e)
+            # the fewest slices that reach it
+            assert plan.group == 2 or _softmax_held.per_sm(_softmax_held.split_shape(n, e, plan.group - 1)[1], e) < plan.per_sm
+    assert plans[(24000, 4)].mode == plans[(32768, 4)].mode == plans[(32768, 2)].mode == "staged"
+    assert plans[(50257, 2)].group == plans[(56000, 2)].group == 1  # 16-bit, two programs an SM whole
+    assert plans[(600000, 2)].mode == plans[(600000, 4)].mode == "split"  # 16 slices leave two programs an SM
+    # the knobs: programs an SM asked of a slice, the whole rows that take slices, and off (the plans before)
+    monkeypatch.setattr(softmax, "_HELD_SPLIT_PER_SM", {2: (4,), 4: (3,)})
     assert settings(4096, 128256, 2, held=True).group == 5  # 25652 columns a slice, four an SM
+    assert settings(4096, 50257, 4, held=True).group == 3  # 16756 columns a slice, three an SM
+    monkeypatch.setattr(softmax, "_HELD_SPLIT_BELOW", {2: 3, 4: 2})
+    assert settings(4096, 50257, 2, held=True).group == 2  # 16-bit rows whole at two an SM now in slices, four an SM
     monkeypatch.setattr(softmax, "_HELD_SPLIT", False)
     assert settings(4096, 128256, 2, held=True).mode == "split"
+    assert settings(4096, 50257, 4, held=True)[:5] == ("held", 1, 2048, 8, 1)  # whole, one an SM, as before
     # never where a test forces a plan or held is off
     monkeypatch.setattr(softmax, "_HELD_SPLIT", True)
     assert settings(4096, 128256, 2, held=False).mode == "split"
@@ -879,6 +890,7 @@ def test_the_held_split_launcher_refuses_rows_it_cannot_take_with_a_clear_error(
 
 def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_fewer_programs_an_sm(monkeypatch):
     settings = softmax._softmax_settings
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)  # whole rows only (one an SM is in slices: the test above)
     # three programs an SM: held; two or one: held where the staged plan's lanes are used under 80% (it pads the row
     # to 32768), or past the staged plan (a split walk otherwise)
     assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 30522, 40001)] == [3, 2, 2, 1, 1]
@@ -888,8 +900,6 @@ def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_few
     monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.9)
     assert settings(64, 27470, 4, held=True).mode == "held" and settings(64, 30522, 4, held=True).mode == "staged"
     monkeypatch.setattr(softmax, "_HELD_MIN_PER_SM", {2: 2, 4: 2})
-    assert settings(64, 40001, 4, held=True)[:5] == ("held", 1, 2048, 8, 3)  # not whole: in slices
-    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)
     assert settings(64, 40001, 4, held=True).mode == "split"
 
 
@@ -916,8 +926,9 @@ def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
 
 HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
-               (torch.float32, 17001), (torch.float32, 21001), (torch.float32, 40001),  # fp32: 3, 2, 1 programs an SM
-               # in slices (2, 4, 5, 6 of 16-bit; 4, 6 of fp32), vocabularies and odd widths
+               (torch.float32, 17001), (torch.float32, 21001),  # fp32 whole: 3, 2 programs an SM
+               # in slices (2, 4, 5, 6 of 16-bit; 4, 6, 9 of fp32), vocabularies and odd widths
+               (torch.float32, 40001),
                (torch.bfloat16, 60000), (torch.bfloat16, 128256), (torch.float16, 151936), (torch.bfloat16, 200001),
                (torch.float32, 65536), (torch.float32, 100003)]
 
