@@ -78,6 +78,10 @@ CASES = {
     "softmax_bf16_12345": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 12345, torch.bfloat16)),
     "softmax_bf16_17000": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 17000, torch.bfloat16)),
     "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(1024, 50257, torch.bfloat16)),
+    # the held plan: whole rows three programs an SM, and rows in four slices (docs/kernels.md, "Rows held in shared
+    # memory")
+    "softmax_bf16_30522": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 30522, torch.bfloat16)),
+    "softmax_bf16_128256": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(512, 128256, torch.bfloat16)),
     # narrow rows (2^26 elements): width 3 ran at 8% of copy, torch's kernel beside it; 8 is a
     # MoE router's width; 1023 / 1024 a ragged 16-bit row and its aligned neighbour
     "softmax_bf16_3": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 3, 3, torch.bfloat16)),
