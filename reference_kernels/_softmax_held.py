@@ -22,12 +22,6 @@ from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, availa
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier)
 from ._split_walk import _SPIN_ASM, COUNTER_STRIDE, split_launch
 
-# The output pass as 2^((x - max) log2(e) - log2(sum)) instead of exp(x - max) times 1 / sum: one multiply an element
-# fewer (docs/kernels.md, "Rows held in shared memory"). False: the reciprocal.
-LOG2_OUT = True
-# A tile's sum against its first element, the online (max, sum) only where that sum leaves [1, 2^100] (_tile_max_sum)
-SHIFT = True
-
 if gluon is not None:
 
     @gluon.jit
@@ -43,24 +37,6 @@ if gluon is not None:
         return _ex2((v - c) * LOG2E)
 
     @gluon.jit
-    def _out_scale(total, LOG2_OUT: gl.constexpr):
-        # what _normalised takes of a row's sum: log2 of it (subtracted in the exponent), or its reciprocal
-        if LOG2_OUT:
-            return gl.log2(total)
-        else:
-            return 1.0 / total
-
-    @gluon.jit
-    def _normalised(v, c, scale, LOG2_OUT: gl.constexpr):
-        # exp(v - c) / total: 2^((v - c) log2(e) - log2(total)), one FMA for the division's multiply (LOG2_OUT), or
-        # exp(v - c) times 1 / total; either way the subtraction first (_exp_from)
-        LOG2E: gl.constexpr = 1.4426950408889634
-        if LOG2_OUT:
-            return _ex2((v - c) * LOG2E - scale)
-        else:
-            return _exp_from(v, c) * scale
-
-    @gluon.jit
     def _finite_or_zero(m):
         # a running max to subtract: -inf (nothing but -inf seen yet) as 0, so that -inf - max is -inf, not nan
         return gl.where(m == float("-inf"), 0.0, m)
@@ -73,21 +49,18 @@ if gluon is not None:
         return m, a1 * _exp_from(m1, k) + a2 * _exp_from(m2, k)
 
     @gluon.jit
-    def _online_max_sum(buf, idx, shift, end, layout: gl.constexpr, vec_layout: gl.constexpr, BLOCK: gl.constexpr,
-                        NSEG: gl.constexpr, VEC: gl.constexpr, LAND: gl.constexpr):
-        # the (max, sum of exp(x - max)) of the elements [shift, end) held in buf, in one pass: each thread's running
-        # max and sum over its VEC-element vectors (one rescale a vector), then one reduction of the (max, sum) pairs.
-        # LAND: each segment as it lands (land_segment: in the first and the last two segments, the only ones the ends
-        # can fall in, the neighbours' elements become -inf, so that the output needs no masks); else the tile has
-        # landed so already. A max still -inf (a vector of neighbours, or a row of -inf) is subtracted as 0
-        # (_finite_or_zero), so those terms add 0 instead of exp(-inf + inf)
+    def _tile_max_sum(buf, idx, shift, end, layout: gl.constexpr, vec_layout: gl.constexpr, BLOCK: gl.constexpr,
+                      NSEG: gl.constexpr, VEC: gl.constexpr):
+        # the (max, sum of exp(x - max)) of the elements [shift, end) held in buf, in one pass, each segment as it
+        # lands: each thread's running max and sum over its VEC-element vectors (one rescale a vector), then one
+        # reduction of the (max, sum) pairs. In the first and the last two segments (the only ones the ends can fall
+        # in) the neighbours' elements become -inf, so that the output needs no masks; a max still -inf (a vector of
+        # neighbours, or a row of -inf) is subtracted as 0 (_finite_or_zero), so those terms add 0 instead of
+        # exp(-inf + inf)
         m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
         a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
         for s in gl.static_range(NSEG):
-            if LAND:
-                v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
-            else:
-                v = buf.index(s).load(layout).to(gl.float32)
+            v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
             v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
             m_new = gl.maximum(m, gl.max(v2, axis=1))
             k = _finite_or_zero(m_new)
@@ -96,37 +69,16 @@ if gluon is not None:
         return gl.reduce((m, a), 0, _merge_max_sum)
 
     @gluon.jit
-    def _tile_max_sum(buf, x_ptr, abase, idx, shift, end, layout: gl.constexpr, vec_layout: gl.constexpr,
-                      BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr, SHIFT: gl.constexpr):
-        # a (reference, sum of exp(x - reference)) pair of the tile [shift, end) held in buf, each segment as it lands.
-        # SHIFT: against the tile's first element c0 (no max: one instruction an element fewer, "One reduction"); a sum
-        # outside [1, 2^100] (c0 far below the max, a c0 of -inf, or nan) is taken again the online way from shared
-        # memory. Else the online (max, sum) (_online_max_sum)
-        if SHIFT:
-            c0 = gl.load(x_ptr + abase + shift).to(gl.float32)
-            a = gl.zeros([BLOCK], gl.float32, layout)
-            for s in gl.static_range(NSEG):
-                v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
-                a += _exp_from(v, c0)
-            total = gl.sum(a, 0)
-            if total <= 1.2676506002282294e30:  # 2^100; false for nan
-                return c0, total
-            else:
-                return _online_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, False)
-        else:
-            return _online_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, True)
-
-    @gluon.jit
-    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, scale, nabase, n_vecs, idx, layout: gl.constexpr,
-                     BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr, LOG2_OUT: gl.constexpr):
-        # exp(x - c) / total (_normalised, ``scale`` from _out_scale) for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
+    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout: gl.constexpr,
+                     BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
+        # exp(x - c) * inv for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
         # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
         # thread's data is overwritten); the partial vectors at the two ends are the caller's (the edges)
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
             v = buf.index(u).load(layout).to(gl.float32)
-            y = _normalised(v, c, scale, LOG2_OUT).to(y_ptr.dtype.element_ty)
+            y = (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty)
             col = u * BLOCK + idx
             vi = col // VEC
             gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
@@ -141,8 +93,6 @@ if gluon is not None:
         BLOCK: gl.constexpr,  # elements a segment
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
-        LOG2_OUT: gl.constexpr,  # the output as one exponential of (x - max) log2(e) - log2(sum) (_normalised)
-        SHIFT: gl.constexpr,  # the sum against the row's first element (_tile_max_sum)
         num_warps: gl.constexpr,
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
@@ -167,15 +117,14 @@ if gluon is not None:
             end = shift + n_cols
             ecol, emask = edge_columns(eidx, shift, end, VEC)  # the edges
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
-            c, total = _tile_max_sum(buf, x_ptr, abase, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, SHIFT)
-            scale = _out_scale(total, LOG2_OUT)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
+            inv = 1.0 / total
 
             nxt = row + n_progs
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, scale, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC,
-                         LOG2_OUT)
-            ey = _normalised(ev, c, scale, LOG2_OUT)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
+            ey = _exp_from(ev, c) * inv
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             shift = nshift
@@ -201,8 +150,6 @@ if gluon is not None:
         BLOCK: gl.constexpr,
         NSEG: gl.constexpr,  # segments a slice (segments(slice_cols))
         VEC: gl.constexpr,
-        LOG2_OUT: gl.constexpr,
-        SHIFT: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
@@ -230,7 +177,7 @@ if gluon is not None:
             end = shift + n_tile
             ecol, emask = edge_columns(eidx, shift, end, VEC)
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
-            c, total = _tile_max_sum(buf, x_ptr, abase, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, SHIFT)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
 
             # the exchange: this slice's pair out, the row's pairs in (every thread holds its own acquire)
             part_row = part_ptr + row.to(gl.int64) * (2 * GROUP)
@@ -245,14 +192,13 @@ if gluon is not None:
             all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
-            scale = _out_scale(total, LOG2_OUT)
+            inv = 1.0 / total
 
             nxt = _ticket(sync_ptr, n_rows)
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, scale, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC,
-                         LOG2_OUT)
-            ey = _normalised(ev, c, scale, LOG2_OUT)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
+            ey = _exp_from(ev, c) * inv
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             tile = nxt
             abase = nabase
@@ -286,7 +232,7 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     es = x2.element_size()
     progs = per_sm(n_cols, es)
     _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
-        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es, LOG2_OUT=LOG2_OUT, SHIFT=SHIFT,
+        x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
         num_warps=WARPS, maxnreg=MAX_REGS)
 
 
@@ -320,5 +266,4 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
     _softmax_held_split_kernel[(max(1, min(n_rows * group, progs * sm_count)),)](
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, LOG2_OUT=LOG2_OUT, SHIFT=SHIFT, num_warps=WARPS,
-        maxnreg=MAX_REGS)
+        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, num_warps=WARPS, maxnreg=MAX_REGS)

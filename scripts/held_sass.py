@@ -62,8 +62,6 @@ def compile_case(case: str) -> dict:
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
     max_regs = _held.MAX_REGS
-    if subject.startswith("softmax"):
-        constexprs.update(LOG2_OUT=_softmax_held.LOG2_OUT, SHIFT=_softmax_held.SHIFT)
     if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
         group, slice_cols = _softmax_held.split_shape(n, elem, group)
         constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem))

