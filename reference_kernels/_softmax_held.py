@@ -9,6 +9,9 @@ read and one write, the next row's loads in flight behind this row's arithmetic,
 an SM where shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
 the kernel its shared memory; Triton's own language does not.
 
+Rows too wide for two programs an SM (``launch_split``, ``_softmax_held_split_kernel``) are held in slices, a slice a
+program, whose programs exchange their (max, sum) through ``_split_walk``'s counters and ticket order.
+
 What it shares with the layer-norm forward's held kernel (the sizes, ``available``, the segment copy) is in
 ``_held``; the softmax module's planner picks it only where ``available``.
 """

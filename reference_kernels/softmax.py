@@ -7,18 +7,20 @@ Five launch plans, on three kernels; ``_softmax_settings`` chooses:
   read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
   row's first element). Measured 92-100% of copy bandwidth on an H200.
 * ``held`` (from 16385 columns, 16-bit rows to ~56000 where two programs an SM hold them in shared
-  memory, fp32 rows of no multiple of 16 columns to ~18400 where three do; on compute-capability 9.x
+  memory, fp32 rows of no multiple of 16 columns to ~26000 where two or three do; on compute-capability 9.x
   GPUs with Triton's Gluon, ``_softmax_held``): persistent programs copy each row into shared memory
-  (``cp.async``) and read it there three times, the next row's copies in flight behind the arithmetic;
-  one read and one write. 73-86% of copy in the sweep, 84-95% on a faster H200 host (docs/kernels.md,
-  "Rows held in shared memory"); the plans below where it is not available or measured slower.
+  (``cp.async``) and read it there twice, the next row's copies in flight behind the arithmetic;
+  one read and one write. Wider rows (16-bit to ~590000, fp32 but the staged plan's aligned rows) in 2-16
+  slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 74-88% of
+  copy in the sweep (docs/kernels.md, "Rows held in shared memory"); the plans below where it is not
+  available or measured slower.
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
   whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
   fp32 rows one program a row. 69-90% of copy (docs/kernels.md, "The staged plan").
-* ``persistent`` and ``split`` (other wider rows: ``_WIDE_ROWS_PLAN = "auto"`` takes
-  ``persistent`` up to 128 KiB a row, ``split`` beyond): ``_softmax_split_kernel``, a few
-  programs an SM walking tiles (a whole row, or one of a row's slices whose programs
+* ``persistent`` and ``split`` (other wider rows, and every wide row where ``held`` is not available:
+  ``_WIDE_ROWS_PLAN = "auto"`` takes ``persistent`` up to 128 KiB a row, ``split`` beyond):
+  ``_softmax_split_kernel``, a few programs an SM walking tiles (a whole row, or one of a row's slices whose programs
   exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
   read comes from there; a tile of one step is held in registers instead (no second read);
   aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one (``SHIFT``).
