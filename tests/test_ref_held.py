@@ -63,6 +63,12 @@ def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_
     backward = case.startswith("layer_norm_bwd:")
     # the launch's cap: the backward's is the register file of the programs that fit (_layer_norm_held.bwd_shape)
     assert backward or result["register_cap"] == _held.MAX_REGS, result
+    if case.startswith("softmax"):  # what _held.per_sm counts a program (its segments and the reductions' scratch),
+        # so that the programs an SM the plan launches are resident at once
+        _, dtype, n, *group = case.split(":")
+        elem = 4 if dtype == "fp32" else 2
+        cols = _softmax_held.split_shape(int(n), elem, int(group[0]))[1] if group else int(n)
+        assert result["shared"] <= _held.segments(cols, elem) * _held.BLOCK * elem + _held.SMEM_RESERVED, result
     if result["registers"] is not None:
         assert result["registers"] <= result["register_cap"], result
         if backward or case.startswith("softmax"):  # their caps leave them no spills
