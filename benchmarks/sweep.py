@@ -13,6 +13,9 @@ prints the worst width and its ratio to the best anchor, then every width below 
     PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax._STAGED_STAGES=2  # an A/B
 
+After the per-subject summary a per-band table (``BANDS``: the targets' bands) gives each band's widths at target and
+the min / median of its aligned (a multiple of 16 columns) and ragged widths.
+
 Anchors: torch eager always, Liger-Kernel when it is installed (it refuses softmax rows over
 65536: "n/a" there); ``--compile`` adds ``torch.compile(dynamic=True)`` (one
 compilation for every width, so a sweep stays minutes long; a static compile per width
@@ -61,6 +64,14 @@ TARGETS = {
     "softmax": lambda n: 90 if n <= 32768 else 80,
     "layer_norm_fwd": lambda n: 90 if 256 <= n <= 16384 else None,
     "layer_norm_bwd": lambda n: 80 if 768 <= n <= 8192 else None,
+}
+
+
+# The bands the per-band table groups widths into (inclusive), by subject: the targets' bands and what lies around them.
+BANDS = {
+    "softmax": [(1, 64), (65, 2047), (2048, 16384), (16385, 32768), (32769, 1 << 30)],
+    "layer_norm_fwd": [(1, 255), (256, 2047), (2048, 16384), (16385, 1 << 30)],
+    "layer_norm_bwd": [(1, 767), (768, 8192), (8193, 1 << 30)],
 }
 
 
@@ -248,6 +259,9 @@ def _summarise(records: list[dict]) -> int:
                     " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
     print()
     print(markdown_table(["subject", "dtype", "widths timed", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
+    print("\nBy band (aligned: a multiple of 16 columns; min / median % of copy):\n")
+    print(markdown_table(["subject", "dtype", "band", "widths", "at target", "aligned", "ragged", "ours/best anchor, min"],
+                         band_rows(records)))
     if misses:
         print("\nBelow target:\n")
         print(markdown_table(["subject", "dtype", "width", "ours %copy", "target", "anchors %copy"], misses))
@@ -255,6 +269,36 @@ def _summarise(records: list[dict]) -> int:
         print("\nOurs failed:\n")
         print(markdown_table(["subject", "dtype", "width", "error"], failed))
     return len(failed)
+
+
+def band_rows(records: list[dict]) -> list[list]:
+    """Per subject, dtype and band (``BANDS``) of the widths ours ran: how many, how many at their target (of those
+    with one), min / median % of copy of the aligned (a multiple of 16 columns, Triton's divisibility) and the ragged
+    widths, and the lowest ratio to the best anchor with its width."""
+    out = []
+    groups: dict = {}
+    for rec in records:
+        if rec["pct"].get("ours") is not None:
+            groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
+    for (name, dname), recs in groups.items():
+        for lo, hi in BANDS.get(name, [(1, 1 << 30)]):
+            band = [r for r in recs if lo <= r["width"] <= hi]
+            if not band:
+                continue
+
+            def spread(rs):
+                v = [r["pct"]["ours"] for r in rs]
+                return f"{min(v):.0f} / {statistics.median(v):.0f}" if v else "-"
+
+            targeted = [r for r in band if r["target"] is not None]
+            at = f"{sum(r['pct']['ours'] >= r['target'] for r in targeted)} of {len(targeted)}" if targeted else "-"
+            ratios = [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r["width"])
+                      for r in band if any(v for k, v in r["pct"].items() if k != "ours")]
+            ratio = f"{min(ratios)[0]:.2f}x at {min(ratios)[1]}" if ratios else "-"
+            label = f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+            out.append([name, dname, label, len(band), at, spread([r for r in band if r["width"] % 16 == 0]),
+                        spread([r for r in band if r["width"] % 16]), ratio])
+    return out
 
 
 if __name__ == "__main__":

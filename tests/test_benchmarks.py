@@ -39,6 +39,26 @@ def test_a_sweep_where_every_width_ran_reports_no_failure(capsys):
     assert "Ours failed" not in out and "2 of 2" in out and "Below target" not in out
 
 
+def test_the_sweep_groups_its_widths_into_bands_with_aligned_and_ragged_spreads(capsys):
+    from benchmarks.sweep import band_rows
+
+    def rec(width, ours, torch_pct, target):
+        return {"subject": "softmax", "dtype": "bfloat16", "width": width, "rows": 8, "target": target,
+                "pct": {"ours": ours, "torch": torch_pct}}
+
+    records = [rec(16384, 95.0, 50.0, 90), rec(17000, 81.0, 45.0, 90), rec(28672, 85.0, 43.0, 90),
+               rec(32000, 91.0, 41.0, 90), rec(30522, 79.0, 41.0, 90), rec(128256, 82.0, 42.0, 80),
+               rec(50257, 78.0, 78.0, 80), rec(4097, None, 20.0, 90)]  # 4097: ours failed, in no band
+    rows = {row[2]: row for row in band_rows(records)}
+    assert set(rows) == {"2048-16384", "16385-32768", "32769+"}
+    # 28672 and 32000 aligned, 17000 and 30522 ragged; one of four at 90%; lowest ratio 81 / 45 at 17000
+    assert rows["16385-32768"] == ["softmax", "bfloat16", "16385-32768", 4, "1 of 4", "85 / 88", "79 / 80", "1.80x at 17000"]
+    assert rows["32769+"][3:] == [2, "1 of 2", "82 / 82", "78 / 78", "1.00x at 50257"]
+    assert rows["2048-16384"][5:7] == ["95 / 95", "-"]
+    _summarise(records)
+    assert "By band" in capsys.readouterr().out
+
+
 def test_a_subject_with_no_width_timed_is_still_reported(capsys):
     assert _summarise([_record(4097, None, 20.0, "RuntimeError: x")]) == 1
     assert "| 4097 | RuntimeError: x |" in capsys.readouterr().out
