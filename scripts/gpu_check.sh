@@ -74,7 +74,7 @@ run_stage() {
     plugin) logged plugin "${PYTEST[@]}" -m gpu -q tests --ignore-glob='tests/test_ref_*' ;;
     kernels) logged kernels "${PYTEST[@]}" -q ${KERNEL_OPTS[@]+"${KERNEL_OPTS[@]}"} tests/test_ref_softmax.py \
         tests/test_ref_layer_norm.py tests/test_ref_gemm_epilogue.py tests/test_ref_gemm_ws.py tests/test_ref_bias_gelu_dropout.py \
-        tests/test_ref_attention.py tests/test_ref_dogfood.py ;;
+        tests/test_ref_attention.py tests/test_ref_held.py tests/test_ref_dogfood.py ;;
     # The two demo regressions are xfail(strict=True); --runxfail shows their failure messages.
     examples) logged examples "${PYTEST[@]}" -q examples --fusion-report ;;
     softmax) "$PY" benchmarks/bench_softmax.py --quick --out "$OUT" $(sweep --sweep) ;;
