@@ -72,11 +72,18 @@ if gluon is not None:
         return gl.reduce((m, a), 0, _merge_max_sum)
 
     @gluon.jit
-    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout: gl.constexpr,
-                     BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
-        # exp(x - c) * inv for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
+    def _tile_edges(x_ptr, abase, shift, end, eidx, VEC: gl.constexpr):
+        # the tile's partial vectors at its two ends, loaded at its start: (columns, mask, values) (edge_columns)
+        ecol, emask = edge_columns(eidx, shift, end, VEC)
+        return ecol, emask, gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
+
+    @gluon.jit
+    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx,
+                     layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
+        # exp(x - c) / total for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
         # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
-        # thread's data is overwritten); the partial vectors at the two ends are the caller's (the edges)
+        # thread's data is overwritten); then the partial vectors at the two ends from the edges (_tile_edges)
+        inv = 1.0 / total
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
@@ -86,6 +93,8 @@ if gluon is not None:
             vi = col // VEC
             gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
             copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+        ey = _exp_from(ev, c) * inv
+        gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
 
     @gluon.jit
     def _softmax_held_kernel(
@@ -103,7 +112,7 @@ if gluon is not None:
         sum (one pass, ``_tile_max_sum``) and the output (``_tile_output``) read it there; the output pass copies the
         next row into each segment it has left. Segments strictly inside the row take no masks; the first and last
         take element masks, and the output's partial vectors at the two ends of the row are stored element by element
-        (the edges, loaded at the row's start)."""
+        (the edges, loaded at the row's start: ``_tile_edges``)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])  # a thread's vectors
@@ -118,17 +127,14 @@ if gluon is not None:
             copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
         for row in range(pid, n_rows, n_progs):
             end = shift + n_cols
-            ecol, emask = edge_columns(eidx, shift, end, VEC)  # the edges
-            ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
+            ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
             c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
-            inv = 1.0 / total
 
             nxt = row + n_progs
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
-            ey = _exp_from(ev, c) * inv
-            gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx, layout,
+                         BLOCK, NSEG, VEC)
             abase = nabase
             shift = nshift
         async_copy.wait_group(0)
@@ -178,8 +184,7 @@ if gluon is not None:
         while tile < n_tiles:
             row = tile // GROUP
             end = shift + n_tile
-            ecol, emask = edge_columns(eidx, shift, end, VEC)
-            ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
+            ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
             c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
 
             # the exchange: this slice's pair out, the row's pairs in (every thread holds its own acquire)
@@ -195,14 +200,12 @@ if gluon is not None:
             all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
-            inv = 1.0 / total
 
             nxt = _ticket(sync_ptr, n_rows)
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC)
-            ey = _exp_from(ev, c) * inv
-            gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx, layout,
+                         BLOCK, NSEG, VEC)
             tile = nxt
             abase = nabase
             shift = nshift
