@@ -78,12 +78,11 @@ if gluon is not None:
         return ecol, emask, gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
 
     @gluon.jit
-    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx,
+    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx,
                      layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
-        # exp(x - c) / total for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
+        # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
         # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
         # thread's data is overwritten); then the partial vectors at the two ends from the edges (_tile_edges)
-        inv = 1.0 / total
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
@@ -129,11 +128,12 @@ if gluon is not None:
             end = shift + n_cols
             ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
             c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
+            inv = 1.0 / total
 
             nxt = row + n_progs
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx, layout,
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
                          BLOCK, NSEG, VEC)
             abase = nabase
             shift = nshift
@@ -200,11 +200,12 @@ if gluon is not None:
             all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
+            inv = 1.0 / total
 
             nxt = _ticket(sync_ptr, n_rows)
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, total, ecol, emask, ev, nabase, n_vecs, idx, layout,
+            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
                          BLOCK, NSEG, VEC)
             tile = nxt
             abase = nabase
