@@ -143,6 +143,10 @@ CASES = {
     # softmax rows held in shared memory (the held plan): GPT-2's vocabulary and its aligned neighbour
     "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50257, torch.bfloat16)),
     "softmax_bf16_50304": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50304, torch.bfloat16)),
+    # rows held in shared memory, layer norm (docs/kernels.md, "Rows held in shared memory (backward)"): a ragged row
+    # of five 1024-element segments forward and backward, and 7001 forward
+    "ln_bwd_bf16_5113": lambda: _ln_backward(16384, 5113, torch.bfloat16),
+    "ln_fwd_bf16_7001": lambda: _ln_forward(16384, 7001, torch.bfloat16),
     "ln_fwd_fp32_65536": lambda: _ln_forward(2048, 65536, torch.float32),
     "ln_fwd_bf16_65536": lambda: _ln_forward(2048, 65536, torch.bfloat16),
 }

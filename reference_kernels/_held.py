@@ -52,6 +52,18 @@ def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int
     return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))
 
 
+# The Triton release whose sm_90 compiles set the register-bound choices of the held kernels (the layer-norm backward's
+# shares in registers, the softmax's bf16 widening): another release allocates registers its own way (Triton 3.9 spills
+# 120 bytes a thread of the backward at 3001 columns and 288 at 5113 where 3.6 spills none, and 8 of the softmax at
+# 50257), so it keeps the plans without them until they are measured there (scripts/held_sass.py shows the spills).
+TUNED_TRITON = "3.6."
+
+
+def tuned_triton() -> bool:
+    """Whether this Triton is the release the register-bound choices were measured with (``TUNED_TRITON``)."""
+    return triton.__version__.startswith(TUNED_TRITON)
+
+
 _DISABLED: list[str] = []  # why the held kernels stopped being used in this process (disable())
 
 
@@ -129,13 +141,24 @@ if gluon is not None:
         return v
 
     @gluon.jit
+    def widen(v, WIDEN: gl.constexpr):
+        # float32 of a loaded tensor; with WIDEN, bf16 pairs straight from their 32-bit register, one shift or AND each
+        # (the compiler's conversion spends a PRMT and a shift on the odd element; docs/kernels.md, "layer_norm:
+        # forward")
+        if WIDEN and v.dtype == gl.bfloat16:
+            bits = gl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r",
+                                             [v.to(gl.uint16, bitcast=True)], dtype=gl.uint32, is_pure=True, pack=2)
+            return bits.to(gl.float32, bitcast=True)
+        return v.to(gl.float32)
+
+    @gluon.jit
     def land_segment(buf, s: gl.constexpr, idx, shift, end, fill, layout: gl.constexpr, BLOCK: gl.constexpr,
-                     NSEG: gl.constexpr):
-        # segment s of a row copied in segment by segment, once its copy has landed: float32, the neighbours'
+                     NSEG: gl.constexpr, WIDEN: gl.constexpr = False):
+        # segment s of a row copied in segment by segment, once its copy has landed: float32 (widen), the neighbours'
         # elements made fill (only_the_row) and written back as fill, so that the passes after read it unmasked
         async_copy.wait_group(NSEG - 1 - s)
         seg = buf.index(s)
-        v = only_the_row(seg.load(layout).to(gl.float32), s, idx, shift, end, fill, BLOCK, NSEG)
+        v = only_the_row(widen(seg.load(layout), WIDEN), s, idx, shift, end, fill, BLOCK, NSEG)
         if (s == 0) | (s >= NSEG - 2):
             seg.store(v.to(seg.dtype))
         return v

@@ -23,7 +23,7 @@ import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
                     edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, row_span, row_start,
-                    segments)
+                    segments, tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -42,12 +42,16 @@ if gluon is not None:
         BLOCK: gl.constexpr,  # elements a segment
         NSEG: gl.constexpr,  # segments a row (_held.segments)
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
+        JOINT: gl.constexpr,  # mean and variance from one pass: sums of x - x[row, 0] and of its square (FWD_JOINT)
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; FWD_WIDEN)
         num_warps: gl.constexpr,
     ):
         """Rows pid, pid + programs, ... (all at one phase); three passes over shared memory: the sum as each segment
         lands (the neighbours' elements of the first and the last two segments, the only ones a row's ends fall in,
         become 0 there), the centred sum of squares, and the output with the weight and bias held at the program's
-        phase. The output's partial vectors at the row's two ends are stored element by element (the edges)."""
+        phase. JOINT: two passes, the sums of d = x - x[row, 0] and of d^2 as each segment lands (one reduction of the
+        pair), then the output; the row's first element is loaded a row ahead. The output's partial vectors at the
+        row's two ends are stored element by element (the edges)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -73,27 +77,47 @@ if gluon is not None:
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
+        pivot_n = gl.load(x_ptr + gl.minimum(pid, n_rows - 1).to(gl.int64) * n_cols)  # JOINT: the row's x[row, 0]
         for row in range(pid, n_rows, n_progs):
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
-            acc = gl.zeros([BLOCK], gl.float32, layout)
-            for s in gl.static_range(NSEG):
-                acc += land_segment(buf, s, idx, shift, end, 0.0, layout, BLOCK, NSEG)  # neighbours' elements 0
-            mean = gl.sum(acc, axis=0) / n_cols
-            acc = gl.zeros([BLOCK], gl.float32, layout)
-            for s in gl.static_range(NSEG):
-                d = only_the_row(buf.index(s).load(layout).to(gl.float32) - mean, s, idx, shift, end, 0.0, BLOCK, NSEG)
-                acc += d * d
-            rstd = 1.0 / gl.sqrt(gl.sum(acc, axis=0) / n_cols + eps)
+            nxt = row + n_progs
+            if JOINT:
+                pivot = pivot_n.to(gl.float32)
+                pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
+                acc = gl.zeros([BLOCK], gl.float32, layout)
+                acc2 = gl.zeros([BLOCK], gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    async_copy.wait_group(NSEG - 1 - s)
+                    d = only_the_row(widen(buf.index(s).load(layout), WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK,
+                                     NSEG)
+                    acc += d
+                    acc2 += d * d
+                s1, s2 = gl.reduce((acc, acc2), 0, _add_pairs)
+                mean_d = s1 / n_cols
+                var = s2 / n_cols - mean_d * mean_d
+                var = gl.where(var < 0.0, 0.0, var)  # rounding; not a maximum, which would drop a nan
+                mean = pivot + mean_d
+            else:
+                acc = gl.zeros([BLOCK], gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    acc += land_segment(buf, s, idx, shift, end, 0.0, layout, BLOCK, NSEG)  # neighbours' elements 0
+                mean = gl.sum(acc, axis=0) / n_cols
+                acc = gl.zeros([BLOCK], gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    d = only_the_row(buf.index(s).load(layout).to(gl.float32) - mean, s, idx, shift, end, 0.0, BLOCK,
+                                     NSEG)
+                    acc += d * d
+                var = gl.sum(acc, axis=0) / n_cols
+            rstd = 1.0 / gl.sqrt(var + eps)
             gl.store(mean_ptr + row, mean)
             gl.store(rstd_ptr + row, rstd)
 
-            nxt = row + n_progs
             nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: n_progs is a multiple of VEC
             nv = gl.where(nxt < n_rows, gl.cdiv(end, VEC), 0)
             for u in range(NSEG):
-                v = buf.index(u).load(layout).to(gl.float32)
-                w = wbuf.index(u).load(layout).to(gl.float32)
-                b = bbuf.index(u).load(layout).to(gl.float32)
+                v = widen(buf.index(u).load(layout), WIDEN)
+                w = widen(wbuf.index(u).load(layout), WIDEN)
+                b = widen(bbuf.index(u).load(layout), WIDEN)
                 y = ((v - mean) * rstd * w + b).to(y_ptr.dtype.element_ty)
                 vi = (u * BLOCK + idx) // VEC
                 gl.store(y_ptr + abase + u * BLOCK + idx, y, mask=(vi >= first_v) & (vi < last_v))
@@ -120,6 +144,19 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
+    def _bwd_dx_segment(xbuf, dybuf, wbuf, dx_ptr, abase, slot, u, idx, mean, rstd, c1, c2, first_v, last_v,
+                        layout: gl.constexpr, BLOCK: gl.constexpr, VEC: gl.constexpr, WIDEN: gl.constexpr):
+        # pass two on segment u of the row in ring slot ``slot``: dx stored (its whole vectors; the edges apart), and
+        # (dy, x-hat) returned for the shares
+        xhat = (widen(xbuf.index(slot + u).load(layout), WIDEN) - mean) * rstd
+        dyv = widen(dybuf.index(slot + u).load(layout), WIDEN)
+        wv = widen(wbuf.index(u).load(layout), WIDEN)
+        dx = (wv * dyv - (xhat * c1 + c2)) * rstd
+        vi = (u * BLOCK + idx) // VEC
+        gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty), mask=(vi >= first_v) & (vi < last_v))
+        return dyv, xhat
+
+    @gluon.jit
     def _layer_norm_bwd_held_kernel(
         x_ptr,  # forward input, rows packed (stride N), 16-byte aligned at row 0
         dy_ptr,  # gradient of y, x's layout and dtype
@@ -137,6 +174,8 @@ if gluon is not None:
         RING: gl.constexpr,  # rows held at once: 1, the next row copied segment by segment as pass two leaves each;
         # R > 1, a ring of R rows, R - 1 of them in flight (each a copy of its own) while one is reduced
         PAIRED: gl.constexpr,  # the row's two sums in one block reduction of the pair (BWD_PAIRED)
+        REG_SHARES: gl.constexpr,  # the dweight/dbias shares in registers, a tensor a segment (BWD_REG_SHARES)
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; BWD_WIDEN)
         num_warps: gl.constexpr,
     ):
         """Rows pid, pid + programs, ... (all at one phase), x and dy held in shared memory. Pass one: the row's two
@@ -144,15 +183,17 @@ if gluon is not None:
         ones a row's ends fall in). Pass two: dx, and the program's dweight/dbias shares (float32 in shared memory, in
         the program's slots; the neighbours' slots gather what is never written out). The shares go out once, at the
         program's end, shifted to the real columns; the partial vectors at the row's ends are stored element by
-        element (the edges)."""
+        element (the edges). With REG_SHARES the shares are held in registers instead, a tensor a segment (pass two
+        unrolled), which frees their shared memory for more programs an SM and drops their read-modify-write."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         xbuf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RING * NSEG, BLOCK], flat)
         dybuf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RING * NSEG, BLOCK], flat)
         wbuf = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [NSEG, BLOCK], flat)
-        dwbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
-        dbbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
+        if not REG_SHARES:
+            dwbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
+            dbbuf = gl.allocate_shared_memory(gl.float32, [NSEG, BLOCK], flat)
         idx = gl.arange(0, BLOCK, layout=layout)
         eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
         pid = gl.program_id(0)
@@ -174,8 +215,15 @@ if gluon is not None:
         for t in range(NSEG):  # the weight at this program's phase (slot j: column j - shift), zero shares
             c = t * BLOCK + idx - shift
             wbuf.index(t).store(gl.load(w_ptr + c, mask=(c >= 0) & (c < n_cols), other=0.0))
-            dwbuf.index(t).store(zero)
-            dbbuf.index(t).store(zero)
+            if not REG_SHARES:
+                dwbuf.index(t).store(zero)
+                dbbuf.index(t).store(zero)
+        dws = ()
+        dbs = ()
+        if REG_SHARES:
+            for t in gl.static_range(NSEG):
+                dws = dws + (zero,)
+                dbs = dbs + (zero,)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         # a row's statistics and edges are loaded one row ahead: global loads waited on at the row's start would put
@@ -213,8 +261,8 @@ if gluon is not None:
             for s in gl.static_range(NSEG):
                 if RING == 1:
                     async_copy.wait_group(NSEG - 1 - s)
-                xhat = (xbuf.index(slot + s).load(layout).to(gl.float32) - mean) * rstd
-                wdy = wbuf.index(s).load(layout).to(gl.float32) * dybuf.index(slot + s).load(layout).to(gl.float32)
+                xhat = (widen(xbuf.index(slot + s).load(layout), WIDEN) - mean) * rstd
+                wdy = widen(wbuf.index(s).load(layout), WIDEN) * widen(dybuf.index(slot + s).load(layout), WIDEN)
                 term = xhat * wdy
                 if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
                     col = s * BLOCK + idx
@@ -232,28 +280,39 @@ if gluon is not None:
                 c2 = gl.sum(a2, axis=0) / n_cols
 
             nv = gl.where(row + n_progs < n_rows, row_vecs, 0)
-            for u in range(NSEG):
-                xhat = (xbuf.index(slot + u).load(layout).to(gl.float32) - mean) * rstd
-                dyv = dybuf.index(slot + u).load(layout).to(gl.float32)
-                wv = wbuf.index(u).load(layout).to(gl.float32)
-                dx = (wv * dyv - (xhat * c1 + c2)) * rstd
-                vi = (u * BLOCK + idx) // VEC
-                gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty),
-                         mask=(vi >= first_v) & (vi < last_v))
-                dwbuf.index(u).store(dwbuf.index(u).load(layout) + dyv * xhat)
-                dbbuf.index(u).store(dbbuf.index(u).load(layout) + dyv)
-                if RING == 1:
-                    _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, 0, u, nv, idx, BLOCK, VEC, 1)
+            if REG_SHARES:
+                for u in gl.static_range(NSEG):
+                    dyv, xhat = _bwd_dx_segment(xbuf, dybuf, wbuf, dx_ptr, abase, slot, u, idx, mean, rstd, c1, c2,
+                                                first_v, last_v, layout, BLOCK, VEC, WIDEN)
+                    dws = dws[:u] + (dws[u] + dyv * xhat,) + dws[u + 1:]
+                    dbs = dbs[:u] + (dbs[u] + dyv,) + dbs[u + 1:]
+                    if RING == 1:
+                        _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, 0, u, nv, idx, BLOCK, VEC, 1)
+            else:
+                for u in range(NSEG):
+                    dyv, xhat = _bwd_dx_segment(xbuf, dybuf, wbuf, dx_ptr, abase, slot, u, idx, mean, rstd, c1, c2,
+                                                first_v, last_v, layout, BLOCK, VEC, WIDEN)
+                    dwbuf.index(u).store(dwbuf.index(u).load(layout) + dyv * xhat)
+                    dbbuf.index(u).store(dbbuf.index(u).load(layout) + dyv)
+                    if RING == 1:
+                        _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, 0, u, nv, idx, BLOCK, VEC, 1)
             edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
             gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
             abase = nabase
         async_copy.wait_group(0)
         share = pid.to(gl.int64) * n_cols - shift
-        for t in range(NSEG):  # the shares at the real columns
-            c = t * BLOCK + idx
-            ok = (c >= shift) & (c < end)
-            gl.store(dw_part_ptr + share + c, dwbuf.index(t).load(layout), mask=ok)
-            gl.store(db_part_ptr + share + c, dbbuf.index(t).load(layout), mask=ok)
+        if REG_SHARES:
+            for t in gl.static_range(NSEG):  # the shares at the real columns
+                c = t * BLOCK + idx
+                ok = (c >= shift) & (c < end)
+                gl.store(dw_part_ptr + share + c, dws[t], mask=ok)
+                gl.store(db_part_ptr + share + c, dbs[t], mask=ok)
+        else:
+            for t in range(NSEG):
+                c = t * BLOCK + idx
+                ok = (c >= shift) & (c < end)
+                gl.store(dw_part_ptr + share + c, dwbuf.index(t).load(layout), mask=ok)
+                gl.store(db_part_ptr + share + c, dbbuf.index(t).load(layout), mask=ok)
 
 
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
@@ -276,6 +335,17 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
 FWD_NARROW_WARPS = 4
 FWD_NARROW_BLOCK = 1024
 FWD_NARROW_MIN_PER_SM = 4
+# 16-bit rows take their mean and variance in one pass (JOINT: sums of x - x[row, 0] and of its square, as the rows
+# plan's 16-bit rows do), and bf16 is widened by a shift or an AND an element (WIDEN): the held forward is issue-bound
+# (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element; docs/kernels.md, "layer_norm: forward").
+FWD_JOINT = True
+FWD_WIDEN = True
+
+
+def fwd_joint(elem_size: int) -> bool:
+    """Whether the forward of rows of ``elem_size``-byte elements takes its statistics in one pass (``FWD_JOINT``:
+    16-bit rows; fp32 keeps the centred second pass)."""
+    return FWD_JOINT and elem_size == 2
 
 
 def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, int, int]:
@@ -298,8 +368,8 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     warps, block, nseg, fit = fwd_shape(n_cols, es, col_bytes(x2, weight, bias))
     progs = fit * sm_count // vec * vec  # a multiple of VEC: one phase
     _layer_norm_fwd_held_kernel[(max(vec, min(triton.cdiv(n_rows, vec) * vec, progs)),)](
-        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, num_warps=warps,
-        maxnreg=MAX_REGS)
+        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
+        WIDEN=FWD_WIDEN, num_warps=warps, maxnreg=MAX_REGS)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048
@@ -311,6 +381,14 @@ BWD_RING = 2
 # than two reductions (sm_90 SASS), H200 bf16 / fp16 +1-2 points of copy at 2300-6001; rows held one at a time (past
 # ~8192) read 0-1 point lower with it (docs/kernels.md, "Rows held in shared memory (backward)").
 BWD_PAIRED = True
+# The dweight/dbias shares held in registers (two float32 tensors a segment, 16 registers a thread a segment) instead of
+# shared memory, for rows of the segment counts named here (None: always in shared memory): a column then takes 8 bytes
+# less of shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. The value is the
+# registers a thread needs then, which caps the programs an SM (sm_90 compiles of Triton 3.6, bf16, 4 warps: 2 segments
+# 96 registers, 3 fit 128, 4 spill 32 bytes at 128, 5 fit 168, 6 spill 88 bytes at 168); with another Triton
+# (_held.tuned_triton) the shares stay in shared memory.
+BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255}
+BWD_WIDEN = True  # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's
 
 
 class BwdShape(NamedTuple):
@@ -320,19 +398,24 @@ class BwdShape(NamedTuple):
     ring: int  # rows held at once
     per_sm: int  # programs an SM (0: a row does not fit)
     max_regs: int  # registers a thread: the register file shared by those programs
+    reg_shares: bool = False  # the dweight/dbias shares in registers (BWD_REG_SHARES)
 
 
 def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
     warps = BWD_WARPS
-    block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32
+    block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32: 8 elements a thread either way
     nseg = segments(n_cols, elem_size, block)
+    need = (BWD_REG_SHARES or {}).get(nseg) if tuned_triton() else None  # registers a thread with the shares held
+    reg = need is not None
     for ring in range(BWD_RING, 0, -1):  # a column: x and dy for each row held, the weight, two float32 shares
-        progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + 8, warps, block)
+        progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + (0 if reg else 8), warps, block)
+        if reg:
+            progs = min(progs, 65536 // (warps * 32 * need))
         if progs:
-            return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8))
-    return BwdShape(warps, block, nseg, 1, 0, 0)
+            return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8), reg)
+    return BwdShape(warps, block, nseg, 1, 0, 0, reg)
 
 
 def paired(shape: BwdShape) -> bool:
@@ -376,6 +459,7 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     db_part = torch.empty_like(dw_part)
     _layer_norm_bwd_held_kernel[(progs,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
-        VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), num_warps=shape.warps,
+        VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,
+        WIDEN=BWD_WIDEN, num_warps=shape.warps,
         maxnreg=shape.max_regs)
     return dw_part, db_part

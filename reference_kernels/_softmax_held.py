@@ -22,7 +22,8 @@ import torch
 import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier)
+                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
+                    tuned_triton, widen)
 from ._split_walk import _SPIN_ASM, COUNTER_STRIDE, split_launch
 
 if gluon is not None:
@@ -53,7 +54,7 @@ if gluon is not None:
 
     @gluon.jit
     def _tile_max_sum(buf, idx, shift, end, layout: gl.constexpr, vec_layout: gl.constexpr, BLOCK: gl.constexpr,
-                      NSEG: gl.constexpr, VEC: gl.constexpr):
+                      NSEG: gl.constexpr, VEC: gl.constexpr, WIDEN: gl.constexpr):
         # the (max, sum of exp(x - max)) of the elements [shift, end) held in buf, in one pass, each segment as it
         # lands: each thread's running max and sum over its VEC-element vectors (one rescale a vector), then one
         # reduction of the (max, sum) pairs. In the first and the last two segments (the only ones the ends can fall
@@ -63,7 +64,7 @@ if gluon is not None:
         m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
         a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
         for s in gl.static_range(NSEG):
-            v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG)
+            v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG, WIDEN)
             v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
             m_new = gl.maximum(m, gl.max(v2, axis=1))
             k = _finite_or_zero(m_new)
@@ -79,14 +80,15 @@ if gluon is not None:
 
     @gluon.jit
     def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx,
-                     layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
+                     layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr,
+                     WIDEN: gl.constexpr):
         # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
         # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
         # thread's data is overwritten); then the partial vectors at the two ends from the edges (_tile_edges)
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
-            v = buf.index(u).load(layout).to(gl.float32)
+            v = widen(buf.index(u).load(layout), WIDEN)
             y = (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty)
             col = u * BLOCK + idx
             vi = col // VEC
@@ -104,6 +106,7 @@ if gluon is not None:
         BLOCK: gl.constexpr,  # elements a segment
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; WIDEN)
         num_warps: gl.constexpr,
     ):
         """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
@@ -127,14 +130,14 @@ if gluon is not None:
         for row in range(pid, n_rows, n_progs):
             end = shift + n_cols
             ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
-            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, WIDEN)
             inv = 1.0 / total
 
             nxt = row + n_progs
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
             _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC)
+                         BLOCK, NSEG, VEC, WIDEN)
             abase = nabase
             shift = nshift
         async_copy.wait_group(0)
@@ -159,6 +162,7 @@ if gluon is not None:
         BLOCK: gl.constexpr,
         NSEG: gl.constexpr,  # segments a slice (segments(slice_cols))
         VEC: gl.constexpr,
+        WIDEN: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
@@ -185,7 +189,7 @@ if gluon is not None:
             row = tile // GROUP
             end = shift + n_tile
             ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
-            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC)
+            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, WIDEN)
 
             # the exchange: this slice's pair out, the row's pairs in (every thread holds its own acquire)
             part_row = part_ptr + row.to(gl.int64) * (2 * GROUP)
@@ -206,7 +210,7 @@ if gluon is not None:
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
             _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC)
+                         BLOCK, NSEG, VEC, WIDEN)
             tile = nxt
             abase = nabase
             shift = nshift
@@ -222,6 +226,17 @@ if gluon is not None:
         base = (t // GROUP).to(gl.int64) * n_cols + first
         abase = base // VEC * VEC
         return abase, (base - abase).to(gl.int32), gl.minimum(slice_cols, n_cols - first)
+
+
+# bf16 rows widened by a shift or an AND an element in both passes (_held.widen), as the layer norm's held kernels (H200,
+# bf16, % of copy: 17000 81 -> 82, 50257 78 -> 81, 60000 79 -> 81, 128256 80 -> 82, 200001 75 -> 75); with the Triton the
+# choice was measured with (_held.tuned_triton: Triton 3.9 spills 8 bytes a thread at 50257 with it).
+WIDEN = True
+
+
+def widen_rows() -> bool:
+    """Whether the softmax kernels widen bf16 by a shift or an AND (``WIDEN``, on the Triton it was measured with)."""
+    return WIDEN and tuned_triton()
 
 
 def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
@@ -240,7 +255,7 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     progs = per_sm(n_cols, es)
     _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
         x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
-        num_warps=WARPS, maxnreg=MAX_REGS)
+        WIDEN=widen_rows(), num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def split_shape(n_cols: int, elem_size: int, group: int) -> tuple[int, int]:
@@ -273,4 +288,5 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
     _softmax_held_split_kernel[(max(1, min(n_rows * group, progs * sm_count)),)](
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, num_warps=WARPS, maxnreg=MAX_REGS)
+        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), num_warps=WARPS,
+        maxnreg=MAX_REGS)

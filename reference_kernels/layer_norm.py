@@ -1319,22 +1319,25 @@ _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
-# these widths:
-# H200, bf16 5121 49 -> 64%, 10468 42 -> 75, 12345 50 -> 68, 17000 35 -> 74, 33000 34 -> 63; fp32 17000 47 -> 76. With
-# 4-warp programs where four fit an SM (_layer_norm_held.fwd_shape), narrower rows too: bf16 / fp16 2600 45 -> 65 / 69,
-# 3001 50 -> 72 / 75, 4300 53 -> 74 / 75, 5113 45 -> 80; 2300 level / +3; 2100 67 -> 54 / 59 and 2049 and under lost;
-# fp32 4200 70 -> 76, 6500 63 -> 75, 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 ->
-# 74, 4113 77 -> 73). Aligned rows lost (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2300, 4: 4200}
+# these widths: 16-bit rows from 2100 since their statistics take one pass (_layer_norm_held.FWD_JOINT; H200, bf16 /
+# fp16 against the walk: 2100 67 -> 69 / 71, 2200 58 -> 72 / 74, 2600 65 -> 80 / 81 with it; 2049 75 -> 67 and
+# narrower rows lost: 1025 59 -> 47, 1300-1900 88-94 -> 57-76 on the rows plan); fp32 4200 70 -> 76, 6500 63 -> 75,
+# 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
+# (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2100, 4: 4200}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
-# Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy, the weight and the program's dweight /
-# dbias shares there), for 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it
-# runs and its row fits: past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33
-# -> 42-45% of copy), narrower rows where two or more programs an SM fit and the row fills at least _HELD_BWD_MIN_GAIN
-# more of its 1024-element segments than of the phased plan's tile and pieces: both run over every slot of theirs,
-# the held kernel 10-20% slower a slot (bf16 2300 42 -> 47, 3001 53 -> 58, 5113 44 -> 56, 6001 49 -> 54; 1900 69 -> 56
-# and 4001 67 -> 57, where both fill alike, are not taken). None: never. docs/kernels.md, "layer_norm: backward".
+# Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
+# dweight / dbias shares in registers for rows of up to six 1024-element segments, else in shared memory too), for
+# 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
+# past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33 -> 42-45% of copy);
+# narrower rows where two or more programs an SM fit and, with the shares in registers, the row's segments hold at most
+# _HELD_BWD_REG_SLOTS times the lanes of the phased plan's tile and pieces (H200, bf16, phased -> held: 1100 50 -> 54,
+# 1500 61 -> 71, 2049 64 -> 70, 2300 42 -> 76, 2600 47 -> 79, 4097 55 -> 71, 5121 44 -> 67, 6137 50 -> 69; 2800 and
+# 4001 level; 1025, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52), or, with the shares in
+# shared memory, fill _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
+# docs/kernels.md, "layer_norm: backward".
 _HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (1025, 16383)}
+_HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
 _HELD_BWD_ALIGNED_BANDS: dict[int, tuple[int, int]] | None = None  # the same for aligned rows (N a multiple of 16)
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
@@ -2339,7 +2342,8 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
 def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
     """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_BWD_BANDS``): widths
     that are not a multiple of 16, inside the band of their element size, past the phased plan's widest row or, with
-    two programs an SM or more, filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``)."""
+    two programs an SM or more, holding at most ``_HELD_BWD_REG_SLOTS`` times the phased plan's lanes where the shares
+    are held in registers, else filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``)."""
     band = ((_HELD_BWD_BANDS if n_cols % 16 else _HELD_BWD_ALIGNED_BANDS) or {}).get(4 if elem_size >= 4 else 2)
     if band is None or not band[0] <= n_cols <= band[1]:
         return False
@@ -2349,8 +2353,10 @@ def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
     pieces = _phased_bwd_pieces(n_cols, elem_size)
     if shape.per_sm < 2 or pieces is None:
         return False
-    held_fill = (n_cols + 16 // elem_size - 1) / (shape.nseg * shape.block)  # from the widest phase's aligned start
     phased_fill = min(1.0, n_cols / sum(pieces))  # its tile and pieces (a tail in words past them: full)
+    if shape.reg_shares:  # the slots of its segments against the phased plan's lanes
+        return shape.nseg * shape.block <= _HELD_BWD_REG_SLOTS * n_cols / phased_fill
+    held_fill = (n_cols + 16 // elem_size - 1) / (shape.nseg * shape.block)  # from the widest phase's aligned start
     return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
 
 

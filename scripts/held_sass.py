@@ -62,16 +62,19 @@ def compile_case(case: str) -> dict:
         signature[name] = ty.replace("X", dtype).replace("P", param or dtype)
     constexprs = {"BLOCK": _held.BLOCK, "NSEG": _held.segments(n, elem), "VEC": 16 // elem, "num_warps": _held.WARPS}
     max_regs = _held.MAX_REGS
+    if subject.startswith("softmax"):
+        constexprs["WIDEN"] = _softmax_held.widen_rows()
     if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
         group, slice_cols = _softmax_held.split_shape(n, elem, group)
         constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem))
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
-        constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)
+        constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=_layer_norm_held.FWD_WIDEN,
+                          num_warps=warps)
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, PAIRED=_layer_norm_held.paired(shape),
-                          num_warps=shape.warps)
+                          REG_SHARES=shape.reg_shares, WIDEN=_layer_norm_held.BWD_WIDEN, num_warps=shape.warps)
         max_regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})
     # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)

@@ -149,3 +149,14 @@ def test_a_layer_norm_whose_held_kernel_fails_to_compile_runs_the_plans_without_
         y, mean, rstd = layer_norm.forward(x, weight, bias)
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (41,), weight, bias), rtol=1e-5, atol=1e-5)
     assert not layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+
+
+def test_the_register_bound_choices_hold_only_on_the_triton_they_were_measured_with(monkeypatch):
+    # the layer-norm backward's shares in registers and the softmax's bf16 widening were sized on sm_90 compiles of
+    # one Triton release (_held.TUNED_TRITON); another allocates registers its own way and would spill them
+    monkeypatch.setattr(_held.triton, "__version__", _held.TUNED_TRITON + "0")
+    assert _held.tuned_triton() and _softmax_held.widen_rows()
+    assert _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
+    monkeypatch.setattr(_held.triton, "__version__", "3.9.0")
+    assert not _held.tuned_triton() and not _softmax_held.widen_rows()
+    assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, False)  # shares in shared memory

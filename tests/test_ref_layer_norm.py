@@ -1335,8 +1335,8 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     from reference_kernels import _layer_norm_held
 
     rule = layer_norm._held_default
-    assert [n for n in (2100, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
-        2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: N not a multiple of 16, from 2300
+    assert [n for n in (2049, 2099, 2100, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000)
+            if rule(n, 2)] == [2100, 2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: from 2100
     # fp32: from 4200 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
     # from 16385 where one does
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
@@ -1356,6 +1356,10 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert _layer_norm_held.fwd_shape(17000, 4, 12) == (8, 2048, 9, 1)  # fp32 rows with fp32 parameters
     monkeypatch.setattr(_layer_norm_held, "FWD_NARROW_MIN_PER_SM", 0)
     assert _layer_norm_held.fwd_shape(5121, 2, 6) == (8, 2048, 3, 4)
+    # 16-bit rows take their statistics in one pass (sums of x - x[row, 0] and of its square); fp32 keeps two
+    assert _layer_norm_held.fwd_joint(2) and not _layer_norm_held.fwd_joint(4)
+    monkeypatch.setattr(_layer_norm_held, "FWD_JOINT", False)
+    assert not _layer_norm_held.fwd_joint(2)
 
 
 def test_the_forward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
@@ -1428,23 +1432,43 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     from reference_kernels import _layer_norm_held
 
     rule = layer_norm._held_bwd_default
+    monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)  # the Triton its register choices came from
     # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
-    # KiB); up to 8192 where two programs an SM fit and the row fills 10% more of its 1024-element segments than of
-    # the phased plan's power of two (2300: 75% of 3072 against 56% of 4096; 1900 and 4089 fill both alike)
-    widths = (1000, 1025, 1900, 2049, 2300, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200, 7001, 8191, 8192,
-              9001, 12345, 16383)
-    assert [n for n in widths if rule(n, 2)] == [2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
+    # KiB); up to 8192 where two programs an SM fit and, with the shares in registers (up to six segments), the row's
+    # segments hold at most 1.9 times the phased plan's lanes (1025: 2048 slots against 1024 and a tail in words; 1040:
+    # against 1024 + 16); past six segments where the row fills 10% more of them than of the phased plan's tile (6200
+    # and 7001 do not: 7168 slots against 6200 in pieces, against 8192 lanes' 85%)
+    widths = (1000, 1025, 1030, 1040, 1900, 2049, 2300, 2800, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200,
+              7001, 8191, 8192, 9001, 12345, 16383)
+    assert [n for n in widths if rule(n, 2)] == [1030, 1900, 2049, 2300, 3001, 3300, 4089, 4097, 4300, 6001, 6137,
+                                                 9001, 12345, 16383]
     assert not any(rule(n, 4) for n in (1025, 3001, 8191))  # fp32: not taken
+    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
+    assert [n for n in widths if rule(n, 2)] == [2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
+    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
+    monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: False)  # another Triton: in shared memory too
+    assert not _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
+    monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)
+    assert _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
+    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
     monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", None)
     assert not rule(3001, 2)
     monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", {2: (1, 16384)})
     assert rule(10240, 2) and not rule(3001, 2)  # aligned rows have their own bands (none by default)
     # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
-    # with 16-bit weights), programs an SM from shared memory, the register file shared by them
-    assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128)
-    assert _layer_norm_held.bwd_shape(12345, 2, 2) == (4, 1024, 13, 1, 1, 255)
-    assert _layer_norm_held.bwd_shape(3001, 4, 4) == (4, 1024, 3, 2, 2, 255)  # fp32: two 16-byte vectors a thread
+    # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
+    # they need (BWD_REG_SHARES: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
+    # register file shared by them
+    assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, True)
+    assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 3, 168, True)
+    assert _layer_norm_held.bwd_shape(6001, 2, 2) == (4, 1024, 6, 2, 2, 255, True)
+    assert _layer_norm_held.bwd_shape(7001, 2, 2) == (4, 1024, 7, 2, 1, 255, False)  # shares in shared memory
+    assert _layer_norm_held.bwd_shape(12345, 2, 2) == (4, 1024, 13, 1, 1, 255, False)
+    assert _layer_norm_held.bwd_shape(3001, 4, 4) == (4, 1024, 3, 2, 3, 168, True)  # fp32: two 16-byte vectors a thread
     assert _layer_norm_held.bwd_shape(16383, 2, 2).per_sm == 0
+    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {})  # none in registers: 8 bytes more a column
+    assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, False)
+    assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 2, 255, False)
     x, w = torch.empty(4, 3001, dtype=torch.bfloat16), torch.empty(3001, dtype=torch.bfloat16)
     # the programs: a multiple of the vector (one phase each), no more than the rows need
     assert _layer_norm_held.backward_programs(torch.empty(10000, 3001, dtype=torch.bfloat16), w, 132) == 528
