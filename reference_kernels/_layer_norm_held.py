@@ -387,7 +387,7 @@ BWD_PAIRED = True
 # registers a thread needs then, which caps the programs an SM (sm_90 compiles of Triton 3.6, bf16, 4 warps: 2 segments
 # 96 registers, 3 fit 128, 4 spill 32 bytes at 128, 5 fit 168, 6 spill 88 bytes at 168); with another Triton
 # (_held.tuned_triton) the shares stay in shared memory.
-BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255}
+BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
 BWD_WIDEN = True  # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's
 
 

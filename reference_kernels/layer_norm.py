@@ -9,15 +9,16 @@ bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096). On CUDA GPUs with Triton's Gluon the forward's ``held`` plan
-(``_layer_norm_held``) takes rows of N not a multiple of 16 from 2300 16-bit / 4200 fp32 columns (docs/kernels.md):
-persistent programs of one phase each hold their rows, weight and bias in shared memory. Elsewhere
+(``_layer_norm_held``) takes rows of N not a multiple of 16 from 2100 16-bit / 4200 fp32 columns (docs/kernels.md):
+persistent programs of one phase each hold their rows, weight and bias in shared memory (16-bit rows' statistics in
+one pass). Elsewhere
 the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
 with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
 tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
 The backward's ``held`` plan (``_layer_norm_held``, the same GPUs) takes 16-bit rows of N not a multiple of 16
-past 8192 columns, and narrower ones that fill its 1024-element segments better than the phased plan's tile
-(2300, 3001, 4300-6137, ...). The backward's ``phased`` plan holds whole rows of up to
+of 1026-8185 columns (its dweight/dbias shares in registers; not where the phased plan's tile holds the row in
+about half the slots, as 1025's) and past 8192 (the shares in shared memory). The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
 read as aligned vectors, ``_ragged``). Contiguous 16-bit rows that their power of two would leave part

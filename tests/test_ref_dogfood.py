@@ -42,9 +42,10 @@ CASES = [
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
     ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
-    ("layer_norm", BF16, (8192, 4097), 1, 0.55),  # ragged 16-bit, the walk: 69-70% (was 41%)
-    ("layer_norm", BF16, (4096, 16383), 1, 0.58),  # rows held in shared memory: 72% (the walk: 55-60%)
-    ("layer_norm", BF16, (8192, 12345), 1, 0.55),  # held: 68% (the walk: 46-50%)
+    ("layer_norm", BF16, (8192, 4097), 1, 0.65),  # ragged 16-bit, held, statistics in one pass: 82% (the walk: 70%)
+    ("layer_norm", FP16, (16384, 5121), 1, 0.65),  # held, 4-warp programs, one statistics pass: 81% (two: 76%)
+    ("layer_norm", BF16, (4096, 16383), 1, 0.62),  # rows held in shared memory: 77% (two passes 65%, the walk 55-60%)
+    ("layer_norm", BF16, (8192, 12345), 1, 0.58),  # held: 72% (two statistics passes 61%, the walk 46-50%)
     ("layer_norm", BF16, (2048, 33000), 1, 0.5),  # held, one program an SM: 63% (looped: 34%)
     ("layer_norm", FP32, (2048, 17000), 1, 0.6),  # held: 76% (split walk: 47%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
@@ -63,9 +64,11 @@ CASES = [
     ("layer_norm_backward", FP16, (32768, 1280), 3, 0.65),  # rows laid flat, six a window: 82% (1024 + 256: 74%)
     ("layer_norm_backward", BF16, (16384, 1536), 3, 0.68),  # rows laid flat, five a window: 83% (2048 lanes: 73%)
     ("layer_norm_backward", BF16, (16384, 2560), 3, 0.68),  # rows laid flat, three a window: 84% (4096 lanes: 72%)
-    ("layer_norm_backward", BF16, (16384, 2049), 3, 0.4),  # ragged 16-bit, phased, the tail in words: 52% (was 44%)
+    ("layer_norm_backward", BF16, (16384, 2049), 3, 0.56),  # ragged 16-bit, held, shares in registers: 70% (phased 64%)
+    ("layer_norm_backward", FP16, (16384, 1500), 3, 0.56),  # held, shares in registers, five programs an SM: 70% (61%)
+    ("layer_norm_backward", BF16, (16384, 7001), 3, 0.54),  # held, seven segments, two programs an SM: 68% (phased 56%)
     ("layer_norm_backward", BF16, (32768, 1000), 3, 0.6),  # packed ragged rows at a compile-time width: 77% (was 51%)
-    ("layer_norm_backward", BF16, (16384, 3001), 3, 0.45),  # rows held in shared memory, two at once: 57% (phased 53%)
+    ("layer_norm_backward", BF16, (16384, 3001), 3, 0.6),  # held, two rows at once, shares in registers: 75% (57-60%)
     ("layer_norm_backward", BF16, (8192, 10468), 3, 0.33),  # rows held in shared memory: 43% (one_pass 30%)
     # GEMM + bias + GELU, shape (M, K, N): compute-bound, so a kernel count and bytes only; at K = 768 the tuning picks
     # the warp-specialised kernel (docs/kernels.md, "gemm_epilogue"), whose bytes come from its launch metadata
