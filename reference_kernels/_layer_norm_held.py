@@ -2,16 +2,16 @@
 in shared memory"; "layer_norm: backward").
 
 A persistent program copies each row into shared memory (``_held``: ``cp.async`` from the row's aligned-down start),
-takes its mean, its centred variance and its output from there, and copies the next row into each segment the output
-pass leaves. The weight and bias are what a ragged row makes hard: a row that starts ``shift`` elements past a
+takes its statistics (16-bit rows: the sums of x - x[row, 0] and of its square in one pass; fp32: the mean, then the
+centred variance) and its output from there, and copies the next row into each segment the output pass leaves. The weight and bias are what a ragged row makes hard: a row that starts ``shift`` elements past a
 16-byte boundary needs column c of the weight at slot c + shift, off the weight's own vector grid. The grid's size is
 a multiple of the vector, so every row of a program starts at the same phase (row r's phase is r N mod VEC), and each
 program copies the weight and bias once into shared memory at its phase; its rows then read them as aligned vectors.
 
 The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
-program's phase and the program's float32 dweight/dbias shares in shared memory too: one phase a program keeps its
-shares in its own slots, written out once at the end, shifted to the real columns, and summed as every backward
-plan's shares are (``layer_norm._sum_shares``).
+program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
+``BWD_REG_SHARES``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
+at the end, shifted to the real columns, and summed as every backward plan's shares are (``layer_norm._sum_shares``).
 """
 
 from __future__ import annotations
