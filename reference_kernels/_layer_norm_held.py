@@ -348,8 +348,18 @@ def fwd_joint(elem_size: int) -> bool:
     return FWD_JOINT and elem_size == 2
 
 
+# Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (H200, bf16, % of copy, against
+# the walk: 1025 60 -> 68, 2049 75 -> 79; 4-warp programs on 1024-element segments lost there, 1025 59 -> 47).
+FWD_NARROWEST_WARPS = 2
+FWD_NARROWEST_BLOCK = 512
+FWD_NARROWEST_MAX_COLS = 2099
+
+
 def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, int, int]:
     """(warps, elements a segment, segments a row, programs an SM) of the forward for rows of ``n_cols``."""
+    if n_cols <= FWD_NARROWEST_MAX_COLS:
+        w, b = FWD_NARROWEST_WARPS, FWD_NARROWEST_BLOCK
+        return w, b, segments(n_cols, elem_size, b), per_sm(n_cols, elem_size, col_bytes, w, b)
     narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, FWD_NARROW_BLOCK)
     if FWD_NARROW_MIN_PER_SM and narrow >= FWD_NARROW_MIN_PER_SM:
         return FWD_NARROW_WARPS, FWD_NARROW_BLOCK, segments(n_cols, elem_size, FWD_NARROW_BLOCK), narrow
@@ -376,6 +386,12 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
 # elements at 8 warps), and the rows held at once: a ring of BWD_RING (all but one in flight), fewer where shared memory
 # does not hold them; with one, the next row is copied segment by segment as pass two leaves each.
 BWD_WARPS = 4
+# Rows of at most BWD_NARROW_MAX_SEGMENTS 512-element segments: 2-warp programs on them, eight an SM (H200, bf16, % of
+# copy, against 4 warps on 1024: 1025 52 -> 74 (the phased plan 67), 1100 54 -> 77, 1300 62 -> 80, 1500 70 -> 78; four
+# segments lost, 1700 76 -> 72). 8-warp programs on 2048 were mixed (5113 68 -> 72, 6001 69 -> 73; 3001 75 -> 65, 4097
+# 71 -> 63) and are not taken.
+BWD_NARROW_WARPS = 2
+BWD_NARROW_MAX_SEGMENTS = 3
 BWD_RING = 2
 # The row's two sums in one block reduction of the pair where two rows are held (a ring): three barriers a row fewer
 # than two reductions (sm_90 SASS), H200 bf16 / fp16 +1-2 points of copy at 2300-6001; rows held one at a time (past
@@ -405,6 +421,8 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
     warps = BWD_WARPS
+    if segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS) <= BWD_NARROW_MAX_SEGMENTS:
+        warps = BWD_NARROW_WARPS
     block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32: 8 elements a thread either way
     nseg = segments(n_cols, elem_size, block)
     need = (BWD_REG_SHARES or {}).get(nseg) if tuned_triton() else None  # registers a thread with the shares held

@@ -1320,12 +1320,13 @@ _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
-# these widths: 16-bit rows from 2100 since their statistics take one pass (_layer_norm_held.FWD_JOINT; H200, bf16 /
-# fp16 against the walk: 2100 67 -> 69 / 71, 2200 58 -> 72 / 74, 2600 65 -> 80 / 81 with it; 2049 75 -> 67 and
-# narrower rows lost: 1025 59 -> 47, 1300-1900 88-94 -> 57-76 on the rows plan); fp32 4200 70 -> 76, 6500 63 -> 75,
+# these widths (but the packed rows' widths, _packed_rows): 16-bit rows from 1025 since their statistics take one pass
+# (_layer_norm_held.FWD_JOINT; H200, bf16 / fp16 against the walk: 2100 67 -> 69 / 71, 2200 58 -> 72 / 74, 2600 65 -> 80
+# / 81 with it) and rows under 2100 take 2-warp programs (_layer_norm_held.fwd_shape: bf16 1025 60 -> 68, 2049 75 -> 79;
+# the packed rows plan keeps 1300-1900, 88-94 against 57-76 held on 4 warps); fp32 4200 70 -> 76, 6500 63 -> 75,
 # 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
 # (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 2100, 4: 4200}
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 1025, 4: 4200}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
 # dweight / dbias shares in registers for rows of up to six 1024-element segments, else in shared memory too), for
@@ -2327,7 +2328,7 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> 
     ``_HELD_FWD_FP32_ALONE_MIN_COLS`` only where two programs an SM fit (``col_bytes``: shared memory a column, default
     the row's, the weight's and the bias's element alike)."""
     least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
-    if least is None or n_cols < least or n_cols % 16 == 0:
+    if least is None or n_cols < least or n_cols % 16 == 0 or _packed_rows(n_cols):
         return False
     if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
         return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2

@@ -1335,8 +1335,10 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     from reference_kernels import _layer_norm_held
 
     rule = layer_norm._held_default
-    assert [n for n in (2049, 2099, 2100, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000)
-            if rule(n, 2)] == [2100, 2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]  # 16-bit: from 2100
+    # 16-bit: from 1025, but the widths the packed rows plan takes (1100, 1500: a multiple of 4 under 2048)
+    assert [n for n in (1000, 1025, 1100, 1500, 1501, 2049, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384,
+                        17000, 33000) if rule(n, 2)] == [1025, 1501, 2049, 2300, 3001, 4097, 5121, 7001, 8191, 12345,
+                                                         17000, 33000]
     # fp32: from 4200 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
     # from 16385 where one does
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
@@ -1354,6 +1356,9 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert [_layer_norm_held.fwd_shape(n, 2, 6) for n in (5121, 8191, 10468, 12345)] == [
         (4, 1024, 6, 6), (4, 1024, 9, 4), (8, 2048, 6, 3), (8, 2048, 7, 2)]
     assert _layer_norm_held.fwd_shape(17000, 4, 12) == (8, 2048, 9, 1)  # fp32 rows with fp32 parameters
+    # rows under 2100: 2-warp programs on 512-element segments
+    assert [_layer_norm_held.fwd_shape(n, 2, 6) for n in (1025, 2049, 2100)] == [
+        (2, 512, 3, 16), (2, 512, 5, 13), (4, 1024, 3, 8)]
     monkeypatch.setattr(_layer_norm_held, "FWD_NARROW_MIN_PER_SM", 0)
     assert _layer_norm_held.fwd_shape(5121, 2, 6) == (8, 2048, 3, 4)
     # 16-bit rows take their statistics in one pass (sums of x - x[row, 0] and of its square); fp32 keeps two
@@ -1387,7 +1392,7 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
         _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, 132)
 
 
-HELD_FWD = [(torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
+HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
             (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000), (torch.bfloat16, 33000),
             (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385)]
 
@@ -1435,16 +1440,16 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)  # the Triton its register choices came from
     # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
     # KiB); up to 8192 where two programs an SM fit and, with the shares in registers (up to six segments), the row's
-    # segments hold at most 1.9 times the phased plan's lanes (1025: 2048 slots against 1024 and a tail in words; 1040:
-    # against 1024 + 16); past six segments where the row fills 10% more of them than of the phased plan's tile (6200
-    # and 7001 do not: 7168 slots against 6200 in pieces, against 8192 lanes' 85%)
+    # segments hold at most 1.9 times the phased plan's lanes (every unaligned width of 1025-8185: 1025 on three 512-element
+    # segments of a 2-warp program, 1536 slots against 1024 and a tail in words); 8191's nine segments keep the shares
+    # in shared memory, and then the row must fill 10% more of them than of the phased plan's tile
     widths = (1000, 1025, 1030, 1040, 1900, 2049, 2300, 2800, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200,
               7001, 8191, 8192, 9001, 12345, 16383)
-    assert [n for n in widths if rule(n, 2)] == [1030, 1900, 2049, 2300, 3001, 3300, 4089, 4097, 4300, 6001, 6137,
-                                                 9001, 12345, 16383]
+    assert [n for n in widths if rule(n, 2)] == [1025, 1030, 1900, 2049, 2300, 3001, 3300, 4089, 4097, 4300, 6001,
+                                                 6137, 6200, 7001, 9001, 12345, 16383]
     assert not any(rule(n, 4) for n in (1025, 3001, 8191))  # fp32: not taken
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
-    assert [n for n in widths if rule(n, 2)] == [2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
+    assert [n for n in widths if rule(n, 2)] == [1030, 2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: False)  # another Triton: in shared memory too
     assert not _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
@@ -1459,6 +1464,8 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
     # they need (BWD_REG_SHARES: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
     # register file shared by them
+    assert _layer_norm_held.bwd_shape(1025, 2, 2) == (2, 512, 3, 2, 8, 128, True)  # up to three 512-element segments
+    assert _layer_norm_held.bwd_shape(1530, 2, 2) == (4, 1024, 2, 2, 5, 96, True)
     assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, True)
     assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 3, 168, True)
     assert _layer_norm_held.bwd_shape(6001, 2, 2) == (4, 1024, 6, 2, 2, 255, True)
