@@ -9,16 +9,16 @@ bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096). On CUDA GPUs with Triton's Gluon the forward's ``held`` plan
-(``_layer_norm_held``) takes rows of N not a multiple of 16 from 2100 16-bit / 4200 fp32 columns (docs/kernels.md):
-persistent programs of one phase each hold their rows, weight and bias in shared memory (16-bit rows' statistics in
-one pass). Elsewhere
+(``_layer_norm_held``) takes rows of N not a multiple of 16 from 1025 16-bit (but the packed rows plan's widths) /
+4200 fp32 columns (docs/kernels.md): persistent programs of one phase each hold their rows, weight and bias in shared
+memory (16-bit rows' statistics in one pass). Elsewhere
 the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
 with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
 tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
 The backward's ``held`` plan (``_layer_norm_held``, the same GPUs) takes 16-bit rows of N not a multiple of 16
-of 1026-8185 columns (its dweight/dbias shares in registers; not where the phased plan's tile holds the row in
-about half the slots, as 1025's) and past 8192 (the shares in shared memory). The backward's ``phased`` plan holds whole rows of up to
+of 1025-8185 columns (its dweight/dbias shares in registers; 2-warp programs on rows of up to 1529) and past 8192
+(the shares in shared memory). The backward's ``phased`` plan holds whole rows of up to
 8192 (+ a short tail) in persistent programs whose row loop Triton pipelines, the next rows
 of x and dy in flight through shared memory; it takes most rows of 768-8192 (unaligned ones
 read as aligned vectors, ``_ragged``). Contiguous 16-bit rows that their power of two would leave part
@@ -1329,14 +1329,15 @@ _ROWS_TILE = 2048
 _HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 1025, 4: 4200}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
-# dweight / dbias shares in registers for rows of up to six 1024-element segments, else in shared memory too), for
+# dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
 # 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
 # past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33 -> 42-45% of copy);
 # narrower rows where two or more programs an SM fit and, with the shares in registers, the row's segments hold at most
 # _HELD_BWD_REG_SLOTS times the lanes of the phased plan's tile and pieces (H200, bf16, phased -> held: 1100 50 -> 54,
 # 1500 61 -> 71, 2049 64 -> 70, 2300 42 -> 76, 2600 47 -> 79, 4097 55 -> 71, 5121 44 -> 67, 6137 50 -> 69; 2800 and
-# 4001 level; 1025, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52), or, with the shares in
-# shared memory, fill _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
+# 4001 level; 1025 on 1024-element segments, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52,
+# and on the 2-warp programs' 512-element ones, 1536 slots, 67 -> 74), or, with the shares in shared memory, fill
+# _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
 # docs/kernels.md, "layer_norm: backward".
 _HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (1025, 16383)}
 _HELD_BWD_REG_SLOTS = 1.9
