@@ -3,10 +3,11 @@ in shared memory"; "layer_norm: backward").
 
 A persistent program copies each row into shared memory (``_held``: ``cp.async`` from the row's aligned-down start),
 takes its statistics (16-bit rows: the sums of x - x[row, 0] and of its square in one pass; fp32: the mean, then the
-centred variance) and its output from there, and copies the next row into each segment the output pass leaves. The weight and bias are what a ragged row makes hard: a row that starts ``shift`` elements past a
-16-byte boundary needs column c of the weight at slot c + shift, off the weight's own vector grid. The grid's size is
-a multiple of the vector, so every row of a program starts at the same phase (row r's phase is r N mod VEC), and each
-program copies the weight and bias once into shared memory at its phase; its rows then read them as aligned vectors.
+centred variance) and its output from there, and copies the next row into each segment the output pass leaves. The
+weight and bias are what a ragged row makes hard: a row that starts ``shift`` elements past a 16-byte boundary needs
+column c of the weight at slot c + shift, off the weight's own vector grid. The grid's size is a multiple of the
+vector, so every row of a program starts at the same phase (row r's phase is r N mod VEC), and each program copies the
+weight and bias once into shared memory at its phase; its rows then read them as aligned vectors.
 
 The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
 program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
@@ -400,9 +401,10 @@ BWD_PAIRED = True
 # The dweight/dbias shares held in registers (two float32 tensors a segment, 16 registers a thread a segment) instead of
 # shared memory, for rows of the segment counts named here (None: always in shared memory): a column then takes 8 bytes
 # less of shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. The value is the
-# registers a thread needs then, which caps the programs an SM (sm_90 compiles of Triton 3.6, bf16, 4 warps: 2 segments
-# 96 registers, 3 fit 128, 4 spill 32 bytes at 128, 5 fit 168, 6 spill 88 bytes at 168); with another Triton
-# (_held.tuned_triton) the shares stay in shared memory.
+# registers a thread needs then, which caps the programs an SM (sm_90 compiles of Triton 3.6, bf16, 8 elements a thread
+# a segment at 2 or 4 warps: 2 segments 96 registers, 3 fit 128, 4 spill 32 bytes at 128, 5 fit 168, 6 spill 88 bytes at
+# 168, 7-8 fit 255 with 219-242, 9 spill 88 bytes at 255); with another Triton (_held.tuned_triton) the shares stay in
+# shared memory. docs/kernels.md, "Shares in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
 BWD_WIDEN = True  # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's
 
