@@ -34,19 +34,26 @@ SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scr
 SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
 
 
-def segments(n_cols: int, elem_size: int, block: int | None = None) -> int:
+def phase0(n_cols: int, elem_size: int) -> bool:
+    """Whether every packed row of ``n_cols`` starts on a 16-byte boundary (N a multiple of the 16-byte vector, the
+    tensor 16-byte aligned, as ``packed_rows`` requires): no row then needs the slack before its start."""
+    return n_cols % (16 // elem_size) == 0
+
+
+def segments(n_cols: int, elem_size: int, block: int | None = None, aligned: bool = False) -> int:
     """Segments of ``block`` (default ``BLOCK``) elements that hold a row from its aligned-down start (up to 15 bytes
-    before it)."""
-    return triton.cdiv(n_cols + 16 // elem_size - 1, block or BLOCK)
+    before it); ``aligned``: rows that start on a 16-byte boundary (``phase0``), which need no such slack."""
+    slack = 0 if aligned else 16 // elem_size - 1
+    return triton.cdiv(n_cols + slack, block or BLOCK)
 
 
 def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,
-           block: int | None = None) -> int:
+           block: int | None = None, aligned: bool = False) -> int:
     """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the
     element's), up to what the warps and registers allow; 0 where one does not fit. ``warps`` and ``block``: a
-    program's warps and its segments' elements (default ``WARPS``, ``BLOCK``)."""
+    program's warps and its segments' elements (default ``WARPS``, ``BLOCK``); ``aligned`` as for ``segments``."""
     warps, block = warps or WARPS, block or BLOCK
-    row = segments(n_cols, elem_size, block) * block * (col_bytes or elem_size) + SMEM_RESERVED
+    row = segments(n_cols, elem_size, block, aligned) * block * (col_bytes or elem_size) + SMEM_RESERVED
     if row > SMEM_PER_BLOCK:
         return 0
     return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))

@@ -23,8 +23,8 @@ import torch
 import triton
 
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, row_span, row_start,
-                    segments, tuned_triton, widen)
+                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, phase0, row_span,
+                    row_start, segments, tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -327,7 +327,8 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
     n_cols = x2.shape[1]
     return (y2.dtype == x2.dtype and packed_rows(x2, y2)
             and all(t.device == x2.device and t.shape == (n_cols,) and t.stride(0) == 1 for t in (weight, bias))
-            and per_sm(n_cols, x2.element_size(), col_bytes(x2, weight, bias)) > 0)
+            and per_sm(n_cols, x2.element_size(), col_bytes(x2, weight, bias),
+                       aligned=phase0(n_cols, x2.element_size())) > 0)
 
 
 # The forward's shape: 4-warp programs on 1024-element segments where FWD_NARROW_MIN_PER_SM of them fit an SM (H200,
@@ -357,14 +358,16 @@ FWD_NARROWEST_MAX_COLS = 2099
 
 
 def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, int, int]:
-    """(warps, elements a segment, segments a row, programs an SM) of the forward for rows of ``n_cols``."""
+    """(warps, elements a segment, segments a row, programs an SM) of the forward for rows of ``n_cols`` (rows that
+    start on 16-byte boundaries, ``_held.phase0``, without the slack before a row's start)."""
+    p0 = phase0(n_cols, elem_size)
     if n_cols <= FWD_NARROWEST_MAX_COLS:
         w, b = FWD_NARROWEST_WARPS, FWD_NARROWEST_BLOCK
-        return w, b, segments(n_cols, elem_size, b), per_sm(n_cols, elem_size, col_bytes, w, b)
-    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, FWD_NARROW_BLOCK)
+        return w, b, segments(n_cols, elem_size, b, p0), per_sm(n_cols, elem_size, col_bytes, w, b, p0)
+    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, FWD_NARROW_BLOCK, p0)
     if FWD_NARROW_MIN_PER_SM and narrow >= FWD_NARROW_MIN_PER_SM:
-        return FWD_NARROW_WARPS, FWD_NARROW_BLOCK, segments(n_cols, elem_size, FWD_NARROW_BLOCK), narrow
-    return WARPS, BLOCK, segments(n_cols, elem_size), per_sm(n_cols, elem_size, col_bytes)
+        return FWD_NARROW_WARPS, FWD_NARROW_BLOCK, segments(n_cols, elem_size, FWD_NARROW_BLOCK, p0), narrow
+    return WARPS, BLOCK, segments(n_cols, elem_size, None, p0), per_sm(n_cols, elem_size, col_bytes, aligned=p0)
 
 
 def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
@@ -406,7 +409,11 @@ BWD_PAIRED = True
 # 168, 7-8 fit 255 with 219-242, 9 spill 88 bytes at 255); with another Triton (_held.tuned_triton) the shares stay in
 # shared memory. docs/kernels.md, "Shares in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
-BWD_WIDEN = True  # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's
+# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's, in rows of at least
+# BWD_WIDEN_MIN_SEGMENTS segments (0: all); the others take the compiler's conversion. docs/kernels.md, "Shares in
+# registers".
+BWD_WIDEN = True
+BWD_WIDEN_MIN_SEGMENTS = 0
 
 
 class BwdShape(NamedTuple):
@@ -422,20 +429,25 @@ class BwdShape(NamedTuple):
 def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
-    warps = BWD_WARPS
-    if segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS) <= BWD_NARROW_MAX_SEGMENTS:
+    warps, p0 = BWD_WARPS, phase0(n_cols, elem_size)  # rows on 16-byte boundaries need no slack (_held.phase0)
+    if segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS, p0) <= BWD_NARROW_MAX_SEGMENTS:
         warps = BWD_NARROW_WARPS
     block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32: 8 elements a thread either way
-    nseg = segments(n_cols, elem_size, block)
+    nseg = segments(n_cols, elem_size, block, p0)
     need = (BWD_REG_SHARES or {}).get(nseg) if tuned_triton() else None  # registers a thread with the shares held
     reg = need is not None
     for ring in range(BWD_RING, 0, -1):  # a column: x and dy for each row held, the weight, two float32 shares
-        progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + (0 if reg else 8), warps, block)
+        progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + (0 if reg else 8), warps, block, p0)
         if reg:
             progs = min(progs, 65536 // (warps * 32 * need))
         if progs:
             return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8), reg)
     return BwdShape(warps, block, nseg, 1, 0, 0, reg)
+
+
+def bwd_widen(shape: BwdShape) -> bool:
+    """Whether the backward of this shape widens bf16 by a shift or an AND (``BWD_WIDEN``, ``BWD_WIDEN_MIN_SEGMENTS``)."""
+    return BWD_WIDEN and shape.nseg >= BWD_WIDEN_MIN_SEGMENTS
 
 
 def paired(shape: BwdShape) -> bool:
@@ -480,6 +492,6 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     _layer_norm_bwd_held_kernel[(progs,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
         VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,
-        WIDEN=BWD_WIDEN, num_warps=shape.warps,
+        WIDEN=bwd_widen(shape), num_warps=shape.warps,
         maxnreg=shape.max_regs)
     return dw_part, db_part

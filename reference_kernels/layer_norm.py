@@ -1328,6 +1328,12 @@ _ROWS_TILE = 2048
 # (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
 _HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 1025, 4: 4200}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
+# Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
+# bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
+# (chunked rows to 9216, the JOINT tile past it) -> held, bf16 / fp16: 8208 68 -> 85 / 71 -> 83, 8704 74 -> 84 / 77 ->
+# 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752, lost at
+# 11264-16384 (fp16 11264 88 -> 85, 14336 91 -> 78) and 2560-8192 (84-95 -> 80-89). docs/kernels.md, "Aligned rows held".
+_HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8193, 10240),)}
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
 # dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
 # 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
@@ -1342,7 +1348,12 @@ _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held o
 _HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (1025, 16383)}
 _HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
-_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[int, int]] | None = None  # the same for aligned rows (N a multiple of 16)
+# The same for aligned rows (N a multiple of 16), in these bands, with the shares in registers (H200, % of copy, their
+# plans -> held, bf16 / fp16: 3072 78 -> 82 / 78 -> 88, 4352 65 -> 80 / 62 -> 85, 4608 76 -> 82 / 77 -> 86, 5120 78 -> 82
+# / 78 -> 85, 5632 80 -> 82 / 79 -> 86, 6400 71 -> 82 / 75 -> 82, 6656 82 -> 82 / 81 -> 83, 7168 82 -> 84 / 83 -> 84; not
+# taken: 3136-3840, bf16 -5 to -12 (three pieces on 8 warps, 3584: 89%), fp16 0 to +10; 7424-8176, bf16 0 to +3, fp16
+# -1 to -4; 2048, 2560, 4096, 8192 -3 to -11; 2816 level).
+_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((3072, 3072), (4097, 7168))}
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
 # take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
 # (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
@@ -2327,9 +2338,11 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> 
     """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_FWD_MIN_COLS``):
     widths that are not a multiple of 16, from the band's first width on; fp32 rows under
     ``_HELD_FWD_FP32_ALONE_MIN_COLS`` only where two programs an SM fit (``col_bytes``: shared memory a column, default
-    the row's, the weight's and the bias's element alike)."""
+    the row's, the weight's and the bias's element alike); aligned rows in ``_HELD_FWD_ALIGNED_BANDS``."""
+    if n_cols % 16 == 0:
+        return _in_aligned_band(_HELD_FWD_ALIGNED_BANDS, n_cols, elem_size)
     least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
-    if least is None or n_cols < least or n_cols % 16 == 0 or _packed_rows(n_cols):
+    if least is None or n_cols < least or _packed_rows(n_cols):
         return False
     if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
         return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2
@@ -2342,12 +2355,23 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
+def _in_aligned_band(bands: dict[int, tuple[tuple[int, int], ...]] | None, n_cols: int, elem_size: int) -> bool:
+    """Whether aligned rows of ``n_cols`` (a multiple of 16) are held: inside one of the bands of their element size
+    (inclusive), and not a power of two (whose tiles the other plans fill whole)."""
+    ranges = (bands or {}).get(4 if elem_size >= 4 else 2, ())
+    return any(lo <= n_cols <= hi for lo, hi in ranges) and n_cols & (n_cols - 1) != 0
+
+
 def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
     """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_BWD_BANDS``): widths
     that are not a multiple of 16, inside the band of their element size, past the phased plan's widest row or, with
     two programs an SM or more, holding at most ``_HELD_BWD_REG_SLOTS`` times the phased plan's lanes where the shares
-    are held in registers, else filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``)."""
-    band = ((_HELD_BWD_BANDS if n_cols % 16 else _HELD_BWD_ALIGNED_BANDS) or {}).get(4 if elem_size >= 4 else 2)
+    are held in registers, else filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``).
+    Aligned rows: in ``_HELD_BWD_ALIGNED_BANDS`` with the shares in registers (what was measured)."""
+    if n_cols % 16 == 0:
+        return (_in_aligned_band(_HELD_BWD_ALIGNED_BANDS, n_cols, elem_size)
+                and _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size).reg_shares)
+    band = (_HELD_BWD_BANDS or {}).get(4 if elem_size >= 4 else 2)
     if band is None or not band[0] <= n_cols <= band[1]:
         return False
     if n_cols > _PHASED_BWD_MAX_ROW:

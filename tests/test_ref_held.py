@@ -30,7 +30,7 @@ CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "soft
          "layer_norm:bf16:bf16:12345", "layer_norm:bf16:fp32:10468", "layer_norm:fp32:fp32:17000",
          "layer_norm:bf16:bf16:6001", "layer_norm:bf16:bf16:2049",
          "layer_norm_bwd:bf16:bf16:3001", "layer_norm_bwd:fp16:fp32:10468", "layer_norm_bwd:fp16:fp16:1100",
-         "layer_norm_bwd:bf16:bf16:7001"]
+         "layer_norm_bwd:bf16:bf16:7001", "layer_norm:bf16:bf16:8704", "layer_norm_bwd:bf16:bf16:5120"]
 
 
 def compile_for_sm90(script: Path, cases: list[str]) -> dict:

@@ -1344,8 +1344,16 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
         4200, 4500, 7001, 8189, 16385, 17000]
     assert not rule(8189, 4, col_bytes=20)  # 20 bytes of shared memory a column: one program an SM
+    # aligned 16-bit rows in their band, 8193-10240 (9216 on nine 1024-element segments: no slack before a row); fp32 not
+    assert [n for n in (4096, 5120, 8192, 8208, 8704, 9216, 10240, 10256, 11264, 12288) if rule(n, 2)] == [
+        8208, 8704, 9216, 10240]
+    assert not rule(9216, 4)
+    assert _layer_norm_held.fwd_shape(9216, 2, 6) == (4, 1024, 9, 4)  # 9217: ten segments, three an SM, so 8 warps
+    assert _layer_norm_held.fwd_shape(9217, 2, 6) == (8, 2048, 5, 3)
     monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
-    assert not rule(17000, 2)
+    assert not rule(17000, 2) and rule(8704, 2)
+    monkeypatch.setattr(layer_norm, "_HELD_FWD_ALIGNED_BANDS", None)
+    assert not rule(8704, 2)
     # shared memory a column: the row's element, the weight's and the bias's (a bf16 weight and an fp32 bias: 8 bytes;
     # both bf16: 6, two programs an SM at 12345)
     x, w, b = torch.empty(4, 12345, dtype=torch.bfloat16), torch.empty(12345, dtype=torch.bfloat16), torch.empty(12345)
@@ -1394,7 +1402,8 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
 
 HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
             (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000), (torch.bfloat16, 33000),
-            (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385)]
+            (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385),
+            (torch.bfloat16, 8704), (torch.float16, 10240), (torch.bfloat16, 5128)]  # aligned; 16-byte rows, not 16-column
 
 
 @pytest.mark.gpu
@@ -1445,9 +1454,14 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     # in shared memory, and then the row must fill 10% more of them than of the phased plan's tile
     widths = (1000, 1025, 1030, 1040, 1900, 2049, 2300, 2800, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200,
               7001, 8191, 8192, 9001, 12345, 16383)
-    assert [n for n in widths if rule(n, 2)] == [1025, 1030, 1900, 2049, 2300, 3001, 3300, 4089, 4097, 4300, 6001,
-                                                 6137, 6200, 7001, 9001, 12345, 16383]
-    assert not any(rule(n, 4) for n in (1025, 3001, 8191))  # fp32: not taken
+    assert [n for n in widths if rule(n, 2)] == [1025, 1030, 1900, 2049, 2300, 3001, 3072, 3300, 4089, 4097, 4300,
+                                                 6001, 6137, 6200, 7001, 9001, 12345, 16383]  # 3072: aligned, below
+    assert not any(rule(n, 4) for n in (1025, 3001, 8191, 5120))  # fp32: not taken
+    # aligned 16-bit rows (no slack before a row: 5120 is five segments): in their bands, 3072 and 4097-7168
+    aligned = (1536, 2048, 2560, 2816, 3056, 3072, 3136, 3584, 4096, 4112, 4608, 5120, 6144, 7168, 7184, 8176, 8192,
+               10240)
+    assert [n for n in aligned if rule(n, 2)] == [3072, 4112, 4608, 5120, 6144, 7168]
+    assert _layer_norm_held.bwd_shape(5120, 2, 2).nseg == 5 and _layer_norm_held.bwd_shape(5121, 2, 2).nseg == 6
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
     assert [n for n in widths if rule(n, 2)] == [1030, 2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
@@ -1458,8 +1472,12 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
     monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", None)
     assert not rule(3001, 2)
-    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", {2: (1, 16384)})
-    assert rule(10240, 2) and not rule(3001, 2)  # aligned rows have their own bands (none by default)
+    assert rule(5120, 2)  # aligned rows have their own bands
+    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", {2: ((1, 16384),)})
+    assert rule(2560, 2) and not rule(3001, 2) and not rule(4096, 2)
+    assert not rule(10240, 2)  # ten segments: the shares would be in shared memory, which aligned rows never measured
+    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", None)
+    assert not rule(5120, 2)
     # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
     # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
     # they need (BWD_REG_SHARES: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
@@ -1511,7 +1529,8 @@ def test_the_held_backward_launcher_refuses_tensors_it_cannot_take_with_a_clear_
 
 HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.bfloat16, 4097),
             (torch.float16, 5121), (torch.bfloat16, 8191), (torch.bfloat16, 12345), (torch.bfloat16, 6144),
-            (torch.float32, 3001), (torch.float32, 1000)]
+            (torch.float32, 3001), (torch.float32, 1000),
+            (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128)]  # as above
 
 
 @pytest.fixture
