@@ -410,8 +410,8 @@ BWD_PAIRED = True
 # shared memory. docs/kernels.md, "Shares in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
 # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's, in rows of at least
-# BWD_WIDEN_MIN_SEGMENTS segments (0: all); the others take the compiler's conversion. docs/kernels.md, "Shares in
-# registers".
+# BWD_WIDEN_MIN_SEGMENTS segments (0: all); the others take the compiler's conversion. Two H200 calls disagree at three
+# to five segments (docs/kernels.md, "Shares in registers"), so every row is widened until an interleaved A/B decides.
 BWD_WIDEN = True
 BWD_WIDEN_MIN_SEGMENTS = 0
 
