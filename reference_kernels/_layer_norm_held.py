@@ -409,11 +409,13 @@ BWD_PAIRED = True
 # 168, 7-8 fit 255 with 219-242, 9 spill 88 bytes at 255); with another Triton (_held.tuned_triton) the shares stay in
 # shared memory. docs/kernels.md, "Shares in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
-# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's, in rows of at least
-# BWD_WIDEN_MIN_SEGMENTS segments (0: all); the others take the compiler's conversion. Two H200 calls disagree at three
-# to five segments (docs/kernels.md, "Shares in registers"), so every row is widened until an interleaved A/B decides.
+# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's; rows of N a multiple
+# of 16 (which Triton compiles apart: it specialises an argument divisible by 16) only from BWD_WIDEN_ALIGNED_MIN_SEGMENTS
+# segments, the others take the compiler's conversion (H200, bf16, % of copy, widened -> not, interleaved twice in one
+# call: aligned 3072 82 -> 87, 3584 76 -> 83, 4608 81 -> 82, 5120 82 -> 83, 6144 83 -> 82 (six segments); ragged 2300
+# 74 -> 68, 5121 67 -> 65, 1300 80 -> 78, 1500 and 3001 level). docs/kernels.md, "Shares in registers".
 BWD_WIDEN = True
-BWD_WIDEN_MIN_SEGMENTS = 0
+BWD_WIDEN_ALIGNED_MIN_SEGMENTS = 6
 
 
 class BwdShape(NamedTuple):
@@ -445,9 +447,10 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     return BwdShape(warps, block, nseg, 1, 0, 0, reg)
 
 
-def bwd_widen(shape: BwdShape) -> bool:
-    """Whether the backward of this shape widens bf16 by a shift or an AND (``BWD_WIDEN``, ``BWD_WIDEN_MIN_SEGMENTS``)."""
-    return BWD_WIDEN and shape.nseg >= BWD_WIDEN_MIN_SEGMENTS
+def bwd_widen(shape: BwdShape, n_cols: int) -> bool:
+    """Whether the backward of rows of ``n_cols`` on this shape widens bf16 by a shift or an AND (``BWD_WIDEN``; rows
+    of N a multiple of 16 from ``BWD_WIDEN_ALIGNED_MIN_SEGMENTS`` segments)."""
+    return BWD_WIDEN and (n_cols % 16 != 0 or shape.nseg >= BWD_WIDEN_ALIGNED_MIN_SEGMENTS)
 
 
 def paired(shape: BwdShape) -> bool:
@@ -492,6 +495,6 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     _layer_norm_bwd_held_kernel[(progs,)](
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
         VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,
-        WIDEN=bwd_widen(shape), num_warps=shape.warps,
+        WIDEN=bwd_widen(shape, n_cols), num_warps=shape.warps,
         maxnreg=shape.max_regs)
     return dw_part, db_part

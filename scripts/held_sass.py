@@ -74,7 +74,7 @@ def compile_case(case: str) -> dict:
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, PAIRED=_layer_norm_held.paired(shape),
-                          REG_SHARES=shape.reg_shares, WIDEN=_layer_norm_held.bwd_widen(shape),
+                          REG_SHARES=shape.reg_shares, WIDEN=_layer_norm_held.bwd_widen(shape, n),
                           num_warps=shape.warps)
         max_regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})

@@ -1462,6 +1462,13 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
                10240)
     assert [n for n in aligned if rule(n, 2)] == [3072, 4112, 4608, 5120, 6144, 7168]
     assert _layer_norm_held.bwd_shape(5120, 2, 2).nseg == 5 and _layer_norm_held.bwd_shape(5121, 2, 2).nseg == 6
+    # bf16 widened by a shift or an AND in ragged rows; in aligned rows (compiled apart) from six segments
+    widen = _layer_norm_held.bwd_widen
+    assert [n for n in (2300, 3001, 3072, 5120, 5121, 6144) if widen(_layer_norm_held.bwd_shape(n, 2, 2), n)] == [
+        2300, 3001, 5121, 6144]
+    monkeypatch.setattr(_layer_norm_held, "BWD_WIDEN", False)
+    assert not widen(_layer_norm_held.bwd_shape(5121, 2, 2), 5121)
+    monkeypatch.setattr(_layer_norm_held, "BWD_WIDEN", True)
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
     assert [n for n in widths if rule(n, 2)] == [1030, 2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
