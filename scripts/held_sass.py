@@ -78,8 +78,10 @@ def compile_case(case: str) -> dict:
                           num_warps=shape.warps)
         max_regs = shape.max_regs
     signature.update({name: "constexpr" for name in constexprs})
-    # pointers 16-byte aligned, as the launchers' fits() require; the width is not (it is the case's point)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, ty in enumerate(signature.values()) if ty.startswith("*")}
+    # pointers 16-byte aligned, as the launchers' fits() require; the width as a launch specialises it (Triton marks an
+    # integer argument divisible by 16, so aligned widths compile apart from ragged ones)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(signature.items())
+             if ty.startswith("*") or (name == "n_cols" and n % 16 == 0)}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": constexprs["num_warps"], "maxnreg": max_regs})

@@ -30,7 +30,11 @@ CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "soft
          "layer_norm:bf16:bf16:12345", "layer_norm:bf16:fp32:10468", "layer_norm:fp32:fp32:17000",
          "layer_norm:bf16:bf16:6001", "layer_norm:bf16:bf16:2049",
          "layer_norm_bwd:bf16:bf16:3001", "layer_norm_bwd:fp16:fp32:10468", "layer_norm_bwd:fp16:fp16:1100",
-         "layer_norm_bwd:bf16:bf16:7001", "layer_norm:bf16:bf16:8704", "layer_norm_bwd:bf16:bf16:5120"]
+         "layer_norm_bwd:bf16:bf16:7001", "layer_norm:bf16:bf16:8704", "layer_norm_bwd:bf16:bf16:5120",
+         "layer_norm_bwd:fp16:fp16:5120"]
+# Stack a thread that a case's sm_90 compile is known to take: aligned bf16 backward rows of five segments, with the
+# shares in registers at 168 (Triton 3.6), spill 8 bytes, fp16's none (docs/kernels.md, "Shares in registers")
+KNOWN_STACK = {"layer_norm_bwd:bf16:bf16:5120": 8}
 
 
 def compile_for_sm90(script: Path, cases: list[str]) -> dict:
@@ -72,8 +76,8 @@ def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_
         assert result["shared"] <= _held.segments(cols, elem) * _held.BLOCK * elem + _held.SMEM_RESERVED, result
     if result["registers"] is not None:
         assert result["registers"] <= result["register_cap"], result
-        if backward or case.startswith("softmax"):  # their caps leave them no spills
-            assert not result["stack"], result
+        if backward or case.startswith("softmax"):  # their caps leave them no spills (but the known ones)
+            assert (result["stack"] or 0) <= KNOWN_STACK.get(case, 0), result
 
 
 def pretend_an_sm90_machine(monkeypatch, module):
