@@ -12,6 +12,7 @@ prints the worst width and its ratio to the best anchor, then every width below 
     PYTHONPATH=. python3 benchmarks/sweep.py --dense                 # every multiple of 64 up to 16384 too
     PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax._STAGED_STAGES=2  # an A/B
+    PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --impls ours --set ...  # an A/B, ours alone
 
 After the per-subject summary a per-band table (``BANDS``: the targets' bands) gives each band's widths at target and
 the min / median of its aligned (a multiple of 16 columns) and ragged widths.
@@ -135,6 +136,18 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
     raise ValueError(f"unknown subject {name!r}; choose from {sorted(TARGETS)}")
 
 
+IMPLS = ("ours", "torch", "compile", "liger")
+
+
+def select_impls(fns: dict, impls: list[str]) -> dict:
+    """The implementations of ``fns`` named in ``impls`` (all of them where it is empty), in their order; a name
+    that is not one of ``IMPLS`` is refused."""
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        raise SystemExit(f"--impls: unknown {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
+    return {k: v for k, v in fns.items() if not impls or k in impls}
+
+
 _COMPILED: dict = {}
 _GEN = None
 
@@ -153,6 +166,9 @@ def main() -> int:
     parser.add_argument("--ragged", type=int, default=40, help="random ragged widths in 10^4..2.6x10^5")
     parser.add_argument("--widths", default="", help="comma-separated widths instead of the generated list")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile(dynamic=True)")
+    parser.add_argument("--impls", default="", help="comma-separated implementations to time (of ours, torch, compile,"
+                        " liger; default all there are): --impls ours for an A/B of a launch-plan rule, whose anchors"
+                        " only cost device time")
     parser.add_argument("--target-band-only", action="store_true",
                         help="time the layer norm only at widths inside its target band (256..16384 forward, 768..8192"
                              " backward); by default every width is timed, outside the band without a target")
@@ -164,6 +180,8 @@ def main() -> int:
     add_out_option(parser)
     args = parser.parse_args()
     settings = apply_settings(args.set)
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    select_impls({}, impls)  # refuse an unknown name before any timing
     out = write_output_to(args.out, __file__)
     ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
     print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB"
@@ -181,7 +199,8 @@ def main() -> int:
                     continue
                 rows = max(1, args.mib * 2**20 // (n * torch.empty((), dtype=dtype).element_size()))
                 x = torch.randn(rows, n, device="cuda", dtype=dtype, generator=_GEN)  # not the graph-registered default
-                nbytes, fns = subject(name, x, args.compile)
+                nbytes, fns = subject(name, x, args.compile or "compile" in impls)
+                fns = select_impls(fns, impls)
                 rec = {"subject": name, "dtype": dname, "width": n, "rows": rows, "target": TARGETS[name](n), "pct": {}}
                 for impl, fn in fns.items():
                     try:
@@ -250,11 +269,14 @@ def _summarise(records: list[dict]) -> int:
         worst = min(ours, key=lambda r: r["pct"]["ours"])
         ratios = [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r) for r in ours
                   if any(v for k, v in r["pct"].items() if k != "ours")]
-        worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
+        if ratios:  # none where no anchor was timed (--impls ours)
+            worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
+            ratio = f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}"
+        else:
+            ratio = "-"
         below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
         rows.append([name, dname, f"{len(ours)} of {len(recs)}", f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
-                     f"{worst['pct']['ours']:.0f}% at {worst['width']}",
-                     f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}", len(below)])
+                     f"{worst['pct']['ours']:.0f}% at {worst['width']}", ratio, len(below)])
         misses += [[name, dname, r["width"], f"{r['pct']['ours']:.0f}%", f"{r['target']}%",
                     " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
     print()

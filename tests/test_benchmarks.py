@@ -59,6 +59,22 @@ def test_the_sweep_groups_its_widths_into_bands_with_aligned_and_ragged_spreads(
     assert "By band" in capsys.readouterr().out
 
 
+def test_the_sweep_times_only_the_implementations_asked_for_and_summarises_ours_alone(capsys):
+    from benchmarks import sweep
+
+    fns = {"ours": 1, "torch": 2, "liger": 3}
+    assert sweep.select_impls(fns, []) == fns
+    assert list(sweep.select_impls(fns, ["torch", "ours"])) == ["ours", "torch"]  # their order, not the request's
+    assert sweep.select_impls(fns, ["compile"]) == {}  # asked for, not there (no --compile): nothing timed of it
+    with pytest.raises(SystemExit, match="unknown eager; choose from ours, torch, compile, liger"):
+        sweep.select_impls(fns, ["ours", "eager"])
+    alone = [{"subject": "softmax", "dtype": "bfloat16", "width": w, "rows": 8, "target": 90, "pct": {"ours": p}}
+             for w, p in ((17000, 81.0), (32000, 91.0))]
+    assert _summarise(alone) == 0  # no anchor: no ratio, no crash
+    out = capsys.readouterr().out
+    assert "| 81% at 17000 | - | 1 |" in out and "| 1 of 2 |" in out
+
+
 def test_a_subject_with_no_width_timed_is_still_reported(capsys):
     assert _summarise([_record(4097, None, 20.0, "RuntimeError: x")]) == 1
     assert "| 4097 | RuntimeError: x |" in capsys.readouterr().out
