@@ -139,12 +139,17 @@ def subject(name: str, x: torch.Tensor, compile_: bool):
 IMPLS = ("ours", "torch", "compile", "liger")
 
 
-def select_impls(fns: dict, impls: list[str]) -> dict:
-    """The implementations of ``fns`` named in ``impls`` (all of them where it is empty), in their order; a name
-    that is not one of ``IMPLS`` is refused."""
+def parse_impls(text: str) -> list[str]:
+    """The names of ``--impls`` (empty: every implementation); a name that is not one of ``IMPLS`` is refused."""
+    impls = [i.strip() for i in text.split(",") if i.strip()]
     unknown = [i for i in impls if i not in IMPLS]
     if unknown:
         raise SystemExit(f"--impls: unknown {', '.join(unknown)}; choose from {', '.join(IMPLS)}")
+    return impls
+
+
+def select_impls(fns: dict, impls: list[str]) -> dict:
+    """The implementations of ``fns`` named in ``impls`` (all of them where it is empty), in their order."""
     return {k: v for k, v in fns.items() if not impls or k in impls}
 
 
@@ -180,8 +185,7 @@ def main() -> int:
     add_out_option(parser)
     args = parser.parse_args()
     settings = apply_settings(args.set)
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-    select_impls({}, impls)  # refuse an unknown name before any timing
+    impls = parse_impls(args.impls)  # an unknown name is refused before any timing
     out = write_output_to(args.out, __file__)
     ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
     print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB"

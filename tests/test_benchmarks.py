@@ -66,8 +66,9 @@ def test_the_sweep_times_only_the_implementations_asked_for_and_summarises_ours_
     assert sweep.select_impls(fns, []) == fns
     assert list(sweep.select_impls(fns, ["torch", "ours"])) == ["ours", "torch"]  # their order, not the request's
     assert sweep.select_impls(fns, ["compile"]) == {}  # asked for, not there (no --compile): nothing timed of it
+    assert sweep.parse_impls(" ours, liger") == ["ours", "liger"] and sweep.parse_impls("") == []
     with pytest.raises(SystemExit, match="unknown eager; choose from ours, torch, compile, liger"):
-        sweep.select_impls(fns, ["ours", "eager"])
+        sweep.parse_impls("ours,eager")
     alone = [{"subject": "softmax", "dtype": "bfloat16", "width": w, "rows": 8, "target": 90, "pct": {"ours": p}}
              for w, p in ((17000, 81.0), (32000, 91.0))]
     assert _summarise(alone) == 0  # no anchor: no ratio, no crash
