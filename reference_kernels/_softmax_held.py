@@ -81,10 +81,11 @@ if gluon is not None:
     @gluon.jit
     def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx,
                      layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr,
-                     WIDEN: gl.constexpr):
-        # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf, copying the next tile (n_vecs vectors from
-        # nabase) into each segment as this pass leaves it (each thread copies into the slots it read, so no other
-        # thread's data is overwritten); then the partial vectors at the two ends from the edges (_tile_edges)
+                     WIDEN: gl.constexpr, NEXT: gl.constexpr = True):
+        # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf, copying the next
+        # tile (NEXT: n_vecs vectors from nabase) into each segment as this pass leaves it (each thread copies into
+        # the slots it read, so no other thread's data is overwritten); then the partial vectors at the two ends from
+        # the edges (_tile_edges)
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
@@ -93,7 +94,8 @@ if gluon is not None:
             col = u * BLOCK + idx
             vi = col // VEC
             gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
-            copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+            if NEXT:
+                copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
         ey = _exp_from(ev, c) * inv
         gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
 
@@ -107,14 +109,15 @@ if gluon is not None:
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; WIDEN)
+        WALK: gl.constexpr,  # a persistent program walking rows; else the program takes row pid alone (ONE_ROW)
         num_warps: gl.constexpr,
     ):
-        """A persistent program walks rows pid, pid + programs, ...; each row lies in shared memory in NSEG segments,
-        counted from the aligned vector that holds its first element (``shift`` elements before it). The max and the
-        sum (one pass, ``_tile_max_sum``) and the output (``_tile_output``) read it there; the output pass copies the
-        next row into each segment it has left. Segments strictly inside the row take no masks; the first and last
-        take element masks, and the output's partial vectors at the two ends of the row are stored element by element
-        (the edges, loaded at the row's start: ``_tile_edges``)."""
+        """Row pid alone, or with WALK a persistent program's rows pid, pid + programs, ...; each row lies in shared
+        memory in NSEG segments, counted from the aligned vector that holds its first element (``shift`` elements
+        before it). The max and the sum (one pass, ``_tile_max_sum``) and the output (``_tile_output``) read it there;
+        with WALK the output pass copies the next row into each segment it has left. Segments strictly inside the row
+        take no masks; the first and last take element masks, and the output's partial vectors at the two ends of the
+        row are stored element by element (the edges, loaded at the row's start: ``_tile_edges``)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])  # a thread's vectors
@@ -127,7 +130,8 @@ if gluon is not None:
         abase, shift = row_start(pid, n_cols, VEC)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
-        for row in range(pid, n_rows, n_progs):
+        stop = n_rows if WALK else gl.minimum(pid + 1, n_rows)
+        for row in range(pid, stop, n_progs):
             end = shift + n_cols
             ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
             c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, WIDEN)
@@ -137,7 +141,7 @@ if gluon is not None:
             nabase, nshift = row_start(nxt, n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
             _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC, WIDEN)
+                         BLOCK, NSEG, VEC, WIDEN, WALK)
             abase = nabase
             shift = nshift
         async_copy.wait_group(0)
@@ -234,6 +238,12 @@ if gluon is not None:
 WIDEN = True
 
 
+# A program a row (the grid as many programs as rows; the GPU's block scheduler hands the next row to whichever SM frees
+# room first) instead of a persistent program walking rows pid, pid + programs, ... (docs/kernels.md, "A program a
+# row"): the static walk leaves SMs idle while the slowest finish their share.
+ONE_ROW = True
+
+
 def widen_rows() -> bool:
     """Whether the softmax kernels widen bf16 by a shift or an AND (``WIDEN``, on the Triton it was measured with)."""
     return WIDEN and tuned_triton()
@@ -252,10 +262,10 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
                          f" (x: {tuple(x2.shape)} strides {x2.stride()} on {x2.device}, y: {tuple(y2.shape)})")
     n_rows, n_cols = x2.shape
     es = x2.element_size()
-    progs = per_sm(n_cols, es)
-    _softmax_held_kernel[(max(1, min(n_rows, progs * sm_count)),)](
+    grid = n_rows if ONE_ROW else max(1, min(n_rows, per_sm(n_cols, es) * sm_count))
+    _softmax_held_kernel[(grid,)](
         x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
-        WIDEN=widen_rows(), num_warps=WARPS, maxnreg=MAX_REGS)
+        WIDEN=widen_rows(), WALK=not ONE_ROW, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def split_shape(n_cols: int, elem_size: int, group: int) -> tuple[int, int]:

@@ -1453,6 +1453,13 @@ _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
+# Aligned (and packed) rows just above a power of two of at most _SLIVER_MAX_SINGLE: that power of two whole, not
+# pieces, unless they are 16-bit and the pieces past the first hold at most 1/_SLIVER of its lanes. H200, % of copy,
+# pieces -> whole, bf16 / fp16: 1040 66 / 73 -> 75 / 83, 1060 68 / 70 -> 80 / 81, 1100 63 / 64 -> 81 / 83, 1120 65 /
+# 63 -> 80 / 85, 2080 73 / 74 -> 73 / 79, 2160 63 / 64 -> 76 / 79; fp32 1060 84 -> 95, 1100 70 -> 96, 1028 94 -> 97,
+# 2064 93 -> 94; slivers, kept: bf16 / fp16 1028 85 / 85 -> 78 / 79, 2064 78 / 83 -> 73 / 79 (docs/kernels.md).
+_SLIVER_MAX_SINGLE = 4096
+_SLIVER = 128
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
 # from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
@@ -2052,7 +2059,8 @@ def _lean_backward_plan(
 # --------------------------------------------------------------------------- launchers
 
 
-def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bool = False) -> tuple[int, int, int]:
+def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bool = False,
+                elem_size: int = 2) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_T, BLOCK_U) of the forward rows kernel (``_ragged.row_pieces``): pieces covering
     every phase of the row (N + VEC - 1 virtual columns). H200 sweep (docs/kernels.md, "layer_norm:
     forward"): unaligned rows gain from them at every width (fp32 4097 51 -> 80% of copy with the
@@ -2060,14 +2068,19 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
     ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows where
-    ``_PACKED_PIECES_AS_ALIGNED``."""
+    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE`` take it whole
+    but where 16-bit (``elem_size``) rows are a power of two and a sliver of at most 1/``_SLIVER`` of it (1028 = 1024
+    + 8 lanes, 2064 = 2048 + 16)."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
     aligned = n_cols % 16 == 0 or (packed and _PACKED_PIECES_AS_ALIGNED)
     if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
-    return row_pieces(need, vec, pieces, _PIECE_SLACK)
+    split = row_pieces(need, vec, pieces, _PIECE_SLACK)
+    if aligned and split[1] and single <= _SLIVER_MAX_SINGLE and (elem_size >= 4 or split[1] + split[2] > split[0] // _SLIVER):
+        return single, 0, 0
+    return split
 
 
 def _aligned_16bit_pieces(n_cols: int) -> tuple[int, int, int] | None:
@@ -2088,7 +2101,8 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         narrow = r.packed_width(n_cols, _PACKED_N_MAX)
-        pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0) if block_n == next_power_of_2(launch_width(n_cols, r.vec))
+        pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0, elem_size=x2.element_size())
+                  if block_n == next_power_of_2(launch_width(n_cols, r.vec))
                   else (block_n, 0, 0))
         cap = plan if r.vec > 1 else plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS)
         joint = packed = False

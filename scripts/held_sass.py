@@ -64,6 +64,8 @@ def compile_case(case: str) -> dict:
     max_regs = _held.MAX_REGS
     if subject.startswith("softmax"):
         constexprs["WIDEN"] = _softmax_held.widen_rows()
+    if subject == "softmax":
+        constexprs["WALK"] = not _softmax_held.ONE_ROW
     if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
         group, slice_cols = _softmax_held.split_shape(n, elem, group)
         constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem))
