@@ -826,10 +826,11 @@ def test_the_held_plan_holds_a_row_from_its_aligned_down_start_and_as_many_progr
 
 def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_fit(monkeypatch):
     settings = softmax._softmax_settings
-    held = {(n, e) for n in (16384, 16385, 17000, 18432, 24000, 25049, 30522, 32000, 32768, 50257, 56000, 60000, 65536,
-                             128256)
+    held = {(n, e) for n in (9000, 12288, 12345, 14001, 16000, 16384, 16385, 17000, 18432, 24000, 25049, 30522, 32000,
+                             32768, 50257, 56000, 60000, 65536, 128256)
             for e in (2, 4) if settings(4096, n, e, held=True)[:5] == ("held", 1, 2048, 8, 1)}  # whole rows
-    assert held == {(16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
+    assert held == {(12345, 2), (14001, 2),  # 16-bit rows of no multiple of 16 from 12289 (not 9000, 12288, 16000)
+                    (16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
                     (56000, 2),  # 16-bit: not 32768 (a power of two), not 60000 (one program an SM: in slices)
                     (16385, 4), (17000, 4), (25049, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522 or 50257
     # (one program an SM: in slices)
@@ -951,7 +952,7 @@ def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
         _softmax_held.launch(x, torch.empty_like(x), 132)
 
 
-HELD_WIDTHS = [(torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
+HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
                (torch.float32, 17001), (torch.float32, 21001),  # fp32 whole: 3, 2 programs an SM
                # in slices (2, 4, 5, 6 of 16-bit; 4, 6, 9 of fp32), vocabularies and odd widths
