@@ -225,3 +225,48 @@ def test_the_sweep_times_the_layer_norm_outside_its_target_band_unless_told_not_
     assert not sweep.timed("layer_norm_fwd", 17000, band_only=True) and sweep.timed("layer_norm_fwd", 16384, band_only=True)
     assert not sweep.timed("layer_norm_bwd", 512, band_only=True) and sweep.timed("layer_norm_bwd", 768, band_only=True)
     assert sweep.timed("softmax", 262144, band_only=True)  # a target at every width
+
+
+def test_the_held_ladder_parses_its_variants_and_refuses_unknown_ones():
+    from benchmarks import held_ladder
+
+    assert held_ladder.parse_variants(None) == held_ladder.DEFAULT_VARIANTS
+    assert held_ladder.parse_variants("copy_row, shipped") == ("copy_row", "shipped")
+    assert set(held_ladder.DEFAULT_VARIANTS) <= set(held_ladder.VARIANTS)
+    with pytest.raises(SystemExit, match="unknown variant.*softmax_everywhere"):
+        held_ladder.parse_variants("copy_row,softmax_everywhere")
+
+
+def test_the_held_ladder_says_why_it_cannot_run_without_an_sm90_gpu(monkeypatch):
+    from benchmarks import held_ladder
+
+    if held_ladder._softmax_held.available():
+        pytest.skip("this machine runs the held kernels")
+    monkeypatch.setattr(sys, "argv", ["held_ladder.py", "--widths", "30522"])
+    with pytest.raises(SystemExit, match="compute capability 9.x"):
+        held_ladder.main()
+
+
+def test_the_held_ladder_compiles_for_sm90_and_a_program_a_row_copies_each_row_once():
+    # each schedule's kernel compiles with this Triton (Gluon's names move between releases); the walk and the ticket
+    # copy the next row behind the output pass (one more copy site), a program a row does not
+    import json
+    import os
+    import subprocess
+
+    from reference_kernels import _held
+
+    if _held.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "held_ladder.py"
+    run = subprocess.run([sys.executable, str(script), "--compile-only", "--widths", "30522", "--variants",
+                          "copy_walk,copy_row,softmax_ticket,softmax_row"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = {r["variant"]: r for r in (json.loads(line) for line in run.stdout.splitlines()
+                                     if line.startswith("{"))}
+    assert set(out) == {"copy_walk", "copy_row", "softmax_ticket", "softmax_row"}
+    assert all(r["segments"] == 15 and r["shared"] <= _held.SMEM_PER_BLOCK for r in out.values()), out
+    assert out["copy_row"]["copy_sites"] == out["softmax_row"]["copy_sites"] == 15, out
+    assert out["copy_walk"]["copy_sites"] == out["softmax_ticket"]["copy_sites"] == 16, out
