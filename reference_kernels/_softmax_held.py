@@ -1,12 +1,13 @@
 """Softmax rows held in shared memory: the "held" plan (docs/kernels.md, "Rows held in shared memory").
 
 A wide row (16385-56000 16-bit columns) is too wide for one program's registers and, walked twice,
-re-reads from L2 what a few programs an SM hold in flight. Here a persistent program copies the
-whole row into shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start,
-no registers held), takes its max and its sum of exponentials in one pass and its output from
-there, and copies the next row into each segment as soon as the output pass has left it: one HBM
-read and one write, the next row's loads in flight behind this row's arithmetic, and more programs
-an SM where shared memory holds their rows. Written in Gluon (Triton's explicit-layout dialect), which gives
+re-reads from L2 what a few programs an SM hold in flight. Here a program copies the whole row into
+shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start, no registers
+held), takes its max and its sum of exponentials in one pass and its output from there: one HBM read
+and one write, and as many programs an SM as shared memory holds rows, each one's loads in flight
+behind the others' arithmetic. A program a row (``ONE_ROW``); the persistent walk it replaced
+(``WALK``: rows pid, pid + programs, ..., the next row copied into each segment the output pass
+leaves) left SMs idle at its end. Written in Gluon (Triton's explicit-layout dialect), which gives
 the kernel its shared memory; Triton's own language does not.
 
 Rows too wide for two programs an SM (``launch_split``, ``_softmax_held_split_kernel``) are held in slices, a slice a

@@ -2068,9 +2068,9 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
     ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows where
-    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE`` take it whole
-    but where 16-bit (``elem_size``) rows are a power of two and a sliver of at most 1/``_SLIVER`` of it (1028 = 1024
-    + 8 lanes, 2064 = 2048 + 16)."""
+    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE`` take it whole,
+    unless they are 16-bit (``elem_size``) and the pieces past the first hold at most 1/``_SLIVER`` of its lanes
+    (1028 = 1024 + 8, 2064 = 2048 + 16)."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
@@ -2078,7 +2078,8 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
     split = row_pieces(need, vec, pieces, _PIECE_SLACK)
-    if aligned and split[1] and single <= _SLIVER_MAX_SINGLE and (elem_size >= 4 or split[1] + split[2] > split[0] // _SLIVER):
+    sliver = elem_size < 4 and split[1] + split[2] <= split[0] // _SLIVER
+    if aligned and split[1] and single <= _SLIVER_MAX_SINGLE and not sliver:
         return single, 0, 0
     return split
 

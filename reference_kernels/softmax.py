@@ -517,10 +517,11 @@ _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one
 # the row is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True
 _HELD_MIN_COLS = 16385
-# 16-bit rows of no multiple of 16 columns are held from here, a program a row (_softmax_held.ONE_ROW). H200, % of copy,
-# the rows plan -> held, bf16 / fp16: 12345 84 / 83 -> 90 / 91, 12500 83 / 84 -> 92 / 93, 13500 86 / 87 -> 93 / 93, 14500
-# 88 / 89 -> 93 / 94, 15500 91 / 91 -> 93 / 93, 16383 93 / 93 -> 92 / 92; narrower mixed (9000 77 -> 86, 10001 90 / 95 ->
-# 92 / 92, 8200 99 -> 81) and aligned rows level or lower (11008-16000 -0.5 to -3; 9216 84 -> 91): not taken there.
+# 16-bit rows of no multiple of 16 columns are held from here, a program a row (_softmax_held.ONE_ROW). H200, % of
+# copy, the rows plan -> held, bf16 / fp16: 12345 84 / 83 -> 90 / 91, 12500 83 / 84 -> 92 / 93, 13500 86 / 87 -> 93 /
+# 93, 14500 88 / 89 -> 93 / 94, 15500 91 / 91 -> 93 / 93, 16383 93 / 93 -> 92 / 92; narrower mixed (9000 77 -> 86,
+# 10001 90 / 95 -> 92 / 92, 8200 99 -> 81) and aligned rows level or lower (11008-16000 -0.5 to -3; 9216 84 -> 91):
+# not taken there.
 _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
@@ -680,14 +681,16 @@ def _softmax_settings(
 
 
 def _held_default(n_cols: int, elem_size: int) -> bool:
-    """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit rows of
-    no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least
-    ``_HELD_MIN_PER_SM`` programs an SM): 16-bit rows but powers of two; fp32 rows of no multiple of 16 columns, where
+    """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit
+    rows of no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least ``_HELD_MIN_PER_SM`` programs an
+    SM): 16-bit rows but powers of two; fp32 rows of no multiple of 16 columns, where
     the staged plan would take them only with ``_HELD_FP32_STAGED_MIN_PER_SM`` programs an SM or where its lanes are
     used under ``_HELD_FP32_STAGED_LANE_USE``."""
     progs = _softmax_held.per_sm(n_cols, elem_size)
     narrow_ok = elem_size < 4 and n_cols % 16 != 0 and n_cols >= _HELD_RAGGED_16BIT_MIN_COLS
-    if not _HELD or (n_cols < _HELD_MIN_COLS and not narrow_ok) or progs < _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]:
+    if not _HELD or (n_cols < _HELD_MIN_COLS and not narrow_ok):
+        return False
+    if progs < _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]:
         return False
     if elem_size < 4:
         return n_cols & (n_cols - 1) != 0
