@@ -936,7 +936,7 @@ def test_the_held_launcher_gives_each_row_its_own_program_unless_told_to_walk(mo
     # a program a row: the block scheduler hands the next row to whichever SM frees room (docs/kernels.md, "A program
     # a row"); the persistent walk (ONE_ROW False) launches the programs shared memory fits and has them walk the rows
     kernel = _Recorded()
-    monkeypatch.setattr(_softmax_held, "_softmax_held_kernel", kernel)
+    monkeypatch.setattr(_softmax_held, "_softmax_held_kernel", kernel, raising=False)  # absent without Gluon
     monkeypatch.setattr(_softmax_held, "fits", lambda x2, y2: True)
     monkeypatch.setattr(_softmax_held, "ONE_ROW", one_row)
     x = torch.empty(5000, 30522, dtype=torch.bfloat16)
