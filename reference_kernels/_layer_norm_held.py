@@ -45,9 +45,11 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         JOINT: gl.constexpr,  # mean and variance from one pass: sums of x - x[row, 0] and of its square (FWD_JOINT)
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; FWD_WIDEN)
+        ROWS: gl.constexpr,  # rows a program (FWD_ROWS), VEC apart; 0: a persistent walk, rows pid, pid + programs, ...
         num_warps: gl.constexpr,
     ):
-        """Rows pid, pid + programs, ... (all at one phase); three passes over shared memory: the sum as each segment
+        """A program's rows (all at one phase): ROWS of them VEC apart, the first pid % VEC + ROWS VEC (pid // VEC),
+        or (ROWS 0) rows pid, pid + programs, ... ; three passes over shared memory: the sum as each segment
         lands (the neighbours' elements of the first and the last two segments, the only ones a row's ends fall in,
         become 0 there), the centred sum of squares, and the output with the weight and bias held at the program's
         phase. JOINT: two passes, the sums of d = x - x[row, 0] and of d^2 as each segment lands (one reduction of the
@@ -62,11 +64,18 @@ if gluon is not None:
         idx = gl.arange(0, BLOCK, layout=layout)
         eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
         pid = gl.program_id(0)
-        n_progs = gl.num_programs(0)
+        if ROWS == 0:
+            first = pid
+            step = gl.num_programs(0)  # a multiple of VEC
+            stop = n_rows
+        else:
+            first = pid % VEC + pid // VEC * (ROWS * VEC)
+            step = VEC
+            stop = gl.minimum(first + ROWS * VEC, n_rows)
 
-        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
+        abase, shift = row_start(first, n_cols, VEC)  # the shift is the same for every row of this program
         end, first_v, last_v = row_span(shift, n_cols, VEC)
-        n_vecs = gl.where(pid < n_rows, gl.cdiv(end, VEC), 0)
+        n_vecs = gl.where(first < n_rows, gl.cdiv(end, VEC), 0)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK, VEC)
         # the weight and bias at this program's phase: slot j holds column j - shift (once, by plain loads)
@@ -78,10 +87,10 @@ if gluon is not None:
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
-        pivot_n = gl.load(x_ptr + gl.minimum(pid, n_rows - 1).to(gl.int64) * n_cols)  # JOINT: the row's x[row, 0]
-        for row in range(pid, n_rows, n_progs):
+        pivot_n = gl.load(x_ptr + gl.minimum(first, n_rows - 1).to(gl.int64) * n_cols)  # JOINT: the row's x[row, 0]
+        for row in range(first, stop, step):
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
-            nxt = row + n_progs
+            nxt = row + step
             if JOINT:
                 pivot = pivot_n.to(gl.float32)
                 pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
@@ -113,8 +122,8 @@ if gluon is not None:
             gl.store(mean_ptr + row, mean)
             gl.store(rstd_ptr + row, rstd)
 
-            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: n_progs is a multiple of VEC
-            nv = gl.where(nxt < n_rows, gl.cdiv(end, VEC), 0)
+            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
+            nv = gl.where(nxt < stop, gl.cdiv(end, VEC), 0)
             for u in range(NSEG):
                 v = widen(buf.index(u).load(layout), WIDEN)
                 w = widen(wbuf.index(u).load(layout), WIDEN)
@@ -342,6 +351,10 @@ FWD_NARROW_MIN_PER_SM = 4
 # (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element; docs/kernels.md, "layer_norm: forward").
 FWD_JOINT = True
 FWD_WIDEN = True
+# Rows a program: the grid holds a program for each FWD_ROWS rows of a phase (VEC apart), placed by the GPU's block
+# scheduler wherever an SM frees room, each copying the weight and bias once for its rows; 0: a persistent program an
+# SM slot walking rows pid, pid + programs, ... (docs/kernels.md, "A program a row").
+FWD_ROWS = 0
 
 
 def fwd_joint(elem_size: int) -> bool:
@@ -380,10 +393,13 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     es = x2.element_size()
     vec = 16 // es
     warps, block, nseg, fit = fwd_shape(n_cols, es, col_bytes(x2, weight, bias))
-    progs = fit * sm_count // vec * vec  # a multiple of VEC: one phase
-    _layer_norm_fwd_held_kernel[(max(vec, min(triton.cdiv(n_rows, vec) * vec, progs)),)](
+    if FWD_ROWS:  # VEC programs (one a phase) for each FWD_ROWS VEC rows
+        grid = vec * triton.cdiv(triton.cdiv(n_rows, vec), FWD_ROWS)
+    else:  # a multiple of VEC: one phase a program
+        grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, fit * sm_count // vec * vec))
+    _layer_norm_fwd_held_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
-        WIDEN=FWD_WIDEN, num_warps=warps, maxnreg=MAX_REGS)
+        WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048

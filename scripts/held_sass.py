@@ -72,6 +72,7 @@ def compile_case(case: str) -> dict:
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=_layer_norm_held.FWD_WIDEN,
+                          ROWS=_layer_norm_held.FWD_ROWS,
                           num_warps=warps)
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)

@@ -1439,6 +1439,44 @@ def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(dt
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows_a_program", [0, 1, 3])
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 3001), (torch.float16, 8191), (torch.bfloat16, 8704),
+                                      (torch.bfloat16, 12345), (torch.float32, 17000)], ids=str)
+def test_the_held_forward_writes_every_row_once_under_each_schedule(monkeypatch, dtype, n, rows_a_program):
+    # FWD_ROWS: rows a program, VEC apart (0: the persistent walk); 1001 rows leave the last programs of some phases
+    # fewer rows than FWD_ROWS, and some none
+    from reference_kernels import _layer_norm_held
+
+    monkeypatch.setattr(_layer_norm_held, "FWD_ROWS", rows_a_program)
+    x, weight, bias = inputs((1001, n), dtype)
+    assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    out = torch.full_like(x, float("nan"))
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+    assert_close(y, F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype), dtype, "y")
+    torch.testing.assert_close(mean, x.float().mean(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows_a_program", [0, 4])
+def test_the_held_forward_launcher_sizes_its_grid_by_the_rows_a_program(monkeypatch, rows_a_program):
+    # FWD_ROWS rows a program: VEC programs (one a phase) for each FWD_ROWS VEC rows, placed by the block scheduler;
+    # 0: as many persistent programs as shared memory fits, a multiple of VEC
+    from reference_kernels import _layer_norm_held
+
+    launches = []
+    kernel = type("Recorded", (), {"__getitem__": lambda self, grid: lambda *a, **k: launches.append((grid, k))})()
+    monkeypatch.setattr(_layer_norm_held, "_layer_norm_fwd_held_kernel", kernel, raising=False)  # absent without Gluon
+    monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
+    monkeypatch.setattr(_layer_norm_held, "FWD_ROWS", rows_a_program)
+    x = torch.empty(5000, 12345, dtype=torch.bfloat16)
+    w = torch.empty(12345, dtype=torch.bfloat16)
+    _layer_norm_held.launch(x, w, w, torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
+    (grid, kwargs), = launches
+    per_sm = _layer_norm_held.fwd_shape(12345, 2, 6)[3]  # two an SM
+    assert grid == ((8 * 157,) if rows_a_program else (per_sm * 132 // 8 * 8,))  # 5000 rows: 625 a phase, 157 blocks
+    assert kwargs["ROWS"] == rows_a_program and kwargs["VEC"] == 8
+
+
+@pytest.mark.gpu
 def test_the_held_forward_takes_float32_parameters_for_16_bit_rows_and_falls_back_on_a_column_slice():
     x = (torch.randn(64, 12345 + 8, device="cuda") * 3 + 1).bfloat16()
     weight, bias = torch.randn(12345, device="cuda"), torch.randn(12345, device="cuda")  # fp32, as under autocast
