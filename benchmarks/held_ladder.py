@@ -131,10 +131,19 @@ def _triton_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, WALK: tl.constexpr
     pid = tl.program_id(0)
     if WALK:
         for b in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
-            offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+            _copy_block(x_ptr, y_ptr, b, n, BLOCK)
     else:
-        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        _copy_block(x_ptr, y_ptr, pid, n, BLOCK)
+
+
+@triton.jit
+def _copy_block(x_ptr, y_ptr, b, n, BLOCK: tl.constexpr):
+    # full blocks unmasked: a mask against an n of no multiple of 16 would cost the loads their 16-byte vectors
+    start = tl.cast(b, tl.int64) * BLOCK
+    offs = start + tl.arange(0, BLOCK)
+    if start + BLOCK <= n:
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs))
+    else:
         tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
 
 

@@ -523,7 +523,7 @@ _HELD_MIN_COLS = 16385
 # 10001 90 / 95 -> 92 / 92, 8200 99 -> 81) and aligned rows level or lower (11008-16000 -0.5 to -3; 9216 84 -> 91):
 # not taken there.
 _HELD_RAGGED_16BIT_MIN_COLS = 12289
-_HELD_16BIT_POW2 = False  # 16-bit rows of a power of two held too (32768: the staged walk 86)
+_HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
 _HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share

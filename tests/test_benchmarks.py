@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
 
@@ -235,6 +236,18 @@ def test_the_held_ladder_parses_its_variants_and_refuses_unknown_ones():
     assert set(held_ladder.DEFAULT_VARIANTS) <= set(held_ladder.VARIANTS)
     with pytest.raises(SystemExit, match="unknown variant.*softmax_everywhere"):
         held_ladder.parse_variants("copy_row,softmax_everywhere")
+
+
+@pytest.mark.parametrize("name", ["triton_copy", "triton_copy_walk"])
+def test_the_held_ladders_plain_copies_copy_every_element_of_a_row_count_no_block_divides(name):
+    # the full blocks unmasked, the last one masked (a mask against an n of no multiple of 16 would cost the loads
+    # their vectors: 30% of copy at 30522 columns before)
+    from benchmarks import held_ladder
+
+    x = torch.randn(7, 1001)
+    y = torch.full_like(x, float("nan"))
+    held_ladder.launcher(name, 2, torch.zeros(2, dtype=torch.int32))((x, y))
+    assert torch.equal(y, x)
 
 
 def test_the_held_ladder_says_why_it_cannot_run_without_an_sm90_gpu(monkeypatch):
