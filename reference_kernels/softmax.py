@@ -510,8 +510,8 @@ _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% ag
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 # Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
-# in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM but powers of
-# two (32768: staged 86 against 83); fp32 rows that are not a multiple of 16 columns (multiples of 16 keep staged,
+# in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
+# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns (multiples of 16 keep staged,
 # 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
 # row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; 27470, 84% of 32768: 83 -> 78) or
 # the row is past the staged plan (40001 71 -> 80). False: never.
@@ -684,7 +684,7 @@ def _softmax_settings(
 def _held_default(n_cols: int, elem_size: int) -> bool:
     """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit
     rows of no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least ``_HELD_MIN_PER_SM`` programs an
-    SM): 16-bit rows but powers of two; fp32 rows of no multiple of 16 columns, where
+    SM): 16-bit rows (powers of two with ``_HELD_16BIT_POW2``); fp32 rows of no multiple of 16 columns, where
     the staged plan would take them only with ``_HELD_FP32_STAGED_MIN_PER_SM`` programs an SM or where its lanes are
     used under ``_HELD_FP32_STAGED_LANE_USE``."""
     progs = _softmax_held.per_sm(n_cols, elem_size)
