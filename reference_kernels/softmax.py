@@ -511,8 +511,8 @@ _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
 # Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
 # in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
-# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns (multiples of 16 keep staged,
-# 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
+# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns
+# (multiples of 16 keep staged, 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
 # row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; 27470, 84% of 32768: 83 -> 78) or
 # the row is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True

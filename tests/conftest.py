@@ -76,6 +76,23 @@ def unwritten_reads_nan(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poisoned(empty_like(*args, **kwargs)))
 
 
+class _RecordedKernel:
+    """A stand-in for a Triton or Gluon kernel: records each launch's grid and keyword arguments."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, kwargs))
+
+
+@pytest.fixture
+def recorded_kernel():
+    """A kernel stand-in whose ``launches`` list each launch's (grid, keyword arguments): for launcher tests that
+    patch a kernel out (the Gluon ones are absent without Gluon and never run on CPU)."""
+    return _RecordedKernel()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

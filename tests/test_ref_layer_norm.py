@@ -1457,20 +1457,18 @@ def test_the_held_forward_writes_every_row_once_under_each_schedule(monkeypatch,
 
 
 @pytest.mark.parametrize("rows_a_program", [0, 4])
-def test_the_held_forward_launcher_sizes_its_grid_by_the_rows_a_program(monkeypatch, rows_a_program):
+def test_the_held_forward_launcher_sizes_its_grid_by_the_rows_a_program(monkeypatch, recorded_kernel, rows_a_program):
     # FWD_ROWS rows a program: VEC programs (one a phase) for each FWD_ROWS VEC rows, placed by the block scheduler;
     # 0: as many persistent programs as shared memory fits, a multiple of VEC
     from reference_kernels import _layer_norm_held
 
-    launches = []
-    kernel = type("Recorded", (), {"__getitem__": lambda self, grid: lambda *a, **k: launches.append((grid, k))})()
-    monkeypatch.setattr(_layer_norm_held, "_layer_norm_fwd_held_kernel", kernel, raising=False)  # absent without Gluon
+    monkeypatch.setattr(_layer_norm_held, "_layer_norm_fwd_held_kernel", recorded_kernel, raising=False)  # no Gluon: absent
     monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
     monkeypatch.setattr(_layer_norm_held, "FWD_ROWS", rows_a_program)
     x = torch.empty(5000, 12345, dtype=torch.bfloat16)
     w = torch.empty(12345, dtype=torch.bfloat16)
     _layer_norm_held.launch(x, w, w, torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
-    (grid, kwargs), = launches
+    (grid, kwargs), = recorded_kernel.launches
     per_sm = _layer_norm_held.fwd_shape(12345, 2, 6)[3]  # two an SM
     assert grid == ((8 * 157,) if rows_a_program else (per_sm * 132 // 8 * 8,))  # 5000 rows: 625 a phase, 157 blocks
     assert kwargs["ROWS"] == rows_a_program and kwargs["VEC"] == 8

@@ -924,21 +924,11 @@ def test_a_held_plan_falls_back_to_the_plan_without_it_where_the_kernel_does_not
     assert_close_to_row_scale(out, reference(x), torch.float32)
 
 
-class _Recorded:
-    """A stand-in for a Gluon kernel: records each launch's grid and keyword arguments."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, kwargs))
-
-
 @pytest.mark.parametrize("one_row", [True, False])
-def test_the_held_launcher_gives_each_row_its_own_program_unless_told_to_walk(monkeypatch, one_row):
+def test_the_held_launcher_gives_each_row_its_own_program_unless_told_to_walk(monkeypatch, recorded_kernel, one_row):
     # a program a row: the block scheduler hands the next row to whichever SM frees room (docs/kernels.md, "A program
     # a row"); the persistent walk (ONE_ROW False) launches the programs shared memory fits and has them walk the rows
-    kernel = _Recorded()
+    kernel = recorded_kernel
     monkeypatch.setattr(_softmax_held, "_softmax_held_kernel", kernel, raising=False)  # absent without Gluon
     monkeypatch.setattr(_softmax_held, "fits", lambda x2, y2: True)
     monkeypatch.setattr(_softmax_held, "ONE_ROW", one_row)
