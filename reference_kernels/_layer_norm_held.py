@@ -9,6 +9,10 @@ column c of the weight at slot c + shift, off the weight's own vector grid. The 
 vector, so every row of a program starts at the same phase (row r's phase is r N mod VEC), and each program copies the
 weight and bias once into shared memory at its phase; its rows then read them as aligned vectors.
 
+Rows too wide to hold with their weight and bias are streamed past the held weight and bias (``launch_stream``): one
+program an SM holds each row in registers as loaded, from the same aligned-down start, and loads the next row behind
+its output pass (docs/kernels.md, "Rows streamed past the held weight").
+
 The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
 program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
 ``BWD_REG_SHARES``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
@@ -22,9 +26,9 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, phase0, row_span,
-                    row_start, segments, tuned_triton, widen)
+from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_RESERVED, WARPS, CompilationError, async_copy,  # noqa: F401
+                    available, copy_segment, disable, edge_columns, gl, gluon, land_segment, only_the_row, packed_rows,
+                    per_sm, phase0, row_span, row_start, segments, tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -136,6 +140,107 @@ if gluon is not None:
             gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
         async_copy.wait_group(0)
+
+    @gluon.jit
+    def _widen_held(v, WIDEN: gl.constexpr):
+        # _held.widen, and with WIDEN fp16 pairs converted by inline PTX as well: the compiler's own conversion of an
+        # fp16 row held in registers spilled (sm_90, Triton 3.6: 144 bytes a thread at 37409 columns, none this way)
+        if WIDEN and v.dtype == gl.float16:
+            return gl.inline_asm_elementwise("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.f32.f16 $0, lo;"
+                                             " cvt.f32.f16 $1, hi; }", "=r,=r,r", [v.to(gl.uint16, bitcast=True)],
+                                             dtype=gl.float32, is_pure=True, pack=2)
+        return widen(v, WIDEN)
+
+    @gluon.jit
+    def _load_segment(x_ptr, base, s: gl.constexpr, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # segment s of a row into registers: its 16-byte vectors from the row's aligned-down start (none past n_vecs)
+        col = s * BLOCK + idx
+        return gl.load(x_ptr + base + col, mask=col // VEC < n_vecs, other=0.0)
+
+    @gluon.jit
+    def _layer_norm_fwd_stream_kernel(
+        x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
+        w_ptr,  # weight (N,), any float dtype
+        b_ptr,  # bias (N,)
+        y_ptr,  # output, x's layout
+        mean_ptr,  # (M,) float32
+        rstd_ptr,  # (M,) float32
+        n_rows,
+        n_cols,
+        eps,
+        BLOCK: gl.constexpr,  # elements a segment
+        NSEG: gl.constexpr,  # segments a row (_held.segments)
+        VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element, fp16 by inline PTX (_widen_held)
+        num_warps: gl.constexpr,
+    ):
+        """Rows too wide to hold in shared memory, with the weight and bias held there: rows pid, pid + programs, ...
+        (all at one phase), each row held in registers as loaded (16-byte vectors from its aligned-down start, a tuple
+        of NSEG segments), the next row's segments loaded as the output pass leaves each of this row's. Pass one: the
+        sums of d = x - x[row, 0] and of d^2; pass two: the output, with the weight and bias at the program's phase.
+        The row's partial vectors at its two ends are stored element by element (the edges)."""
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        wbuf = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [NSEG, BLOCK], flat)
+        bbuf = gl.allocate_shared_memory(b_ptr.dtype.element_ty, [NSEG, BLOCK], flat)
+        idx = gl.arange(0, BLOCK, layout=layout)
+        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
+        pid = gl.program_id(0)
+        step = gl.num_programs(0)  # a multiple of VEC
+
+        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
+        end, first_v, last_v = row_span(shift, n_cols, VEC)
+        row_vecs = gl.cdiv(end, VEC)
+        n_vecs = gl.where(pid < n_rows, row_vecs, 0)
+        xs = ()
+        for s in gl.static_range(NSEG):
+            xs = xs + (_load_segment(x_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
+        for t in range(NSEG):  # the weight and bias at this program's phase: slot j holds column j - shift
+            c = t * BLOCK + idx - shift
+            ok = (c >= 0) & (c < n_cols)
+            wbuf.index(t).store(gl.load(w_ptr + c, mask=ok, other=0.0))
+            bbuf.index(t).store(gl.load(b_ptr + c, mask=ok, other=0.0))
+        ecol, emask = edge_columns(eidx, shift, end, VEC)
+        ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
+        eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
+        pivot_n = gl.load(x_ptr + gl.minimum(pid, n_rows - 1).to(gl.int64) * n_cols)  # the row's x[row, 0]
+        ev_n = gl.load(x_ptr + abase + ecol, mask=emask & (pid < n_rows), other=0.0)
+        for row in range(pid, n_rows, step):
+            ev = ev_n.to(gl.float32)
+            nxt = row + step
+            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
+            nn_vecs = gl.where(nxt < n_rows, row_vecs, 0)
+            pivot = pivot_n.to(gl.float32)
+            pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
+            ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
+            acc = gl.zeros([BLOCK], gl.float32, layout)
+            acc2 = gl.zeros([BLOCK], gl.float32, layout)
+            for s in gl.static_range(NSEG):
+                d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
+                acc += d
+                acc2 += d * d
+            s1, s2 = gl.reduce((acc, acc2), 0, _add_pairs)
+            mean_d = s1 / n_cols
+            var = s2 / n_cols - mean_d * mean_d
+            var = gl.where(var < 0.0, 0.0, var)  # rounding; not a maximum, which would drop a nan
+            mean = pivot + mean_d
+            rstd = 1.0 / gl.sqrt(var + eps)
+            gl.store(mean_ptr + row, mean)
+            gl.store(rstd_ptr + row, rstd)
+            nxs = ()
+            for u in gl.static_range(NSEG):  # (all of them at the pass's start spilled: 448 bytes a thread at 50257)
+                v = _widen_held(xs[u], WIDEN)
+                nxs = nxs + (_load_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
+                w = _widen_held(wbuf.index(u).load(layout), WIDEN)
+                b = _widen_held(bbuf.index(u).load(layout), WIDEN)
+                y = ((v - mean) * rstd * w + b).to(y_ptr.dtype.element_ty)
+                vi = (u * BLOCK + idx) // VEC
+                gl.store(y_ptr + abase + u * BLOCK + idx, y, mask=(vi >= first_v) & (vi < last_v))
+            ey = (ev - mean) * rstd * ew + eb
+            gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
+            abase = nabase
+            xs = nxs
 
     @gluon.jit
     def _add_pairs(a1, a2, b1, b2):
@@ -400,6 +505,59 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     _layer_norm_fwd_held_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
         WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
+
+
+# Rows too wide to hold with their weight and bias (16-bit past ~37000 columns) are streamed, the weight and bias held
+# at the program's phase in shared memory (4 bytes a column in 16-bit: to 57337 columns) by 8-warp programs, one an SM
+# with the whole register file: each row held in registers as loaded, the next row's segments loaded as the output pass
+# leaves each of this row's, for rows of up to STREAM_MAX_SEGMENTS segments (by element size: two rows of 16 bytes a
+# thread a segment, 32 in fp32; fp32 past 12 segments spilled more than it gained). docs/kernels.md, "Rows streamed past
+# the held weight".
+STREAM_WARPS = 8
+STREAM_MAX_REGS = 255
+STREAM_MAX_SEGMENTS: dict[int, int] | None = {2: 28, 4: 12}
+
+
+def wb_bytes(weight: torch.Tensor, bias: torch.Tensor) -> int:
+    """Shared memory a column of the weight and the bias takes."""
+    return weight.element_size() + bias.element_size()
+
+
+def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
+    """Segments a row of ``n_cols`` elements of ``elem_size`` bytes takes on the streamed forward, whose weight and bias
+    take ``wb_bytes`` a column; 0 where it does not take the rows: the weight and bias held whole do not fit one block's
+    shared memory, or the row and the next do not fit the registers (``STREAM_MAX_SEGMENTS``)."""
+    nseg = segments(n_cols, elem_size, BLOCK, phase0(n_cols, elem_size))
+    if nseg * BLOCK * wb_bytes + SMEM_RESERVED > SMEM_PER_BLOCK:
+        return 0
+    return nseg if nseg <= (STREAM_MAX_SEGMENTS or {}).get(4 if elem_size >= 4 else 2, 0) else 0
+
+
+def fits_stream(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether ``launch_stream`` takes these: as ``fits``, with only the weight and bias to fit shared memory and the
+    row the registers (``stream_segments``)."""
+    n_cols = x2.shape[1]
+    return (y2.dtype == x2.dtype and packed_rows(x2, y2)
+            and all(t.device == x2.device and t.shape == (n_cols,) and t.stride(0) == 1 for t in (weight, bias))
+            and stream_segments(n_cols, x2.element_size(), wb_bytes(weight, bias)) > 0)
+
+
+def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
+    """Layer norm of the packed (M, N) rows of ``x2`` into ``y2``, ``mean`` and ``rstd``, the rows streamed past the
+    held weight and bias (``fits_stream``): one program an SM, a multiple of the vector (one phase a program)."""
+    if not fits_stream(x2, weight, bias, y2):
+        raise ValueError("the streamed layer norm takes packed, 16-byte aligned CUDA rows of one dtype, contiguous (N,)"
+                         " weight and bias that fit shared memory, rows that fit the registers (x: "
+                         f"{tuple(x2.shape)} strides {x2.stride()} on {x2.device}, weight {tuple(weight.shape)}"
+                         f" {weight.dtype}, bias {tuple(bias.shape)} {bias.dtype})")
+    n_rows, n_cols = x2.shape
+    es = x2.element_size()
+    vec = 16 // es
+    grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, sm_count // vec * vec))
+    _layer_norm_fwd_stream_kernel[(grid,)](
+        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=BLOCK,
+        NSEG=stream_segments(n_cols, es, wb_bytes(weight, bias)), VEC=vec, WIDEN=FWD_WIDEN, num_warps=STREAM_WARPS,
+        maxnreg=STREAM_MAX_REGS)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048

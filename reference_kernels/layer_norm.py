@@ -1327,6 +1327,16 @@ _ROWS_TILE = 2048
 # 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
 # (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
 _HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 1025, 4: 4200}
+# Forward rows too wide for the held plan (its row, weight and bias in one block's shared memory) streamed past the
+# held weight and bias instead (_layer_norm_held.launch_stream: each row in registers, the next one loaded as the
+# output pass leaves each segment, the weight and bias at the program's phase in shared memory), on the same GPUs, where
+# the weight and bias fit (16-bit parameters: to 57337 columns): rows of N not a multiple of 16 from these widths (by
+# element size), aligned ones from _STREAM_FWD_ALIGNED_MIN_COLS. H200, % of copy, the other plans -> streamed, bf16:
+# 37409 31 -> 65, 50257 31 -> 60, 57337 33 -> 59, aligned 49152 59 -> 67, 51776 56 -> 62; fp32 22618 45 -> 62; not taken:
+# aligned 24576 75 -> 68, 32768 71 -> 69, fp32 24576 72 -> 69, 16-bit 2560-14336 84-91 -> 29-62 (one 8-warp program an
+# SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
+_STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
+_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
 # bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
@@ -2370,6 +2380,16 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
+def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
+    """Whether this forward streams its rows past the held weight and bias: rows from the width of their element size
+    on (``_STREAM_FWD_MIN_COLS``; N a multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs the held
+    kernels, of tensors ``launch_stream`` takes."""
+    n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
+    least = ((_STREAM_FWD_ALIGNED_MIN_COLS if n_cols % 16 == 0 else _STREAM_FWD_MIN_COLS) or {}).get(key)
+    return (least is not None and n_cols >= least and _layer_norm_held.available()
+            and _layer_norm_held.fits_stream(x2, weight, bias, y2))
+
+
 def _in_aligned_band(bands: dict[int, tuple[tuple[int, int], ...]] | None, n_cols: int, elem_size: int) -> bool:
     """Whether aligned rows of ``n_cols`` (a multiple of 16) are held: inside one of the bands of their element size
     (inclusive), and not a power of two (whose tiles the other plans fill whole)."""
@@ -2447,6 +2467,13 @@ def forward(
             _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
             return y, mean, rstd
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
+            _layer_norm_held.disable(exc)
+    if max_row is None and _stream_forward(x2, weight, bias, y2):
+        try:
+            _layer_norm_held.launch_stream(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps),
+                                           sm_count(x.device))
+            return y, mean, rstd
+        except _layer_norm_held.CompilationError as exc:
             _layer_norm_held.disable(exc)
     plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
                                 packed=_packed_width(x2, y2) > 0)

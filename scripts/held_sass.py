@@ -2,8 +2,9 @@
 
     python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
 
-A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``
-or ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
+A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``,
+``layer_norm_stream:DTYPE:PARAM_DTYPE:N`` (rows too wide to hold, streamed past the held weight and bias) or
+``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
 is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
 docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
@@ -30,6 +31,8 @@ SIGNATURES = {
                       "slice_cols:i32"],
     "layer_norm": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32", "n_rows:i32",
                    "n_cols:i32", "eps:fp32"],
+    "layer_norm_stream": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32",
+                        "n_rows:i32", "n_cols:i32", "eps:fp32"],
     "layer_norm_bwd": ["x_ptr:*X", "dy_ptr:*X", "w_ptr:*P", "mean_ptr:*fp32", "rstd_ptr:*fp32", "dx_ptr:*X",
                        "dw_part_ptr:*fp32", "db_part_ptr:*fp32", "n_rows:i32", "n_cols:i32"],
 }
@@ -49,12 +52,14 @@ def compile_case(case: str) -> dict:
     elif subject == "softmax_split":
         dtype, n, group = rest[0], int(rest[1]), int(rest[2])
         param, kernel = None, _softmax_held._softmax_held_split_kernel
-    elif subject in ("layer_norm", "layer_norm_bwd"):
+    elif subject in ("layer_norm", "layer_norm_stream", "layer_norm_bwd"):
         dtype, param, n = rest[0], rest[1], int(rest[2])
-        kernel = (_layer_norm_held._layer_norm_fwd_held_kernel if subject == "layer_norm"
-                  else _layer_norm_held._layer_norm_bwd_held_kernel)
+        kernel = {"layer_norm": _layer_norm_held._layer_norm_fwd_held_kernel,
+                  "layer_norm_stream": _layer_norm_held._layer_norm_fwd_stream_kernel,
+                  "layer_norm_bwd": _layer_norm_held._layer_norm_bwd_held_kernel}[subject]
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm or layer_norm_bwd")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm, layer_norm_stream or"
+                         " layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
     for entry in SIGNATURES[subject]:
@@ -74,6 +79,12 @@ def compile_case(case: str) -> dict:
         constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=_layer_norm_held.FWD_WIDEN,
                           ROWS=_layer_norm_held.FWD_ROWS,
                           num_warps=warps)
+    if subject == "layer_norm_stream":  # the streamed forward: rows in registers, the weight and bias in shared memory
+        nseg = _layer_norm_held.stream_segments(n, elem, 2 * (4 if param == "fp32" else 2))
+        if not nseg:
+            raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_segments)")
+        constexprs.update(NSEG=nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=_layer_norm_held.STREAM_WARPS)
+        max_regs = _layer_norm_held.STREAM_MAX_REGS
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, PAIRED=_layer_norm_held.paired(shape),
@@ -96,6 +107,7 @@ def compile_case(case: str) -> dict:
         "copies": len(copies),
         "copies_16_byte": bool(copies) and all(kind == "cg" and size == "0x10" for kind, size in copies),
         "vector_stores": "st.global.v4.b32" in ptx,
+        "vector_loads": bool(re.search(r"ld\.global(\.\w+)*\.v4\.b32", ptx)),
         "register_cap": max_regs,  # the launch's maxnreg, which the compile used
     }
     usage, sass = _sass.disassemble(compiled.asm["cubin"])

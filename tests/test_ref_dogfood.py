@@ -51,6 +51,8 @@ CASES = [
     ("layer_norm", BF16, (8192, 12345), 1, 0.58),  # held: 72% (two statistics passes 61%, the walk 46-50%)
     ("layer_norm", BF16, (2048, 33000), 1, 0.5),  # held, one program an SM: 63% (looped: 34%)
     ("layer_norm", FP32, (2048, 17000), 1, 0.6),  # held: 76% (split walk: 47%)
+    ("layer_norm", BF16, (1024, 50257), 1, 0.48),  # streamed past the held weight, rows in registers: 60% (looped: 31%)
+    ("layer_norm", FP32, (2048, 22001), 1, 0.55),  # streamed, rows in registers: 62-64% at 22618-23247 (split walk: 45%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
     ("layer_norm", BF16, (8192, 8704), 1, 0.7),  # aligned 16-bit, held (no slack before a row): 86% (chunked rows: 74%)
     ("layer_norm", BF16, (8192, 4608), 1, 0.7),  # aligned 16-bit, the walk: 88% (was 75%)

@@ -1488,6 +1488,122 @@ def test_the_held_forward_takes_float32_parameters_for_16_bit_rows_and_falls_bac
     assert_close(layer_norm.forward(sliced, weight, bias)[0], expected, torch.bfloat16, "y, sliced")
 
 
+# Rows too wide for the held plan streamed past the held weight and bias (_layer_norm_held.launch_stream): each row held
+# in registers as loaded, the next one loaded behind the output pass. On CPU its shape, its rule and its fallbacks; on
+# the GPU the kernel.
+
+
+def test_the_streamed_forward_holds_the_weight_and_bias_in_shared_memory_and_the_row_in_registers(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    segments = _layer_norm_held.stream_segments
+    # 16-bit rows, 16-bit parameters (4 bytes a column): the weight and bias on 2048-element segments in shared memory
+    # (50257: 25 segments, 200 KiB), the row (and the next) in registers; to 28 segments (57337 with a row's seven
+    # elements of slack), past which the weight and bias do not fit
+    assert segments(50257, 2, 4) == 25
+    assert segments(57337, 2, 4) == 28
+    assert segments(57338, 2, 4) == 0 and segments(74988, 2, 4) == 0
+    assert segments(40960, 2, 4) == 20  # aligned rows: no slack before a row
+    # fp32 rows (8 bytes a thread more a segment) to 12 segments (24576), past which the row spilled
+    assert segments(24576, 4, 8) == 12 and segments(24577, 4, 8) == 0
+    # bf16 rows with fp32 parameters (as under autocast): 8 bytes a column, to 14 segments of shared memory
+    assert segments(24001, 2, 8) == 12 and segments(28672, 2, 8) == 14 and segments(28673, 2, 8) == 0
+    monkeypatch.setattr(_layer_norm_held, "STREAM_MAX_SEGMENTS", {2: 20})
+    assert segments(40960, 2, 4) == 20 and segments(40961, 2, 4) == 0
+    assert segments(20000, 4, 8) == 0  # no limit for fp32 rows: not taken
+    monkeypatch.setattr(_layer_norm_held, "STREAM_MAX_SEGMENTS", None)
+    assert segments(40960, 2, 4) == 0
+    w, b = torch.empty(10, dtype=torch.bfloat16), torch.empty(10)
+    assert _layer_norm_held.wb_bytes(w, b) == 2 + 4
+
+
+def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_the_held_kernels(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    x, weight, bias = inputs((4, 50257), torch.bfloat16, device="cpu")
+    y = torch.empty_like(x)
+    if not torch.cuda.is_available():
+        assert not layer_norm._stream_forward(x, weight, bias, y)  # no GPU: the held kernels do not run
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
+    assert layer_norm._stream_forward(x, weight, bias, y)
+    # rows of N a multiple of 16 from their own widths: 16-bit past 32768 (the other plans were faster at 24576 and
+    # 32768), fp32 never
+    aligned = [n for n in (24576, 32768, 32784, 40960, 49152) if layer_norm._stream_forward(x[:, :n], weight, bias, y)]
+    assert aligned == [32784, 40960, 49152]
+    x32 = torch.empty(2, 24576)
+    assert not layer_norm._stream_forward(x32, x32[0], x32[0], x32)
+    assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 60000})
+    assert not layer_norm._stream_forward(x, weight, bias, y)
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", None)
+    assert not layer_norm._stream_forward(x, weight, bias, y)
+
+
+def test_the_forward_runs_its_other_plans_where_the_streamed_kernel_cannot(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 8, 4: 8})
+    calls = []
+    launch = _layer_norm_held.launch_stream
+    monkeypatch.setattr(_layer_norm_held, "launch_stream", lambda *args: calls.append(args))
+    x, weight, bias = inputs((6, 41), torch.float32)
+    y, _, _ = layer_norm.forward(x[:, 1:], weight[1:], bias[1:])  # a column slice (and CPU tensors): not taken
+    assert not calls
+    assert_close(y, F.layer_norm(x[:, 1:], (40,), weight[1:], bias[1:]), torch.float32, "y")
+    with pytest.raises(ValueError, match="streamed layer norm takes packed, 16-byte aligned CUDA rows"):
+        launch(x[:, 1:], weight[1:], bias[1:], torch.empty_like(x[:, 1:]), torch.empty(6), torch.empty(6), 1e-5, 132)
+
+
+def test_the_streamed_forward_launcher_gives_each_phase_its_programs_and_the_kernel_its_shape(monkeypatch,
+                                                                                              recorded_kernel):
+    from reference_kernels import _layer_norm_held
+
+    monkeypatch.setattr(_layer_norm_held, "_layer_norm_fwd_stream_kernel", recorded_kernel, raising=False)  # no Gluon
+    monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
+    for rows, grid in ((5000, 128), (3, 8)):  # one program an SM, a multiple of VEC; no more than the rows need
+        x = torch.empty(rows, 50257, dtype=torch.bfloat16)
+        w = torch.empty(50257, dtype=torch.bfloat16)
+        recorded_kernel.launches.clear()
+        _layer_norm_held.launch_stream(x, w, w, torch.empty_like(x), torch.empty(rows), torch.empty(rows), 1e-5, 132)
+        (got, kwargs), = recorded_kernel.launches
+        assert got == (grid,)
+        assert (kwargs["NSEG"], kwargs["VEC"], kwargs["BLOCK"]) == (25, 8, 2048)
+        assert kwargs["num_warps"] == _layer_norm_held.STREAM_WARPS and kwargs["maxnreg"] == 255
+    x = torch.empty(40, 22001)
+    recorded_kernel.launches.clear()
+    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(40), torch.empty(40), 1e-5, 132)
+    (got, kwargs), = recorded_kernel.launches
+    assert got == (40,) and (kwargs["NSEG"], kwargs["VEC"]) == (11, 4)
+
+
+STREAM_FWD = [(torch.bfloat16, torch.bfloat16, 37409), (torch.float16, torch.float16, 50257),
+              (torch.bfloat16, torch.bfloat16, 52899), (torch.bfloat16, torch.bfloat16, 40960),
+              (torch.float32, torch.float32, 22001), (torch.float32, torch.float32, 24001),
+              (torch.bfloat16, torch.float32, 24001), (torch.float16, torch.float16, 57337)]  # the widest
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301])
+@pytest.mark.parametrize("dtype, pdtype, n", STREAM_FWD, ids=str)
+def test_the_streamed_forward_matches_torch_and_writes_every_output_and_statistic(dtype, pdtype, n, rows):
+    x = (torch.randn(rows, n, device="cuda") * 2 + 3).to(dtype)
+    weight = torch.randn(n, device="cuda").to(pdtype)
+    bias = torch.randn(n, device="cuda").to(pdtype)
+    assert not layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    assert layer_norm._stream_forward(x, weight, bias, torch.empty_like(x))
+    out = torch.full_like(x, float("nan"))
+    y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
+    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
+    expected = F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype)
+    assert_close(y, expected, dtype, "y")
+    xf = x.float()
+    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+
+
 # The backward's held plan: x and dy held in shared memory with the weight (at the program's phase) and the program's
 # float32 dweight/dbias shares, summed afterwards as every plan's shares are (_sum_shares).
 
