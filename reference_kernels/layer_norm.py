@@ -1341,9 +1341,10 @@ _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held o
 # Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
 # bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
 # (chunked rows to 9216, the JOINT tile past it) -> held, bf16 / fp16: 8208 68 -> 85 / 71 -> 83, 8704 74 -> 84 / 77 ->
-# 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752, lost at
-# 11264-16384 (fp16 11264 88 -> 85, 14336 91 -> 78) and 2560-8192 (84-95 -> 80-89). docs/kernels.md, "Aligned rows held".
-_HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8193, 10240),)}
+# 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752; 11008
+# (2026-12-03, twice) 82 -> 86 / 87 -> 86; lost at 11264-16384 (fp16 11264 88 -> 85, 12288 87 -> 81, 14336 91 -> 78) and
+# 2560-8192 (84-95 -> 80-89). docs/kernels.md, "Aligned rows held".
+_HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8193, 11008),)}
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
 # dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
 # 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
@@ -1362,8 +1363,8 @@ _HELD_BWD_MIN_GAIN = 0.1
 # plans -> held, bf16 / fp16: 3072 78 -> 82 / 78 -> 88, 4352 65 -> 80 / 62 -> 85, 4608 76 -> 82 / 77 -> 86, 5120 78 -> 82
 # / 78 -> 85, 5632 80 -> 82 / 79 -> 86, 6400 71 -> 82 / 75 -> 82, 6656 82 -> 82 / 81 -> 83, 7168 82 -> 84 / 83 -> 84; not
 # taken: 3136-3840, bf16 -5 to -12 (three pieces on 8 warps, 3584: 89%), fp16 0 to +10; 7424-8176, bf16 0 to +3, fp16
-# -1 to -4; 2048, 2560, 4096, 8192 -3 to -11; 2816 level).
-_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((3072, 3072), (4097, 7168))}
+# -1 to -4; 2048, 2560, 4096, 8192 -3 to -11; 2816 level). 1600 (GPT-2 XL; 2026-12-03, twice): 76 -> 77 / 77 -> 79.
+_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((1600, 1600), (3072, 3072), (4097, 7168))}
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
 # take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
 # (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
@@ -1375,9 +1376,10 @@ _MASKED_ROWS_TILE = 4096
 # 1552 86 -> 95-96 / 89 -> 97; 400 (+0-2) and 2000 level
 _MASKED_ROWS_MULTIPLE = 16
 # Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
-# whole row held (one 32-warp program an SM loading its next row before this row's reductions):
+# whole row held (one program an SM loading its next row before this row's reductions):
 # 91% of copy at 16384 against 87% for "rows"; 16-bit rows stay "rows" with 64 elements a
-# thread (8 warps at 16384): 92-93% against 90% with 16 (H200, twice each).
+# thread (8 warps at 16384): 92-93% against 90% with 16 (H200, twice each). fp32 on 16 warps instead of 32 (2026-12-03,
+# four runs in two calls): +1 to +2 points at 12288-16384, -1 at 9216-10240, level at 11008; not taken.
 _HELD_ROWS_MIN = 8192
 _HELD_ROWS_WARPS = 32
 _HELD_ROWS_ELEMS_16BIT = 64

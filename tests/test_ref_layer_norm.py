@@ -1177,12 +1177,22 @@ def test_the_chunked_forward_on_a_persistent_grid_matches_torch_and_writes_every
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("n", [272, 320, 384, 768, 1040, 1104, 1280, 1536, 2000, 2304, 4352, 4608, 4864, 5120, 5632, 6144, 8704,
-                               8960, 9216, 9472, 12288, 16384])
+                               8960, 9216, 9472, 11008, 12288, 16384])
 def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
     x, weight, bias = inputs((1000, n), dtype)
     x[0, 0] = 40.0  # the shift far from the row's mean
     y, mean, rstd = layer_norm.forward(x, weight, bias)
     _check_forward(x, weight, bias, y, mean, rstd, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [9216, 11008, 12288, 16384])
+def test_the_fp32_persistent_plan_matches_torch_at_model_widths(n):
+    assert layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode == "persistent"
+    x, weight, bias = inputs((1000, n), torch.float32)
+    x[0, 0] = 40.0  # the shift far from the row's mean
+    y, mean, rstd = layer_norm.forward(x, weight, bias)
+    _check_forward(x, weight, bias, y, mean, rstd, torch.float32)
 
 
 # ------------------------------------------------------------------ the flat backward (_layer_norm_bwd_flat_kernel)
@@ -1358,9 +1368,9 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
         4200, 4500, 7001, 8189, 16385, 17000]
     assert not rule(8189, 4, col_bytes=20)  # 20 bytes of shared memory a column: one program an SM
-    # aligned 16-bit rows in their band, 8193-10240 (9216 on nine 1024-element segments: no slack before a row); fp32 not
-    assert [n for n in (4096, 5120, 8192, 8208, 8704, 9216, 10240, 10256, 11264, 12288) if rule(n, 2)] == [
-        8208, 8704, 9216, 10240]
+    # aligned 16-bit rows in their band, 8193-11008 (9216 on nine 1024-element segments: no slack before a row); fp32 not
+    assert [n for n in (4096, 5120, 8192, 8208, 8704, 9216, 10240, 10256, 11008, 11024, 11264, 12288) if rule(n, 2)] == [
+        8208, 8704, 9216, 10240, 10256, 11008]
     assert not rule(9216, 4)
     assert _layer_norm_held.fwd_shape(9216, 2, 6) == (4, 1024, 9, 4)  # 9217: ten segments, three an SM, so 8 warps
     assert _layer_norm_held.fwd_shape(9217, 2, 6) == (8, 2048, 5, 3)
@@ -1417,7 +1427,8 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
 HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
             (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000), (torch.bfloat16, 33000),
             (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385),
-            (torch.bfloat16, 8704), (torch.float16, 10240), (torch.bfloat16, 5128)]  # aligned; 16-byte rows, not 16-column
+            (torch.bfloat16, 8704), (torch.float16, 10240), (torch.bfloat16, 11008),
+            (torch.bfloat16, 5128)]  # aligned; 16-byte rows, not 16-column
 
 
 @pytest.mark.gpu
@@ -1623,10 +1634,10 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     assert [n for n in widths if rule(n, 2)] == [1025, 1030, 1900, 2049, 2300, 3001, 3072, 3300, 4089, 4097, 4300,
                                                  6001, 6137, 6200, 7001, 9001, 12345, 16383]  # 3072: aligned, below
     assert not any(rule(n, 4) for n in (1025, 3001, 8191, 5120))  # fp32: not taken
-    # aligned 16-bit rows (no slack before a row: 5120 is five segments): in their bands, 3072 and 4097-7168
-    aligned = (1536, 2048, 2560, 2816, 3056, 3072, 3136, 3584, 4096, 4112, 4608, 5120, 6144, 7168, 7184, 8176, 8192,
-               10240)
-    assert [n for n in aligned if rule(n, 2)] == [3072, 4112, 4608, 5120, 6144, 7168]
+    # aligned 16-bit rows (no slack before a row: 5120 is five segments): in their bands, 1600, 3072 and 4097-7168
+    aligned = (1536, 1584, 1600, 1616, 2048, 2560, 2816, 3056, 3072, 3136, 3584, 4096, 4112, 4608, 5120, 6144, 7168, 7184,
+               8176, 8192, 10240)
+    assert [n for n in aligned if rule(n, 2)] == [1600, 3072, 4112, 4608, 5120, 6144, 7168]
     assert _layer_norm_held.bwd_shape(5120, 2, 2).nseg == 5 and _layer_norm_held.bwd_shape(5121, 2, 2).nseg == 6
     # bf16 widened by a shift or an AND in ragged rows; in aligned rows (compiled apart) from six segments
     widen = _layer_norm_held.bwd_widen
@@ -1703,7 +1714,8 @@ def test_the_held_backward_launcher_refuses_tensors_it_cannot_take_with_a_clear_
 HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.bfloat16, 4097),
             (torch.float16, 5121), (torch.bfloat16, 8191), (torch.bfloat16, 12345), (torch.bfloat16, 6144),
             (torch.float32, 3001), (torch.float32, 1000),
-            (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128)]  # as above
+            (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128),
+            (torch.bfloat16, 1600)]  # as above
 
 
 @pytest.fixture
