@@ -1325,8 +1325,11 @@ _ROWS_TILE = 2048
 # / 81 with it) and rows under 2100 take 2-warp programs (_layer_norm_held.fwd_shape: bf16 1025 60 -> 68, 2049 75 -> 79;
 # the packed rows plan keeps 1300-1900, 88-94 against 57-76 held on 4 warps); fp32 4200 70 -> 76, 6500 63 -> 75,
 # 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
-# (10240 86 -> 79, 24000 79 -> 63). docs/kernels.md, "layer_norm: forward". None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 1025, 4: 4200}
+# (10240 86 -> 79, 24000 79 -> 63). 16-bit rows under 1025 (2026-12-03, twice, the rows plan's scalar loads -> held, bf16 /
+# fp16): 777 57 -> 69 / 58 -> 69, 999 63 -> 80 / 64 -> 80, 1023 64 -> 70 / 64 -> 72 (two and three 512-element
+# segments); 333 (one) 50 -> 47 lost, so from 513; but the narrow packed ones (_narrow_packed). docs/kernels.md,
+# "layer_norm: forward". None: never.
+_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 513, 4: 4200}
 # Forward rows too wide for the held plan (its row, weight and bias in one block's shared memory) streamed past the
 # held weight and bias instead (_layer_norm_held.launch_stream: each row in registers, the next one loaded as the
 # output pass leaves each segment, the weight and bias at the program's phase in shared memory), on the same GPUs, where
@@ -1355,8 +1358,10 @@ _HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8
 # 4001 level; 1025 on 1024-element segments, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52,
 # and on the 2-warp programs' 512-element ones, 1536 slots, 67 -> 74), or, with the shares in shared memory, fill
 # _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
-# docs/kernels.md, "layer_norm: backward".
-_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (1025, 16383)}
+# 16-bit rows under 1025, from the narrowest measured (2026-12-03, twice, the measured plan -> held, bf16 / fp16): 333
+# 44 -> 61 / 44 -> 61, 777 44 -> 77 / 44 -> 79, 999 52 -> 82 / 53 -> 81, 1023 52 -> 75 / 53 -> 74; but the narrow packed
+# ones (_narrow_packed). docs/kernels.md, "layer_norm: backward".
+_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (333, 16383)}
 _HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
 # The same for aligned rows (N a multiple of 16), in these bands, with the shares in registers (H200, % of copy, their
@@ -1961,6 +1966,13 @@ def _packed_rows(n_cols: int) -> bool:
     return lo <= n_cols <= min(hi, _PACKED_N_MAX) and n_cols % 16 != 0 and n_cols % _PACKED_ROWS_MULTIPLE == 0
 
 
+def _narrow_packed(n_cols: int) -> bool:
+    """Whether rows of ``n_cols`` lie under ``_PACKED_ROWS_BAND`` with N a multiple of ``_PACKED_ROWS_MULTIPLE``: there
+    the rows plan at a compile-time width loads 8- or 16-byte vectors (16-bit 1000: 97% of copy forward, 77% backward)
+    and the held plans, measured at odd widths only, do not take them."""
+    return n_cols < _PACKED_ROWS_BAND[0] and n_cols % _PACKED_ROWS_MULTIPLE == 0
+
+
 def _in_bands(bands: dict, n_cols: int, elem_size: int) -> bool:
     """Whether ``n_cols`` lies in one of the inclusive ranges ``bands`` holds for ``elem_size`` (4: fp32, 2: 16-bit)."""
     return any(lo <= n_cols <= hi for lo, hi in bands.get(4 if elem_size >= 4 else 2) or ())
@@ -2369,7 +2381,7 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> 
     if n_cols % 16 == 0:
         return _in_aligned_band(_HELD_FWD_ALIGNED_BANDS, n_cols, elem_size)
     least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
-    if least is None or n_cols < least or _packed_rows(n_cols):
+    if least is None or n_cols < least or _packed_rows(n_cols) or _narrow_packed(n_cols):
         return False
     if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
         return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2
@@ -2409,7 +2421,7 @@ def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
         return (_in_aligned_band(_HELD_BWD_ALIGNED_BANDS, n_cols, elem_size)
                 and _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size).reg_shares)
     band = (_HELD_BWD_BANDS or {}).get(4 if elem_size >= 4 else 2)
-    if band is None or not band[0] <= n_cols <= band[1]:
+    if band is None or not band[0] <= n_cols <= band[1] or _narrow_packed(n_cols):
         return False
     if n_cols > _PHASED_BWD_MAX_ROW:
         return True

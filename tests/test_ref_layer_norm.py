@@ -1359,10 +1359,11 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     from reference_kernels import _layer_norm_held
 
     rule = layer_norm._held_default
-    # 16-bit: from 1025, but the widths the packed rows plan takes (1100, 1500: a multiple of 4 under 2048)
-    assert [n for n in (1000, 1025, 1100, 1500, 1501, 2049, 2300, 3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384,
-                        17000, 33000) if rule(n, 2)] == [1025, 1501, 2049, 2300, 3001, 4097, 5121, 7001, 8191, 12345,
-                                                         17000, 33000]
+    # 16-bit: from 513 (rows of two 512-element segments or more: 333, on one, lost), but the widths the packed rows
+    # plan takes (1000, 1100, 1500: a multiple of 4 under 2048)
+    assert [n for n in (333, 512, 513, 777, 998, 999, 1000, 1023, 1025, 1100, 1500, 1501, 2049, 2300, 3001, 4097, 5120,
+                        5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
+        513, 777, 998, 999, 1023, 1025, 1501, 2049, 2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]
     # fp32: from 4200 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
     # from 16385 where one does
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
@@ -1428,7 +1429,8 @@ HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
             (torch.bfloat16, 10468), (torch.float16, 12345), (torch.bfloat16, 17000), (torch.bfloat16, 33000),
             (torch.float32, 6500), (torch.float32, 17000), (torch.float32, 16385),
             (torch.bfloat16, 8704), (torch.float16, 10240), (torch.bfloat16, 11008),
-            (torch.bfloat16, 5128)]  # aligned; 16-byte rows, not 16-column
+            (torch.bfloat16, 5128),  # aligned; 16-byte rows, not 16-column
+            (torch.bfloat16, 777), (torch.float16, 999), (torch.bfloat16, 1023)]  # under 1025: two and three segments
 
 
 @pytest.mark.gpu
@@ -1624,6 +1626,8 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
 
     rule = layer_norm._held_bwd_default
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)  # the Triton its register choices came from
+    # 16-bit rows under 1025 from 333 (the narrowest measured), but the packed rows' widths (a multiple of 4)
+    assert [n for n in (257, 332, 333, 777, 998, 999, 1000, 1004, 1023) if rule(n, 2)] == [333, 777, 998, 999, 1023]
     # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
     # KiB); up to 8192 where two programs an SM fit and, with the shares in registers (up to six segments), the row's
     # segments hold at most 1.9 times the phased plan's lanes (every unaligned width of 1025-8185: 1025 on three 512-element
@@ -1715,7 +1719,7 @@ HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
             (torch.float16, 5121), (torch.bfloat16, 8191), (torch.bfloat16, 12345), (torch.bfloat16, 6144),
             (torch.float32, 3001), (torch.float32, 1000),
             (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128),
-            (torch.bfloat16, 1600)]  # as above
+            (torch.bfloat16, 1600), (torch.bfloat16, 333), (torch.float16, 999), (torch.bfloat16, 1023)]  # as above
 
 
 @pytest.fixture
