@@ -93,6 +93,38 @@ def recorded_kernel():
     return _RecordedKernel()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--kernel-set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+        help="set a reference_kernels constant for this run, as benchmarks/sweep.py's --set does (repeatable): the "
+             "GPU tests of a launch-plan rule under A/B, run in the same device call as its timing")
+
+
+def pytest_configure(config):
+    """``--kernel-set``: applied before collection, in every xdist worker too (each configures itself)."""
+    items = config.getoption("--kernel-set")
+    if not items:
+        return
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+    from benchmarks.sweep import apply_settings
+
+    try:
+        config.stash[KERNEL_SETTINGS] = apply_settings(items)
+    except SystemExit as exc:  # its refusals name the item and why
+        raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_report_header(config):
+    settings = config.stash.get(KERNEL_SETTINGS, None)
+    return f"reference_kernels set: {', '.join(settings)}" if settings else None
+
+
+KERNEL_SETTINGS = pytest.StashKey[list]()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

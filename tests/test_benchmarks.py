@@ -283,3 +283,23 @@ def test_the_held_ladder_compiles_for_sm90_and_a_program_a_row_copies_each_row_o
     assert all(r["segments"] == 15 and r["shared"] <= _held.SMEM_PER_BLOCK for r in out.values()), out
     assert out["copy_row"]["copy_sites"] == out["softmax_row"]["copy_sites"] == 15, out
     assert out["copy_walk"]["copy_sites"] == out["softmax_ticket"]["copy_sites"] == 16, out
+
+
+def test_the_kernel_set_option_sets_a_reference_kernel_constant_for_the_test_run(pytester):
+    # the project's own conftest (--kernel-set) in a run of one test that reads the constant: what a device call uses
+    # to run a plan rule's GPU tests under the setting it times
+    root = Path(__file__).resolve().parents[1]
+    pytester.makeconftest(f"import sys; sys.path.insert(0, {str(root)!r}); "
+                          f"exec(open({str(root / 'tests' / 'conftest.py')!r}).read())")
+    pytester.makepyfile("""
+        from reference_kernels import softmax
+
+        def test_set():
+            assert softmax._STAGED_STAGES == 7
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax._STAGED_STAGES=7")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["reference_kernels set: softmax._STAGED_STAGES=7"])
+    refused = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax._NO_SUCH=1")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--set 'softmax._NO_SUCH=1': reference_kernels.softmax has no _NO_SUCH*"])
