@@ -118,6 +118,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
+    """A run under ``--kernel-set`` says so at its top, as the sweep's header line does."""
     settings = config.stash.get(KERNEL_SETTINGS, None)
     return f"reference_kernels set: {', '.join(settings)}" if settings else None
 
