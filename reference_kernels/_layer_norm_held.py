@@ -82,12 +82,7 @@ if gluon is not None:
         n_vecs = gl.where(first < n_rows, gl.cdiv(end, VEC), 0)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK, VEC)
-        # the weight and bias at this program's phase: slot j holds column j - shift (once, by plain loads)
-        for t in range(NSEG):
-            c = t * BLOCK + idx - shift
-            ok = (c >= 0) & (c < n_cols)
-            wbuf.index(t).store(gl.load(w_ptr + c, mask=ok, other=0.0))
-            bbuf.index(t).store(gl.load(b_ptr + c, mask=ok, other=0.0))
+        _weights_at_phase(wbuf, bbuf, w_ptr, b_ptr, idx, shift, n_cols, BLOCK, NSEG)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
@@ -106,11 +101,7 @@ if gluon is not None:
                                      NSEG)
                     acc += d
                     acc2 += d * d
-                s1, s2 = gl.reduce((acc, acc2), 0, _add_pairs)
-                mean_d = s1 / n_cols
-                var = s2 / n_cols - mean_d * mean_d
-                var = gl.where(var < 0.0, 0.0, var)  # rounding; not a maximum, which would drop a nan
-                mean = pivot + mean_d
+                mean, var = _joint_stats(acc, acc2, pivot, n_cols)
             else:
                 acc = gl.zeros([BLOCK], gl.float32, layout)
                 for s in gl.static_range(NSEG):
@@ -196,11 +187,7 @@ if gluon is not None:
         xs = ()
         for s in gl.static_range(NSEG):
             xs = xs + (_load_segment(x_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
-        for t in range(NSEG):  # the weight and bias at this program's phase: slot j holds column j - shift
-            c = t * BLOCK + idx - shift
-            ok = (c >= 0) & (c < n_cols)
-            wbuf.index(t).store(gl.load(w_ptr + c, mask=ok, other=0.0))
-            bbuf.index(t).store(gl.load(b_ptr + c, mask=ok, other=0.0))
+        _weights_at_phase(wbuf, bbuf, w_ptr, b_ptr, idx, shift, n_cols, BLOCK, NSEG)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
@@ -220,11 +207,7 @@ if gluon is not None:
                 d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
                 acc += d
                 acc2 += d * d
-            s1, s2 = gl.reduce((acc, acc2), 0, _add_pairs)
-            mean_d = s1 / n_cols
-            var = s2 / n_cols - mean_d * mean_d
-            var = gl.where(var < 0.0, 0.0, var)  # rounding; not a maximum, which would drop a nan
-            mean = pivot + mean_d
+            mean, var = _joint_stats(acc, acc2, pivot, n_cols)
             rstd = 1.0 / gl.sqrt(var + eps)
             gl.store(mean_ptr + row, mean)
             gl.store(rstd_ptr + row, rstd)
@@ -245,6 +228,24 @@ if gluon is not None:
     @gluon.jit
     def _add_pairs(a1, a2, b1, b2):
         return a1 + b1, a2 + b2
+
+    @gluon.jit
+    def _weights_at_phase(wbuf, bbuf, w_ptr, b_ptr, idx, shift, n_cols, BLOCK: gl.constexpr, NSEG: gl.constexpr):
+        # the forward's weight and bias at the program's phase: slot j holds column j - shift (once, by plain loads)
+        for t in range(NSEG):
+            c = t * BLOCK + idx - shift
+            ok = (c >= 0) & (c < n_cols)
+            wbuf.index(t).store(gl.load(w_ptr + c, mask=ok, other=0.0))
+            bbuf.index(t).store(gl.load(b_ptr + c, mask=ok, other=0.0))
+
+    @gluon.jit
+    def _joint_stats(acc, acc2, pivot, n_cols):
+        # (mean, variance) of a row from the lanes' sums of d = x - pivot and of d^2, in one reduction of the pair
+        s1, s2 = gl.reduce((acc, acc2), 0, _add_pairs)
+        mean_d = s1 / n_cols
+        var = s2 / n_cols - mean_d * mean_d
+        var = gl.where(var < 0.0, 0.0, var)  # rounding; not a maximum, which would drop a nan
+        return pivot + mean_d, var
 
     @gluon.jit
     def _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, abase, slot, s0, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr,
