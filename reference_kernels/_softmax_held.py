@@ -168,14 +168,16 @@ if gluon is not None:
         NSEG: gl.constexpr,  # segments a slice (segments(slice_cols))
         VEC: gl.constexpr,
         WIDEN: gl.constexpr,
+        WALK: gl.constexpr,  # a persistent program walking tiles; else a program takes one tile (SPLIT_ONE_TILE)
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
-        program at a time, held in shared memory as ``_softmax_held_kernel`` holds a row. A slice's (max, sum) goes
-        out to ``part``; the program arrives at its row's counter, waits for the row's other slices (``_split_walk``'s
-        release add and acquire spin) and merges the row's pairs. Only then does it take its next tile's ticket, whose
-        copies the output pass puts in flight. Slices start at multiples of VEC columns, so every slice of a row has
-        the row's phase and its own partial edge vectors."""
+        program at a time, held in shared memory as ``_softmax_held_kernel`` holds a row. A program's tile is a ticket
+        it takes as it starts. A slice's (max, sum) goes out to ``part``; the program arrives at its row's counter,
+        waits for the row's other slices (``_split_walk``'s release add and acquire spin) and merges the row's pairs.
+        With WALK it only then takes its next tile's ticket, whose copies the output pass puts in flight; without, it
+        ends after its tile's output. Slices start at multiples of VEC columns, so every slice of a row has the row's
+        phase and its own partial edge vectors."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])
@@ -211,11 +213,14 @@ if gluon is not None:
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
             inv = 1.0 / total
 
-            nxt = _ticket(sync_ptr, n_rows)
+            if WALK:
+                nxt = _ticket(sync_ptr, n_rows)
+            else:
+                nxt = n_tiles + 0 * tile
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
             _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC, WIDEN)
+                         BLOCK, NSEG, VEC, WIDEN, WALK)
             tile = nxt
             abase = nabase
             shift = nshift
@@ -243,6 +248,12 @@ WIDEN = True
 # room first) instead of a persistent program walking rows pid, pid + programs, ... (docs/kernels.md, "A program a
 # row"): the static walk leaves SMs idle while the slowest finish their share.
 ONE_ROW = True
+
+
+# Rows in slices a program a slice (the grid as many programs as slices, each taking its tile's ticket as it starts, so
+# that tiles go out in the order programs start) instead of persistent programs walking slices (docs/kernels.md, "Rows in
+# slices"): as ONE_ROW for whole rows.
+SPLIT_ONE_TILE = True
 
 
 def widen_rows() -> bool:
@@ -297,7 +308,8 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
         return launch(x2, y2, sm_count)
     progs = per_sm(slice_cols, es)
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
-    _softmax_held_split_kernel[(max(1, min(n_rows * group, progs * sm_count)),)](
+    grid = n_rows * group if SPLIT_ONE_TILE else max(1, min(n_rows * group, progs * sm_count))
+    _softmax_held_split_kernel[(grid,)](
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), num_warps=WARPS,
-        maxnreg=MAX_REGS)
+        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
+        num_warps=WARPS, maxnreg=MAX_REGS)

@@ -1327,9 +1327,12 @@ _ROWS_TILE = 2048
 # 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
 # (10240 86 -> 79, 24000 79 -> 63). 16-bit rows under 1025 (2026-12-03, twice, the rows plan's scalar loads -> held, bf16 /
 # fp16): 777 57 -> 69 / 58 -> 69, 999 63 -> 80 / 64 -> 80, 1023 64 -> 70 / 64 -> 72 (two and three 512-element
-# segments); 333 (one) 50 -> 47 lost, so from 513; but the narrow packed ones (_narrow_packed). docs/kernels.md,
-# "layer_norm: forward". None: never.
+# segments); 333 (one) 50 -> 47 lost, so from 513; but the narrow packed ones (_narrow_packed) and under 1025 the even
+# ones, whose rows plan loads 4-byte pairs (_HELD_FWD_EVEN_MIN_COLS). docs/kernels.md, "layer_norm: forward". None: never.
 _HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 513, 4: 4200}
+# Even forward rows (not a multiple of 4) held only from here: under it the rows plan's pairs win. H200, 2026-12-03, the
+# rows plan -> held, bf16 / fp16: 514 63 -> 49 / 62 -> 50, 998 85 -> 81 / 86 -> 81, 1022 86 -> 70 / 86 -> 72.
+_HELD_FWD_EVEN_MIN_COLS = 1025
 # Forward rows too wide for the held plan (its row, weight and bias in one block's shared memory) streamed past the
 # held weight and bias instead (_layer_norm_held.launch_stream: each row in registers, the next one loaded as the
 # output pass leaves each segment, the weight and bias at the program's phase in shared memory), on the same GPUs, where
@@ -1358,10 +1361,11 @@ _HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8
 # 4001 level; 1025 on 1024-element segments, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52,
 # and on the 2-warp programs' 512-element ones, 1536 slots, 67 -> 74), or, with the shares in shared memory, fill
 # _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
-# 16-bit rows under 1025, from the narrowest measured (2026-12-03, twice, the measured plan -> held, bf16 / fp16): 333
-# 44 -> 61 / 44 -> 61, 777 44 -> 77 / 44 -> 79, 999 52 -> 82 / 53 -> 81, 1023 52 -> 75 / 53 -> 74; but the narrow packed
-# ones (_narrow_packed). docs/kernels.md, "layer_norm: backward".
-_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (333, 16383)}
+# 16-bit rows under 1025 (2026-12-03, twice, the measured plan -> held, bf16 / fp16): 333 44 -> 61 / 44 -> 61, 777 44 ->
+# 77 / 44 -> 79, 999 52 -> 82 / 53 -> 81, 1023 52 -> 75 / 53 -> 74; 258 36 -> 48 / 37 -> 48, 290 39 -> 54 / 40 -> 54, 322
+# 43 -> 60 / 43 -> 59, level at 514 (54 -> 54 / 57 -> 55), 998 (76 -> 82 / 77 -> 82) and 1022 (76 -> 74 / 76 -> 73); but
+# the narrow packed ones (_narrow_packed). docs/kernels.md, "layer_norm: backward".
+_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (257, 16383)}
 _HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
 # The same for aligned rows (N a multiple of 16), in these bands, with the shares in registers (H200, % of copy, their
@@ -2382,6 +2386,8 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> 
         return _in_aligned_band(_HELD_FWD_ALIGNED_BANDS, n_cols, elem_size)
     least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
     if least is None or n_cols < least or _packed_rows(n_cols) or _narrow_packed(n_cols):
+        return False
+    if n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS:
         return False
     if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
         return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2

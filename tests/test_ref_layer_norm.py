@@ -1360,10 +1360,10 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
 
     rule = layer_norm._held_default
     # 16-bit: from 513 (rows of two 512-element segments or more: 333, on one, lost), but the widths the packed rows
-    # plan takes (1000, 1100, 1500: a multiple of 4 under 2048)
-    assert [n for n in (333, 512, 513, 777, 998, 999, 1000, 1023, 1025, 1100, 1500, 1501, 2049, 2300, 3001, 4097, 5120,
-                        5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
-        513, 777, 998, 999, 1023, 1025, 1501, 2049, 2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]
+    # plan takes (1000, 1100, 1500: a multiple of 4 under 2048) and the even ones under 1025 (514, 998, 1022: pairs)
+    assert [n for n in (333, 512, 513, 514, 777, 998, 999, 1000, 1022, 1023, 1025, 1026, 1100, 1500, 1501, 2049, 2300,
+                        3001, 4097, 5120, 5121, 7001, 8191, 12345, 16384, 17000, 33000) if rule(n, 2)] == [
+        513, 777, 999, 1023, 1025, 1026, 1501, 2049, 2300, 3001, 4097, 5121, 7001, 8191, 12345, 17000, 33000]
     # fp32: from 4200 where two programs an SM fit (8189: four 2048-element segments; 8191 needs five, one an SM), and
     # from 16385 where one does
     assert [n for n in (4097, 4113, 4200, 4500, 7001, 8189, 8191, 12345, 16383, 16384, 16385, 17000, 24000) if rule(n, 4)] == [
@@ -1626,8 +1626,10 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
 
     rule = layer_norm._held_bwd_default
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)  # the Triton its register choices came from
-    # 16-bit rows under 1025 from 333 (the narrowest measured), but the packed rows' widths (a multiple of 4)
-    assert [n for n in (257, 332, 333, 777, 998, 999, 1000, 1004, 1023) if rule(n, 2)] == [333, 777, 998, 999, 1023]
+    # 16-bit rows under 1025 from 257, but the packed rows' widths (a multiple of 4) and 257 (the phased plan's 256-lane
+    # tile and a tail in words fill better than its one 512-element segment)
+    assert [n for n in (255, 256, 257, 258, 322, 332, 333, 777, 998, 999, 1000, 1004, 1023) if rule(n, 2)] == [
+        258, 322, 333, 777, 998, 999, 1023]
     # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
     # KiB); up to 8192 where two programs an SM fit and, with the shares in registers (up to six segments), the row's
     # segments hold at most 1.9 times the phased plan's lanes (every unaligned width of 1025-8185: 1025 on three 512-element
@@ -1719,7 +1721,8 @@ HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
             (torch.float16, 5121), (torch.bfloat16, 8191), (torch.bfloat16, 12345), (torch.bfloat16, 6144),
             (torch.float32, 3001), (torch.float32, 1000),
             (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128),
-            (torch.bfloat16, 1600), (torch.bfloat16, 333), (torch.float16, 999), (torch.bfloat16, 1023)]  # as above
+            (torch.bfloat16, 1600), (torch.bfloat16, 333), (torch.float16, 999), (torch.bfloat16, 1023),  # as above
+            (torch.float16, 258), (torch.bfloat16, 322)]
 
 
 @pytest.fixture

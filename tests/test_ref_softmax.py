@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_kernels import _softmax_held, softmax
+from reference_kernels import _softmax_held, _split_walk, softmax
 from reference_kernels._ragged import edge_words, in_row, row_origin
 from reference_kernels._split_walk import split_group
 
@@ -707,8 +707,6 @@ def test_resident_programs_follow_the_compiled_kernels_registers_warps_and_share
 def test_a_split_launch_sizes_its_grid_from_the_programs_the_compiled_kernel_keeps_resident(monkeypatch):
     import types
 
-    from reference_kernels import _split_walk
-
     monkeypatch.setattr(_split_walk, "interpreting", lambda: False)
     monkeypatch.setattr(_split_walk, "sm_count", lambda device: 132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace())
@@ -937,6 +935,23 @@ def test_the_held_launcher_gives_each_row_its_own_program_unless_told_to_walk(mo
     (grid, kwargs), = kernel.launches
     assert grid == ((5000,) if one_row else (3 * 132,))  # 30522 bf16: three programs an SM
     assert kwargs["WALK"] is (not one_row) and kwargs["NSEG"] == 15
+
+
+@pytest.mark.parametrize("one_tile", [True, False])
+def test_the_held_split_launcher_gives_each_slice_its_own_program_unless_told_to_walk(monkeypatch, recorded_kernel,
+                                                                                      one_tile):
+    # a program a slice, each taking its tile's ticket as it starts (docs/kernels.md, "Rows in slices"); the persistent
+    # walk (SPLIT_ONE_TILE False) launches the programs shared memory fits and has them take tickets after each wait
+    kernel = recorded_kernel
+    monkeypatch.setattr(_softmax_held, "_softmax_held_split_kernel", kernel, raising=False)  # absent without Gluon
+    monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
+    monkeypatch.setattr(_softmax_held, "SPLIT_ONE_TILE", one_tile)
+    monkeypatch.setattr(_split_walk, "interpreting", lambda: False)
+    x = torch.empty(1000, 128256, dtype=torch.bfloat16)
+    _softmax_held.launch_split(x, torch.empty_like(x), 4, 132)
+    (grid, kwargs), = kernel.launches
+    assert grid == ((4 * 1000,) if one_tile else (3 * 132,))  # 32064-column slices: three programs an SM
+    assert kwargs["WALK"] is (not one_tile) and kwargs["GROUP"] == 4 and kwargs["NSEG"] == 16
 
 
 def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
