@@ -34,6 +34,7 @@ CASES = [
     ("softmax", FP32, (4096, 21001), 1, 0.77),  # held, two an SM, where staged pads to 32768: 92% (staged 75%)
     ("softmax", BF16, (512, 128256), 2, 0.65),  # Llama-3 vocab: held in four slices, 81-82% (split walk 70%)
     ("softmax", FP32, (256, 151936), 2, 0.65),  # Qwen vocab: held in 13 slices, 80-82% (split walk 68%)
+    ("softmax", BF16, (1024, 74988), 2, 0.65),  # held in three slices, a program a slice: 80% (a persistent walk 75%)
     ("softmax", BF16, (16384, 4097), 1, 0.75),  # just above a power of two: two pieces, 90%+ (was 50%)
     ("softmax", BF16, (4, 1000), 1, None),  # small: launch-bound, bytes and count only
     ("softmax", FP32, (4096, 20000), 1, 0.65),  # staged, in two pieces: 82% (split walk: 73%)
@@ -59,6 +60,7 @@ CASES = [
     ("layer_norm", FP16, (8192, 5120), 1, 0.75),  # aligned 16-bit, two pieces with one reduction each: 91% (was 69%)
     ("layer_norm", BF16, (65536, 1000), 1, 0.8),  # packed ragged rows at a compile-time width: 97% (was 65%)
     ("layer_norm", BF16, (32768, 1500), 1, 0.78),  # packed, the rows plan held as aligned rows: 94% (walk: 69%)
+    ("layer_norm", BF16, (65536, 999), 1, 0.65),  # odd 16-bit rows under 1025, held: 80% (the rows plan's scalar path: 63%)
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
     ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)
@@ -70,6 +72,9 @@ CASES = [
     ("layer_norm_backward", BF16, (16384, 1536), 3, 0.68),  # rows laid flat, five a window: 83% (2048 lanes: 73%)
     ("layer_norm_backward", BF16, (16384, 2560), 3, 0.68),  # rows laid flat, three a window: 84% (4096 lanes: 72%)
     ("layer_norm_backward", BF16, (16384, 2049), 3, 0.56),  # ragged 16-bit, held, shares in registers: 70% (phased 64%)
+    ("layer_norm_backward", FP16, (65536, 999), 3, 0.66),  # 16-bit rows under 1025, held: 81-82% (the rows plan 52-53%)
+    ("layer_norm_backward", BF16, (65536, 777), 3, 0.62),  # held: 77-79% (the rows plan 44%)
+    ("layer_norm_backward", BF16, (65536, 322), 3, 0.45),  # held: 60% (the rows plan 43%)
     # held, 2-warp programs, eight an SM: 78% in the sweep (4 warps: 70%); rows enough that the 1056 programs' dweight /
     # dbias shares stay a few % of the bytes (at 16384 rows they are 17% and the region read under 62%)
     ("layer_norm_backward", FP16, (65536, 1500), 3, 0.56),
