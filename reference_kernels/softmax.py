@@ -513,8 +513,9 @@ _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one
 # in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
 # two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns
 # (multiples of 16 keep staged, 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
-# row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; 27470, 84% of 32768: 83 -> 78) or
-# the row is past the staged plan (40001 71 -> 80). False: never.
+# row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; held a program a row, 2026-12-03,
+# twice: 26865 80 -> 89-90, 27470 81 -> 88-90, 28001, 85% of 32768, 79-80 -> 88-89; 29001 and 31001 level) or the row
+# is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True
 _HELD_MIN_COLS = 16385
 # 16-bit rows of no multiple of 16 columns are held from here, a program a row (_softmax_held.ONE_ROW). H200, % of
@@ -526,7 +527,7 @@ _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
-_HELD_FP32_STAGED_LANE_USE = 0.8  # with fewer where the staged plan's lanes are used under this share
+_HELD_FP32_STAGED_LANE_USE = 0.87  # with fewer where the staged plan's lanes are used under this share
 # Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
 # rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
 # (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared memory"): as few slices as leave the first of

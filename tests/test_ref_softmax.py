@@ -895,14 +895,16 @@ def test_the_held_split_launcher_refuses_rows_it_cannot_take_with_a_clear_error(
 def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_fewer_programs_an_sm(monkeypatch):
     settings = softmax._softmax_settings
     monkeypatch.setattr(softmax, "_HELD_SPLIT", False)  # whole rows only (one an SM is in slices: the test above)
-    # three programs an SM: held; two or one: held where the staged plan's lanes are used under 80% (it pads the row
-    # to 32768), or past the staged plan (a split walk otherwise)
-    assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 30522, 40001)] == [3, 2, 2, 1, 1]
-    assert {n: settings(64, n, 4, held=True).mode for n in (18401, 21001, 26001, 27470, 30522, 32767, 40001)} == {
-        18401: "held", 21001: "held", 26001: "held", 27470: "staged", 30522: "staged", 32767: "held", 40001: "held"}
+    # three programs an SM: held; two or one: held where the staged plan's lanes are used under 87% (it pads the row
+    # to 32768: 28001 is 85% of it, 29001 89%), or past the staged plan (a split walk otherwise)
+    assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 28001, 30522, 40001)] == [3, 2, 2, 2, 1, 1]
+    assert {n: settings(64, n, 4, held=True).mode for n in (18401, 21001, 26001, 27470, 28001, 29001, 30522, 32767,
+                                                             40001)} == {
+        18401: "held", 21001: "held", 26001: "held", 27470: "held", 28001: "held", 29001: "staged", 30522: "staged",
+        32767: "held", 40001: "held"}
     assert settings(64, 40001, 4, held=False).mode == "split"
-    monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.9)
-    assert settings(64, 27470, 4, held=True).mode == "held" and settings(64, 30522, 4, held=True).mode == "staged"
+    monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.8)
+    assert settings(64, 27470, 4, held=True).mode == "staged" and settings(64, 26001, 4, held=True).mode == "held"
     monkeypatch.setattr(softmax, "_HELD_MIN_PER_SM", {2: 2, 4: 2})
     assert settings(64, 40001, 4, held=True).mode == "split"
 
