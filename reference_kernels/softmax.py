@@ -527,6 +527,7 @@ _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
+_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ()  # fp32 rows of a multiple of 16 columns held (inclusive)
 _HELD_FP32_STAGED_LANE_USE = 0.87  # with fewer where the staged plan's lanes are used under this share
 # Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
 # rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
@@ -697,7 +698,7 @@ def _held_default(n_cols: int, elem_size: int) -> bool:
     if elem_size < 4:
         return _HELD_16BIT_POW2 or n_cols & (n_cols - 1) != 0
     if n_cols % 16 == 0:
-        return False
+        return any(lo <= n_cols <= hi for lo, hi in _HELD_FP32_ALIGNED_BANDS)
     if progs >= _HELD_FP32_STAGED_MIN_PER_SM or ragged_width(n_cols, elem_size) > _STAGED_MAX_COLS:
         return True
     return n_cols / sum(_staged_plan(n_cols, elem_size).pieces) < _HELD_FP32_STAGED_LANE_USE
