@@ -527,7 +527,10 @@ _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 _HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
-_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ()  # fp32 rows of a multiple of 16 columns held (inclusive)
+# fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where two programs an SM
+# fit. H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96,
+# 24576 88 -> 94-95, 26624 89 -> 94, 28672 90 -> 91. () : never.
+_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 28672),)
 _HELD_FP32_STAGED_LANE_USE = 0.87  # with fewer where the staged plan's lanes are used under this share
 # Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
 # rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)

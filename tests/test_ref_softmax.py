@@ -830,8 +830,10 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     assert held == {(12345, 2), (14001, 2),  # 16-bit rows of no multiple of 16 from 12289 (not 9000, 12288, 16000)
                     (16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
                     (56000, 2), (32768, 2),  # 16-bit: not 60000 (one program an SM: in slices)
-                    (16385, 4), (17000, 4), (25049, 4)}  # fp32: not 18432 (a multiple of 16), nor 30522 or 50257
-    # (one program an SM: in slices)
+                    (16385, 4), (17000, 4), (25049, 4), (18432, 4), (24000, 4)}  # fp32: multiples of 16 in their
+    # band (16385-28672; 32000 staged), not 30522 or 50257 (one program an SM: in slices)
+    monkeypatch.setattr(softmax, "_HELD_FP32_ALIGNED_BANDS", ())
+    assert settings(4096, 18432, 4, held=True).mode == "staged" and settings(4096, 17000, 4, held=True).mode == "held"
     monkeypatch.setattr(softmax, "_HELD_16BIT_POW2", False)  # powers of two on the staged walk (its A/B setting)
     assert settings(4096, 32768, 2, held=True).mode == "staged" and settings(4096, 32000, 2, held=True).mode == "held"
     assert settings(4096, 50257, 2, held=True) == softmax._Plan("held", 1, 2048, 8, per_sm=2, max_regs=64)
@@ -866,7 +868,8 @@ def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_en
             assert group == plan.group and plan.per_sm == _softmax_held.per_sm(slice_cols, e)
             # the fewest slices that reach it
             assert plan.group == 2 or _softmax_held.per_sm(_softmax_held.split_shape(n, e, plan.group - 1)[1], e) < plan.per_sm
-    assert plans[(24000, 4)].mode == plans[(32768, 4)].mode == "staged"  # fp32 aligned rows the staged plan takes
+    # fp32 aligned rows: held whole in their band (24000: three an SM), the staged plan's past it, never in slices
+    assert (plans[(24000, 4)].mode, plans[(24000, 4)].group) == ("held", 1) and plans[(32768, 4)].mode == "staged"
     assert plans[(32768, 2)][:2] == ("held", 1)  # 16-bit: whole, three programs an SM
     assert plans[(50257, 2)].group == plans[(56000, 2)].group == 1  # 16-bit, two programs an SM whole
     assert plans[(600000, 2)].mode == plans[(600000, 4)].mode == "split"  # 16 slices leave two programs an SM
@@ -968,7 +971,8 @@ HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.float16, 
                # in slices (2, 4, 5, 6 of 16-bit; 4, 6, 9 of fp32), vocabularies and odd widths
                (torch.float32, 40001),
                (torch.bfloat16, 60000), (torch.bfloat16, 128256), (torch.float16, 151936), (torch.bfloat16, 200001),
-               (torch.float32, 65536), (torch.float32, 100003)]
+               (torch.float32, 65536), (torch.float32, 100003),
+               (torch.float32, 18432), (torch.float32, 28672)]  # fp32 aligned, whole: three and two an SM
 
 
 @pytest.mark.gpu
