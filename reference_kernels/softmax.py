@@ -7,11 +7,10 @@ Five launch plans, on four kernels; ``_softmax_settings`` chooses:
   read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
   row's first element). Measured 92-100% of copy bandwidth on an H200.
 * ``held`` (from 16385 columns, 16-bit rows to ~56000 where two programs an SM hold them in shared
-  memory, fp32 rows of no multiple of 16 columns to ~26000 where two or three do; on compute-capability 9.x
-  GPUs with Triton's Gluon, ``_softmax_held``): persistent programs copy each row into shared memory
-  (``cp.async``) and read it there twice, the next row's copies in flight behind the arithmetic;
+  memory, fp32 rows to ~28500 where two or three do; on compute-capability 9.x GPUs with Triton's Gluon,
+  ``_softmax_held``): a program a row copies it into shared memory (``cp.async``) and reads it there twice;
   one read and one write. Wider rows (16-bit to ~590000, fp32 but the staged plan's aligned rows) in 2-16
-  slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 74-88% of
+  slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 76-95% of
   copy in the sweep (docs/kernels.md, "Rows held in shared memory"); the plans below where it is not
   available or measured slower.
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
@@ -512,7 +511,7 @@ _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one
 # Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
 # in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
 # two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns
-# (multiples of 16 keep staged, 24000 96 vs 91) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
+# (multiples of 16 in _HELD_FP32_ALIGNED_BANDS) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
 # row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; held a program a row, 2026-12-03,
 # twice: 26865 80 -> 89-90, 27470 81 -> 88-90, 28001, 85% of 32768, 79-80 -> 88-89; 29001 and 31001 level) or the row
 # is past the staged plan (40001 71 -> 80). False: never.
