@@ -25,7 +25,7 @@ import triton
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
-from ._split_walk import _SPIN_ASM, COUNTER_STRIDE, split_launch
+from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
 
 if gluon is not None:
 
@@ -169,6 +169,7 @@ if gluon is not None:
         VEC: gl.constexpr,
         WIDEN: gl.constexpr,
         WALK: gl.constexpr,  # a persistent program walking tiles; else a program takes one tile (SPLIT_ONE_TILE)
+        SPIN: gl.constexpr,  # the wait's PTX (_split_walk.spin_asm(SPIN_MAX_NS))
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
@@ -206,7 +207,7 @@ if gluon is not None:
             count = sync_ptr + row.to(gl.int64) * COUNTER_STRIDE
             thread_barrier()  # every thread's stores precede the release
             gl.atomic_add(count, 1, sem="release", scope="gpu")
-            gl.inline_asm_elementwise(_SPIN_ASM, "=r,l,r", [count, GROUP], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise(SPIN, "=r,l,r", [count, GROUP], dtype=gl.int32, is_pure=False, pack=1)
             thread_barrier()
             all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
@@ -254,6 +255,8 @@ ONE_ROW = True
 # that tiles go out in the order programs start) instead of persistent programs walking slices (docs/kernels.md, "Rows in
 # slices"): as ONE_ROW for whole rows.
 SPLIT_ONE_TILE = True
+# The exchange's wait: nanosleep back-off between tries, doubling from 32 ns up to this (0: none).
+SPIN_MAX_NS = 256
 
 
 def widen_rows() -> bool:
@@ -312,4 +315,4 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     _softmax_held_split_kernel[(grid,)](
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
-        num_warps=WARPS, maxnreg=MAX_REGS)
+        SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)

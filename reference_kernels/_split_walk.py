@@ -30,20 +30,26 @@ COUNTER_STRIDE = tl.constexpr(COUNTER_STRIDE_INTS)
 # Spin until the int32 at $1 is >= $2: an acquire load a try (every thread: each then holds
 # its own acquire), with a nanosleep back-off from 32 to 256 ns between tries so that the
 # waiters of a row cost its counter's line a few requests a microsecond, not one a clock.
-_SPIN_ASM = tl.constexpr("""{
+def spin_asm(max_ns: int = 256) -> str:
+    """The spin's PTX with its back-off capped at ``max_ns`` (0: no sleep between tries)."""
+    sleep = f"""nanosleep.u32 %ns;
+shl.b32 %ns, %ns, 1;
+min.u32 %ns, %ns, {max_ns};
+""" if max_ns > 0 else ""
+    return f"""{{
 .reg .pred %p_done;
 .reg .u32 %ns;
-mov.u32 %ns, 32;
+mov.u32 %ns, {min(32, max_ns) if max_ns > 0 else 0};
 SPIN_TRY:
 ld.acquire.gpu.global.u32 $0, [$1];
 setp.ge.s32 %p_done, $0, $2;
 @%p_done bra SPIN_DONE;
-nanosleep.u32 %ns;
-shl.b32 %ns, %ns, 1;
-min.u32 %ns, %ns, 256;
-bra SPIN_TRY;
+{sleep}bra SPIN_TRY;
 SPIN_DONE:
-}""")
+}}"""
+
+
+_SPIN_ASM = tl.constexpr(spin_asm(256))
 
 
 @triton.jit
