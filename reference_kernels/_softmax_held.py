@@ -217,7 +217,7 @@ if gluon is not None:
             if WALK:
                 nxt = _ticket(sync_ptr, n_rows)
             else:
-                nxt = n_tiles + 0 * tile
+                nxt = n_tiles + 0 * tile  # past the last tile (a tensor like the ticket): the loop ends
             nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
             n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
             _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,

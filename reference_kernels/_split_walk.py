@@ -28,8 +28,8 @@ from ._common import interpreting, sm_count
 COUNTER_STRIDE_INTS = 32
 COUNTER_STRIDE = tl.constexpr(COUNTER_STRIDE_INTS)
 # Spin until the int32 at $1 is >= $2: an acquire load a try (every thread: each then holds
-# its own acquire), with a nanosleep back-off from 32 to 256 ns between tries so that the
-# waiters of a row cost its counter's line a few requests a microsecond, not one a clock.
+# its own acquire), with a nanosleep back-off from 32 to 256 ns (``spin_asm``'s cap) between tries
+# so that the waiters of a row cost its counter's line a few requests a microsecond, not one a clock.
 def spin_asm(max_ns: int = 256) -> str:
     """The spin's PTX with its back-off capped at ``max_ns`` (0: no sleep between tries)."""
     sleep = f"""nanosleep.u32 %ns;

@@ -508,11 +508,11 @@ _STAGED_SMEM_BYTES = 196608
 _STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
 _STAGED_PIECE_WASTE = 0.05
 _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
-# Rows of 16385+ columns held in shared memory by persistent Gluon programs (_softmax_held; docs/kernels.md, "Rows held
-# in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
-# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 rows that are not a multiple of 16 columns
-# (multiples of 16 in _HELD_FP32_ALIGNED_BANDS) with three or more programs an SM (17000: 70 -> 82), or fewer where the staged plan would pad the
-# row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; held a program a row, 2026-12-03,
+# Rows of 16385+ columns held in shared memory by Gluon programs, a program a row (_softmax_held; docs/kernels.md, "Rows
+# held in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
+# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 multiples of 16 columns in
+# _HELD_FP32_ALIGNED_BANDS; other fp32 rows with three or more programs an SM (17000: 70 -> 82), or fewer where the
+# staged plan would pad the row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; held a program a row, 2026-12-03,
 # twice: 26865 80 -> 89-90, 27470 81 -> 88-90, 28001, 85% of 32768, 79-80 -> 88-89; 29001 and 31001 level) or the row
 # is past the staged plan (40001 71 -> 80). False: never.
 _HELD = True
@@ -525,11 +525,11 @@ _HELD_MIN_COLS = 16385
 _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
-_HELD_FP32_STAGED_MIN_PER_SM = 3  # fp32 rows the staged plan takes: held with this many programs an SM, or
 # fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where two programs an SM
 # fit. H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96,
-# 24576 88 -> 94-95, 26624 89 -> 94, 28672 90 -> 91. () : never.
+# 24576 88 -> 94-95, 26624 89 -> 94, 28672 90 -> 91. (): never.
 _HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 28672),)
+_HELD_FP32_STAGED_MIN_PER_SM = 3  # other fp32 rows the staged plan takes: held with this many programs an SM, or
 _HELD_FP32_STAGED_LANE_USE = 0.87  # with fewer where the staged plan's lanes are used under this share
 # Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
 # rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
@@ -688,7 +688,8 @@ def _softmax_settings(
 def _held_default(n_cols: int, elem_size: int) -> bool:
     """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit
     rows of no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least ``_HELD_MIN_PER_SM`` programs an
-    SM): 16-bit rows (powers of two with ``_HELD_16BIT_POW2``); fp32 rows of no multiple of 16 columns, where
+    SM): 16-bit rows (powers of two with ``_HELD_16BIT_POW2``); fp32 rows of a multiple of 16 columns in
+    ``_HELD_FP32_ALIGNED_BANDS``; other fp32 rows where
     the staged plan would take them only with ``_HELD_FP32_STAGED_MIN_PER_SM`` programs an SM or where its lanes are
     used under ``_HELD_FP32_STAGED_LANE_USE``."""
     progs = _softmax_held.per_sm(n_cols, elem_size)
