@@ -281,7 +281,8 @@ def _summarise(records: list[dict]) -> int:
         below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
         rows.append([name, dname, f"{len(ours)} of {len(recs)}", f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
                      f"{worst['pct']['ours']:.0f}% at {worst['width']}", ratio, len(below)])
-        misses += [[name, dname, r["width"], f"{r['pct']['ours']:.0f}%", f"{r['target']}%",
+        # one decimal: a miss by under half a point would otherwise read as its target (79.6 as "80%" under 80%)
+        misses += [[name, dname, r["width"], f"{r['pct']['ours']:.1f}%", f"{r['target']}%",
                     " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
     print()
     print(markdown_table(["subject", "dtype", "widths timed", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
