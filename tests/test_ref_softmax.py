@@ -957,6 +957,10 @@ def test_the_held_split_launcher_gives_each_slice_its_own_program_unless_told_to
     (grid, kwargs), = kernel.launches
     assert grid == ((4 * 1000,) if one_tile else (3 * 132,))  # 32064-column slices: three programs an SM
     assert kwargs["WALK"] is (not one_tile) and kwargs["GROUP"] == 4 and kwargs["NSEG"] == 16
+    assert kwargs["SPIN"] == _split_walk.spin_asm(_softmax_held.SPIN_MAX_NS) and "min.u32 %ns, %ns, 256" in kwargs["SPIN"]
+    monkeypatch.setattr(_softmax_held, "SPIN_MAX_NS", 0)  # no back-off: the wait's loop without nanosleep
+    _softmax_held.launch_split(x, torch.empty_like(x), 4, 132)
+    assert "nanosleep" not in kernel.launches[-1][1]["SPIN"] and "ld.acquire.gpu" in kernel.launches[-1][1]["SPIN"]
 
 
 def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
