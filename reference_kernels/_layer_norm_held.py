@@ -433,15 +433,22 @@ if gluon is not None:
 
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
     """Shared memory a column takes: the row's element, the weight's and the bias's."""
-    return x.element_size() + weight.element_size() + bias.element_size()
+    return x.element_size() + wb_bytes(weight, bias)
+
+
+def _forward_tensors(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
+    """What both forwards take: packed, 16-byte aligned CUDA rows (x and y of one dtype), contiguous weight and bias of
+    N elements on their device."""
+    n_cols = x2.shape[1]
+    return (y2.dtype == x2.dtype and packed_rows(x2, y2)
+            and all(t.device == x2.device and t.shape == (n_cols,) and t.stride(0) == 1 for t in (weight, bias)))
 
 
 def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
-    """Whether ``launch`` takes these: packed, 16-byte aligned CUDA rows (x and y of one dtype), contiguous weight and
-    bias of N elements on their device, a row (with its weight and bias) that fits shared memory."""
+    """Whether ``launch`` takes these: ``_forward_tensors``, and a row (with its weight and bias) that fits shared
+    memory."""
     n_cols = x2.shape[1]
-    return (y2.dtype == x2.dtype and packed_rows(x2, y2)
-            and all(t.device == x2.device and t.shape == (n_cols,) and t.stride(0) == 1 for t in (weight, bias))
+    return (_forward_tensors(x2, weight, bias, y2)
             and per_sm(n_cols, x2.element_size(), col_bytes(x2, weight, bias),
                        aligned=phase0(n_cols, x2.element_size())) > 0)
 
@@ -537,10 +544,8 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 def fits_stream(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether ``launch_stream`` takes these: as ``fits``, with only the weight and bias to fit shared memory and the
     row the registers (``stream_segments``)."""
-    n_cols = x2.shape[1]
-    return (y2.dtype == x2.dtype and packed_rows(x2, y2)
-            and all(t.device == x2.device and t.shape == (n_cols,) and t.stride(0) == 1 for t in (weight, bias))
-            and stream_segments(n_cols, x2.element_size(), wb_bytes(weight, bias)) > 0)
+    return (_forward_tensors(x2, weight, bias, y2)
+            and stream_segments(x2.shape[1], x2.element_size(), wb_bytes(weight, bias)) > 0)
 
 
 def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
