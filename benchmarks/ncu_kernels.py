@@ -82,6 +82,10 @@ CASES = {
     # memory")
     "softmax_bf16_30522": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 30522, torch.bfloat16)),
     "softmax_bf16_128256": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(512, 128256, torch.bfloat16)),
+    # rows in slices still under 80% (docs/kernels.md, "A program a slice"): the exchange's wait, the counters' fill
+    "softmax_bf16_74988": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(1024, 74988, torch.bfloat16)),
+    "softmax_bf16_117344": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(512, 117344, torch.bfloat16)),
+    "softmax_fp32_30522": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 30522, torch.float32)),
     # narrow rows (2^26 elements): width 3 ran at 8% of copy, torch's kernel beside it; 8 is a
     # MoE router's width; 1023 / 1024 a ragged 16-bit row and its aligned neighbour
     "softmax_bf16_3": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 3, 3, torch.bfloat16)),

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_RESERVED, WARPS, CompilationError, async_copy,  # noqa: F401
+from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS, CompilationError, async_copy,  # noqa: F401
                     available, copy_segment, disable, edge_columns, gl, gluon, land_segment, only_the_row, packed_rows,
                     per_sm, phase0, row_span, row_start, segments, tuned_triton, widen)
 
@@ -541,16 +541,60 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
     return nseg if nseg <= (STREAM_MAX_SEGMENTS or {}).get(4 if elem_size >= 4 else 2, 0) else 0
 
 
+# Rows of up to STREAM_NARROW_MAX_COLS columns are streamed by several narrower programs an SM instead (one 8-warp
+# program an SM holds too little in flight for short rows: bf16 2560-14336 read 29-62% so): each the fewest warps of
+# STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
+# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps and shared memory allow,
+# the register file split between them (docs/kernels.md, "Rows streamed, narrower").
+STREAM_NARROW_MAX_COLS = 16384
+STREAM_NARROW_WARPS = (2, 4, 8, 16, 32)
+STREAM_NARROW_MAX_SEGMENTS = 6
+STREAM_WARPS_PER_SM = 32
+
+
+class StreamShape(NamedTuple):
+    warps: int
+    block: int  # elements a segment
+    nseg: int  # segments a row
+    per_sm: int  # programs an SM
+    max_regs: int  # registers a thread
+
+
+def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | None:
+    """The streamed forward's shape for rows of ``n_cols`` elements of ``elem_size`` bytes whose weight and bias take
+    ``wb_bytes`` a column; None where it does not take them. Rows past ``STREAM_NARROW_MAX_COLS``: one ``STREAM_WARPS``
+    program an SM on ``BLOCK``-element segments (``stream_segments``); narrower ones: the narrow shape above."""
+    if n_cols > STREAM_NARROW_MAX_COLS:
+        nseg = stream_segments(n_cols, elem_size, wb_bytes)
+        return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, STREAM_MAX_REGS) if nseg else None
+    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
+    best = None
+    for warps in STREAM_NARROW_WARPS:
+        block = vec * 32 * warps
+        nseg = segments(n_cols, elem_size, block, aligned)
+        if nseg <= STREAM_NARROW_MAX_SEGMENTS and (best is None or nseg * block < best[1] * best[2]):
+            best = (warps, block, nseg)
+    if best is None:
+        return None
+    warps, block, nseg = best
+    smem = nseg * block * wb_bytes + SMEM_RESERVED
+    if smem > SMEM_PER_BLOCK:
+        return None
+    programs = max(1, min(STREAM_WARPS_PER_SM // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
+    return StreamShape(warps, block, nseg, programs, min(STREAM_MAX_REGS, 65536 // (programs * warps * 32) // 8 * 8))
+
+
 def fits_stream(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
     """Whether ``launch_stream`` takes these: as ``fits``, with only the weight and bias to fit shared memory and the
-    row the registers (``stream_segments``)."""
+    row the registers (``stream_shape``)."""
     return (_forward_tensors(x2, weight, bias, y2)
-            and stream_segments(x2.shape[1], x2.element_size(), wb_bytes(weight, bias)) > 0)
+            and stream_shape(x2.shape[1], x2.element_size(), wb_bytes(weight, bias)) is not None)
 
 
 def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     """Layer norm of the packed (M, N) rows of ``x2`` into ``y2``, ``mean`` and ``rstd``, the rows streamed past the
-    held weight and bias (``fits_stream``): one program an SM, a multiple of the vector (one phase a program)."""
+    held weight and bias (``fits_stream``): ``stream_shape``'s programs an SM, a multiple of the vector (one phase a
+    program)."""
     if not fits_stream(x2, weight, bias, y2):
         raise ValueError("the streamed layer norm takes packed, 16-byte aligned CUDA rows of one dtype, contiguous (N,)"
                          " weight and bias that fit shared memory, rows that fit the registers (x: "
@@ -559,11 +603,11 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     n_rows, n_cols = x2.shape
     es = x2.element_size()
     vec = 16 // es
-    grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, sm_count // vec * vec))
+    shape = stream_shape(n_cols, es, wb_bytes(weight, bias))
+    grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
     _layer_norm_fwd_stream_kernel[(grid,)](
-        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=BLOCK,
-        NSEG=stream_segments(n_cols, es, wb_bytes(weight, bias)), VEC=vec, WIDEN=FWD_WIDEN, num_warps=STREAM_WARPS,
-        maxnreg=STREAM_MAX_REGS)
+        x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
+        WIDEN=FWD_WIDEN, num_warps=shape.warps, maxnreg=shape.max_regs)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048

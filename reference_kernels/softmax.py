@@ -511,10 +511,9 @@ _STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one
 # Rows of 16385+ columns held in shared memory by Gluon programs, a program a row (_softmax_held; docs/kernels.md, "Rows
 # held in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
 # two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 multiples of 16 columns in
-# _HELD_FP32_ALIGNED_BANDS; other fp32 rows with three or more programs an SM (17000: 70 -> 82), or fewer where the
-# staged plan would pad the row to a power of two it fills under _HELD_FP32_STAGED_LANE_USE (21001 75 -> 82; held a program a row, 2026-12-03,
-# twice: 26865 80 -> 89-90, 27470 81 -> 88-90, 28001, 85% of 32768, 79-80 -> 88-89; 29001 and 31001 level) or the row
-# is past the staged plan (40001 71 -> 80). False: never.
+# _HELD_FP32_ALIGNED_BANDS; other fp32 rows wherever one fits an SM (17000: 70 -> 82; held a program a row, 2026-12-03,
+# twice: 26865 80 -> 89-90, 28001 79-80 -> 88-89 against the staged plan, 29001 82 -> 90, 30522 82 -> 90, 40001 82 -> 88,
+# 50257 81 -> 86 against slices). False: never.
 _HELD = True
 _HELD_MIN_COLS = 16385
 # 16-bit rows of no multiple of 16 columns are held from here, a program a row (_softmax_held.ONE_ROW). H200, % of
@@ -525,21 +524,20 @@ _HELD_MIN_COLS = 16385
 _HELD_RAGGED_16BIT_MIN_COLS = 12289
 _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
-# fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where two programs an SM
-# fit. H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96,
-# 24576 88 -> 94-95, 26624 89 -> 94, 28672 90 -> 91. (): never.
-_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 28672),)
-_HELD_FP32_STAGED_MIN_PER_SM = 3  # other fp32 rows the staged plan takes: held with this many programs an SM, or
-_HELD_FP32_STAGED_LANE_USE = 0.87  # with fewer where the staged plan's lanes are used under this share
-# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~28000; not the aligned fp32
-# rows the staged plan takes) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
+# fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where one fits an SM.
+# H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96, 24576 88 ->
+# 94-95, 26624 89 -> 94, 28672 90 -> 91, 29696 / 30720 / 32000 90 -> 90-92; 32768 level (staged). (): never.
+_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 32767), (32769, 1 << 20))
+# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
 # (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared memory"): as few slices as leave the first of
 # _HELD_SPLIT_PER_SM's programs an SM that up to _MAX_SPLIT_GROUP slices reach. H200, % of copy, the split walk ->
-# slices: bf16 60000 71 -> 80, 128256 71 -> 81, 262144 69 -> 78; fp32 50257 held whole 76-77 -> 82-83, 65536 75 -> 87.
+# slices: bf16 60000 71 -> 80, 128256 71 -> 81, 262144 69 -> 78; fp32 65536 75 -> 87. fp32 rows at one program an SM
+# are held whole (a program a slice against a program a row, 2026-12-03, twice: 29001 / 30522 / 31001 82 -> 88-90,
+# 40001 82 -> 88, 50257 81 -> 86), and fp32 slices three an SM, not four (65536 82 -> 86-88, 128256 / 262144 82 -> 82-83).
 # False: the plans before.
 _HELD_SPLIT = True
-_HELD_SPLIT_BELOW = {2: 2, 4: 2}  # by element size: programs an SM of the whole row
-_HELD_SPLIT_PER_SM = {2: (3,), 4: (4, 3)}  # by element size, in order of preference
+_HELD_SPLIT_BELOW = {2: 2, 4: 1}  # by element size: programs an SM of the whole row
+_HELD_SPLIT_PER_SM = {2: (3,), 4: (3,)}  # by element size, in order of preference
 _STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
 _STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
 _PERSISTENT_MAX_ROW_BYTES = 131072
@@ -689,9 +687,7 @@ def _held_default(n_cols: int, elem_size: int) -> bool:
     """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit
     rows of no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least ``_HELD_MIN_PER_SM`` programs an
     SM): 16-bit rows (powers of two with ``_HELD_16BIT_POW2``); fp32 rows of a multiple of 16 columns in
-    ``_HELD_FP32_ALIGNED_BANDS``; other fp32 rows where
-    the staged plan would take them only with ``_HELD_FP32_STAGED_MIN_PER_SM`` programs an SM or where its lanes are
-    used under ``_HELD_FP32_STAGED_LANE_USE``."""
+    ``_HELD_FP32_ALIGNED_BANDS``, other fp32 rows always."""
     progs = _softmax_held.per_sm(n_cols, elem_size)
     narrow_ok = elem_size < 4 and n_cols % 16 != 0 and n_cols >= _HELD_RAGGED_16BIT_MIN_COLS
     if not _HELD or (n_cols < _HELD_MIN_COLS and not narrow_ok):
@@ -702,20 +698,16 @@ def _held_default(n_cols: int, elem_size: int) -> bool:
         return _HELD_16BIT_POW2 or n_cols & (n_cols - 1) != 0
     if n_cols % 16 == 0:
         return any(lo <= n_cols <= hi for lo, hi in _HELD_FP32_ALIGNED_BANDS)
-    if progs >= _HELD_FP32_STAGED_MIN_PER_SM or ragged_width(n_cols, elem_size) > _STAGED_MAX_COLS:
-        return True
-    return n_cols / sum(_staged_plan(n_cols, elem_size).pieces) < _HELD_FP32_STAGED_LANE_USE
+    return True
 
 
 def _held_split_group(n_cols: int, elem_size: int) -> int:
     """Slices a row for the "held" plan in slices (``_HELD_SPLIT``): rows of which fewer than ``_HELD_SPLIT_BELOW``
-    programs an SM hold whole, but the aligned fp32 rows of the staged plan, in the fewest slices that leave the first
+    programs an SM hold whole, in the fewest slices that leave the first
     of ``_HELD_SPLIT_PER_SM``'s programs an SM that ``_MAX_SPLIT_GROUP`` slices reach; 0 where it is not taken (the
     planner goes on to ``_held_default``)."""
     key = 4 if elem_size >= 4 else 2
     if not _HELD_SPLIT or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) >= _HELD_SPLIT_BELOW[key]:
-        return 0
-    if elem_size >= 4 and n_cols % 16 == 0 and n_cols <= _STAGED_MAX_COLS:  # the staged plan's (24000: 96%)
         return 0
     for target in _HELD_SPLIT_PER_SM[key]:
         for asked in range(2, _MAX_SPLIT_GROUP + 1):

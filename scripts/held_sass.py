@@ -81,11 +81,11 @@ def compile_case(case: str) -> dict:
                           ROWS=_layer_norm_held.FWD_ROWS,
                           num_warps=warps)
     if subject == "layer_norm_stream":  # the streamed forward: rows in registers, the weight and bias in shared memory
-        nseg = _layer_norm_held.stream_segments(n, elem, 2 * (4 if param == "fp32" else 2))
-        if not nseg:
-            raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_segments)")
-        constexprs.update(NSEG=nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=_layer_norm_held.STREAM_WARPS)
-        max_regs = _layer_norm_held.STREAM_MAX_REGS
+        shape = _layer_norm_held.stream_shape(n, elem, 2 * (4 if param == "fp32" else 2))
+        if shape is None:
+            raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_shape)")
+        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=shape.warps)
+        max_regs = shape.max_regs
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, RING=shape.ring, PAIRED=_layer_norm_held.paired(shape),

@@ -1530,6 +1530,41 @@ def test_the_streamed_forward_holds_the_weight_and_bias_in_shared_memory_and_the
     assert _layer_norm_held.wb_bytes(w, b) == 2 + 4
 
 
+def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_that_hold_them_in_the_fewest_slots(
+        monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    shape = _layer_norm_held.stream_shape
+    # one 16-byte vector a thread a segment (16-bit: 256 elements a warp), at most six segments; of the warps that hold a
+    # row so, the fewest slots, and on a tie the fewest warps; as many programs as 32 warps an SM, the register file split
+    assert shape(2560, 2, 4) == (2, 512, 5, 16, 64)  # five 512-element segments, no slot empty (its tile: 4096 lanes)
+    assert shape(5120, 2, 4) == (4, 1024, 5, 8, 64)
+    assert shape(12288, 2, 4) == (8, 2048, 6, 4, 64)  # 16 warps on three 4096-element segments hold as many slots
+    assert shape(16384, 2, 4) == (16, 4096, 4, 2, 64)
+    assert shape(384, 2, 4) == (2, 512, 1, 16, 64)
+    assert shape(4097, 2, 4) == (4, 1024, 5, 8, 64)  # a ragged row takes its slack before the start: 4104 slots
+    assert shape(12288, 4, 8) == (16, 2048, 6, 2, 64)  # fp32: 128 elements a warp
+    assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
+    assert shape(1025, 4, 8) == (2, 256, 5, 16, 64)
+    # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
+    assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, _layer_norm_held.STREAM_MAX_REGS)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 16)
+    assert shape(2560, 2, 4) == (2, 512, 5, 8, 128)
+    assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)  # never fewer than one program
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 2)
+    assert shape(2560, 2, 4) == (8, 2048, 2, 2, 128)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2,))
+    assert shape(2560, 2, 4) is None  # no warps hold the row in two segments
+    # programs an SM as shared memory holds the weight and bias: fp32 parameters of bf16 rows (8 bytes a column)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2, 4, 8, 16, 32))
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 6)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 64)
+    assert shape(12288, 2, 8) == (8, 2048, 6, 2, 128)  # 96 KiB a program: two an SM, not eight
+    x = torch.empty(4, 12288, dtype=torch.bfloat16)
+    assert _layer_norm_held.fits_stream(x, torch.empty(12288), torch.empty(12288), x) == (
+        x.is_cuda and _layer_norm_held.packed_rows(x))
+
+
 def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_the_held_kernels(monkeypatch):
     from reference_kernels import _layer_norm_held
 
@@ -1590,6 +1625,13 @@ def test_the_streamed_forward_launcher_gives_each_phase_its_programs_and_the_ker
     _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(40), torch.empty(40), 1e-5, 132)
     (got, kwargs), = recorded_kernel.launches
     assert got == (40,) and (kwargs["NSEG"], kwargs["VEC"]) == (11, 4)
+    # narrower rows: stream_shape's programs an SM (16 of 2 warps at 2560), a multiple of VEC, and its registers
+    x = torch.empty(5000, 2560, dtype=torch.bfloat16)
+    recorded_kernel.launches.clear()
+    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
+    (got, kwargs), = recorded_kernel.launches
+    assert got == (2112,)
+    assert (kwargs["BLOCK"], kwargs["NSEG"], kwargs["num_warps"], kwargs["maxnreg"]) == (512, 5, 2, 64)
 
 
 STREAM_FWD = [(torch.bfloat16, torch.bfloat16, 37409), (torch.float16, torch.float16, 50257),
@@ -1612,6 +1654,39 @@ def test_the_streamed_forward_matches_torch_and_writes_every_output_and_statisti
     assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
     expected = F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype)
     assert_close(y, expected, dtype, "y")
+    xf = x.float()
+    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+
+
+# Narrower rows on the streamed forward (_layer_norm_held.stream_shape's several programs an SM), launched directly at
+# every shape it can take: aligned and ragged 16-bit and fp32 rows, one segment to six, fp32 parameters of bf16 rows.
+STREAM_NARROW = [(torch.bfloat16, torch.bfloat16, 384), (torch.float16, torch.float16, 1600),
+                 (torch.bfloat16, torch.bfloat16, 2560), (torch.float16, torch.float16, 5120),
+                 (torch.bfloat16, torch.bfloat16, 12288), (torch.bfloat16, torch.float32, 12288),
+                 (torch.bfloat16, torch.bfloat16, 16384), (torch.bfloat16, torch.bfloat16, 999),
+                 (torch.float16, torch.float16, 4097), (torch.bfloat16, torch.bfloat16, 16383),
+                 (torch.float32, torch.float32, 1025), (torch.float32, torch.float32, 12288),
+                 (torch.float32, torch.float32, 12345), (torch.float32, torch.float32, 16384)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301, 5000])
+@pytest.mark.parametrize("dtype, pdtype, n", STREAM_NARROW, ids=str)
+def test_narrower_streamed_rows_match_torch_and_write_every_output_and_statistic(dtype, pdtype, n, rows):
+    from reference_kernels import _layer_norm_held
+
+    x = (torch.randn(rows, n, device="cuda") * 2 + 3).to(dtype)
+    weight = torch.randn(n, device="cuda").to(pdtype)
+    bias = torch.randn(n, device="cuda").to(pdtype)
+    y = torch.full_like(x, float("nan"))
+    mean = torch.full((rows,), float("nan"), device="cuda")
+    rstd = torch.full((rows,), float("nan"), device="cuda")
+    assert _layer_norm_held.stream_shape(n, x.element_size(), _layer_norm_held.wb_bytes(weight, bias)).per_sm > 1 or (
+        x.element_size() == 4 and n > 8192)
+    _layer_norm_held.launch_stream(x, weight, bias, y, mean, rstd, 1e-5, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
+    assert_close(y, F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype), dtype, "y")
     xf = x.float()
     torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)

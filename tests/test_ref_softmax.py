@@ -822,7 +822,7 @@ def test_the_held_plan_holds_a_row_from_its_aligned_down_start_and_as_many_progr
     assert _softmax_held.per_sm(120000, 2) == 0  # 236 KiB: over what one block may take
 
 
-def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_fit(monkeypatch):
+def test_the_held_plan_is_taken_where_it_measured_faster_and_enough_programs_an_sm_fit(monkeypatch):
     settings = softmax._softmax_settings
     held = {(n, e) for n in (9000, 12288, 12345, 14001, 16000, 16384, 16385, 17000, 18432, 24000, 25049, 30522, 32000,
                              32768, 50257, 56000, 60000, 65536, 128256)
@@ -830,8 +830,10 @@ def test_the_held_plan_is_taken_where_it_measured_faster_and_two_programs_an_sm_
     assert held == {(12345, 2), (14001, 2),  # 16-bit rows of no multiple of 16 from 12289 (not 9000, 12288, 16000)
                     (16385, 2), (17000, 2), (18432, 2), (24000, 2), (25049, 2), (30522, 2), (32000, 2), (50257, 2),
                     (56000, 2), (32768, 2),  # 16-bit: not 60000 (one program an SM: in slices)
-                    (16385, 4), (17000, 4), (25049, 4), (18432, 4), (24000, 4)}  # fp32: multiples of 16 in their
-    # band (16385-28672; 32000 staged), not 30522 or 50257 (one program an SM: in slices)
+                    (16385, 4), (17000, 4), (25049, 4), (18432, 4), (24000, 4), (30522, 4), (32000, 4), (50257, 4),
+                    (56000, 4)}  # fp32: every row one program an SM holds (multiples of 16 in their bands: not 32768)
+    assert settings(4096, 32768, 4, held=True).mode == "staged"
+    assert settings(4096, 40960, 4, held=True)[:5] == ("held", 1, 2048, 8, 1)
     monkeypatch.setattr(softmax, "_HELD_FP32_ALIGNED_BANDS", ())
     assert settings(4096, 18432, 4, held=True).mode == "staged" and settings(4096, 17000, 4, held=True).mode == "held"
     monkeypatch.setattr(softmax, "_HELD_16BIT_POW2", False)  # powers of two on the staged walk (its A/B setting)
@@ -852,33 +854,36 @@ def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_en
     assert _softmax_held.split_shape(50257, 2, 2) == (2, 25136) and 25136 % 8 == 0 and 50257 - 25136 > 0
     assert _softmax_held.split_shape(10, 4, 8) == (3, 4)  # 4 + 4 + 2: fewer slices than asked, none empty
     assert _softmax_held.split_shape(100, 2, 1) == (1, 104)
-    # 16-bit rows under two programs an SM whole (past ~56000): three an SM a slice; fp32 rows under two (past
-    # ~28000) four an SM, else three (200001: four would take 17 slices); the aligned fp32 rows of the staged plan not
+    # 16-bit rows under two programs an SM whole (past ~56000): three an SM a slice; fp32 rows under one (past ~57000)
+    # three an SM
     plans = {(n, e): settings(4096, n, e, held=True)
              for n in (24000, 29001, 32768, 50257, 56000, 60000, 65536, 128256, 151936, 200001, 262144, 600000)
              for e in (2, 4)}
     assert {k: (p.group, p.per_sm) for k, p in plans.items() if p.mode == "held" and p.group > 1} == {
         (60000, 2): (2, 3), (65536, 2): (2, 3), (128256, 2): (4, 3), (151936, 2): (5, 3), (200001, 2): (6, 3),
         (262144, 2): (8, 3),
-        (29001, 4): (3, 4), (50257, 4): (5, 4), (56000, 4): (5, 4), (60000, 4): (5, 4), (65536, 4): (6, 4),
-        (128256, 4): (11, 4), (151936, 4): (13, 4), (200001, 4): (11, 3), (262144, 4): (15, 3)}
+        (60000, 4): (4, 3), (65536, 4): (4, 3), (128256, 4): (7, 3), (151936, 4): (9, 3), (200001, 4): (11, 3),
+        (262144, 4): (15, 3)}
     for (n, e), plan in plans.items():
         if plan.mode == "held" and plan.group > 1:
             group, slice_cols = _softmax_held.split_shape(n, e, plan.group)
             assert group == plan.group and plan.per_sm == _softmax_held.per_sm(slice_cols, e)
             # the fewest slices that reach it
             assert plan.group == 2 or _softmax_held.per_sm(_softmax_held.split_shape(n, e, plan.group - 1)[1], e) < plan.per_sm
-    # fp32 aligned rows: held whole in their band (24000: three an SM), the staged plan's past it, never in slices
-    assert (plans[(24000, 4)].mode, plans[(24000, 4)].group) == ("held", 1) and plans[(32768, 4)].mode == "staged"
+    # fp32 rows one program an SM holds: whole (29001, 50257, 56000), the aligned ones in their bands (24000) or the
+    # staged plan's (32768), never in slices
+    assert all(plans[(n, 4)][:2] == ("held", 1) for n in (24000, 29001, 50257, 56000)) and plans[(32768, 4)].mode == "staged"
     assert plans[(32768, 2)][:2] == ("held", 1)  # 16-bit: whole, three programs an SM
     assert plans[(50257, 2)].group == plans[(56000, 2)].group == 1  # 16-bit, two programs an SM whole
     assert plans[(600000, 2)].mode == plans[(600000, 4)].mode == "split"  # 16 slices leave two programs an SM
     # the knobs: programs an SM asked of a slice, the whole rows that take slices, and off (the plans before)
-    monkeypatch.setattr(softmax, "_HELD_SPLIT_PER_SM", {2: (4,), 4: (3,)})
+    monkeypatch.setattr(softmax, "_HELD_SPLIT_PER_SM", {2: (4,), 4: (4, 3)})
     assert settings(4096, 128256, 2, held=True).group == 5  # 25652 columns a slice, four an SM
-    assert settings(4096, 50257, 4, held=True).group == 3  # 16756 columns a slice, three an SM
+    assert settings(4096, 128256, 4, held=True).group == 11  # four an SM within 16 slices
+    assert settings(4096, 262144, 4, held=True).group == 15  # four would take 17 slices: three
     monkeypatch.setattr(softmax, "_HELD_SPLIT_BELOW", {2: 3, 4: 2})
     assert settings(4096, 50257, 2, held=True).group == 2  # 16-bit rows whole at two an SM now in slices, four an SM
+    assert settings(4096, 50257, 4, held=True).group == 5  # fp32 rows whole at one an SM in slices, four an SM
     monkeypatch.setattr(softmax, "_HELD_SPLIT", False)
     assert settings(4096, 128256, 2, held=True).mode == "split"
     assert settings(4096, 50257, 4, held=True)[:5] == ("held", 1, 2048, 8, 1)  # whole, one an SM, as before
@@ -895,21 +900,19 @@ def test_the_held_split_launcher_refuses_rows_it_cannot_take_with_a_clear_error(
     assert not _softmax_held.split_fits(x, torch.empty_like(x), 4)  # CPU tensors
 
 
-def test_fp32_rows_the_staged_plan_would_pad_to_a_power_of_two_are_held_with_fewer_programs_an_sm(monkeypatch):
+def test_fp32_rows_are_held_whole_wherever_one_program_an_sm_holds_them(monkeypatch):
     settings = softmax._softmax_settings
-    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)  # whole rows only (one an SM is in slices: the test above)
-    # three programs an SM: held; two or one: held where the staged plan's lanes are used under 87% (it pads the row
-    # to 32768: 28001 is 85% of it, 29001 89%), or past the staged plan (a split walk otherwise)
-    assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 28001, 30522, 40001)] == [3, 2, 2, 2, 1, 1]
-    assert {n: settings(64, n, 4, held=True).mode for n in (18401, 21001, 26001, 27470, 28001, 29001, 30522, 32767,
-                                                             40001)} == {
-        18401: "held", 21001: "held", 26001: "held", 27470: "held", 28001: "held", 29001: "staged", 30522: "staged",
-        32767: "held", 40001: "held"}
+    monkeypatch.setattr(softmax, "_HELD_SPLIT", False)  # whole rows only, whatever the slices' rule
+    # rows of no multiple of 16 columns at three, two or one program an SM: held (the staged plan pads 29001-32767 to
+    # 32768; the held plan read 88-90 there against 82), up to the widest one program holds; past it the split walk
+    assert [_softmax_held.per_sm(n, 4) for n in (18401, 21001, 27470, 28001, 30522, 40001, 60001)] == [3, 2, 2, 2, 1, 1, 0]
+    assert {n: settings(64, n, 4, held=True).mode for n in (18401, 26001, 28001, 29001, 30522, 32767, 40001, 60001)} == {
+        18401: "held", 26001: "held", 28001: "held", 29001: "held", 30522: "held", 32767: "held", 40001: "held",
+        60001: "split"}
     assert settings(64, 40001, 4, held=False).mode == "split"
-    monkeypatch.setattr(softmax, "_HELD_FP32_STAGED_LANE_USE", 0.8)
-    assert settings(64, 27470, 4, held=True).mode == "staged" and settings(64, 26001, 4, held=True).mode == "held"
     monkeypatch.setattr(softmax, "_HELD_MIN_PER_SM", {2: 2, 4: 2})
-    assert settings(64, 40001, 4, held=True).mode == "split"
+    assert settings(64, 40001, 4, held=True).mode == "split" and settings(64, 28001, 4, held=True).mode == "held"
+    assert settings(64, 29001, 4, held=True).mode == "staged"
 
 
 def test_a_held_plan_falls_back_to_the_plan_without_it_where_the_kernel_does_not_take_the_rows(monkeypatch):
@@ -972,11 +975,12 @@ def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
 HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.float16, 32768), (torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
                (torch.float32, 17001), (torch.float32, 21001),  # fp32 whole: 3, 2 programs an SM
-               # in slices (2, 4, 5, 6 of 16-bit; 4, 6, 9 of fp32), vocabularies and odd widths
-               (torch.float32, 40001),
+               (torch.float32, 30522), (torch.float32, 40001), (torch.float32, 56001),  # and one (the widest)
+               # in slices (2, 4, 5, 6 of 16-bit; 4, 4, 7 of fp32), vocabularies and odd widths
                (torch.bfloat16, 60000), (torch.bfloat16, 128256), (torch.float16, 151936), (torch.bfloat16, 200001),
-               (torch.float32, 65536), (torch.float32, 100003),
-               (torch.float32, 18432), (torch.float32, 28672)]  # fp32 aligned, whole: three and two an SM
+               (torch.float32, 65536), (torch.float32, 60001), (torch.float32, 100003),
+               (torch.float32, 18432), (torch.float32, 28672),  # fp32 aligned, whole: three and two an SM
+               (torch.float32, 32000), (torch.float32, 49152)]  # and one
 
 
 @pytest.mark.gpu
