@@ -26,9 +26,10 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS, CompilationError, async_copy,  # noqa: F401
-                    available, copy_segment, disable, edge_columns, gl, gluon, land_segment, only_the_row, packed_rows,
-                    per_sm, phase0, row_span, row_start, segments, tuned_triton, widen)
+from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
+                    CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
+                    land_segment, only_the_row, packed_rows, per_sm, phase0, row_span, row_start, segments,
+                    tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -544,12 +545,18 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 # Rows of up to STREAM_NARROW_MAX_COLS columns are streamed by several narrower programs an SM instead (one 8-warp
 # program an SM holds too little in flight for short rows: bf16 2560-14336 read 29-62% so): each the fewest warps of
 # STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
-# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps and shared memory allow,
-# the register file split between them (docs/kernels.md, "Rows streamed, narrower").
+# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps, shared memory and
+# STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed, narrower").
 STREAM_NARROW_MAX_COLS = 16384
 STREAM_NARROW_WARPS = (2, 4, 8, 16, 32)
 STREAM_NARROW_MAX_SEGMENTS = 6
 STREAM_WARPS_PER_SM = 32
+# Registers a thread by segments a row (64 where not named): rows of five or six segments on 64 registers lost to 80
+# (H200, % of copy, 32 -> 24 warps an SM: fp32 4097 85 -> 88, 4500 84 -> 88, 3001 79 -> 85, bf16 2049 81 -> 84, 8191 80
+# -> 84, 3001 / 6001 66 -> 80), and as many programs as those registers leave, but at least STREAM_NARROW_MIN_PER_SM where
+# the warps allow (then on 64: fp32 9001 / 10468 two 16-warp programs 79 / 75, one 68 / 69).
+STREAM_NARROW_REGS = {5: 80, 6: 80}
+STREAM_NARROW_MIN_PER_SM = 2
 
 
 class StreamShape(NamedTuple):
@@ -580,7 +587,9 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     smem = nseg * block * wb_bytes + SMEM_RESERVED
     if smem > SMEM_PER_BLOCK:
         return None
-    programs = max(1, min(STREAM_WARPS_PER_SM // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
+    most = max(1, min(STREAM_WARPS_PER_SM // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
+    programs = min(most, 65536 // (STREAM_NARROW_REGS.get(nseg, 64) * warps * 32))
+    programs = max(1, programs, min(most, STREAM_NARROW_MIN_PER_SM))
     return StreamShape(warps, block, nseg, programs, min(STREAM_MAX_REGS, 65536 // (programs * warps * 32) // 8 * 8))
 
 

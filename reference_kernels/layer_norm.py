@@ -1343,6 +1343,16 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
 _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
+# Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
+# held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
+# the packed rows plan). H200, % of copy, their plans -> streamed, 2026-12-03: fp32 1025 62 -> 87, 2049 87 -> 88, 3001
+# 82 -> 85, 4097 81 -> 88, 4500 78 -> 88, 5113 84 -> 85, 7001 80 -> 81, 9001 54 -> 79, 10468 55 -> 75, 12345 63 -> 68,
+# 14001 62 -> 70, 16383 66 -> 72, 6001 85 -> 83 (level); lost at 8191 (the walk, 85 -> 76) and 1500 (packed, 97 ->
+# 84); bf16 / fp16 555 52 -> 58 / 52 -> 57, 777 68 -> 74, 999 79 -> 85 / 80 -> 85, 1023 68 -> 76 / 71 -> 76, 1025 69
+# -> 75 / 71 -> 76 (16-bit 2049 / 4097 / 8191 +1 to +4 and 3001 / 6001 -2 to -4: not taken yet). docs/kernels.md, "Rows
+# streamed, narrower". None: never.
+_STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((513, 1025),),
+                                                                    4: ((1025, 8189), (8192, 16383))}
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
 # bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
@@ -2400,14 +2410,24 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
+def _stream_band(n_cols: int, elem_size: int) -> bool:
+    """Whether rows of ``n_cols`` are streamed before the held plan is asked (``_STREAM_FWD_BANDS``): N not a multiple
+    of 16 inside a band of their element size, and not rows the packed rows plan takes (``_packed_rows``,
+    ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS``)."""
+    bands = (_STREAM_FWD_BANDS or {}).get(4 if elem_size >= 4 else 2, ())
+    even = n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS  # the rows plan's 4-byte pairs, as for the held plan
+    return (n_cols % 16 != 0 and any(lo <= n_cols <= hi for lo, hi in bands) and not even
+            and not _packed_rows(n_cols) and not _narrow_packed(n_cols))
+
+
 def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
-    """Whether this forward streams its rows past the held weight and bias: rows from the width of their element size
-    on (``_STREAM_FWD_MIN_COLS``; N a multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs the held
-    kernels, of tensors ``launch_stream`` takes."""
+    """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band``, and rows from the
+    width of their element size on (``_STREAM_FWD_MIN_COLS``; N a multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a
+    machine that runs the held kernels, of tensors ``launch_stream`` takes."""
     n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
     least = ((_STREAM_FWD_ALIGNED_MIN_COLS if n_cols % 16 == 0 else _STREAM_FWD_MIN_COLS) or {}).get(key)
-    return (least is not None and n_cols >= least and _layer_norm_held.available()
-            and _layer_norm_held.fits_stream(x2, weight, bias, y2))
+    wanted = _stream_band(n_cols, x2.element_size()) or (least is not None and n_cols >= least)
+    return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
 
 
 def _in_aligned_band(bands: dict[int, tuple[tuple[int, int], ...]] | None, n_cols: int, elem_size: int) -> bool:
@@ -2482,7 +2502,8 @@ def forward(
         return y, mean, rstd
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
-    if max_row is None and _held_forward(x2, weight, bias, y2):
+    banded = max_row is None and _stream_band(x2.shape[1], x2.element_size()) and _stream_forward(x2, weight, bias, y2)
+    if max_row is None and not banded and _held_forward(x2, weight, bias, y2):
         try:
             _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
             return y, mean, rstd

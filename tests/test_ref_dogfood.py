@@ -30,7 +30,8 @@ CASES = [
     ("softmax", BF16, (8192, 12345), 1, 0.75),  # ragged, held a program a row: 90% (the rows plan 84%)
     ("softmax", BF16, (4096, 32768), 1, 0.78),  # Mistral vocab, a power of two: held, 93-94% (the staged walk 85-86%)
     ("softmax", FP32, (4096, 17000), 1, 0.79),  # held: 94% (the walk 84%, staged 77%)
-    ("softmax", FP32, (1024, 33000), 2, 0.7),  # held in three slices, four an SM: 86% (whole, one an SM: 83%)
+    ("softmax", FP32, (1024, 33000), 1, 0.76),  # held whole, one an SM, a program a row: 88-90% (in slices 82%)
+    ("softmax", FP32, (2048, 30522), 1, 0.78),  # BERT vocab, fp32: held whole, 90% (three slices a row 82%)
     ("softmax", FP32, (4096, 21001), 1, 0.77),  # held, two an SM, where staged pads to 32768: 92% (staged 75%)
     ("softmax", FP32, (4096, 18432), 1, 0.8),  # aligned, held: 95% (staged 80%)
     ("softmax", BF16, (512, 128256), 2, 0.65),  # Llama-3 vocab: held in four slices, 81-82% (split walk 70%)
@@ -45,7 +46,9 @@ CASES = [
     ("softmax", BF16, (1 << 20, 60), 1, 0.78),  # a 60-expert MoE router, packed rows at a compile-time width: 94-97% (was 31%)
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
-    ("layer_norm", FP32, (8192, 4097), 1, 0.65),  # ragged rows in two pieces: 80% (was 52%)
+    ("layer_norm", FP32, (8192, 4097), 1, 0.72),  # ragged, streamed, three 8-warp programs an SM: 88% (pieces: 81%)
+    ("layer_norm", FP32, (65536, 1025), 1, 0.72),  # streamed, 12 2-warp programs an SM: 87% (pieces: 62%)
+    ("layer_norm", FP32, (8192, 9001), 1, 0.65),  # streamed, two 16-warp programs an SM: 79% (held: 54%)
     ("layer_norm", BF16, (8192, 4097), 1, 0.65),  # ragged 16-bit, held, statistics in one pass: 82% (the walk: 70%)
     ("layer_norm", FP16, (16384, 5121), 1, 0.65),  # held, 4-warp programs, one statistics pass: 81% (two: 76%)
     ("layer_norm", BF16, (32768, 2049), 1, 0.62),  # held, 2-warp programs on 512-element segments: 79% (the walk: 75%)
@@ -61,7 +64,7 @@ CASES = [
     ("layer_norm", FP16, (8192, 5120), 1, 0.75),  # aligned 16-bit, two pieces with one reduction each: 91% (was 69%)
     ("layer_norm", BF16, (65536, 1000), 1, 0.8),  # packed ragged rows at a compile-time width: 97% (was 65%)
     ("layer_norm", BF16, (32768, 1500), 1, 0.78),  # packed, the rows plan held as aligned rows: 94% (walk: 69%)
-    ("layer_norm", BF16, (65536, 999), 1, 0.65),  # odd 16-bit rows under 1025, held: 80% (the rows plan's scalar path: 63%)
+    ("layer_norm", BF16, (65536, 999), 1, 0.7),  # odd 16-bit rows under 1025, streamed: 85% (held 80%, the rows plan 63%)
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
     ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)

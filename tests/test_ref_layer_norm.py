@@ -1436,9 +1436,10 @@ HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3, 301])
 @pytest.mark.parametrize("dtype, n", HELD_FWD, ids=str)
-def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(dtype, n, rows):
+def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(monkeypatch, dtype, n, rows):
     from reference_kernels import _layer_norm_held
 
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", None)  # the held kernel at widths the streamed one takes too
     x, weight, bias = inputs((rows, n), dtype)
     assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
     out = torch.full_like(x, float("nan"))
@@ -1536,20 +1537,23 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
 
     shape = _layer_norm_held.stream_shape
     # one 16-byte vector a thread a segment (16-bit: 256 elements a warp), at most six segments; of the warps that hold a
-    # row so, the fewest slots, and on a tie the fewest warps; as many programs as 32 warps an SM, the register file split
-    assert shape(2560, 2, 4) == (2, 512, 5, 16, 64)  # five 512-element segments, no slot empty (its tile: 4096 lanes)
-    assert shape(5120, 2, 4) == (4, 1024, 5, 8, 64)
-    assert shape(12288, 2, 4) == (8, 2048, 6, 4, 64)  # 16 warps on three 4096-element segments hold as many slots
+    # row so, the fewest slots, and on a tie the fewest warps; as many programs as 32 warps an SM at 64 registers a
+    # thread, 80 for rows of five or six segments, but two where the warps allow
+    assert shape(999, 2, 4) == (2, 512, 2, 16, 64)
+    assert shape(2560, 2, 4) == (2, 512, 5, 12, 80)  # five 512-element segments, no slot empty (its tile: 4096 lanes)
+    assert shape(5120, 2, 4) == (4, 1024, 5, 6, 80)
+    assert shape(12288, 2, 4) == (8, 2048, 6, 3, 80)  # 16 warps on three 4096-element segments hold as many slots
     assert shape(16384, 2, 4) == (16, 4096, 4, 2, 64)
     assert shape(384, 2, 4) == (2, 512, 1, 16, 64)
-    assert shape(4097, 2, 4) == (4, 1024, 5, 8, 64)  # a ragged row takes its slack before the start: 4104 slots
-    assert shape(12288, 4, 8) == (16, 2048, 6, 2, 64)  # fp32: 128 elements a warp
+    assert shape(4097, 2, 4) == (4, 1024, 5, 6, 80)  # a ragged row takes its slack before the start: 4104 slots
+    assert shape(7001, 4, 8) == (16, 2048, 4, 2, 64)  # fp32: 128 elements a warp
+    assert shape(9001, 4, 8) == (16, 2048, 5, 2, 64)  # two programs on 64 registers, not one on 80
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
-    assert shape(1025, 4, 8) == (2, 256, 5, 16, 64)
+    assert shape(1025, 4, 8) == (2, 256, 5, 12, 80)
     # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
     assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, _layer_norm_held.STREAM_MAX_REGS)
     monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 16)
-    assert shape(2560, 2, 4) == (2, 512, 5, 8, 128)
+    assert shape(999, 2, 4) == (2, 512, 2, 8, 128)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)  # never fewer than one program
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 2)
     assert shape(2560, 2, 4) == (8, 2048, 2, 2, 128)
@@ -1559,10 +1563,38 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2, 4, 8, 16, 32))
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 6)
     monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 64)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_REGS", {})
     assert shape(12288, 2, 8) == (8, 2048, 6, 2, 128)  # 96 KiB a program: two an SM, not eight
     x = torch.empty(4, 12288, dtype=torch.bfloat16)
     assert _layer_norm_held.fits_stream(x, torch.empty(12288), torch.empty(12288), x) == (
         x.is_cuda and _layer_norm_held.packed_rows(x))
+
+
+def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    band = layer_norm._stream_band
+    # 16-bit: odd rows of 513-1025 (not 333, nor the packed rows' multiples of 4, nor the rows plan's even pairs)
+    assert [n for n in (333, 514, 555, 777, 998, 999, 1000, 1022, 1023, 1025, 1027, 2049) if band(n, 2)] == [
+        555, 777, 999, 1023, 1025]
+    # fp32: rows of no multiple of 16 columns from 1025 to 16383, but the walk's 8190-8191 and packed rows under 2048
+    assert [n for n in (1023, 1025, 1500, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 12288, 16383, 16385) if band(n, 4)] == [
+        1025, 1501, 3001, 6001, 8189, 9001, 16383]
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", None)
+    assert not band(999, 2) and not band(4097, 4)
+    # the forward streams a banded row before it asks the held plan, and asks it where the streamed kernel cannot run
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", {2: ((513, 1025),)})
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    calls = []
+    monkeypatch.setattr(_layer_norm_held, "launch_stream", lambda *args: calls.append("stream"))
+    monkeypatch.setattr(_layer_norm_held, "launch", lambda *args: calls.append("held"))
+    monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
+    x, weight, bias = inputs((4, 999), torch.bfloat16, device="cpu")
+    monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
+    layer_norm.forward(x, weight, bias)
+    monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: False)
+    layer_norm.forward(x, weight, bias)
+    assert calls == ["stream", "held"]
 
 
 def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_the_held_kernels(monkeypatch):
@@ -1625,13 +1657,13 @@ def test_the_streamed_forward_launcher_gives_each_phase_its_programs_and_the_ker
     _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(40), torch.empty(40), 1e-5, 132)
     (got, kwargs), = recorded_kernel.launches
     assert got == (40,) and (kwargs["NSEG"], kwargs["VEC"]) == (11, 4)
-    # narrower rows: stream_shape's programs an SM (16 of 2 warps at 2560), a multiple of VEC, and its registers
+    # narrower rows: stream_shape's programs an SM (12 of 2 warps at 2560), a multiple of VEC, and its registers
     x = torch.empty(5000, 2560, dtype=torch.bfloat16)
     recorded_kernel.launches.clear()
     _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
     (got, kwargs), = recorded_kernel.launches
-    assert got == (2112,)
-    assert (kwargs["BLOCK"], kwargs["NSEG"], kwargs["num_warps"], kwargs["maxnreg"]) == (512, 5, 2, 64)
+    assert got == (1584,)
+    assert (kwargs["BLOCK"], kwargs["NSEG"], kwargs["num_warps"], kwargs["maxnreg"]) == (512, 5, 2, 80)
 
 
 STREAM_FWD = [(torch.bfloat16, torch.bfloat16, 37409), (torch.float16, torch.float16, 50257),
@@ -1667,7 +1699,9 @@ STREAM_NARROW = [(torch.bfloat16, torch.bfloat16, 384), (torch.float16, torch.fl
                  (torch.bfloat16, torch.bfloat16, 16384), (torch.bfloat16, torch.bfloat16, 999),
                  (torch.float16, torch.float16, 4097), (torch.bfloat16, torch.bfloat16, 16383),
                  (torch.float32, torch.float32, 1025), (torch.float32, torch.float32, 12288),
-                 (torch.float32, torch.float32, 12345), (torch.float32, torch.float32, 16384)]
+                 (torch.float32, torch.float32, 12345), (torch.float32, torch.float32, 16384),
+                 (torch.float32, torch.float32, 9001), (torch.bfloat16, torch.bfloat16, 555),
+                 (torch.float16, torch.float16, 1023)]
 
 
 @pytest.mark.gpu
