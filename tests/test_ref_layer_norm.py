@@ -1574,9 +1574,12 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     from reference_kernels import _layer_norm_held
 
     band = layer_norm._stream_band
-    # 16-bit: odd rows of 513-1025 (not 333, nor the packed rows' multiples of 4, nor the rows plan's even pairs)
-    assert [n for n in (333, 514, 555, 777, 998, 999, 1000, 1022, 1023, 1025, 1027, 2049) if band(n, 2)] == [
-        555, 777, 999, 1023, 1025]
+    # 16-bit: rows of 513-16383 (not 333, nor the packed rows' multiples of 4, nor the rows plan's even pairs under
+    # 1025) whose streamed shape has at most five segments and eight warps (not 2600 or 3001: six of 512; 12345: 16 warps)
+    assert [n for n in (333, 514, 555, 777, 998, 999, 1000, 1022, 1023, 1025, 1027, 2049, 2600, 3001, 4200, 8192,
+                        10001, 12345) if band(n, 2)] == [555, 777, 999, 1023, 1025, 1027, 2049, 4200, 10001]
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_16BIT_MOST", (6, 16))
+    assert band(3001, 2) and band(12345, 2)
     # fp32: rows of no multiple of 16 columns from 1025 to 16383, but the walk's 8190-8191 and packed rows under 2048
     assert [n for n in (1023, 1025, 1500, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 12288, 16383, 16385) if band(n, 4)] == [
         1025, 1501, 3001, 6001, 8189, 9001, 16383]
