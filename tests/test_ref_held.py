@@ -92,7 +92,7 @@ STREAM_CASES = ["layer_norm_stream:bf16:bf16:50257", "layer_norm_stream:fp16:fp1
                 # narrower rows, several programs an SM (_layer_norm_held.stream_shape): 2, 5 and 4 segments
                 "layer_norm_stream:bf16:bf16:999", "layer_norm_stream:fp32:fp32:4097", "layer_norm_stream:fp32:fp32:9001"]
 STREAM_KNOWN_STACK = {"layer_norm_stream:bf16:bf16:50257": 16, "layer_norm_stream:fp16:fp16:57337": 24,
-                      "layer_norm_stream:fp32:fp32:22001": 40}
+                      "layer_norm_stream:fp32:fp32:22001": 40, "layer_norm_stream:fp32:fp32:9001": 8}
 
 
 def test_the_streamed_forward_compiles_for_sm90_into_16_byte_loads_and_stores_within_its_known_spills():

@@ -1592,7 +1592,7 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     monkeypatch.setattr(_layer_norm_held, "launch_stream", lambda *args: calls.append("stream"))
     monkeypatch.setattr(_layer_norm_held, "launch", lambda *args: calls.append("held"))
     monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
-    x, weight, bias = inputs((4, 999), torch.bfloat16, device="cpu")
+    x, weight, bias = inputs((4, 999), torch.bfloat16)
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
     layer_norm.forward(x, weight, bias)
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: False)
