@@ -1345,15 +1345,16 @@ _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
 _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
 # held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
-# the packed rows plan). H200, % of copy, their plans -> streamed, 2026-12-03: fp32 1025 62 -> 87, 2049 87 -> 88, 3001
-# 82 -> 85, 4097 81 -> 88, 4500 78 -> 88, 5113 84 -> 85, 7001 80 -> 81, 9001 54 -> 79, 10468 55 -> 75, 12345 63 -> 68,
-# 14001 62 -> 70, 16383 66 -> 72, 6001 85 -> 83 (level); lost at 8191 (the walk, 85 -> 76) and 1500 (packed, 97 ->
-# 84), 2500 82 -> 85, 3500 77 -> 86, 6500 75 -> 79, 11000 67 -> 75, 13001 51 -> 70, 15001 56 -> 73; bf16 / fp16 555
-# 52 -> 58 / 52 -> 57, 777 68 -> 74, 999 79 -> 85 / 80 -> 85, 1023 68 -> 76 / 71 -> 76, 1025 69 -> 75 / 71 -> 76, 601 /
-# 701 / 901 +3 to +4, 2049 82 -> 84, 2101 69 -> 84, 2300 74 -> 81, 4200 83 -> 85, 7001 81 -> 83, 4097 / 5001 / 8191 /
-# 10001 level; lost where the 16-bit row takes six segments or 16 warps (2600, 3001, 6001 -1 to -5, 12345 -2 to -5:
-# _STREAM_FWD_16BIT_MOST, segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75).
-# docs/kernels.md, "Rows streamed, narrower". None: never.
+# the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
+# 2026-12-03: fp32 1025 62 -> 87, 2049 87 -> 88, 2500 82 -> 85, 3001 82 -> 85, 3500 77 -> 86, 4097 81 -> 88, 4500 78
+# -> 88, 5113 84 -> 85, 6500 75 -> 79, 7001 80 -> 81, 9001 54 -> 79, 10468 55 -> 75, 11000 67 -> 75, 12345 63 -> 68,
+# 13001 51 -> 70, 14001 62 -> 70, 15001 56 -> 73, 16383 66 -> 72, 5500 / 6001 level; lost at 8191 (the walk, 85 -> 76)
+# and 1500 (packed, 97 -> 84). bf16 / fp16: 555 52 -> 58 / 52 -> 57, 777 68 -> 74, 999 79 -> 85 / 80 -> 85, 1023 68 ->
+# 76 / 71 -> 76, 1025 69 -> 75 / 71 -> 76, 601 / 701 / 901 +3 to +4, 2049 82 -> 84, 2101 69 -> 84, 2222 72 -> 84, 2300
+# 74 -> 81, 4200 83 -> 85, 4444 79-81 -> 85, 7001 81 -> 83, 4097 / 5001 / 8191 / 9999 / 10001 level to +2; lost where the
+# 16-bit row takes six segments or 16 warps (2600, 3001, 6001 -1 to -5, 12345 -2 to -5: _STREAM_FWD_16BIT_MOST, the most
+# segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). docs/kernels.md, "Rows
+# streamed, narrower". None: never.
 _STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((513, 16383),),
                                                                     4: ((1025, 8189), (8192, 16383))}
 _STREAM_FWD_16BIT_MOST = (5, 8)
@@ -2418,15 +2419,18 @@ def _stream_band(n_cols: int, elem_size: int) -> bool:
     """Whether rows of ``n_cols`` are streamed before the held plan is asked (``_STREAM_FWD_BANDS``): N not a multiple
     of 16 inside a band of their element size, and not rows the packed rows plan takes (``_packed_rows``,
     ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS``); 16-bit rows only where their streamed shape has at
-    most ``_STREAM_FWD_16BIT_MOST`` segments and warps."""
+    most ``_STREAM_FWD_16BIT_MOST`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
+    call's)."""
     bands = (_STREAM_FWD_BANDS or {}).get(4 if elem_size >= 4 else 2, ())
     even = n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS  # the rows plan's 4-byte pairs, as for the held plan
     if (n_cols % 16 == 0 or not any(lo <= n_cols <= hi for lo, hi in bands) or even or _packed_rows(n_cols)
             or _narrow_packed(n_cols)):
         return False
-    shape = _layer_norm_held.stream_shape(n_cols, elem_size, 2 * elem_size)
-    most_segments, most_warps = _STREAM_FWD_16BIT_MOST if elem_size < 4 else (99, 99)
-    return shape is not None and shape.nseg <= most_segments and shape.warps <= most_warps
+    shape = _layer_norm_held.stream_shape(n_cols, elem_size, 2 * elem_size)  # the shape with parameters of x's dtype
+    if shape is None or elem_size >= 4:
+        return shape is not None
+    most_segments, most_warps = _STREAM_FWD_16BIT_MOST
+    return shape.nseg <= most_segments and shape.warps <= most_warps
 
 
 def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:

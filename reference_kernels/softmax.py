@@ -526,10 +526,12 @@ _HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the st
 _HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
 # fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where one fits an SM.
 # H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96, 24576 88 ->
-# 94-95, 26624 89 -> 94, 28672 90 -> 91, 29696 / 30720 / 32000 90 -> 90-92; 32768 level (staged). (): never.
+# 94-95, 26624 89 -> 94, 28672 90 -> 91, 29696 / 30720 / 32000 90 -> 90-92; 32768 level (staged); past it at one an SM
+# (49152 83 in slices -> 89, 40960 90; one run each). (): never.
 _HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 32767), (32769, 1 << 20))
-# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices, a slice a program, the slices of a row exchanging their (max, sum)
-# (_softmax_held.launch_split; docs/kernels.md, "Rows held in shared memory"): as few slices as leave the first of
+# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices,
+# a slice a program, the slices of a row exchanging their (max, sum) (_softmax_held.launch_split; docs/kernels.md,
+# "Rows held in shared memory"): as few slices as leave the first of
 # _HELD_SPLIT_PER_SM's programs an SM that up to _MAX_SPLIT_GROUP slices reach. H200, % of copy, the split walk ->
 # slices: bf16 60000 71 -> 80, 128256 71 -> 81, 262144 69 -> 78; fp32 65536 75 -> 87. fp32 rows at one program an SM
 # are held whole (a program a slice against a program a row, 2026-12-03, twice: 29001 / 30522 / 31001 82 -> 88-90,
