@@ -976,7 +976,7 @@ HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.float16, 
                (torch.bfloat16, 50257), (torch.float16, 50257), (torch.bfloat16, 56000), (torch.float32, 16385),
                (torch.float32, 17001), (torch.float32, 21001),  # fp32 whole: 3, 2 programs an SM
                (torch.float32, 30522), (torch.float32, 40001), (torch.float32, 56001),  # and one (the widest)
-               # in slices (2, 4, 5, 6 of 16-bit; 4, 4, 7 of fp32), vocabularies and odd widths
+               # in slices (2, 4, 5, 6 of 16-bit; 4, 4, 6 of fp32), vocabularies and odd widths
                (torch.bfloat16, 60000), (torch.bfloat16, 128256), (torch.float16, 151936), (torch.bfloat16, 200001),
                (torch.float32, 65536), (torch.float32, 60001), (torch.float32, 100003),
                (torch.float32, 18432), (torch.float32, 28672),  # fp32 aligned, whole: three and two an SM
