@@ -265,8 +265,10 @@ SPLIT_ONE_TILE = True
 SPIN_MAX_NS = 256
 # A program a slice leaves the counters zero (the row's last program past the wait zeroes the row's, the last ticket's
 # program the ticket), so that a launch on a stream reuses that stream's buffer instead of zeroing a new one (a fill
-# kernel before every launch: 1.8 us of ~90 at bf16 1024x74988, docs/kernels.md "Rows in slices"). Under CUDA-graph
-# capture a launch zeroes its own (a replay may run on any stream). Not yet measured on the GPU: off.
+# kernel before every launch: 1.8 us of ~90 at bf16 1024x74988, and a second launch for the plugin to count;
+# docs/kernels.md "Rows in slices"). Under CUDA-graph capture a launch zeroes its own (a replay may run on any stream,
+# beside another replay), so graph replays, the sweep's timer among them, keep the fill: eager calls gain. Not yet run
+# on the GPU: off.
 CLEAN_COUNTERS = False
 _CLEAN: dict = {}  # (device index, stream handle) -> that stream's zeroed counters
 
