@@ -432,6 +432,121 @@ if gluon is not None:
                 gl.store(db_part_ptr + share + c, dbbuf.index(t).load(layout), mask=ok)
 
 
+    @gluon.jit
+    def _layer_norm_bwd_stream_kernel(
+        x_ptr,  # forward input, rows packed (stride N), 16-byte aligned at row 0
+        dy_ptr,  # gradient of y, x's layout and dtype
+        w_ptr,  # weight (N,), any float dtype
+        mean_ptr,  # (M,) float32 from the forward
+        rstd_ptr,  # (M,) float32 from the forward
+        dx_ptr,  # gradient of x, x's layout and dtype
+        dw_part_ptr,  # (programs, N) float32: each program's share of dweight
+        db_part_ptr,  # (programs, N) float32: each program's share of dbias
+        n_rows,
+        n_cols,
+        BLOCK: gl.constexpr,  # elements a segment: one 16-byte vector a thread
+        NSEG: gl.constexpr,  # segments a row
+        VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND, fp16 by inline PTX (_widen_held)
+        num_warps: gl.constexpr,
+    ):
+        """The backward of rows pid, pid + programs, ... (all at one phase) streamed as the forward's
+        ``_layer_norm_fwd_stream_kernel`` streams them: x and dy held in registers as loaded (16-byte vectors from the
+        row's aligned-down start, a tuple of NSEG segments each), the next row's loaded as pass two leaves each of this
+        row's segments, the weight in shared memory at the program's phase, the dweight/dbias shares in registers (a
+        tensor a segment), written out once at the end at the real columns as the held kernel's are. Pass one: the
+        row's two sums (x-hat . w dy, the sum of w dy) in one reduction; pass two: dx. The row's partial vectors at
+        its two ends are loaded and stored element by element (the edges)."""
+        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
+        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        wbuf = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [NSEG, BLOCK], flat)
+        idx = gl.arange(0, BLOCK, layout=layout)
+        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
+        pid = gl.program_id(0)
+        step = gl.num_programs(0)  # a multiple of VEC
+
+        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
+        end, first_v, last_v = row_span(shift, n_cols, VEC)
+        row_vecs = gl.cdiv(end, VEC)
+        n_vecs = gl.where(pid < n_rows, row_vecs, 0)
+        xs = ()
+        dys = ()
+        for s in gl.static_range(NSEG):
+            xs = xs + (_load_segment(x_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
+            dys = dys + (_load_segment(dy_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
+        zero = gl.zeros([BLOCK], gl.float32, layout)
+        dws = ()
+        dbs = ()
+        for t in gl.static_range(NSEG):  # the weight at this program's phase (slot j: column j - shift), zero shares
+            c = t * BLOCK + idx - shift
+            wbuf.index(t).store(gl.load(w_ptr + c, mask=(c >= 0) & (c < n_cols), other=0.0))
+            dws = dws + (zero,)
+            dbs = dbs + (zero,)
+        ecol, emask = edge_columns(eidx, shift, end, VEC)
+        ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
+        first = gl.minimum(pid, n_rows - 1)  # statistics and edges a row ahead, as in the held kernel
+        mean_n = gl.load(mean_ptr + first)
+        rstd_n = gl.load(rstd_ptr + first)
+        edge_ok = emask & (pid < n_rows)
+        ex_n = gl.load(x_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        edy_n = gl.load(dy_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        for row in range(pid, n_rows, step):
+            mean = mean_n
+            rstd = rstd_n
+            ex = ex_n.to(gl.float32)
+            edy = edy_n.to(gl.float32)
+            nxt = row + step
+            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
+            nn = gl.minimum(nxt, n_rows - 1)
+            mean_n = gl.load(mean_ptr + nn)
+            rstd_n = gl.load(rstd_ptr + nn)
+            edge_ok = emask & (nxt < n_rows)
+            ex_n = gl.load(x_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            edy_n = gl.load(dy_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            a1 = gl.zeros([BLOCK], gl.float32, layout)
+            a2 = gl.zeros([BLOCK], gl.float32, layout)
+            for s in gl.static_range(NSEG):
+                xhat = (_widen_held(xs[s], WIDEN) - mean) * rstd
+                wdy = _widen_held(wbuf.index(s).load(layout), WIDEN) * _widen_held(dys[s], WIDEN)
+                term = xhat * wdy
+                if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
+                    col = s * BLOCK + idx
+                    inside = (col >= shift) & (col < end)
+                    wdy = gl.where(inside, wdy, 0.0)
+                    term = gl.where(inside, term, 0.0)
+                a1 += term
+                a2 += wdy
+            c1, c2 = gl.reduce((a1, a2), 0, _add_pairs)
+            c1 = c1 / n_cols
+            c2 = c2 / n_cols
+            nv = gl.where(nxt < n_rows, row_vecs, 0)
+            nxs = ()
+            ndys = ()
+            for u in gl.static_range(NSEG):
+                xhat = (_widen_held(xs[u], WIDEN) - mean) * rstd
+                dyv = _widen_held(dys[u], WIDEN)
+                nxs = nxs + (_load_segment(x_ptr, nabase, u, nv, idx, BLOCK, VEC),)
+                ndys = ndys + (_load_segment(dy_ptr, nabase, u, nv, idx, BLOCK, VEC),)
+                wv = _widen_held(wbuf.index(u).load(layout), WIDEN)
+                dx = (wv * dyv - (xhat * c1 + c2)) * rstd
+                vi = (u * BLOCK + idx) // VEC
+                gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty),
+                         mask=(vi >= first_v) & (vi < last_v))
+                dws = dws[:u] + (dws[u] + dyv * xhat,) + dws[u + 1:]
+                dbs = dbs[:u] + (dbs[u] + dyv,) + dbs[u + 1:]
+            edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
+            gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
+            abase = nabase
+            xs = nxs
+            dys = ndys
+        share = pid.to(gl.int64) * n_cols - shift
+        for t in gl.static_range(NSEG):  # the shares at the real columns
+            c = t * BLOCK + idx
+            ok = (c >= shift) & (c < end)
+            gl.store(dw_part_ptr + share + c, dws[t], mask=ok)
+            gl.store(db_part_ptr + share + c, dbs[t], mask=ok)
+
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
     """Shared memory a column takes: the row's element, the weight's and the bias's."""
     return x.element_size() + wb_bytes(weight, bias)
@@ -730,4 +845,80 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
         VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,
         WIDEN=bwd_widen(shape, n_cols), num_warps=shape.warps,
         maxnreg=shape.max_regs)
+    return dw_part, db_part
+
+
+# The backward streamed (``_layer_norm_bwd_stream_kernel``): x and dy in registers, the next row's loaded behind pass
+# two, the weight in shared memory, the shares in registers, for rows of up to BWD_STREAM_MAX_SEGMENTS segments (one
+# 16-byte vector a thread a segment) on the fewest warps of BWD_STREAM_WARPS that hold them in the fewest slots, as
+# many programs an SM as BWD_STREAM_WARPS_PER_SM warps and the registers a thread its segments need
+# (BWD_STREAM_REGS) allow. Taken by no rule until measured on the GPU (layer_norm._STREAM_BWD_BANDS); docs/kernels.md,
+# "The backward streamed".
+BWD_STREAM_WARPS = (2, 4, 8)
+BWD_STREAM_MAX_SEGMENTS = 3
+BWD_STREAM_WARPS_PER_SM = 32
+BWD_STREAM_REGS = {1: 96, 2: 128, 3: 168}  # sm_90, Triton 3.9, bf16: 80, 128, 168 without a spill
+
+
+class BwdStreamShape(NamedTuple):
+    warps: int
+    block: int  # elements a segment
+    nseg: int  # segments a row
+    per_sm: int  # programs an SM
+    max_regs: int  # registers a thread
+
+
+def bwd_stream_shape(n_cols: int, elem_size: int, w_size: int) -> BwdStreamShape | None:
+    """The streamed backward's shape for rows of ``n_cols`` elements of ``elem_size`` bytes and a weight of
+    ``w_size``-byte elements (``BWD_STREAM_*`` above); None where no shape holds the row."""
+    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
+    best = None
+    for warps in BWD_STREAM_WARPS:
+        block = vec * 32 * warps
+        nseg = segments(n_cols, elem_size, block, aligned)
+        if nseg <= BWD_STREAM_MAX_SEGMENTS and nseg in BWD_STREAM_REGS and (
+                best is None or nseg * block < best[1] * best[2]):
+            best = (warps, block, nseg)
+    if best is None:
+        return None
+    warps, block, nseg = best
+    smem = nseg * block * w_size + SMEM_RESERVED
+    programs = min(BWD_STREAM_WARPS_PER_SM // warps, SMEM_PER_SM // (smem + SMEM_RESERVED),
+                   65536 // (BWD_STREAM_REGS[nseg] * warps * 32))
+    if programs < 1:
+        return None
+    return BwdStreamShape(warps, block, nseg, programs, min(255, 65536 // (programs * warps * 32) // 8 * 8))
+
+
+def fits_backward_stream(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
+    """Whether ``launch_backward_stream`` takes these: as ``fits_backward``, with a row that a streamed shape holds."""
+    n_cols = x2.shape[1]
+    return (dy2.dtype == x2.dtype == dx2.dtype and packed_rows(x2, dy2, dx2) and weight.device == x2.device
+            and weight.shape == (n_cols,) and weight.stride(0) == 1
+            and bwd_stream_shape(n_cols, x2.element_size(), weight.element_size()) is not None)
+
+
+def backward_stream_programs(x2: torch.Tensor, weight: torch.Tensor, sm_count: int) -> int:
+    """The streamed backward's programs (its dweight/dbias share rows): a multiple of VEC, no more than the rows need."""
+    vec = 16 // x2.element_size()
+    shape = bwd_stream_shape(x2.shape[1], x2.element_size(), weight.element_size())
+    return max(vec, min(triton.cdiv(x2.shape[0], vec) * vec, shape.per_sm * sm_count // vec * vec))
+
+
+def launch_backward_stream(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx of the packed (M, N) rows into ``dx2``, the rows streamed (``fits_backward_stream``); returns the (programs,
+    N) float32 dweight and dbias shares, which the caller sums (``layer_norm._sum_shares``)."""
+    if not fits_backward_stream(dy2, x2, weight, dx2):
+        raise ValueError("the streamed layer-norm backward takes packed, 16-byte aligned CUDA rows of x, dy and dx of"
+                         " one dtype, a contiguous (N,) weight, and rows of at most BWD_STREAM_MAX_SEGMENTS segments (x:"
+                         f" {tuple(x2.shape)} {x2.dtype} strides {x2.stride()} on {x2.device}, dy: {tuple(dy2.shape)}"
+                         f" {dy2.dtype}, dx: {tuple(dx2.shape)} {dx2.dtype}, weight {tuple(weight.shape)})")
+    n_rows, n_cols = x2.shape
+    shape = bwd_stream_shape(n_cols, x2.element_size(), weight.element_size())
+    progs = backward_stream_programs(x2, weight, sm_count)
+    dw_part = torch.empty((progs, n_cols), dtype=torch.float32, device=x2.device)
+    db_part = torch.empty_like(dw_part)
+    _layer_norm_bwd_stream_kernel[(progs,)](
+        x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
+        VEC=16 // x2.element_size(), WIDEN=BWD_WIDEN, num_warps=shape.warps, maxnreg=shape.max_regs)
     return dw_part, db_part

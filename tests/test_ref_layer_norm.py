@@ -1857,6 +1857,99 @@ def test_the_held_backward_matches_torch_and_writes_every_gradient(held_at_every
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
+# The backward streamed (_layer_norm_held.launch_backward_stream): x and dy in registers, the shares in registers, rows
+# of up to three segments. No rule takes it until it is measured (layer_norm._STREAM_BWD_BANDS None): on CPU its shape,
+# its launcher and its place before the held plan; on the GPU the kernel, through the rule set to take it.
+
+
+def test_the_streamed_backward_holds_up_to_three_segments_on_the_fewest_warps_and_its_registers(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    shape = _layer_norm_held.bwd_stream_shape
+    # 16-bit: 512-element segments on 2 warps; programs an SM as the registers a thread of its segments allow
+    assert shape(333, 2, 2) == (2, 512, 1, 10, 96)
+    assert shape(777, 2, 2) == (2, 512, 2, 8, 128)
+    assert shape(1023, 2, 2) == (2, 512, 3, 6, 168)  # 1030 slots from the aligned-down start: three segments
+    assert shape(1600, 2, 2) == (4, 1024, 2, 4, 128)  # four 512-element segments are past the three: 4 warps
+    assert shape(1024, 2, 2) == (2, 512, 2, 8, 128)  # aligned: no slack
+    assert shape(1023, 4, 4) == (4, 512, 3, 3, 168)  # fp32: 128 elements a warp
+    assert shape(6145, 2, 2) is None and shape(3073, 4, 4) is None  # past three segments of 8 warps
+    monkeypatch.setattr(_layer_norm_held, "BWD_STREAM_WARPS_PER_SM", 8)
+    assert shape(333, 2, 2) == (2, 512, 1, 4, 255)
+    monkeypatch.setattr(_layer_norm_held, "BWD_STREAM_MAX_SEGMENTS", 1)
+    assert shape(777, 2, 2) == (4, 1024, 1, 2, 255)
+
+
+def test_the_streamed_backward_launcher_gives_each_phase_its_programs_and_refuses_what_it_cannot_take(
+        monkeypatch, recorded_kernel):
+    from reference_kernels import _layer_norm_held
+
+    x = torch.randn(3, 999)
+    with pytest.raises(ValueError, match="streamed layer-norm backward takes packed, 16-byte aligned CUDA rows"):
+        _layer_norm_held.launch_backward_stream(x, x, x[0], x[:, 0], x[:, 0], torch.empty_like(x), 132)
+    monkeypatch.setattr(_layer_norm_held, "_layer_norm_bwd_stream_kernel", recorded_kernel, raising=False)
+    monkeypatch.setattr(_layer_norm_held, "fits_backward_stream", lambda *args: True)
+    for rows, grid in ((5000, 1056), (3, 8)):  # 8 programs an SM, a multiple of VEC; no more than the rows need
+        x = torch.empty(rows, 777, dtype=torch.bfloat16)
+        recorded_kernel.launches.clear()
+        dw, db = _layer_norm_held.launch_backward_stream(x, x, x[0], x[:, 0].float(), x[:, 0].float(), x, 132)
+        (got, kwargs), = recorded_kernel.launches
+        assert got == (grid,) and dw.shape == db.shape == (grid, 777) and dw.dtype == torch.float32
+        assert (kwargs["BLOCK"], kwargs["NSEG"], kwargs["VEC"], kwargs["num_warps"], kwargs["maxnreg"]) == (
+            512, 2, 8, 2, 128)
+
+
+def test_the_backward_streams_rows_in_its_bands_before_the_held_plan(monkeypatch):
+    from reference_kernels import _layer_norm_held
+
+    wide, weight, bias = inputs((4, 1600), torch.bfloat16)
+    dy = torch.randn_like(wide)
+    monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
+    monkeypatch.setattr(_layer_norm_held, "fits_backward_stream", lambda *args: True)
+    x = wide
+    assert layer_norm._STREAM_BWD_BANDS is None and not layer_norm._stream_backward(dy, x, weight, x)  # off: unmeasured
+    monkeypatch.setattr(layer_norm, "_STREAM_BWD_BANDS", {2: ((257, 1529),)})
+    assert [n for n in (256, 333, 999, 1000, 1023, 1024, 1500, 1529, 1530) if layer_norm._stream_backward(
+        dy[:, :n], x[:, :n], weight[:n], x[:, :n])] == [333, 999, 1023, 1529]  # not aligned, packed or out of band
+    x, dy, weight, bias = wide[:, :999].contiguous(), dy[:, :999].contiguous(), weight[:999], bias[:999]
+    calls = []
+    shares = lambda name: lambda *args: calls.append(name) or (torch.zeros(8, 999), torch.zeros(8, 999))  # noqa: E731
+    monkeypatch.setattr(_layer_norm_held, "launch_backward_stream", shares("stream"))
+    monkeypatch.setattr(_layer_norm_held, "launch_backward", shares("held"))
+    monkeypatch.setattr(layer_norm, "_held_backward", lambda *args: True)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    layer_norm.backward(dy, x, weight, mean, rstd)
+    monkeypatch.setattr(_layer_norm_held, "fits_backward_stream", lambda *args: False)
+    layer_norm.backward(dy, x, weight, mean, rstd)
+    assert calls == ["stream", "held"]
+
+
+STREAM_BWD = [(torch.bfloat16, torch.bfloat16, 333), (torch.float16, torch.float16, 777),
+              (torch.bfloat16, torch.bfloat16, 1023), (torch.bfloat16, torch.bfloat16, 1500),
+              (torch.float16, torch.float16, 1025), (torch.bfloat16, torch.float32, 999),
+              (torch.float32, torch.float32, 777), (torch.float32, torch.float32, 1023),
+              (torch.bfloat16, torch.bfloat16, 1024)]  # aligned
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301, 5000])
+@pytest.mark.parametrize("dtype, pdtype, n", STREAM_BWD, ids=str)
+def test_the_streamed_backward_matches_torch_and_writes_every_gradient(monkeypatch, dtype, pdtype, n, rows):
+    monkeypatch.setattr(layer_norm, "_STREAM_BWD_BANDS", {2: ((257, 1529),), 4: ((257, 1533),)})
+    monkeypatch.setattr(layer_norm, "_packed_rows", lambda n_cols: False)  # 1500 too
+    monkeypatch.setattr(layer_norm, "_narrow_packed", lambda n_cols: False)
+    x = (torch.randn(rows, n, device="cuda") * 3 + 1).to(dtype)
+    weight = torch.randn(n, device="cuda").to(pdtype)
+    bias = torch.randn(n, device="cuda").to(pdtype)
+    dy = torch.randn_like(x)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert layer_norm._stream_backward(dy, x, weight, torch.empty_like(x)) == (n % 16 != 0)
+    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, bias_dtype=pdtype)
+    assert not dx.isnan().any() and not dw.isnan().any() and not db.isnan().any()
+    for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), torch_reference(x, weight, bias, dy)[1:]):
+        assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
 @pytest.mark.gpu
 def test_the_held_backward_takes_float32_weights_and_keeps_a_neighbours_inf_out_of_a_row(held_at_every_width):
     # 16-bit rows with float32 parameters (autocast); then rows holding inf and nan at their ends, which the
