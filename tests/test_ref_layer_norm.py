@@ -1934,20 +1934,31 @@ STREAM_BWD = [(torch.bfloat16, torch.bfloat16, 333), (torch.float16, torch.float
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3, 301, 5000])
 @pytest.mark.parametrize("dtype, pdtype, n", STREAM_BWD, ids=str)
-def test_the_streamed_backward_matches_torch_and_writes_every_gradient(monkeypatch, dtype, pdtype, n, rows):
-    monkeypatch.setattr(layer_norm, "_STREAM_BWD_BANDS", {2: ((257, 1529),), 4: ((257, 1533),)})
-    monkeypatch.setattr(layer_norm, "_packed_rows", lambda n_cols: False)  # 1500 too
-    monkeypatch.setattr(layer_norm, "_narrow_packed", lambda n_cols: False)
+def test_the_streamed_backward_matches_torch_and_writes_every_gradient(dtype, pdtype, n, rows):
+    from reference_kernels import _layer_norm_held
+
     x = (torch.randn(rows, n, device="cuda") * 3 + 1).to(dtype)
     weight = torch.randn(n, device="cuda").to(pdtype)
     bias = torch.randn(n, device="cuda").to(pdtype)
     dy = torch.randn_like(x)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    assert layer_norm._stream_backward(dy, x, weight, torch.empty_like(x)) == (n % 16 != 0)
-    dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, bias_dtype=pdtype)
+    dx = torch.full_like(x, float("nan"))
+    shares = _layer_norm_held.launch_backward_stream(dy, x, weight, mean, rstd, dx,
+                                                     torch.cuda.get_device_properties(0).multi_processor_count)
+    dw, db = torch.empty(n, device="cuda", dtype=pdtype), torch.empty(n, device="cuda", dtype=pdtype)
+    layer_norm._sum_shares(*shares, dw, db)
     assert not dx.isnan().any() and not dw.isnan().any() and not db.isnan().any()
     for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), torch_reference(x, weight, bias, dy)[1:]):
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+    # through the rule, set to take it (none does until measured)
+    if n % 16 and rows == 301:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(layer_norm, "_STREAM_BWD_BANDS", {2: ((257, 1529),), 4: ((257, 1533),)})
+            m.setattr(layer_norm, "_packed_rows", lambda n_cols: False)
+            assert layer_norm._stream_backward(dy, x, weight, torch.empty_like(x))
+            got = layer_norm.backward(dy, x, weight, mean, rstd, bias_dtype=pdtype)
+        for what, a, e in zip(("dx", "dweight", "dbias"), got, (dx, dw, db)):
+            torch.testing.assert_close(a, e, rtol=0, atol=0, msg=what)  # the same kernel and sums: bit for bit
 
 
 @pytest.mark.gpu
