@@ -17,6 +17,8 @@ The backward holds x and dy the same way (two rows at once where they fit, ``bwd
 program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
 ``BWD_REG_SHARES``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
 at the end, shifted to the real columns, and summed as every backward plan's shares are (``layer_norm._sum_shares``).
+Its streamed form (``launch_backward_stream``: x and dy in registers, rows of up to three segments) waits for its first
+measurement; no rule takes it yet.
 """
 
 from __future__ import annotations
