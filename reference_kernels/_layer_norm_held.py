@@ -263,6 +263,19 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
+    def _bwd_dx(xhat, dyv, wv, rstd, c1, c2):
+        # dx from x-hat, dy, the weight and the row's two sums over N (c1: of x-hat w dy, c2: of w dy)
+        return (wv * dyv - (xhat * c1 + c2)) * rstd
+
+    @gluon.jit
+    def _bwd_dx_store(xhat, dyv, wv, dx_ptr, abase, u, idx, rstd, c1, c2, first_v, last_v, BLOCK: gl.constexpr,
+                      VEC: gl.constexpr):
+        # pass two on segment u: dx stored, its whole vectors (the edges apart)
+        vi = (u * BLOCK + idx) // VEC
+        gl.store(dx_ptr + abase + u * BLOCK + idx, _bwd_dx(xhat, dyv, wv, rstd, c1, c2).to(dx_ptr.dtype.element_ty),
+                 mask=(vi >= first_v) & (vi < last_v))
+
+    @gluon.jit
     def _bwd_dx_segment(xbuf, dybuf, wbuf, dx_ptr, abase, slot, u, idx, mean, rstd, c1, c2, first_v, last_v,
                         layout: gl.constexpr, BLOCK: gl.constexpr, VEC: gl.constexpr, WIDEN: gl.constexpr):
         # pass two on segment u of the row in ring slot ``slot``: dx stored (its whole vectors; the edges apart), and
@@ -270,10 +283,37 @@ if gluon is not None:
         xhat = (widen(xbuf.index(slot + u).load(layout), WIDEN) - mean) * rstd
         dyv = widen(dybuf.index(slot + u).load(layout), WIDEN)
         wv = widen(wbuf.index(u).load(layout), WIDEN)
-        dx = (wv * dyv - (xhat * c1 + c2)) * rstd
-        vi = (u * BLOCK + idx) // VEC
-        gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty), mask=(vi >= first_v) & (vi < last_v))
+        _bwd_dx_store(xhat, dyv, wv, dx_ptr, abase, u, idx, rstd, c1, c2, first_v, last_v, BLOCK, VEC)
         return dyv, xhat
+
+    @gluon.jit
+    def _bwd_sum_terms(xhat, wdy, s: gl.constexpr, idx, shift, end, BLOCK: gl.constexpr, NSEG: gl.constexpr):
+        # pass one's terms of segment s, (x-hat w dy, w dy): a neighbour's x or dy may be anything, so out of the sums
+        # in the first and the last two segments (the only ones a row's ends fall in)
+        term = xhat * wdy
+        if (s == 0) | (s >= NSEG - 2):
+            col = s * BLOCK + idx
+            inside = (col >= shift) & (col < end)
+            wdy = gl.where(inside, wdy, 0.0)
+            term = gl.where(inside, term, 0.0)
+        return term, wdy
+
+    @gluon.jit
+    def _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, abase, row, n_rows, ecol, emask):
+        # a row's statistics and edge elements, loaded a row ahead: global loads waited on at the row's start would put
+        # their latency on every row (past the last row: row n_rows - 1's statistics and no edges)
+        r = gl.minimum(row, n_rows - 1)
+        ok = emask & (row < n_rows)
+        return (gl.load(mean_ptr + r), gl.load(rstd_ptr + r), gl.load(x_ptr + abase + ecol, mask=ok, other=0.0),
+                gl.load(dy_ptr + abase + ecol, mask=ok, other=0.0))
+
+    @gluon.jit
+    def _bwd_store_shares(dw_part_ptr, db_part_ptr, share, dw, db, t, idx, shift, end, BLOCK: gl.constexpr):
+        # segment t of a program's dweight/dbias shares, at the real columns (the neighbours' slots never go out)
+        c = t * BLOCK + idx
+        ok = (c >= shift) & (c < end)
+        gl.store(dw_part_ptr + share + c, dw, mask=ok)
+        gl.store(db_part_ptr + share + c, db, mask=ok)
 
     @gluon.jit
     def _layer_norm_bwd_held_kernel(
@@ -345,14 +385,7 @@ if gluon is not None:
                 dbs = dbs + (zero,)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
-        # a row's statistics and edges are loaded one row ahead: global loads waited on at the row's start would put
-        # their latency on every row (a program without rows loads row n_rows - 1's statistics and no edges)
-        first = gl.minimum(pid, n_rows - 1)
-        mean_n = gl.load(mean_ptr + first)
-        rstd_n = gl.load(rstd_ptr + first)
-        edge_ok = emask & (pid < n_rows)
-        ex_n = gl.load(x_ptr + abase + ecol, mask=edge_ok, other=0.0)
-        edy_n = gl.load(dy_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        mean_n, rstd_n, ex_n, edy_n = _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, abase, pid, n_rows, ecol, emask)
         it = 0
         for row in range(pid, n_rows, n_progs):
             slot = 0
@@ -369,12 +402,8 @@ if gluon is not None:
             ex = ex_n.to(gl.float32)
             edy = edy_n.to(gl.float32)
             nabase = (row + n_progs).to(gl.int64) * n_cols // VEC * VEC  # the same shift: programs are VEC apart
-            nxt = gl.minimum(row + n_progs, n_rows - 1)
-            mean_n = gl.load(mean_ptr + nxt)
-            rstd_n = gl.load(rstd_ptr + nxt)
-            edge_ok = emask & (row + n_progs < n_rows)
-            ex_n = gl.load(x_ptr + nabase + ecol, mask=edge_ok, other=0.0)
-            edy_n = gl.load(dy_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            mean_n, rstd_n, ex_n, edy_n = _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, nabase, row + n_progs, n_rows,
+                                                         ecol, emask)
             a1 = gl.zeros([BLOCK], gl.float32, layout)
             a2 = gl.zeros([BLOCK], gl.float32, layout)
             for s in gl.static_range(NSEG):
@@ -382,12 +411,7 @@ if gluon is not None:
                     async_copy.wait_group(NSEG - 1 - s)
                 xhat = (widen(xbuf.index(slot + s).load(layout), WIDEN) - mean) * rstd
                 wdy = widen(wbuf.index(s).load(layout), WIDEN) * widen(dybuf.index(slot + s).load(layout), WIDEN)
-                term = xhat * wdy
-                if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
-                    col = s * BLOCK + idx
-                    inside = (col >= shift) & (col < end)
-                    wdy = gl.where(inside, wdy, 0.0)
-                    term = gl.where(inside, term, 0.0)
+                term, wdy = _bwd_sum_terms(xhat, wdy, s, idx, shift, end, BLOCK, NSEG)
                 a1 += term
                 a2 += wdy
             if PAIRED:
@@ -415,23 +439,18 @@ if gluon is not None:
                     dbbuf.index(u).store(dbbuf.index(u).load(layout) + dyv)
                     if RING == 1:
                         _copy_pair(xbuf, dybuf, x_ptr, dy_ptr, nabase, 0, u, nv, idx, BLOCK, VEC, 1)
-            edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
+            edx = _bwd_dx((ex - mean) * rstd, edy, ew, rstd, c1, c2)
             gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
             abase = nabase
         async_copy.wait_group(0)
         share = pid.to(gl.int64) * n_cols - shift
         if REG_SHARES:
             for t in gl.static_range(NSEG):  # the shares at the real columns
-                c = t * BLOCK + idx
-                ok = (c >= shift) & (c < end)
-                gl.store(dw_part_ptr + share + c, dws[t], mask=ok)
-                gl.store(db_part_ptr + share + c, dbs[t], mask=ok)
+                _bwd_store_shares(dw_part_ptr, db_part_ptr, share, dws[t], dbs[t], t, idx, shift, end, BLOCK)
         else:
             for t in range(NSEG):
-                c = t * BLOCK + idx
-                ok = (c >= shift) & (c < end)
-                gl.store(dw_part_ptr + share + c, dwbuf.index(t).load(layout), mask=ok)
-                gl.store(db_part_ptr + share + c, dbbuf.index(t).load(layout), mask=ok)
+                _bwd_store_shares(dw_part_ptr, db_part_ptr, share, dwbuf.index(t).load(layout),
+                                  dbbuf.index(t).load(layout), t, idx, shift, end, BLOCK)
 
 
     @gluon.jit
@@ -487,12 +506,7 @@ if gluon is not None:
             dbs = dbs + (zero,)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
-        first = gl.minimum(pid, n_rows - 1)  # statistics and edges a row ahead, as in the held kernel
-        mean_n = gl.load(mean_ptr + first)
-        rstd_n = gl.load(rstd_ptr + first)
-        edge_ok = emask & (pid < n_rows)
-        ex_n = gl.load(x_ptr + abase + ecol, mask=edge_ok, other=0.0)
-        edy_n = gl.load(dy_ptr + abase + ecol, mask=edge_ok, other=0.0)
+        mean_n, rstd_n, ex_n, edy_n = _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, abase, pid, n_rows, ecol, emask)
         for row in range(pid, n_rows, step):
             mean = mean_n
             rstd = rstd_n
@@ -500,23 +514,14 @@ if gluon is not None:
             edy = edy_n.to(gl.float32)
             nxt = row + step
             nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
-            nn = gl.minimum(nxt, n_rows - 1)
-            mean_n = gl.load(mean_ptr + nn)
-            rstd_n = gl.load(rstd_ptr + nn)
-            edge_ok = emask & (nxt < n_rows)
-            ex_n = gl.load(x_ptr + nabase + ecol, mask=edge_ok, other=0.0)
-            edy_n = gl.load(dy_ptr + nabase + ecol, mask=edge_ok, other=0.0)
+            mean_n, rstd_n, ex_n, edy_n = _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, nabase, nxt, n_rows, ecol,
+                                                         emask)
             a1 = gl.zeros([BLOCK], gl.float32, layout)
             a2 = gl.zeros([BLOCK], gl.float32, layout)
             for s in gl.static_range(NSEG):
                 xhat = (_widen_held(xs[s], WIDEN) - mean) * rstd
                 wdy = _widen_held(wbuf.index(s).load(layout), WIDEN) * _widen_held(dys[s], WIDEN)
-                term = xhat * wdy
-                if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
-                    col = s * BLOCK + idx
-                    inside = (col >= shift) & (col < end)
-                    wdy = gl.where(inside, wdy, 0.0)
-                    term = gl.where(inside, term, 0.0)
+                term, wdy = _bwd_sum_terms(xhat, wdy, s, idx, shift, end, BLOCK, NSEG)
                 a1 += term
                 a2 += wdy
             c1, c2 = gl.reduce((a1, a2), 0, _add_pairs)
@@ -531,23 +536,17 @@ if gluon is not None:
                 nxs = nxs + (_load_segment(x_ptr, nabase, u, nv, idx, BLOCK, VEC),)
                 ndys = ndys + (_load_segment(dy_ptr, nabase, u, nv, idx, BLOCK, VEC),)
                 wv = _widen_held(wbuf.index(u).load(layout), WIDEN)
-                dx = (wv * dyv - (xhat * c1 + c2)) * rstd
-                vi = (u * BLOCK + idx) // VEC
-                gl.store(dx_ptr + abase + u * BLOCK + idx, dx.to(dx_ptr.dtype.element_ty),
-                         mask=(vi >= first_v) & (vi < last_v))
+                _bwd_dx_store(xhat, dyv, wv, dx_ptr, abase, u, idx, rstd, c1, c2, first_v, last_v, BLOCK, VEC)
                 dws = dws[:u] + (dws[u] + dyv * xhat,) + dws[u + 1:]
                 dbs = dbs[:u] + (dbs[u] + dyv,) + dbs[u + 1:]
-            edx = (ew * edy - ((ex - mean) * rstd * c1 + c2)) * rstd
+            edx = _bwd_dx((ex - mean) * rstd, edy, ew, rstd, c1, c2)
             gl.store(dx_ptr + abase + ecol, edx.to(dx_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             xs = nxs
             dys = ndys
         share = pid.to(gl.int64) * n_cols - shift
         for t in gl.static_range(NSEG):  # the shares at the real columns
-            c = t * BLOCK + idx
-            ok = (c >= shift) & (c < end)
-            gl.store(dw_part_ptr + share + c, dws[t], mask=ok)
-            gl.store(db_part_ptr + share + c, dbs[t], mask=ok)
+            _bwd_store_shares(dw_part_ptr, db_part_ptr, share, dws[t], dbs[t], t, idx, shift, end, BLOCK)
 
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
     """Shared memory a column takes: the row's element, the weight's and the bias's."""

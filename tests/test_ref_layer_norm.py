@@ -44,12 +44,24 @@ SHAPES = [
 ]
 
 
-def inputs(shape, dtype, device=DEVICE):
+def inputs(shape, dtype, device=DEVICE, pdtype=None):
+    """x of ``dtype`` and its weight and bias of ``pdtype`` (default x's)."""
     n = shape[-1]
     x = (torch.randn(shape, device=device) * 3 + 1).to(dtype)
-    weight = torch.randn(n, device=device).to(dtype)
-    bias = torch.randn(n, device=device).to(dtype)
+    weight = torch.randn(n, device=device).to(pdtype or dtype)
+    bias = torch.randn(n, device=device).to(pdtype or dtype)
     return x, weight, bias
+
+
+def assert_forward_matches(x, weight, bias, y, mean, rstd):
+    """Every output and statistic written (poisoned with nan before) and as torch's: y to x's dtype's tolerance, mean and
+    rstd as float32 from x."""
+    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
+    expected = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float()).to(x.dtype)
+    assert_close(y, expected, x.dtype, "y")
+    xf = x.float()
+    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
 
 
 def torch_reference(x, weight, bias, dy, eps=1e-5):
@@ -1444,11 +1456,7 @@ def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(mo
     assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
     out = torch.full_like(x, float("nan"))
     y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
-    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
-    assert_close(y, F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype), dtype, "y")
-    xf = x.float()
-    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+    assert_forward_matches(x, weight, bias, y, mean, rstd)
     assert _layer_norm_held.per_sm(n, x.element_size(), _layer_norm_held.col_bytes(x, weight, bias)) > 0
 
 
@@ -1686,12 +1694,7 @@ def test_the_streamed_forward_matches_torch_and_writes_every_output_and_statisti
     assert layer_norm._stream_forward(x, weight, bias, torch.empty_like(x))
     out = torch.full_like(x, float("nan"))
     y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
-    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
-    expected = F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype)
-    assert_close(y, expected, dtype, "y")
-    xf = x.float()
-    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+    assert_forward_matches(x, weight, bias, y, mean, rstd)
 
 
 # Narrower rows on the streamed forward (_layer_norm_held.stream_shape's several programs an SM), launched directly at
@@ -1713,20 +1716,14 @@ STREAM_NARROW = [(torch.bfloat16, torch.bfloat16, 384), (torch.float16, torch.fl
 def test_narrower_streamed_rows_match_torch_and_write_every_output_and_statistic(dtype, pdtype, n, rows):
     from reference_kernels import _layer_norm_held
 
-    x = (torch.randn(rows, n, device="cuda") * 2 + 3).to(dtype)
-    weight = torch.randn(n, device="cuda").to(pdtype)
-    bias = torch.randn(n, device="cuda").to(pdtype)
+    x, weight, bias = inputs((rows, n), dtype, pdtype=pdtype)
     y = torch.full_like(x, float("nan"))
     mean = torch.full((rows,), float("nan"), device="cuda")
     rstd = torch.full((rows,), float("nan"), device="cuda")
     assert _layer_norm_held.stream_shape(n, x.element_size(), _layer_norm_held.wb_bytes(weight, bias)).per_sm > 1 or (
         x.element_size() == 4 and n > 8192)
     _layer_norm_held.launch_stream(x, weight, bias, y, mean, rstd, 1e-5, torch.cuda.get_device_properties(0).multi_processor_count)
-    assert not y.isnan().any() and not mean.isnan().any() and not rstd.isnan().any()
-    assert_close(y, F.layer_norm(x.float(), (n,), weight.float(), bias.float()).to(dtype), dtype, "y")
-    xf = x.float()
-    torch.testing.assert_close(mean, xf.mean(-1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rstd, 1 / (xf.var(-1, unbiased=False) + 1e-5).sqrt(), rtol=1e-4, atol=0)
+    assert_forward_matches(x, weight, bias, y, mean, rstd)
 
 
 # The backward's held plan: x and dy held in shared memory with the weight (at the program's phase) and the program's
@@ -1937,9 +1934,7 @@ STREAM_BWD = [(torch.bfloat16, torch.bfloat16, 333), (torch.float16, torch.float
 def test_the_streamed_backward_matches_torch_and_writes_every_gradient(dtype, pdtype, n, rows):
     from reference_kernels import _layer_norm_held
 
-    x = (torch.randn(rows, n, device="cuda") * 3 + 1).to(dtype)
-    weight = torch.randn(n, device="cuda").to(pdtype)
-    bias = torch.randn(n, device="cuda").to(pdtype)
+    x, weight, bias = inputs((rows, n), dtype, pdtype=pdtype)
     dy = torch.randn_like(x)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
     dx = torch.full_like(x, float("nan"))
