@@ -25,7 +25,7 @@ import triton
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
-from ._split_walk import COUNTER_STRIDE, COUNTER_STRIDE_INTS, spin_asm, split_launch
+from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
 
 if gluon is not None:
 
@@ -170,7 +170,6 @@ if gluon is not None:
         WIDEN: gl.constexpr,
         WALK: gl.constexpr,  # a persistent program walking tiles; else a program takes one tile (SPLIT_ONE_TILE)
         SPIN: gl.constexpr,  # the wait's PTX (_split_walk.spin_asm(SPIN_MAX_NS))
-        CLEAN: gl.constexpr,  # without WALK: the counters left zero for the next launch (CLEAN_COUNTERS)
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
@@ -190,8 +189,6 @@ if gluon is not None:
         n_tiles = n_rows * GROUP
 
         tile = _ticket(sync_ptr, n_rows)
-        if CLEAN:  # the last ticket: every program has drawn its one, so nothing adds to the ticket after this
-            gl.store(sync_ptr + n_rows * COUNTER_STRIDE, 0, mask=tile == n_tiles - 1)
         abase, shift, n_tile = _slice_start(tile, n_rows, n_cols, slice_cols, GROUP, VEC)
         n_vecs = gl.where(tile < n_tiles, gl.cdiv(n_tile + shift, VEC), 0)
         for s in gl.static_range(NSEG):
@@ -216,9 +213,6 @@ if gluon is not None:
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
             inv = 1.0 / total
-            if CLEAN:  # a second arrival once past the wait: the row's last one zeroes its counter (the wait is >=)
-                left = gl.atomic_add(count, 1, sem="relaxed", scope="gpu")
-                gl.store(count, 0, mask=left == 2 * GROUP - 1)
 
             if WALK:
                 nxt = _ticket(sync_ptr, n_rows)
@@ -263,28 +257,6 @@ ONE_ROW = True
 SPLIT_ONE_TILE = True
 # The exchange's wait: nanosleep back-off between tries, doubling from 32 ns up to this (0: none).
 SPIN_MAX_NS = 256
-# A program a slice leaves the counters zero (the row's last program past the wait zeroes the row's, the last ticket's
-# program the ticket), so that a launch on a stream reuses that stream's buffer instead of zeroing a new one (a fill
-# kernel before every launch: 1.8 us of ~90 at bf16 1024x74988, and a second launch for the plugin to count;
-# docs/kernels.md "Rows in slices"). Under CUDA-graph capture a launch zeroes its own (a replay may run on any stream,
-# beside another replay), so graph replays, the sweep's timer among them, keep the fill: eager calls gain. Not yet run
-# on the GPU: off.
-CLEAN_COUNTERS = False
-_CLEAN: dict = {}  # (device index, stream handle) -> that stream's zeroed counters
-
-
-def split_counters(n_rows: int, device: torch.device, reuse: bool) -> torch.Tensor:
-    """The (n_rows + 1) x COUNTER_STRIDE int32 zeros a split launch exchanges through: with ``reuse`` (a kernel that
-    leaves them zero, ``CLEAN_COUNTERS``) this stream's kept buffer, grown when too small, else new zeros (and always
-    under graph capture)."""
-    size = (n_rows + 1) * COUNTER_STRIDE_INTS
-    if not reuse or device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.zeros(size, dtype=torch.int32, device=device)
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    kept = _CLEAN.get(key)
-    if kept is None or kept.numel() < size:
-        kept = _CLEAN[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return kept
 
 
 def widen_rows() -> bool:
@@ -338,14 +310,9 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     if group == 1:
         return launch(x2, y2, sm_count)
     progs = per_sm(slice_cols, es)
-    clean = CLEAN_COUNTERS and SPLIT_ONE_TILE
-    if clean:
-        part = torch.empty((n_rows, group, 2), dtype=torch.float32, device=x2.device)
-        sync = split_counters(n_rows, x2.device, reuse=True)
-    else:
-        _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
+    _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
     grid = n_rows * group if SPLIT_ONE_TILE else max(1, min(n_rows * group, progs * sm_count))
     _softmax_held_split_kernel[(grid,)](
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
-        SPIN=spin_asm(SPIN_MAX_NS), CLEAN=clean, num_warps=WARPS, maxnreg=MAX_REGS)
+        SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)

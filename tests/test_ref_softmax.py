@@ -966,31 +966,6 @@ def test_the_held_split_launcher_gives_each_slice_its_own_program_unless_told_to
     assert "nanosleep" not in kernel.launches[-1][1]["SPIN"] and "ld.acquire.gpu" in kernel.launches[-1][1]["SPIN"]
 
 
-@pytest.mark.parametrize("one_tile", [True, False])
-def test_the_held_split_launcher_reuses_its_streams_counters_only_where_the_kernel_leaves_them_zero(
-        monkeypatch, recorded_kernel, one_tile):
-    # CLEAN_COUNTERS: a program a slice zeroes what it counted on (the row's last program past the wait, the last
-    # ticket's program), so the launcher takes the stream's kept counters; the persistent walk cannot, and keeps new zeros
-    kernel = recorded_kernel
-    monkeypatch.setattr(_softmax_held, "_softmax_held_split_kernel", kernel, raising=False)
-    monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
-    monkeypatch.setattr(_softmax_held, "SPLIT_ONE_TILE", one_tile)
-    monkeypatch.setattr(_split_walk, "interpreting", lambda: False)
-    asked, real = [], _softmax_held.split_counters
-    monkeypatch.setattr(_softmax_held, "split_counters",
-                        lambda n_rows, device, reuse: asked.append((n_rows, reuse)) or torch.zeros(1, dtype=torch.int32))
-    x = torch.empty(1000, 128256, dtype=torch.bfloat16)
-    _softmax_held.launch_split(x, torch.empty_like(x), 4, 132)
-    assert kernel.launches[-1][1]["CLEAN"] is False and not asked  # off by default: new zeros (split_launch)
-    monkeypatch.setattr(_softmax_held, "CLEAN_COUNTERS", True)
-    _softmax_held.launch_split(x, torch.empty_like(x), 4, 132)
-    assert kernel.launches[-1][1]["CLEAN"] is one_tile and asked == ([(1000, True)] if one_tile else [])
-    # off the GPU (and under graph capture) the counters are new zeros whatever is asked
-    first = real(10, torch.device("cpu"), reuse=True)
-    assert first.shape == (11 * _split_walk.COUNTER_STRIDE_INTS,) and not first.any()
-    assert real(10, torch.device("cpu"), reuse=True) is not first
-
-
 def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
     x = torch.randn(3, 40)
     with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows"):
@@ -1006,25 +981,6 @@ HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.float16, 
                (torch.float32, 65536), (torch.float32, 60001), (torch.float32, 100003),
                (torch.float32, 18432), (torch.float32, 28672),  # fp32 aligned, whole: three and two an SM
                (torch.float32, 32000), (torch.float32, 49152)]  # and one
-
-
-@pytest.mark.gpu
-def test_held_slices_leave_their_kept_counters_zero_for_the_next_launch_on_each_stream(monkeypatch):
-    # CLEAN_COUNTERS on: launches of growing and shrinking row counts on two streams, each checked against torch and
-    # each stream's kept counters all zero after it (a count left behind would hang or corrupt the next launch)
-    monkeypatch.setattr(_softmax_held, "CLEAN_COUNTERS", True)
-    monkeypatch.setattr(_softmax_held, "_CLEAN", {})
-    other = torch.cuda.Stream()
-    for rows, stream in ((3, None), (301, None), (40, other), (301, None), (7, other), (1, None)):
-        with torch.cuda.stream(stream or torch.cuda.current_stream()):
-            x = torch.randn(rows, 74988, device="cuda").mul_(4).to(torch.bfloat16)
-            out = poisoned_like(x)
-            _softmax_held.launch_split(x, out, 3, torch.cuda.get_device_properties(0).multi_processor_count)
-            kept = _softmax_held.split_counters(rows, x.device, reuse=True)
-            torch.cuda.current_stream().synchronize()
-            assert not kept.any(), (rows, kept.nonzero()[:4])
-            assert_close_to_row_scale(out, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
-    assert len(_softmax_held._CLEAN) == 2  # one buffer a stream
 
 
 @pytest.mark.gpu
