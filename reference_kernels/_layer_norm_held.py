@@ -666,6 +666,11 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 STREAM_NARROW_MAX_COLS = 16384
 STREAM_NARROW_WARPS = (2, 4, 8, 16, 32)
 STREAM_NARROW_MAX_SEGMENTS = 6
+# Programs of the warps named here may take more segments: fp32 rows of 12289-16383 on 16 warps in seven or eight 2048-
+# element segments, two programs an SM, instead of four 4096-element ones on one 32-warp program (H200, % of copy, two
+# runs: 12345 69 -> 73-74, 13001 70 -> 72-74, 14001 71 -> 72-73, 15001 / 16383 level). 16-bit rows of 16 warps would
+# need 28673+ columns for a seventh segment, so only fp32 rows change.
+STREAM_NARROW_MAX_SEGMENTS_BY_WARPS = {16: 8}
 STREAM_WARPS_PER_SM = 32
 # Registers a thread by segments a row (64 where not named): rows of five or six segments on 64 registers lost to 80
 # (H200, % of copy, 32 -> 24 warps an SM: fp32 4097 85 -> 88, 4500 84 -> 88, 3001 79 -> 85, bf16 2049 81 -> 84, 8191 80
@@ -695,7 +700,8 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     for warps in STREAM_NARROW_WARPS:
         block = vec * 32 * warps
         nseg = segments(n_cols, elem_size, block, aligned)
-        if nseg <= STREAM_NARROW_MAX_SEGMENTS and (best is None or nseg * block < best[1] * best[2]):
+        most = (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}).get(warps, STREAM_NARROW_MAX_SEGMENTS)
+        if nseg <= most and (best is None or nseg * block < best[1] * best[2]):
             best = (warps, block, nseg)
     if best is None:
         return None

@@ -89,10 +89,12 @@ def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_
 STREAM_CASES = ["layer_norm_stream:bf16:bf16:50257", "layer_norm_stream:fp16:fp16:57337",
                 "layer_norm_stream:bf16:fp32:24001", "layer_norm_stream:fp32:fp32:22001",
                 "layer_norm_stream:bf16:bf16:37409",
-                # narrower rows, several programs an SM (_layer_norm_held.stream_shape): 2, 5 and 4 segments
-                "layer_norm_stream:bf16:bf16:999", "layer_norm_stream:fp32:fp32:4097", "layer_norm_stream:fp32:fp32:9001"]
+                # narrower rows, several programs an SM (_layer_norm_held.stream_shape): 2, 5, 5 and 7 segments
+                "layer_norm_stream:bf16:bf16:999", "layer_norm_stream:fp32:fp32:4097", "layer_norm_stream:fp32:fp32:9001",
+                "layer_norm_stream:fp32:fp32:12345"]
 STREAM_KNOWN_STACK = {"layer_norm_stream:bf16:bf16:50257": 16, "layer_norm_stream:fp16:fp16:57337": 24,
-                      "layer_norm_stream:fp32:fp32:22001": 40, "layer_norm_stream:fp32:fp32:9001": 8}
+                      "layer_norm_stream:fp32:fp32:22001": 40, "layer_norm_stream:fp32:fp32:9001": 8,
+                      "layer_norm_stream:fp32:fp32:12345": 16}
 
 
 def test_the_streamed_forward_compiles_for_sm90_into_16_byte_loads_and_stores_within_its_known_spills():

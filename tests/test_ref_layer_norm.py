@@ -1556,10 +1556,19 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(4097, 2, 4) == (4, 1024, 5, 6, 80)  # a ragged row takes its slack before the start: 4104 slots
     assert shape(7001, 4, 8) == (16, 2048, 4, 2, 64)  # fp32: 128 elements a warp
     assert shape(9001, 4, 8) == (16, 2048, 5, 2, 64)  # two programs on 64 registers, not one on 80
-    assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
     assert shape(1025, 4, 8) == (2, 256, 5, 12, 80)
+    # 16-warp programs take up to eight segments (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): fp32 12345 on seven 2048-element
+    # ones, two programs an SM, not four 4096-element ones on one 32-warp program; 16384 on eight, one an SM as shared
+    # memory holds its weight and bias (128 KiB), on a tie of slots the fewer warps
+    assert shape(12345, 4, 8) == (16, 2048, 7, 2, 64)
+    assert shape(16384, 4, 8) == (16, 2048, 8, 1, 128)
+    assert shape(16383, 4, 8) == (32, 4096, 5, 1, 64)  # its slack before the start: 16386 slots, nine of 2048
+    assert shape(12345, 2, 4) == (16, 4096, 4, 2, 64)  # 16-bit rows: no seventh segment under 16385 columns
     # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
     assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, _layer_norm_held.STREAM_MAX_REGS)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", None)
+    assert shape(12345, 4, 8) == (32, 4096, 4, 1, 64)
+    assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
     monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 16)
     assert shape(999, 2, 4) == (2, 512, 2, 8, 128)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)  # never fewer than one program
@@ -1698,7 +1707,8 @@ def test_the_streamed_forward_matches_torch_and_writes_every_output_and_statisti
 
 
 # Narrower rows on the streamed forward (_layer_norm_held.stream_shape's several programs an SM), launched directly at
-# every shape it can take: aligned and ragged 16-bit and fp32 rows, one segment to six, fp32 parameters of bf16 rows.
+# every shape it can take: aligned and ragged 16-bit and fp32 rows, one segment to eight (fp32 on 16 warps), fp32
+# parameters of bf16 rows.
 STREAM_NARROW = [(torch.bfloat16, torch.bfloat16, 384), (torch.float16, torch.float16, 1600),
                  (torch.bfloat16, torch.bfloat16, 2560), (torch.float16, torch.float16, 5120),
                  (torch.bfloat16, torch.bfloat16, 12288), (torch.bfloat16, torch.float32, 12288),
@@ -1707,7 +1717,7 @@ STREAM_NARROW = [(torch.bfloat16, torch.bfloat16, 384), (torch.float16, torch.fl
                  (torch.float32, torch.float32, 1025), (torch.float32, torch.float32, 12288),
                  (torch.float32, torch.float32, 12345), (torch.float32, torch.float32, 16384),
                  (torch.float32, torch.float32, 9001), (torch.bfloat16, torch.bfloat16, 555),
-                 (torch.float16, torch.float16, 1023)]
+                 (torch.float16, torch.float16, 1023), (torch.float32, torch.float32, 15001)]
 
 
 @pytest.mark.gpu
