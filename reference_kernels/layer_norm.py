@@ -1358,11 +1358,6 @@ _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 _STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((513, 16383),),
                                                                     4: ((1025, 8189), (8192, 16383))}
 _STREAM_FWD_16BIT_MOST = (5, 8)
-# The backward's rows streamed as the forward's (_layer_norm_held.launch_backward_stream: x and dy in registers, the
-# shares in registers, rows of up to three segments) in these bands (by element size, inclusive; N not a multiple of 16,
-# not the packed rows plan's widths), before the held plan. None until measured on the GPU (docs/kernels.md, "The
-# backward streamed"): the A/B is `--set "layer_norm._STREAM_BWD_BANDS={2: ((257, 1529),), 4: ((257, 1533),)}"`.
-_STREAM_BWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = None
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
 # bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
@@ -2319,9 +2314,7 @@ def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     plan runs: the held plan's programs, else ``_share_rows`` of the planned launch. What the byte budget's slack for
     the shares is computed from (tests/test_ref_dogfood.py)."""
     x2, dy2 = as_rows(x), as_rows(dy)
-    if _stream_backward(dy2, x2, weight.contiguous(), x2):  # x2 for dx: a fresh dx is packed wherever x is
-        return _layer_norm_held.backward_stream_programs(x2, weight, sm_count(x.device))
-    if _held_backward(dy2, x2, weight.contiguous(), x2):
+    if _held_backward(dy2, x2, weight.contiguous(), x2):  # x2 for dx: a fresh dx is packed wherever x is
         return _layer_norm_held.backward_programs(x2, weight, sm_count(x.device))
     plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, sm_count=sm_count(x.device),
                                 phased_ok=dy.dtype == x.dtype, flat_ok=_flat_layout(x2, dy2),
@@ -2482,16 +2475,6 @@ def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
     return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
 
 
-def _stream_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
-    """Whether this backward streams its rows (``_layer_norm_held.launch_backward_stream``): N not a multiple of 16 in
-    ``_STREAM_BWD_BANDS`` (none until measured), on a machine that runs the held kernels, of tensors it takes."""
-    n_cols, elem_size = x2.shape[1], x2.element_size()
-    bands = (_STREAM_BWD_BANDS or {}).get(4 if elem_size >= 4 else 2, ())
-    return (n_cols % 16 != 0 and any(lo <= n_cols <= hi for lo, hi in bands) and not _narrow_packed(n_cols)
-            and not _packed_rows(n_cols) and _layer_norm_held.available()
-            and _layer_norm_held.fits_backward_stream(dy2, x2, weight, dx2))
-
-
 def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
     """Whether this backward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
     return (_held_bwd_default(x2.shape[1], x2.element_size()) and _layer_norm_held.available()
@@ -2583,16 +2566,14 @@ def backward(
     x2, dy2 = as_rows(x), as_rows(dy)
     dx2 = dx.view(x2.shape)
     weight = weight.contiguous()
-    forced = max_row is not None or one_pass is not None or variant is not None
-    for wanted, launch in ((_stream_backward, _layer_norm_held.launch_backward_stream),
-                           (_held_backward, _layer_norm_held.launch_backward)):
-        if not forced and wanted(dy2, x2, weight, dx2):
-            try:
-                shares = launch(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2, sm_count(x.device))
-                _sum_shares(*shares, dw, db)
-                return dx, dw, db
-            except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without
-                _layer_norm_held.disable(exc)
+    if max_row is None and one_pass is None and variant is None and _held_backward(dy2, x2, weight, dx2):
+        try:
+            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2,
+                                                      sm_count(x.device))
+            _sum_shares(*shares, dw, db)
+            return dx, dw, db
+        except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
+            _layer_norm_held.disable(exc)
     plan = _layer_norm_settings(
         *x2.shape,
         x.element_size(),

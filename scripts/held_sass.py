@@ -4,8 +4,7 @@
 
 A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``,
 ``layer_norm_stream:DTYPE:PARAM_DTYPE:N`` (rows too wide to hold, streamed past the held weight and bias) or
-``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` or ``layer_norm_bwd_stream:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32;
-the last two are the backward, held and streamed). Per case: the shared
+``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
 is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
 docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
@@ -37,7 +36,6 @@ SIGNATURES = {
     "layer_norm_bwd": ["x_ptr:*X", "dy_ptr:*X", "w_ptr:*P", "mean_ptr:*fp32", "rstd_ptr:*fp32", "dx_ptr:*X",
                        "dw_part_ptr:*fp32", "db_part_ptr:*fp32", "n_rows:i32", "n_cols:i32"],
 }
-SIGNATURES["layer_norm_bwd_stream"] = SIGNATURES["layer_norm_bwd"]
 
 
 def compile_case(case: str) -> dict:
@@ -54,15 +52,14 @@ def compile_case(case: str) -> dict:
     elif subject == "softmax_split":
         dtype, n, group = rest[0], int(rest[1]), int(rest[2])
         param, kernel = None, _softmax_held._softmax_held_split_kernel
-    elif subject in ("layer_norm", "layer_norm_stream", "layer_norm_bwd", "layer_norm_bwd_stream"):
+    elif subject in ("layer_norm", "layer_norm_stream", "layer_norm_bwd"):
         dtype, param, n = rest[0], rest[1], int(rest[2])
         kernel = {"layer_norm": _layer_norm_held._layer_norm_fwd_held_kernel,
                   "layer_norm_stream": _layer_norm_held._layer_norm_fwd_stream_kernel,
-                  "layer_norm_bwd": _layer_norm_held._layer_norm_bwd_held_kernel,
-                  "layer_norm_bwd_stream": _layer_norm_held._layer_norm_bwd_stream_kernel}[subject]
+                  "layer_norm_bwd": _layer_norm_held._layer_norm_bwd_held_kernel}[subject]
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm, layer_norm_stream,"
-                         " layer_norm_bwd or layer_norm_bwd_stream")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm, layer_norm_stream or"
+                         " layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
     for entry in SIGNATURES[subject]:
@@ -88,12 +85,6 @@ def compile_case(case: str) -> dict:
         if shape is None:
             raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_shape)")
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=shape.warps)
-        max_regs = shape.max_regs
-    if subject == "layer_norm_bwd_stream":  # the streamed backward: x and dy in registers, the weight in shared memory
-        shape = _layer_norm_held.bwd_stream_shape(n, elem, 4 if param == "fp32" else 2)
-        if shape is None:
-            raise SystemExit(f"{case}: the streamed backward does not take these rows (bwd_stream_shape)")
-        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=_layer_norm_held.BWD_WIDEN, num_warps=shape.warps)
         max_regs = shape.max_regs
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)

@@ -115,28 +115,6 @@ def test_the_streamed_forward_compiles_for_sm90_into_16_byte_loads_and_stores_wi
         assert all(stacks[c] <= STREAM_KNOWN_STACK.get(c, 0) for c in STREAM_CASES), stacks
 
 
-# The streamed backward (rows of up to three segments; taken by no rule yet): its rows and shares in registers, the
-# weight in shared memory. Triton 3.9 compiles these without a spill at their register caps (BWD_STREAM_REGS).
-BWD_STREAM_CASES = ["layer_norm_bwd_stream:bf16:bf16:333", "layer_norm_bwd_stream:bf16:bf16:777",
-                    "layer_norm_bwd_stream:fp16:fp16:1023", "layer_norm_bwd_stream:fp32:fp32:1023",
-                    "layer_norm_bwd_stream:bf16:fp32:999"]
-
-
-def test_the_streamed_backward_compiles_for_sm90_into_16_byte_loads_and_stores_within_its_registers():
-    results = compile_for_sm90(SCRIPT, BWD_STREAM_CASES)
-    for case in BWD_STREAM_CASES:
-        result = results[case]
-        assert result["copies"] == 0 and result["vector_loads"] and result["vector_stores"], result
-        _, dtype, param, n = case.split(":")
-        shape = _layer_norm_held.bwd_stream_shape(int(n), 4 if dtype == "fp32" else 2, 4 if param == "fp32" else 2)
-        assert result["register_cap"] == shape.max_regs, result
-        assert shape.nseg * shape.block * (4 if param == "fp32" else 2) <= result["shared"] <= _held.SMEM_PER_BLOCK
-        if result["registers"] is not None:
-            assert result["registers"] <= result["register_cap"], result
-            if not _held.tuned_triton():  # the Triton its register caps were read from
-                assert not result["stack"], result
-
-
 def pretend_an_sm90_machine(monkeypatch, module):
     """``module.available()`` (``_held``, ``_gemm_ws``) as on an H200 with a working Gluon, whatever this machine is;
     a fresh ``disable()`` record."""
