@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from ._common import disable_after_compile_failure, interpreting, sm_count
+from ._common import cdiv, disable_after_compile_failure, interpreting, sm_count
 
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
     from triton.experimental import gluon
@@ -372,7 +372,7 @@ def launch(a, b, out, bias, residual, activation_code, gelu_degree=None, config=
     M, K = a.shape
     N = b.shape[1]
     a_desc, b_desc, c_desc, b_kmajor = _descriptors(a, b, out, BM, BN, BK, split)
-    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
     programs = per_sm * sm_count(a.device)
     rs = residual.stride() if residual is not None else (0, 0)
     compiled = _gemm_ws_kernel[(min(programs, tiles),)](

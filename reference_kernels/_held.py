@@ -24,7 +24,7 @@ try:  # Gluon: Triton 3.5+; its names move between releases, so any failure mean
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
-from ._common import disable_after_compile_failure, interpreting
+from ._common import cdiv, disable_after_compile_failure, interpreting
 
 BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
 WARPS = 8
@@ -44,7 +44,7 @@ def segments(n_cols: int, elem_size: int, block: int | None = None, aligned: boo
     """Segments of ``block`` (default ``BLOCK``) elements that hold a row from its aligned-down start (up to 15 bytes
     before it); ``aligned``: rows that start on a 16-byte boundary (``phase0``), which need no such slack."""
     slack = 0 if aligned else 16 // elem_size - 1
-    return triton.cdiv(n_cols + slack, block or BLOCK)
+    return cdiv(n_cols + slack, block or BLOCK)
 
 
 def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import triton
 
+from ._common import cdiv
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, row_span, row_start, segments,
@@ -527,9 +527,9 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     vec = 16 // es
     warps, block, nseg, fit = fwd_shape(n_cols, es, col_bytes(x2, weight, bias))
     if FWD_ROWS:  # VEC programs (one a phase) for each FWD_ROWS VEC rows
-        grid = vec * triton.cdiv(triton.cdiv(n_rows, vec), FWD_ROWS)
+        grid = vec * cdiv(cdiv(n_rows, vec), FWD_ROWS)
     else:  # a multiple of VEC: one phase a program
-        grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, fit * sm_count // vec * vec))
+        grid = max(vec, min(cdiv(n_rows, vec) * vec, fit * sm_count // vec * vec))
     _layer_norm_fwd_held_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
         WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
@@ -638,7 +638,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     es = x2.element_size()
     vec = 16 // es
     shape = stream_shape(n_cols, es, wb_bytes(weight, bias))
-    grid = max(vec, min(triton.cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
+    grid = max(vec, min(cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
     _layer_norm_fwd_stream_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
         WIDEN=FWD_WIDEN, num_warps=shape.warps, maxnreg=shape.max_regs)
@@ -725,7 +725,7 @@ def backward_programs(x2: torch.Tensor, weight: torch.Tensor, sm_count: int) -> 
     phase a program), no more than the rows need."""
     vec = 16 // x2.element_size()
     progs = _bwd_shape(x2, weight).per_sm * sm_count // vec * vec
-    return max(vec, min(triton.cdiv(x2.shape[0], vec) * vec, progs))
+    return max(vec, min(cdiv(x2.shape[0], vec) * vec, progs))
 
 
 def fits_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:

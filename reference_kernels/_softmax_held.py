@@ -20,8 +20,8 @@ What it shares with the layer-norm forward's held kernel (the sizes, ``available
 from __future__ import annotations
 
 import torch
-import triton
 
+from ._common import cdiv, next_power_of_2
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
@@ -287,8 +287,8 @@ def split_shape(n_cols: int, elem_size: int, group: int) -> tuple[int, int]:
     """(slices a row, columns a slice) for ``group`` slices asked: slices of a multiple of 16 bytes (so that each
     has its row's phase), none empty."""
     vec = 16 // elem_size
-    slice_cols = triton.cdiv(triton.cdiv(n_cols, max(1, group)), vec) * vec
-    return triton.cdiv(n_cols, slice_cols), slice_cols
+    slice_cols = cdiv(cdiv(n_cols, max(1, group)), vec) * vec
+    return cdiv(n_cols, slice_cols), slice_cols
 
 
 def split_fits(x2: torch.Tensor, y2: torch.Tensor, group: int) -> bool:
@@ -313,6 +313,6 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
     grid = n_rows * group if SPLIT_ONE_TILE else max(1, min(n_rows * group, progs * sm_count))
     _softmax_held_split_kernel[(grid,)](
-        x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
+        x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
         SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)

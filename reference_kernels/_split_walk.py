@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import interpreting, sm_count
+from ._common import cdiv, interpreting, sm_count
 
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
 # do not queue behind those spinning on the next (docs/kernels.md, "The split walk").
@@ -122,9 +122,9 @@ def arrive_and_wait(count_ptr, n_peers):
 
 def split_group(n_cols: int, block_n: int, group: int) -> tuple[int, int]:
     """(programs per row, columns per slice) for ``group`` slices asked: whole chunks a slice, none empty."""
-    n_steps = triton.cdiv(n_cols, block_n)
-    steps = triton.cdiv(n_steps, max(1, min(group, n_steps)))
-    return triton.cdiv(n_steps, steps), steps * block_n
+    n_steps = cdiv(n_cols, block_n)
+    steps = cdiv(n_steps, max(1, min(group, n_steps)))
+    return cdiv(n_steps, steps), steps * block_n
 
 
 def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor, planes: int = 1):

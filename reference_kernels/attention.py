@@ -36,7 +36,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import check_tensor, interpreting, next_power_of_2
+from ._common import cdiv, check_tensor, interpreting, next_power_of_2
 from ._math import exp2
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -236,7 +236,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         raise ValueError(f"plan {plan}: block_n must be a power of two >= {_MIN_BLOCK} dividing block_m")
     if batch * heads > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
-    grid = (triton.cdiv(seq_len, plan.block_m), batch * heads)
+    grid = (cdiv(seq_len, plan.block_m), batch * heads)
     _attention_fwd_kernel[grid](
         q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         heads, seq_len, scale * _LOG2E,

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import check_tensor, interpreting, next_power_of_2, sm_count
+from ._common import cdiv, check_tensor, interpreting, next_power_of_2, sm_count
 from ._math import gelu, phi_scaled
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
@@ -335,7 +335,7 @@ def _launch_config(M: int, N: int, rng_bits: int = RNG_BITS) -> tuple[int, int, 
 
 def _lean_programs(M: int, block_m: int, col_tiles: int, device: torch.device) -> int:
     """Programs over rows for the lean kernel: a few per SM (each walks row tiles), 2 in the interpreter."""
-    row_tiles = triton.cdiv(M, block_m)
+    row_tiles = cdiv(M, block_m)
     if interpreting() or device.type != "cuda":
         return min(row_tiles, 2)
     return max(1, min(row_tiles, _LEAN_PROGRAMS_PER_SM * sm_count(device) // col_tiles))
@@ -394,12 +394,12 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
         return _launch_lean(x2, bias, y, p, seed, config, wide, rounds, programs, prefetch, gelu_degree)
     block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    grid = (cdiv(M, block_m), cdiv(N, block_n))
     _bias_gelu_dropout_kernel[grid](
         x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p),
         BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits, HAS_DROPOUT=threshold > 0,
         GELU_MODE=_gelu_mode(approximate) if gelu_mode is None else gelu_mode,
-        WIDE=(M * triton.cdiv(N, 128 // rng_bits) >= 2**31) if wide is None else wide,
+        WIDE=(M * cdiv(N, 128 // rng_bits) >= 2**31) if wide is None else wide,
         N_ROUNDS=rounds, num_warps=warps,
     )
     return y
@@ -414,7 +414,7 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
         warps = _LEAN_WARPS
     threshold = _threshold(p)
     scale = _scale(p) if 0 < threshold < 1 << RNG_BITS else (1.0 if threshold == 0 else 0.0)
-    col_tiles = triton.cdiv(N, block_n)
+    col_tiles = cdiv(N, block_n)
     grid = (programs or _lean_programs(M, block_m, col_tiles, x2.device), col_tiles)
     thr16 = (threshold << 16) & 0xFFFFFFFF
     _bias_gelu_dropout_lean_kernel[grid](
@@ -422,7 +422,7 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
         math.log2(scale) if scale > 0 else -math.inf,
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_DROPOUT=0 < threshold < 1 << RNG_BITS, FAST=not interpreting(),
         EVEN=M % block_m == 0 and N % block_n == 0,
-        WIDE=(M * triton.cdiv(N, 8) >= 2**31) if wide is None else wide, N_ROUNDS=rounds,
+        WIDE=(M * cdiv(N, 8) >= 2**31) if wide is None else wide, N_ROUNDS=rounds,
         PREFETCH=_LEAN_PREFETCH if prefetch is None else prefetch,
         GELU_DEGREE=_lean_gelu_degree(y.dtype, gelu_degree), num_warps=warps,
     )
@@ -448,11 +448,11 @@ def dropout_mask(shape, p: float, seed: int, device="cuda", rng_bits: int = RNG_
     M = mask.numel() // N if N else 0
     if mask.numel():
         block_m, block_n, warps = _launch_config(M, N, rng_bits)
-        grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+        grid = (cdiv(M, block_m), cdiv(N, block_n))
         _dropout_mask_kernel[grid](
             mask, M, N, seed, _threshold(p, rng_bits),
             BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits,
-            WIDE=M * triton.cdiv(N, 128 // rng_bits) >= 2**31, N_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
+            WIDE=M * cdiv(N, 128 // rng_bits) >= 2**31, N_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
         )
     return mask.view(torch.bool)
 

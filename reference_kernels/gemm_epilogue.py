@@ -40,7 +40,7 @@ from triton.compiler.errors import CompilationError
 from pytest_fusioncheck.budget import Budget
 
 from . import _gemm_ws
-from ._common import check_tensor, graph_device_ms, interpreting, sm_count
+from ._common import cdiv, check_tensor, graph_device_ms, interpreting, sm_count
 from ._math import gelu
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -469,9 +469,9 @@ def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, sms: 
     """Modelled seconds of one config: waves of tiles at the tile's rate, or the compulsory bytes
     (plus split-K's fp32 partials written and read) at copy speed, whichever is longer."""
     BM, BN, BK, _, _, share = tile
-    units = triton.cdiv(M, BM) * triton.cdiv(N, BN) * split
-    waves = triton.cdiv(units, sms)
-    k_steps = triton.cdiv(triton.cdiv(K, BK), split)
+    units = cdiv(M, BM) * cdiv(N, BN) * split
+    waves = cdiv(units, sms)
+    k_steps = cdiv(cdiv(K, BK), split)
     rate = _SM_FLOPS * share * (0.5 if elt == 4 else 1.0)
     compute = waves * 2 * BM * BN * k_steps * BK / rate
     nbytes = elt * (M * K + K * N + M * N) + (8 * split * M * N if split > 1 else 0)
@@ -488,14 +488,14 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
     ``_MIN_K_STEPS`` K steps a range and at most three waves. fp32 inputs halve BLOCK_K and drop the
     128x256 tile (shared memory).
     """
-    if triton.cdiv(M, 128) * triton.cdiv(N, 256) >= 2 * sms:
+    if cdiv(M, 128) * cdiv(N, 256) >= 2 * sms:
         configs = list(_TMA_CONFIGS if path == "tma" else _TILED_CONFIGS)
     else:
         scored = []
         for tile in _TILE_SHAPES:
             BM, BN, BK, stages, warps, _ = tile
-            tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-            k_steps = triton.cdiv(K, BK)
+            tiles = cdiv(M, BM) * cdiv(N, BN)
+            k_steps = cdiv(K, BK)
             for split in (1,) + _SPLITS:
                 if split > 1 and (tiles >= sms or k_steps < split * _MIN_K_STEPS or tiles * split > 3 * sms):
                     continue
@@ -503,13 +503,13 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
                 scored.append((_estimate_s(M, N, K, tile, split, elt, sms), config))
         configs = [config for _, config in sorted(scored)[:_CANDIDATES]]
     short_k = path == "tma" and elt == 2 and K <= _TWO_PER_SM_MAX_K
-    if short_k and triton.cdiv(M, 128) * triton.cdiv(N, 128) > sms and _TWO_PER_SM_CONFIG not in configs:
+    if short_k and cdiv(M, 128) * cdiv(N, 128) > sms and _TWO_PER_SM_CONFIG not in configs:
         configs.append(_TWO_PER_SM_CONFIG)  # more tiles than SMs: the second program an SM has work
     if elt == 4:  # fp32: BLOCK_K 32, and no 128x256 tile (its fp32 output tile alone takes 128 KB)
         configs = [(c[0], c[1], min(c[2], 32)) + c[3:] for c in configs if c[0] * c[1] <= 128 * 128]
         configs = configs or [(128, 128, 32, 8, 1, 4, 8, 1, 1)]
     if ws and path == "tma" and elt == 2:
-        small = triton.cdiv(M, 64) * triton.cdiv(N, 128) < _WS_SMALL_WAVES * sms
+        small = cdiv(M, 64) * cdiv(N, 128) < _WS_SMALL_WAVES * sms
         configs += [c for c in _WS_CONFIGS + (_WS_SMALL_CONFIGS if small else []) if c not in configs]
     return configs
 
@@ -555,7 +555,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
     degree = _GELU_DEGREE if gelu_degree is None else gelu_degree
     if degree not in (5, 7, 9):
         raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
-    split_k = max(1, min(split_k, triton.cdiv(K, BK)))  # K = 0 or a short K: one range
+    split_k = max(1, min(split_k, cdiv(K, BK)))  # K = 0 or a short K: one range
     dot_flags = dict(DOT_IN_FP32=interpreting(), INPUT_PRECISION=_input_precision(a.dtype))
     if not interpreting():
         activation_code = _fast_activation(activation_code)
@@ -574,7 +574,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             b_arg = TensorDescriptor(b, [K, N], [b.stride(0), 1], [BK, BN])
     else:
         a_arg, b_arg = a, b
-    tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    tiles = cdiv(M, BM) * cdiv(N, BN)
     if split_k > 1:
         # docs/kernels.md, "gemm_epilogue": two launches, fp32 partials (4 * split_k * M * N bytes
         # written, then read) between them.
@@ -585,7 +585,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags,
         )
         EM, EN = (16, 128) if not interpreting() else (16, 32)
-        _splitk_epilogue_kernel[(triton.cdiv(M, EM), triton.cdiv(N, EN))](
+        _splitk_epilogue_kernel[(cdiv(M, EM), cdiv(N, EN))](
             ws, out, bias, residual, M, N, out.stride(0), rs[0], rs[1],
             SPLIT_K=split_k, BLOCK_M=EM, BLOCK_N=EN, num_warps=4, **epi_flags,
         )

@@ -50,7 +50,7 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
-from ._common import as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
+from ._common import as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
 from ._math import widen_after
 from ._ragged import (
     VECTOR_BYTES,
@@ -1730,8 +1730,8 @@ def _layer_norm_settings(
         return _wide_forward_plan(n_cols, elem_size, wide, max_row)
     else:
         chunk = next_power_of_2(max_row) if max_row is not None else _BWD_CHUNK
-        block_n = max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
-        n_chunks = triton.cdiv(n_cols, block_n)
+        block_n = max(chunk, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS)))
+        n_chunks = cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
         if one_pass is None:
@@ -1739,7 +1739,7 @@ def _layer_norm_settings(
         plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, _BWD_WARPS)
         per_sm = _BWD_PROGRAMS_PER_SM
     if backward:
-        row_blocks = triton.cdiv(n_rows, plan.block_m)
+        row_blocks = cdiv(n_rows, plan.block_m)
         plan = plan._replace(n_groups=max(1, min(row_blocks, (sm_count * per_sm) // n_chunks)))
     return plan
 
@@ -1758,12 +1758,12 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
         plan = "split" if elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE else "looped"
     if plan == "looped":
         chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
-        return _Plan("looped", 1, max(chunk, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
+        return _Plan("looped", 1, max(chunk, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
     row_bytes = n_cols * elem_size
     if plan == "persistent":
         chunk = next_power_of_2(max_row) if max_row is not None else _PERSISTENT_CHUNK_BYTES // elem_size
         return _Plan(plan, 1, chunk, _PERSISTENT_WARPS, group=1, per_sm=1)
-    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, triton.cdiv(row_bytes, _MAX_SPLIT_GROUP)))
+    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, _MAX_SPLIT_GROUP)))
     hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
     if max_row is not None:
         chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, _SPLIT_PER_SM
@@ -1773,7 +1773,7 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
         per_sm = max(1, 16 // warps)
     else:
         chunk, warps, per_sm = _SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, _SPLIT_PER_SM
-    group = split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, triton.cdiv(row_bytes, slice_bytes)))[0]
+    group = split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, cdiv(row_bytes, slice_bytes)))[0]
     if group > 1 and interpreting():
         if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
@@ -1840,7 +1840,7 @@ def _full_first(block_n: int, block_t: int, n_cols: int, vec: int, prefetch: boo
 def _phased_bwd_warps(spread: int, elem_size: int) -> int:
     """Warps of the phased backward for ``spread`` lanes at ``_PHASED_BWD_VECTORS`` 16-byte vectors a thread (4..32)."""
     lanes = 32 * max(1, 16 // elem_size) * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's
-    return max(4, min(32, next_power_of_2(triton.cdiv(spread, lanes))))
+    return max(4, min(32, next_power_of_2(cdiv(spread, lanes))))
 
 
 def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
@@ -1972,8 +1972,8 @@ def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int)
     segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as 32 warps hold."""
     seg, _, r, segments = _flat_shape(n_cols)
     vec = max(1, 16 // elem_size)
-    warps = max(1, min(32, next_power_of_2(triton.cdiv(segments * seg, 32 * vec))))
-    n_groups = max(1, min(sm_count * max(1, 32 // warps), triton.cdiv(n_rows, r)))
+    warps = max(1, min(32, next_power_of_2(cdiv(segments * seg, 32 * vec))))
+    n_groups = max(1, min(sm_count * max(1, 32 // warps), cdiv(n_rows, r)))
     return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
 
 
@@ -2020,7 +2020,7 @@ def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int
     per_vector = 16 // elem_size
     chunk = next_power_of_2(max(1, _LOOPED_FWD_CHUNK_BYTES // elem_size))
     smallest = 32 * per_vector  # one warp
-    while chunk > smallest and triton.cdiv(n_cols, chunk) * chunk - n_cols > _LOOPED_FWD_WASTE * n_cols:
+    while chunk > smallest and cdiv(n_cols, chunk) * chunk - n_cols > _LOOPED_FWD_WASTE * n_cols:
         chunk //= 2
     chunk = max(chunk, smallest)
     warps = max(1, min(16, chunk // smallest))
@@ -2037,11 +2037,11 @@ def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int,
     does (up to ``_WALK_FWD_MAX_TAIL`` vectors). Other rows: pieces covering every phase, no words."""
     if not (vec == 8 and elem_size == 2 and _EDGE_WORDS):
         return row_pieces(launch_width(n_cols, vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK), 0
-    reach = triton.cdiv(n_cols + vec - 1, vec) * vec  # the end of the last vector of the widest phase
+    reach = cdiv(n_cols + vec - 1, vec) * vec  # the end of the last vector of the widest phase
     pieces = row_pieces(max(vec, reach - vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK)
     last = max(i for i in range(3) if pieces[i])
     if last > 0 and pieces[last] < _WALK_FWD_MIN_PIECE:
-        rest = next_power_of_2(triton.cdiv(reach - sum(pieces[:last]), vec))
+        rest = next_power_of_2(cdiv(reach - sum(pieces[:last]), vec))
         if rest <= _WALK_FWD_MAX_TAIL:
             return tuple(p if i < last else 0 for i, p in enumerate(pieces)), rest
     return pieces, 1
@@ -2055,7 +2055,7 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
     elements of the first piece) and the shared memory of ``_WALK_FWD_STAGES - 1`` rows in flight."""
     pieces, tail = _walk_pieces(n_cols, elem_size, vec)
     lanes = sum(pieces)
-    warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _WALK_FWD_ELEMS[4 if elem_size >= 4 else 2]))))
+    warps = max(4, min(32, next_power_of_2(cdiv(lanes, 32 * _WALK_FWD_ELEMS[4 if elem_size >= 4 else 2]))))
     # pieces too narrow to reach the bytes even at 4 warps (a one-vector tail) are left out of the rule
     narrowest = min((p for p in pieces if p * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 128), default=pieces[0])
     fewest = max(4, min(32, pieces[0] // (32 * _WALK_FWD_MAX_ELEMS)))
@@ -2085,8 +2085,8 @@ def _lean_backward_plan(
         max_regs = _LEAN_MAX_REGS[("rows", size)]
     else:
         block_n = next_power_of_2(max_row) if max_row is not None else _LEAN_CHUNK
-        block_n = max(block_n, next_power_of_2(triton.cdiv(n_cols, _MAX_CHUNKS)))
-        n_chunks = triton.cdiv(n_cols, block_n)
+        block_n = max(block_n, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS)))
+        n_chunks = cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
         if one_pass is None:
@@ -2161,7 +2161,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         warps = plan.num_warps
         if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
-        _layer_norm_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
+        _layer_norm_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             JOINT=joint, PACKED=packed, NARROW=narrow, num_warps=warps, **_reg_cap(cap),
@@ -2203,7 +2203,7 @@ def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Pl
     words = r.vec == 8 and _EDGE_WORDS
     tail = plan.tail if words else 0
     # the columns the kernel must hold: every phase's row (with words: up to the end of its last vector)
-    need = triton.cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
+    need = cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
     if (words and tail == 0) or plan.block_n + plan.block_t + plan.block_u + tail * r.vec < need:
         plan = _walk_forward_plan(n_rows, n_cols, x2.element_size(), r.vec, sm_count(x2.device))  # other phases
         tail = plan.tail if words else 0
@@ -2239,10 +2239,10 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     if plan.variant == "flat":
         _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan)
         return
-    n_chunks = triton.cdiv(n_cols, plan.block_n)
-    n_row_blocks = triton.cdiv(n_rows, plan.block_m)
-    rows_per_group = triton.cdiv(n_row_blocks, plan.n_groups) * plan.block_m
-    n_groups = triton.cdiv(n_rows, rows_per_group)
+    n_chunks = cdiv(n_cols, plan.block_n)
+    n_row_blocks = cdiv(n_rows, plan.block_m)
+    rows_per_group = cdiv(n_row_blocks, plan.n_groups) * plan.block_m
+    n_groups = cdiv(n_rows, rows_per_group)
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
@@ -2281,7 +2281,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     n_groups = max(r.vec, plan.n_groups // r.vec * r.vec)
     need = launch_width(n_cols, r.vec)
     words = _EDGE_WORDS and r.vec == 8
-    reach = triton.cdiv(n_cols + r.vec - 1, r.vec) * r.vec  # with words: the last vector in them
+    reach = cdiv(n_cols + r.vec - 1, r.vec) * r.vec  # with words: the last vector in them
     if plan.block_n + plan.block_t + plan.block_u >= need or (words and plan.block_t == 0 and plan.block_n + r.vec >= reach):
         block_n, block_t, block_u = plan.block_n, plan.block_t, plan.block_u
     else:  # planned for other phases than these rows have
@@ -2374,9 +2374,9 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
     """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
     n_groups, n_cols = dw_part.shape
     block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
-    col_blocks = triton.cdiv(n_cols, block_n)
+    col_blocks = cdiv(n_cols, block_n)
     if n_groups > _DWDB_GROUPS_PER_SPLIT:
-        n_splits = triton.cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
+        n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
         dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
         db_mid = torch.empty_like(dw_mid)
         _layer_norm_dwdb_kernel[(col_blocks, n_splits)](

@@ -47,7 +47,7 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from . import _softmax_held
-from ._common import (ELEMS_PER_THREAD, as_rows, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
+from ._common import (ELEMS_PER_THREAD, as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
                       warps_for)
 from ._math import exp
 from ._ragged import (Phased, body_bounds, edge_words, edges, in_row, launch_width, phased, ragged_width, row_origin,
@@ -668,7 +668,7 @@ def _softmax_settings(
     if wide_plan == "auto":
         wide_plan = _auto_wide_plan(n_cols, elem_size)
     split = wide_plan == "split"
-    group = min(_MAX_SPLIT_GROUP, triton.cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
+    group = min(_MAX_SPLIT_GROUP, cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
     hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
             and _SPLIT_HOLD_MIN_ROW_BYTES <= n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
     warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
@@ -751,7 +751,7 @@ def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
         vec = 1 if ragged_width(n_cols, elem_size) == n_cols else max(1, 16 // elem_size)
     pieces = _row_pieces(n_cols, vec, elem_size, max_pieces=_STAGED_PIECES, waste=_STAGED_PIECE_WASTE)
     lanes = sum(pieces)
-    warps = max(4, min(32, next_power_of_2(triton.cdiv(lanes, 32 * _STAGED_ELEMS))))
+    warps = max(4, min(32, next_power_of_2(cdiv(lanes, 32 * _STAGED_ELEMS))))
     row_bytes = lanes * elem_size
     stages = max(1, min(_STAGED_STAGES, 1 + _STAGED_SMEM_BYTES // row_bytes))
     by_regs = _REGS_PER_SM // (warps * 32 * _ROWS_MAX_REGS)
@@ -775,7 +775,7 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
         return "split"
     chunk = _PERSISTENT_CHUNK_BYTES // elem_size
     width = ragged_width(n_cols, elem_size)
-    return "persistent" if width / (triton.cdiv(width, chunk) * chunk) >= _PERSISTENT_MIN_LANE_USE else "split"
+    return "persistent" if width / (cdiv(width, chunk) * chunk) >= _PERSISTENT_MIN_LANE_USE else "split"
 
 
 # --------------------------------------------------------------------------- launchers
@@ -818,7 +818,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
                   else (block_n, 0, 0))
         warps = plan.num_warps if pieces[1] == 0 else _piece_warps(plan.block_m * sum(pieces))
         plan = plan._replace(max_regs=_rows_regs(pieces, r.vec, x2.element_size(), plan.max_regs))
-        _softmax_fwd_kernel[(triton.cdiv(n_rows, plan.block_m),)](
+        _softmax_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
