@@ -573,7 +573,7 @@ STREAM_NARROW_MAX_SEGMENTS = 6
 # element segments, two programs an SM, instead of four 4096-element ones on one 32-warp program (H200, % of copy, two
 # runs: 12345 69 -> 73-74, 13001 70 -> 72-74, 14001 71 -> 72-73, 15001 / 16383 level). 16-bit rows of 16 warps would
 # need 28673+ columns for a seventh segment, so only fp32 rows change.
-STREAM_NARROW_MAX_SEGMENTS_BY_WARPS = {16: 8}
+STREAM_NARROW_MAX_SEGMENTS_BY_WARPS: dict[int, int] | None = {16: 8}  # None: STREAM_NARROW_MAX_SEGMENTS for all
 STREAM_WARPS_PER_SM = 32
 # Registers a thread by segments a row (64 where not named): rows of five or six segments on 64 registers lost to 80
 # (H200, % of copy, 32 -> 24 warps an SM: fp32 4097 85 -> 88, 4500 84 -> 88, 3001 79 -> 85, bf16 2049 81 -> 84, 8191 80

@@ -303,3 +303,16 @@ def test_the_kernel_set_option_sets_a_reference_kernel_constant_for_the_test_run
     refused = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax._NO_SUCH=1")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*--set 'softmax._NO_SUCH=1': reference_kernels.softmax has no _NO_SUCH*"])
+
+
+def test_the_host_bench_times_each_call_on_the_hosts_clock_after_its_warm_up():
+    from benchmarks.bench_host import host_us
+
+    calls, synced = [], []
+    # 2 ms a call on the host: the figure is that, not the warm-up's calls or the synchronisations
+    us = host_us(lambda: calls.append(1) or __import__("time").sleep(0.002), calls=5, warmup=3,
+                 sync=lambda: synced.append(len(calls)))
+    assert 2000 <= us < 20000
+    assert len(calls) == 8 and synced == [3, 8]  # warm-up, a sync, the timed calls, a sync
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        host_us(lambda: None, calls=0, sync=lambda: None)

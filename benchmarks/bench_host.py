@@ -1,0 +1,94 @@
+"""Host time a call of the reference kernels against torch's, eager (docs/kernels.md, "Host time a call").
+
+Every other script times the device (CUDA-graph replays); this one times the Python launch path that a graph hides:
+``--calls`` back-to-back calls at 8 rows, no synchronisation inside the loop, so the device keeps up and the host is
+what is measured. A call's planning (the launch-plan rules) and Triton's launcher are most of it. Prints one table:
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks._common import add_out_option, header, markdown_table, write_output_to  # noqa: E402
+
+
+def host_us(fn: Callable[[], object], calls: int = 300, warmup: int = 20,
+            sync: Callable[[], None] | None = None) -> float:
+    """Microseconds of host time a call of ``fn``: ``warmup`` calls (compiles, caches), a synchronisation, then
+    ``calls`` calls back to back timed on the host's clock (``sync``: the device's, by default CUDA's)."""
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    sync = sync or torch.cuda.synchronize
+    for _ in range(warmup):
+        fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    sync()
+    return elapsed / calls * 1e6
+
+
+def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    """(name, ours, torch's) at ``rows`` rows: softmax on each plan family, the layer norm forward and backward, bias +
+    GELU + dropout."""
+    from reference_kernels import bias_gelu_dropout, layer_norm, softmax
+
+    out = []
+    for n, dtype in ((74988, torch.bfloat16), (30522, torch.float32), (4096, torch.bfloat16), (999, torch.bfloat16)):
+        x = torch.randn(rows, n, device="cuda").to(dtype)
+        y = torch.empty_like(x)
+        out.append((f"softmax {rows}x{n} {str(dtype)[6:]}", lambda x=x, y=y: softmax.fused(x, out=y),
+                    lambda x=x: torch.softmax(x, -1)))
+    for n, dtype in ((4096, torch.bfloat16), (999, torch.bfloat16), (9001, torch.float32)):
+        x = torch.randn(rows, n, device="cuda").to(dtype)
+        w, b = torch.randn(n, device="cuda").to(dtype), torch.randn(n, device="cuda").to(dtype)
+        _, mean, rstd = layer_norm.forward(x, w, b)
+        _, t_mean, t_rstd = torch.native_layer_norm(x, (n,), w, b, 1e-5)
+        dy = torch.randn_like(x)
+        name = f"{rows}x{n} {str(dtype)[6:]}"
+        out.append((f"layer norm forward {name}", lambda x=x, w=w, b=b: layer_norm.forward(x, w, b),
+                    lambda x=x, w=w, b=b, n=n: torch.nn.functional.layer_norm(x, (n,), w, b)))
+        out.append((f"layer norm backward {name}",
+                    lambda dy=dy, x=x, w=w, m=mean, r=rstd: layer_norm.backward(dy, x, w, m, r),
+                    lambda dy=dy, x=x, w=w, b=b, n=n, m=t_mean, r=t_rstd: torch.ops.aten.native_layer_norm_backward(
+                        dy, x, (n,), m, r, w, b, [True, True, True])))
+    x = torch.randn(rows, 3072, device="cuda").bfloat16()
+    bias = torch.randn(3072, device="cuda").bfloat16()
+    out.append((f"bias + GELU + dropout {rows}x3072 bfloat16", lambda: bias_gelu_dropout.fused(x, bias, 0.1),
+                lambda: torch.nn.functional.dropout(torch.nn.functional.gelu(x + bias), 0.1)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300, help="calls timed a case (default 300)")
+    parser.add_argument("--rows", type=int, default=8, help="rows of each input: few, so the host is what is timed")
+    add_out_option(parser)
+    args = parser.parse_args()
+    if args.calls < 1 or args.rows < 1:
+        parser.error("--calls and --rows must be >= 1")
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_host.py times kernel launches: it needs a CUDA GPU")
+    write_output_to(args.out, __file__)
+    print(header())
+    rows = []
+    for name, ours, theirs in cases(args.rows):
+        a, b = host_us(ours, args.calls), host_us(theirs, args.calls)
+        rows.append([name, f"{a:.1f}", f"{b:.1f}", f"{a / b:.1f}x"])
+    print(markdown_table(["case", "ours, us a call", "torch, us a call", "ours / torch"], rows))
+
+
+if __name__ == "__main__":
+    main()
