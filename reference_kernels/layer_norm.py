@@ -1353,9 +1353,10 @@ _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 # 76 / 71 -> 76, 1025 69 -> 75 / 71 -> 76, 601 / 701 / 901 +3 to +4, 2049 82 -> 84, 2101 69 -> 84, 2222 72 -> 84, 2300
 # 74 -> 81, 4200 83 -> 85, 4444 79-81 -> 85, 7001 81 -> 83, 4097 / 5001 / 8191 / 9999 / 10001 level to +2; lost where the
 # 16-bit row takes six segments or 16 warps (2600, 3001, 6001 -1 to -5, 12345 -2 to -5: _STREAM_FWD_16BIT_MOST, the most
-# segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). docs/kernels.md, "Rows
-# streamed, narrower". None: never.
-_STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((513, 16383),),
+# segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). 16-bit rows of 257-512
+# since one-warp programs (_layer_norm_held.STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): 259 40 -> 58-59, 333 49 -> 69-70.
+# docs/kernels.md, "Rows streamed, narrower". None: never.
+_STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((257, 16383),),
                                                                     4: ((1025, 8189), (8192, 16383))}
 _STREAM_FWD_16BIT_MOST = (5, 8)
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit

@@ -65,6 +65,8 @@ CASES = [
     ("layer_norm", BF16, (65536, 1000), 1, 0.8),  # packed ragged rows at a compile-time width: 97% (was 65%)
     ("layer_norm", BF16, (32768, 1500), 1, 0.78),  # packed, the rows plan held as aligned rows: 94% (walk: 69%)
     ("layer_norm", BF16, (65536, 999), 1, 0.7),  # odd 16-bit rows under 1025, streamed: 85% (held 80%, the rows plan 63%)
+    ("layer_norm", FP16, (131072, 555), 1, 0.62),  # one-warp programs, 32 an SM: 77% (two warps 56-57%)
+    ("layer_norm", BF16, (131072, 333), 1, 0.55),  # one-warp programs: 69-70% (the plan before: 49%)
     ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
     ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
     ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)

@@ -91,7 +91,7 @@ STREAM_CASES = ["layer_norm_stream:bf16:bf16:50257", "layer_norm_stream:fp16:fp1
                 "layer_norm_stream:bf16:bf16:37409",
                 # narrower rows, several programs an SM (_layer_norm_held.stream_shape): 2, 5, 5 and 7 segments
                 "layer_norm_stream:bf16:bf16:999", "layer_norm_stream:fp32:fp32:4097", "layer_norm_stream:fp32:fp32:9001",
-                "layer_norm_stream:fp32:fp32:12345"]
+                "layer_norm_stream:fp32:fp32:12345", "layer_norm_stream:bf16:bf16:555"]  # 7 segments; one warp
 STREAM_KNOWN_STACK = {"layer_norm_stream:bf16:bf16:50257": 16, "layer_norm_stream:fp16:fp16:57337": 24,
                       "layer_norm_stream:fp32:fp32:22001": 40, "layer_norm_stream:fp32:fp32:9001": 8,
                       "layer_norm_stream:fp32:fp32:12345": 16}

@@ -1552,7 +1552,11 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(5120, 2, 4) == (4, 1024, 5, 6, 80)
     assert shape(12288, 2, 4) == (8, 2048, 6, 3, 80)  # 16 warps on three 4096-element segments hold as many slots
     assert shape(16384, 2, 4) == (16, 4096, 4, 2, 64)
-    assert shape(384, 2, 4) == (2, 512, 1, 16, 64)
+    # one warp for rows of up to three 256-element segments (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS), 32 programs an SM; a
+    # tie of slots goes to the fewer warps (384: two of 256 against one of 512); four of them not (777: 2 warps)
+    assert shape(384, 2, 4) == (1, 256, 2, 32, 64)
+    assert shape(555, 2, 4) == (1, 256, 3, 32, 64)
+    assert shape(777, 2, 4) == (2, 512, 2, 16, 64)
     assert shape(4097, 2, 4) == (4, 1024, 5, 6, 80)  # a ragged row takes its slack before the start: 4104 slots
     assert shape(7001, 4, 8) == (16, 2048, 4, 2, 64)  # fp32: 128 elements a warp
     assert shape(9001, 4, 8) == (16, 2048, 5, 2, 64)  # two programs on 64 registers, not one on 80
@@ -1566,7 +1570,7 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(12345, 2, 4) == (16, 4096, 4, 2, 64)  # 16-bit rows: no seventh segment under 16385 columns
     # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
     assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, _layer_norm_held.STREAM_MAX_REGS)
-    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", None)
+    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", {1: 3})
     assert shape(12345, 4, 8) == (32, 4096, 4, 1, 64)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
     monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 16)
@@ -1591,10 +1595,11 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     from reference_kernels import _layer_norm_held
 
     band = layer_norm._stream_band
-    # 16-bit: rows of 513-16383 (not 333, nor the packed rows' multiples of 4, nor the rows plan's even pairs under
+    # 16-bit: rows of 257-16383 (not 255, nor the packed rows' multiples of 4, nor the rows plan's even pairs under
     # 1025) whose streamed shape has at most five segments and eight warps (not 2600 or 3001: six of 512; 12345: 16 warps)
-    assert [n for n in (333, 514, 555, 777, 998, 999, 1000, 1022, 1023, 1025, 1027, 2049, 2600, 3001, 4200, 8192,
-                        10001, 12345) if band(n, 2)] == [555, 777, 999, 1023, 1025, 1027, 2049, 4200, 10001]
+    assert [n for n in (255, 259, 333, 514, 555, 777, 998, 999, 1000, 1022, 1023, 1025, 1027, 2049, 2600, 3001, 4200,
+                        8192, 10001, 12345) if band(n, 2)] == [259, 333, 555, 777, 999, 1023, 1025, 1027, 2049, 4200,
+                                                               10001]
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_16BIT_MOST", (6, 16))
     assert band(3001, 2) and band(12345, 2)
     # fp32: rows of no multiple of 16 columns from 1025 to 16383, but the walk's 8190-8191 and packed rows under 2048
