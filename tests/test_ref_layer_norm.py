@@ -1856,7 +1856,8 @@ HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
             (torch.float32, 3001), (torch.float32, 1000),
             (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128),
             (torch.bfloat16, 1600), (torch.bfloat16, 333), (torch.float16, 999), (torch.bfloat16, 1023),  # as above
-            (torch.float16, 258), (torch.bfloat16, 322), (torch.bfloat16, 555)]  # 555: three 256-element segments at BWD_NARROWEST_WARPS=1
+            (torch.float16, 258), (torch.bfloat16, 322),
+            (torch.bfloat16, 555)]  # three 256-element segments at BWD_NARROWEST_WARPS=1
 
 
 @pytest.fixture
