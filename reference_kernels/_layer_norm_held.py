@@ -571,8 +571,8 @@ STREAM_NARROW_WARPS = (1, 2, 4, 8, 16, 32)
 STREAM_NARROW_MAX_SEGMENTS = 6
 # Programs of the warps named here take at most these segments instead. One warp: up to three 256-element segments
 # (16-bit), 32 programs an SM, for rows that two warps hold in half-empty 512-element ones (H200, % of copy, two runs,
-# bf16 / fp16, against 2 warps or, under 513 columns, the held and rows plans: 259 40 -> 59 / 40 -> 58, 333 49 -> 70 / 49
-# -> 69, 555 57 -> 77 / 56 -> 77, 601 61 -> 79 / 60 -> 78; four segments lost, 999 84 -> 79 / 84 -> 77, 1023 and 1025
+# bf16 / fp16, against 2 warps or, under 513 columns, the held and rows plans: 259 40 -> 59 / 40 -> 58, 333 49 -> 70 /
+# 49 -> 69, 555 57 -> 77 / 56 -> 77, 601 61 -> 79 / 60 -> 78; four segments lost, 999 84 -> 79 / 84 -> 77, 1023 and 1025
 # 75 -> 67; 777 +1 to +4). 16 warps: fp32 rows of 12289-16383 in seven or eight 2048-element segments, two programs an
 # SM, instead of four 4096-element ones on one 32-warp program (two runs: 12345 69 -> 73-74, 13001 70 -> 72-74, 14001 71
 # -> 72-73, 15001 / 16383 level); 16-bit rows of 16 warps would need 28673+ columns for a seventh segment.
