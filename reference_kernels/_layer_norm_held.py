@@ -266,14 +266,6 @@ if gluon is not None:
         return (wv * dyv - (xhat * c1 + c2)) * rstd
 
     @gluon.jit
-    def _bwd_dx_store(xhat, dyv, wv, dx_ptr, abase, u, idx, rstd, c1, c2, first_v, last_v, BLOCK: gl.constexpr,
-                      VEC: gl.constexpr):
-        # pass two on segment u: dx stored, its whole vectors (the edges apart)
-        vi = (u * BLOCK + idx) // VEC
-        gl.store(dx_ptr + abase + u * BLOCK + idx, _bwd_dx(xhat, dyv, wv, rstd, c1, c2).to(dx_ptr.dtype.element_ty),
-                 mask=(vi >= first_v) & (vi < last_v))
-
-    @gluon.jit
     def _bwd_dx_segment(xbuf, dybuf, wbuf, dx_ptr, abase, slot, u, idx, mean, rstd, c1, c2, first_v, last_v,
                         layout: gl.constexpr, BLOCK: gl.constexpr, VEC: gl.constexpr, WIDEN: gl.constexpr):
         # pass two on segment u of the row in ring slot ``slot``: dx stored (its whole vectors; the edges apart), and
@@ -281,20 +273,10 @@ if gluon is not None:
         xhat = (widen(xbuf.index(slot + u).load(layout), WIDEN) - mean) * rstd
         dyv = widen(dybuf.index(slot + u).load(layout), WIDEN)
         wv = widen(wbuf.index(u).load(layout), WIDEN)
-        _bwd_dx_store(xhat, dyv, wv, dx_ptr, abase, u, idx, rstd, c1, c2, first_v, last_v, BLOCK, VEC)
+        vi = (u * BLOCK + idx) // VEC
+        gl.store(dx_ptr + abase + u * BLOCK + idx, _bwd_dx(xhat, dyv, wv, rstd, c1, c2).to(dx_ptr.dtype.element_ty),
+                 mask=(vi >= first_v) & (vi < last_v))
         return dyv, xhat
-
-    @gluon.jit
-    def _bwd_sum_terms(xhat, wdy, s: gl.constexpr, idx, shift, end, BLOCK: gl.constexpr, NSEG: gl.constexpr):
-        # pass one's terms of segment s, (x-hat w dy, w dy): a neighbour's x or dy may be anything, so out of the sums
-        # in the first and the last two segments (the only ones a row's ends fall in)
-        term = xhat * wdy
-        if (s == 0) | (s >= NSEG - 2):
-            col = s * BLOCK + idx
-            inside = (col >= shift) & (col < end)
-            wdy = gl.where(inside, wdy, 0.0)
-            term = gl.where(inside, term, 0.0)
-        return term, wdy
 
     @gluon.jit
     def _bwd_row_ahead(mean_ptr, rstd_ptr, x_ptr, dy_ptr, abase, row, n_rows, ecol, emask):
@@ -409,7 +391,12 @@ if gluon is not None:
                     async_copy.wait_group(NSEG - 1 - s)
                 xhat = (widen(xbuf.index(slot + s).load(layout), WIDEN) - mean) * rstd
                 wdy = widen(wbuf.index(s).load(layout), WIDEN) * widen(dybuf.index(slot + s).load(layout), WIDEN)
-                term, wdy = _bwd_sum_terms(xhat, wdy, s, idx, shift, end, BLOCK, NSEG)
+                term = xhat * wdy
+                if (s == 0) | (s >= NSEG - 2):  # a neighbour's x or dy may be anything: out of the sums
+                    col = s * BLOCK + idx
+                    inside = (col >= shift) & (col < end)
+                    wdy = gl.where(inside, wdy, 0.0)
+                    term = gl.where(inside, term, 0.0)
                 a1 += term
                 a2 += wdy
             if PAIRED:
