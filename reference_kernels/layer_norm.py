@@ -2516,14 +2516,15 @@ def forward(
         return y, mean, rstd
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
-    banded = max_row is None and _stream_band(x2.shape[1], x2.element_size()) and _stream_forward(x2, weight, bias, y2)
+    streamed = max_row is None and _stream_forward(x2, weight, bias, y2)  # asked once: it builds the stream's shape
+    banded = streamed and _stream_band(x2.shape[1], x2.element_size())
     if max_row is None and not banded and _held_forward(x2, weight, bias, y2):
         try:
             _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
             return y, mean, rstd
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
             _layer_norm_held.disable(exc)
-    if max_row is None and _stream_forward(x2, weight, bias, y2):
+    if streamed and _layer_norm_held.available():  # available: not if the held plan's compile just failed
         try:
             _layer_norm_held.launch_stream(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps),
                                            sm_count(x.device))
