@@ -103,7 +103,7 @@ def edges(ph, n_cols, VEC: tl.constexpr):
 
 
 @triton.jit
-def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
+def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0, rows_ok=None):
     """A 16-bit row's edges as 32-bit words: ``(lo, hi, v)``, float32 values and the virtual columns of ``lo``.
 
     Reads the two aligned vectors that hold the edges, the one before the body ([first - VEC,
@@ -115,9 +115,12 @@ def edge_words(ptr, base, ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0)
     aligned origin (``row_origin``). ``ph`` is a scalar or one phase a row shaped (M, 1, 1); the
     results are (2, VEC // 2) or (M, 2, VEC // 2). Words of a vector holding none of the row read 0.
     ``TILE`` > 0: a kernel holding only the virtual columns under TILE; the second vector is then the one
-    at TILE where the body reaches past it (a body vector: the caller stores it and counts it).
+    at TILE where the body reaches past it (a body vector: the caller stores it and counts it). ``rows_ok``: (M, 1, 1)
+    rows that exist, for a program of several rows whose last ones may lie past the tensor (nothing of theirs is read).
     """
     start, load_ok = _edge_vector_starts(ph, n_cols, VEC, TILE)
+    if rows_ok is not None:
+        load_ok = load_ok & rows_ok
     words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
     words = tl.load(words_ptr + (start // 2 + tl.arange(0, VEC // 2)[None, :]), mask=load_ok, other=0)
     lo, hi = _split_words(words, ptr)

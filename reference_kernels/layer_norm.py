@@ -451,6 +451,7 @@ def _layer_norm_fwd_split_kernel(
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
+    CENTRED: tl.constexpr = False,  # EARLY only: the variance from the held row centred on its mean (two reductions)
 ):
     """The split walk (``_split_walk``, as ``softmax._softmax_split_kernel``) for layer norm: persistent programs, each
     taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
@@ -460,7 +461,8 @@ def _layer_norm_fwd_split_kernel(
     and its square, so the slices' sums simply add (the shift keeps the variance from
     cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
     the walk's ticketed, deadlock-free wait, adding them in slice order (the
-    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
+    result does not depend on arrival order); with ``CENTRED`` a held row's variance is the mean square of x - mean
+    instead (no cancellation: ``_SPLIT_CENTRED``). Slice 0 writes the row's mean and rstd.
     Columns are virtual (``_ragged``, as in softmax's walk): slices are cut in that space, a
     row with a small phase can leave its last slice empty (it publishes zero sums), and the
     row's edge elements are loaded before pass one and stored after pass two.
@@ -494,13 +496,18 @@ def _layer_norm_fwd_split_kernel(
                 x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < vec_end(ph, n_cols, VEC), other=0.0)
             d = tl.reshape(d, (BLOCK_N // SUB, SUB))
             s1 += tl.sum(d, axis=1)
-            s2 += tl.sum(d * d, axis=1)
+            if not CENTRED:
+                s2 += tl.sum(d * d, axis=1)
         if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
             early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
             x_next = _fwd_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
         t1 = tl.sum(s1, axis=0)
-        t2 = tl.sum(s2, axis=0)
+        if CENTRED:  # the whole row is x_held (EARLY): its squares about the mean, not about the shift
+            c = tl.where(_own(lo + cols, ph, n_cols, VEC), x_held.to(tl.float32) - (shift + t1 / n_cols), 0.0)
+            t2 = tl.sum(c * c, axis=0)
+        else:
+            t2 = tl.sum(s2, axis=0)
         if GROUP == 1:
             next_tile = tile + n_programs
         else:
@@ -509,8 +516,11 @@ def _layer_norm_fwd_split_kernel(
             t1 = tl.sum(p1, axis=0)
             t2 = tl.sum(p2, axis=0)
         mean_d = t1 / n_cols
-        var = t2 / n_cols - mean_d * mean_d
-        var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+        if CENTRED:
+            var = t2 / n_cols
+        else:
+            var = t2 / n_cols - mean_d * mean_d
+            var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
         mean = shift + mean_d
         rstd = 1.0 / tl.sqrt(var + eps)
         if tile % GROUP == 0:
@@ -1419,6 +1429,10 @@ _SPLIT_PER_SM = 3
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # 16-bit held slices measured 44-60%
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
+# A row the split kernel holds whole (one slice, one step: the fp32 "persistent" plan of 8193-16384) takes its variance
+# as the mean square about the row's mean, a second reduction over the held registers, instead of the shifted one-pass
+# sums, which lose up to ~N float32 ulps of it when x[row, 0] lies far from the mean (docs/kernels.md, "Statistics").
+_SPLIT_CENTRED = True
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
 # Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
@@ -2220,6 +2234,7 @@ def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Pl
 
 def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_cols: int, eps: float, plan: _Plan) -> None:
     group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
+    early = group == 1 and slice_cols == plan.block_n
     split_run(
         _layer_norm_fwd_split_kernel,
         lambda part, sync, n_programs: (
@@ -2228,7 +2243,7 @@ def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_co
         n_rows, group, plan.per_sm, r.x.device, mean,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, num_warps=plan.num_warps,
+        EARLY=early, VEC=r.vec, CENTRED=early and _SPLIT_CENTRED, num_warps=plan.num_warps,
     )
 
 

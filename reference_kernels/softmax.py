@@ -181,7 +181,9 @@ def _softmax_load(x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N
     if VEC == 8 and EDGE_WORDS:  # 16-bit: the edges' two vectors as 32-bit words, (BLOCK_M, 2, 4) each half
         ph3 = ph[:, None, None]
         ok3 = row_ok[:, None, None]
-        xe, xe_hi, e = edge_words(x_ptr, x_base[:, None, None], ph3, n_cols, VEC)
+        # several rows a program: the last program's rows past the tensor read nothing (one row: always a row)
+        xe, xe_hi, e = edge_words(x_ptr, x_base[:, None, None], ph3, n_cols, VEC,
+                                  rows_ok=ok3 if x_base.shape[0] > 1 else None)
         e_ok = in_row(e, ph3, n_cols) & ok3
         e_ok_hi = in_row(e + 1, ph3, n_cols) & ok3
         xe = tl.where(e_ok, xe, -float("inf"))

@@ -442,6 +442,29 @@ def test_persistent_forward_writes_every_output_and_matches_torch(shape, max_row
     torch.testing.assert_close(rstd.double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
 
 
+def _held_row_error(centred, monkeypatch):
+    """y's error (relative to max |y|) of the split kernel holding fp32 rows of 1000 whose column 0 is a massive
+    activation (3000 against a unit spread: the shift x[row, 0] lies ~130 deviations from the mean)."""
+    monkeypatch.setattr(layer_norm, "_SPLIT_CENTRED", centred)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn((6, 1000), generator=gen).to(DEVICE)
+    x[:, 0] = 3000.0
+    weight, bias = (torch.randn(1000, generator=gen).to(DEVICE) for _ in range(2))
+    plan = layer_norm._layer_norm_settings(6, 1000, 4, max_row=600, wide="persistent")
+    assert (plan.mode, plan.group, plan.block_n) == ("persistent", 1, 1024)  # one step a row: held, EARLY
+    y = torch.empty_like(x)
+    mean, rstd = torch.empty(6, device=DEVICE), torch.empty(6, device=DEVICE)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
+    expected = torch_reference(x, weight, bias, torch.zeros_like(x))[0]
+    return ((y.double() - expected).abs().max() / expected.abs().max()).item()
+
+
+def test_a_held_fp32_row_takes_its_variance_about_the_mean(monkeypatch):
+    # _SPLIT_CENTRED: the shifted one-pass sums lose ~1e-3 of the variance here (the input is one that bites)
+    assert _held_row_error(False, monkeypatch) > 4 * TOLERANCES[torch.float32]
+    assert _held_row_error(True, monkeypatch) <= TOLERANCES[torch.float32] / 10
+
+
 def test_wide_forward_gives_nan_rows_as_torch_does():
     x, weight, bias = inputs((4, 40), torch.float32)
     x[0, 0] = float("nan")  # the shift itself

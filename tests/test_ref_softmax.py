@@ -493,6 +493,20 @@ def test_wide_row_candidates_match_torch_softmax_across_widths(wide, n):
     assert_close_to_row_scale(y, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
 
 
+@pytest.mark.parametrize("n", [259, 333, 1023])
+def test_edge_words_on_programs_of_several_rows_read_no_row_past_the_tensor(n, monkeypatch):
+    # Edge words serve the rows plan from _PHASED_ROWS_MIN_COLS (2048: one row a program); at 256 a program takes 2-4
+    # rows, and the last program's rows past M once read their edges from past the tensor (an illegal address on
+    # the H200 at the sweep's 128 MiB; the GPU's shape here is the sweep's, where that read left the allocation)
+    monkeypatch.setattr(softmax, "_PHASED_ROWS_MIN_COLS", 256)
+    rows = (2**27 // (2 * n) - 1) | 1 if DEVICE == "cuda" else 37  # odd: the last program's block runs past M
+    plan = softmax._softmax_settings(rows, n, 2)
+    assert plan.mode == "rows" and plan.block_m > 1 and rows % plan.block_m
+    x = torch.randn(rows, n, device=DEVICE).mul_(3).bfloat16()
+    y = softmax.fused(x)
+    assert_close_to_row_scale(y, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
+
+
 # Rows that do not start 16-byte aligned (reference_kernels/_ragged.py): every row at its own
 # phase, rows of a wider tensor, outputs at odd offsets. Each case runs the rows plan and, with
 # max_row, the persistent walk; results are compared element by element and nothing is left unwritten.
