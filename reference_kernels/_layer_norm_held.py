@@ -165,11 +165,13 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element, fp16 by inline PTX (_widen_held)
         num_warps: gl.constexpr,
+        JOINT: gl.constexpr = True,  # the statistics in one pass (fwd_joint); else the mean, then the centred squares
     ):
         """Rows too wide to hold in shared memory, with the weight and bias held there: rows pid, pid + programs, ...
         (all at one phase), each row held in registers as loaded (16-byte vectors from its aligned-down start, a tuple
         of NSEG segments), the next row's segments loaded as the output pass leaves each of this row's. Pass one: the
-        sums of d = x - x[row, 0] and of d^2; pass two: the output, with the weight and bias at the program's phase.
+        sums of d = x - x[row, 0] and of d^2 (JOINT), or the sum of x and then that of (x - mean)^2 over the held
+        segments; pass two: the output, with the weight and bias at the program's phase.
         The row's partial vectors at its two ends are stored element by element (the edges)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -203,12 +205,22 @@ if gluon is not None:
             pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
             ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
             acc = gl.zeros([BLOCK], gl.float32, layout)
-            acc2 = gl.zeros([BLOCK], gl.float32, layout)
-            for s in gl.static_range(NSEG):
-                d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
-                acc += d
-                acc2 += d * d
-            mean, var = _joint_stats(acc, acc2, pivot, n_cols)
+            if JOINT:
+                acc2 = gl.zeros([BLOCK], gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
+                    acc += d
+                    acc2 += d * d
+                mean, var = _joint_stats(acc, acc2, pivot, n_cols)
+            else:
+                for s in gl.static_range(NSEG):
+                    acc += only_the_row(_widen_held(xs[s], WIDEN), s, idx, shift, end, 0.0, BLOCK, NSEG)
+                mean = gl.sum(acc, axis=0) / n_cols
+                acc = gl.zeros([BLOCK], gl.float32, layout)
+                for s in gl.static_range(NSEG):
+                    d = only_the_row(_widen_held(xs[s], WIDEN) - mean, s, idx, shift, end, 0.0, BLOCK, NSEG)
+                    acc += d * d
+                var = gl.sum(acc, axis=0) / n_cols
             rstd = 1.0 / gl.sqrt(var + eps)
             gl.store(mean_ptr + row, mean)
             gl.store(rstd_ptr + row, rstd)
@@ -471,6 +483,9 @@ FWD_NARROW_MIN_PER_SM = 4
 # (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element; docs/kernels.md, "layer_norm: forward").
 FWD_JOINT = True
 FWD_WIDEN = True
+# fp32 rows in one pass too: up to ~N float32 ulps of the variance lost where x[row, 0] lies far from the mean, which an
+# fp32 output sees (docs/kernels.md, "Statistics"); the streamed plan took it until 2026-12 (A/B: that doc).
+FWD_JOINT_FP32 = False
 # Rows a program: the grid holds a program for each FWD_ROWS rows of a phase (VEC apart), placed by the GPU's block
 # scheduler wherever an SM frees room, each copying the weight and bias once for its rows; 0: a persistent program an
 # SM slot walking rows pid, pid + programs, ... (docs/kernels.md, "A program a row").
@@ -479,8 +494,8 @@ FWD_ROWS = 0
 
 def fwd_joint(elem_size: int) -> bool:
     """Whether the forward of rows of ``elem_size``-byte elements takes its statistics in one pass (``FWD_JOINT``:
-    16-bit rows; fp32 keeps the centred second pass)."""
-    return FWD_JOINT and elem_size == 2
+    16-bit rows; fp32 keeps the centred second pass unless ``FWD_JOINT_FP32``)."""
+    return FWD_JOINT and (elem_size == 2 or FWD_JOINT_FP32)
 
 
 # Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (H200, bf16, % of copy, against
@@ -631,7 +646,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     grid = max(vec, min(cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
     _layer_norm_fwd_stream_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
-        WIDEN=FWD_WIDEN, num_warps=shape.warps, maxnreg=shape.max_regs)
+        WIDEN=FWD_WIDEN, num_warps=shape.warps, JOINT=fwd_joint(es), maxnreg=shape.max_regs)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048
