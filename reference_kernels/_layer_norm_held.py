@@ -656,14 +656,9 @@ BWD_WARPS = 4
 # Rows of at most BWD_NARROW_MAX_SEGMENTS 512-element segments: 2-warp programs on them, eight an SM (H200, bf16, % of
 # copy, against 4 warps on 1024: 1025 52 -> 74 (the phased plan 67), 1100 54 -> 77, 1300 62 -> 80, 1500 70 -> 78; four
 # segments lost, 1700 76 -> 72). 8-warp programs on 2048 were mixed (5113 68 -> 72, 6001 69 -> 73; 3001 75 -> 65, 4097
-# 71 -> 63) and are not taken.
+# 71 -> 63) and are not taken; one-warp programs on 256-element segments lost 1-15 points at 258-761.
 BWD_NARROW_WARPS = 2
 BWD_NARROW_MAX_SEGMENTS = 3
-# Narrower still, for its A/B (None: off until measured): rows of at most BWD_NARROWEST_MAX_SEGMENTS segments of
-# 256 x BWD_NARROWEST_WARPS elements on programs of that many warps, as many an SM as the registers allow (one warp:
-# twice the 2-warp programs, so twice the rows in flight, the forward's one-warp gain, "Rows streamed, narrower").
-BWD_NARROWEST_WARPS: int | None = None
-BWD_NARROWEST_MAX_SEGMENTS = 3
 BWD_RING = 2
 # The row's two sums in one block reduction of the pair where two rows are held (a ring): three barriers a row fewer
 # than two reductions (sm_90 SASS), H200 bf16 / fp16 +1-2 points of copy at 2300-6001; rows held one at a time (past
@@ -700,9 +695,7 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
     warps, p0 = BWD_WARPS, phase0(n_cols, elem_size)  # rows on 16-byte boundaries need no slack (_held.phase0)
-    if BWD_NARROWEST_WARPS and segments(n_cols, elem_size, 256 * BWD_NARROWEST_WARPS, p0) <= BWD_NARROWEST_MAX_SEGMENTS:
-        warps = BWD_NARROWEST_WARPS
-    elif segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS, p0) <= BWD_NARROW_MAX_SEGMENTS:
+    if segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS, p0) <= BWD_NARROW_MAX_SEGMENTS:
         warps = BWD_NARROW_WARPS
     block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32: 8 elements a thread either way
     nseg = segments(n_cols, elem_size, block, p0)

@@ -1828,16 +1828,7 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     assert _layer_norm_held.bwd_shape(12345, 2, 2) == (4, 1024, 13, 1, 1, 255, False)
     assert _layer_norm_held.bwd_shape(3001, 4, 4) == (4, 1024, 3, 2, 3, 168, True)  # fp32: two 16-byte vectors a thread
     assert _layer_norm_held.bwd_shape(16383, 2, 2).per_sm == 0
-    # one-warp programs (BWD_NARROWEST_WARPS, off until measured): rows of up to three 256-element segments, twice the
-    # 2-warp programs an SM (the registers the shares need bound them); wider rows keep 2 warps
-    assert _layer_norm_held.BWD_NARROWEST_WARPS is None
-    assert _layer_norm_held.bwd_shape(333, 2, 2) == (2, 512, 1, 2, 10, 96, True)
-    monkeypatch.setattr(_layer_norm_held, "BWD_NARROWEST_WARPS", 1)
-    assert _layer_norm_held.bwd_shape(333, 2, 2) == (1, 256, 2, 2, 21, 96, True)
-    assert _layer_norm_held.bwd_shape(761, 2, 2) == (1, 256, 3, 2, 16, 128, True)
-    assert _layer_norm_held.bwd_shape(777, 2, 2) == (2, 512, 2, 2, 10, 96, True)
-    assert _layer_norm_held.bwd_shape(1025, 2, 2) == (2, 512, 3, 2, 8, 128, True)
-    monkeypatch.setattr(_layer_norm_held, "BWD_NARROWEST_WARPS", None)
+    assert _layer_norm_held.bwd_shape(333, 2, 2) == (2, 512, 1, 2, 10, 96, True)  # the narrowest: 2 warps still
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {})  # none in registers: 8 bytes more a column
     assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, False)
     assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 2, 255, False)
@@ -1879,8 +1870,7 @@ HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
             (torch.float32, 3001), (torch.float32, 1000),
             (torch.float16, 3072), (torch.bfloat16, 5120), (torch.bfloat16, 8176), (torch.bfloat16, 5128),
             (torch.bfloat16, 1600), (torch.bfloat16, 333), (torch.float16, 999), (torch.bfloat16, 1023),  # as above
-            (torch.float16, 258), (torch.bfloat16, 322),
-            (torch.bfloat16, 555)]  # three 256-element segments at BWD_NARROWEST_WARPS=1
+            (torch.float16, 258), (torch.bfloat16, 322), (torch.bfloat16, 555)]
 
 
 @pytest.fixture
