@@ -165,13 +165,13 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element, fp16 by inline PTX (_widen_held)
         num_warps: gl.constexpr,
-        JOINT: gl.constexpr = True,  # the statistics in one pass (fwd_joint); else the mean, then the centred squares
+        RECENTRE: gl.constexpr = 0.0,  # > 0: rows whose (mean - x[row, 0])^2 > RECENTRE var redo var centred
     ):
         """Rows too wide to hold in shared memory, with the weight and bias held there: rows pid, pid + programs, ...
         (all at one phase), each row held in registers as loaded (16-byte vectors from its aligned-down start, a tuple
         of NSEG segments), the next row's segments loaded as the output pass leaves each of this row's. Pass one: the
-        sums of d = x - x[row, 0] and of d^2 (JOINT), or the sum of x and then that of (x - mean)^2 over the held
-        segments; pass two: the output, with the weight and bias at the program's phase.
+        sums of d = x - x[row, 0] and of d^2 (and with RECENTRE, where x[row, 0] lay far from the mean, the sum of
+        (x - mean)^2 over the held segments); pass two: the output, with the weight and bias at the program's phase.
         The row's partial vectors at its two ends are stored element by element (the edges)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -205,22 +205,19 @@ if gluon is not None:
             pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
             ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
             acc = gl.zeros([BLOCK], gl.float32, layout)
-            if JOINT:
-                acc2 = gl.zeros([BLOCK], gl.float32, layout)
-                for s in gl.static_range(NSEG):
-                    d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
-                    acc += d
-                    acc2 += d * d
-                mean, var = _joint_stats(acc, acc2, pivot, n_cols)
-            else:
-                for s in gl.static_range(NSEG):
-                    acc += only_the_row(_widen_held(xs[s], WIDEN), s, idx, shift, end, 0.0, BLOCK, NSEG)
-                mean = gl.sum(acc, axis=0) / n_cols
-                acc = gl.zeros([BLOCK], gl.float32, layout)
-                for s in gl.static_range(NSEG):
-                    d = only_the_row(_widen_held(xs[s], WIDEN) - mean, s, idx, shift, end, 0.0, BLOCK, NSEG)
-                    acc += d * d
-                var = gl.sum(acc, axis=0) / n_cols
+            acc2 = gl.zeros([BLOCK], gl.float32, layout)
+            for s in gl.static_range(NSEG):
+                d = only_the_row(_widen_held(xs[s], WIDEN) - pivot, s, idx, shift, end, 0.0, BLOCK, NSEG)
+                acc += d
+                acc2 += d * d
+            mean, var = _joint_stats(acc, acc2, pivot, n_cols)
+            if RECENTRE > 0:
+                if (mean - pivot) * (mean - pivot) > RECENTRE * var:  # docs/kernels.md, "Statistics"
+                    acc = gl.zeros([BLOCK], gl.float32, layout)
+                    for s in gl.static_range(NSEG):
+                        d = only_the_row(_widen_held(xs[s], WIDEN) - mean, s, idx, shift, end, 0.0, BLOCK, NSEG)
+                        acc += d * d
+                    var = gl.sum(acc, axis=0) / n_cols
             rstd = 1.0 / gl.sqrt(var + eps)
             gl.store(mean_ptr + row, mean)
             gl.store(rstd_ptr + row, rstd)
@@ -483,9 +480,11 @@ FWD_NARROW_MIN_PER_SM = 4
 # (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element; docs/kernels.md, "layer_norm: forward").
 FWD_JOINT = True
 FWD_WIDEN = True
-# fp32 rows in one pass too: up to ~N float32 ulps of the variance lost where x[row, 0] lies far from the mean, which an
-# fp32 output sees (docs/kernels.md, "Statistics"); the streamed plan took it until 2026-12 (A/B: that doc).
-FWD_JOINT_FP32 = False
+# The streamed forward takes every row's statistics in one pass (the sums of x - x[row, 0] and of its square); fp32 rows
+# whose x[row, 0] lies far from the mean, (mean - x[row, 0])^2 > STREAM_RECENTRE_FP32 var, take their variance again
+# about the mean from the held registers (always so cost 2-5 points at 6001-22001: docs/kernels.md, "Statistics"). None:
+# never.
+STREAM_RECENTRE_FP32: float | None = 4.0
 # Rows a program: the grid holds a program for each FWD_ROWS rows of a phase (VEC apart), placed by the GPU's block
 # scheduler wherever an SM frees room, each copying the weight and bias once for its rows; 0: a persistent program an
 # SM slot walking rows pid, pid + programs, ... (docs/kernels.md, "A program a row").
@@ -494,8 +493,13 @@ FWD_ROWS = 0
 
 def fwd_joint(elem_size: int) -> bool:
     """Whether the forward of rows of ``elem_size``-byte elements takes its statistics in one pass (``FWD_JOINT``:
-    16-bit rows; fp32 keeps the centred second pass unless ``FWD_JOINT_FP32``)."""
-    return FWD_JOINT and (elem_size == 2 or FWD_JOINT_FP32)
+    16-bit rows; fp32 keeps the centred second pass)."""
+    return FWD_JOINT and elem_size == 2
+
+
+def stream_recentre(elem_size: int) -> float:
+    """``RECENTRE`` of the streamed forward: ``STREAM_RECENTRE_FP32`` for fp32 rows, else 0 (never)."""
+    return float(STREAM_RECENTRE_FP32 or 0.0) if elem_size >= 4 else 0.0
 
 
 # Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (H200, bf16, % of copy, against
@@ -646,7 +650,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     grid = max(vec, min(cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
     _layer_norm_fwd_stream_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
-        WIDEN=FWD_WIDEN, num_warps=shape.warps, JOINT=fwd_joint(es), maxnreg=shape.max_regs)
+        WIDEN=FWD_WIDEN, num_warps=shape.warps, RECENTRE=stream_recentre(es), maxnreg=shape.max_regs)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048

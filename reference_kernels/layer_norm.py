@@ -451,7 +451,7 @@ def _layer_norm_fwd_split_kernel(
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-    CENTRED: tl.constexpr = False,  # EARLY only: the variance from the held row centred on its mean (two reductions)
+    RECENTRE: tl.constexpr = 0.0,  # EARLY only, > 0: rows whose (mean - shift)^2 > RECENTRE var redo var centred
 ):
     """The split walk (``_split_walk``, as ``softmax._softmax_split_kernel``) for layer norm: persistent programs, each
     taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
@@ -461,8 +461,8 @@ def _layer_norm_fwd_split_kernel(
     and its square, so the slices' sums simply add (the shift keeps the variance from
     cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
     the walk's ticketed, deadlock-free wait, adding them in slice order (the
-    result does not depend on arrival order); with ``CENTRED`` a held row's variance is the mean square of x - mean
-    instead (no cancellation: ``_SPLIT_CENTRED``). Slice 0 writes the row's mean and rstd.
+    result does not depend on arrival order); with ``RECENTRE`` a held row whose shift lay far from its mean takes its
+    variance again as the mean square of x - mean (``_SPLIT_RECENTRE``). Slice 0 writes the row's mean and rstd.
     Columns are virtual (``_ragged``, as in softmax's walk): slices are cut in that space, a
     row with a small phase can leave its last slice empty (it publishes zero sums), and the
     row's edge elements are loaded before pass one and stored after pass two.
@@ -496,18 +496,13 @@ def _layer_norm_fwd_split_kernel(
                 x_next = tl.load(x_row + nxt + cols, mask=nxt + cols < vec_end(ph, n_cols, VEC), other=0.0)
             d = tl.reshape(d, (BLOCK_N // SUB, SUB))
             s1 += tl.sum(d, axis=1)
-            if not CENTRED:
-                s2 += tl.sum(d * d, axis=1)
+            s2 += tl.sum(d * d, axis=1)
         if EARLY:  # the next tile is known without a wait: its loads fly during the reductions
             x_held = x_next
             early_row, early_lo = tile_start(tile + n_programs, n_rows, slice_cols, GROUP)
             x_next = _fwd_row_chunk(x_ptr, x_phase, early_row, stride_x, early_lo, cols, n_cols, VEC)
         t1 = tl.sum(s1, axis=0)
-        if CENTRED:  # the whole row is x_held (EARLY): its squares about the mean, not about the shift
-            c = tl.where(_own(lo + cols, ph, n_cols, VEC), x_held.to(tl.float32) - (shift + t1 / n_cols), 0.0)
-            t2 = tl.sum(c * c, axis=0)
-        else:
-            t2 = tl.sum(s2, axis=0)
+        t2 = tl.sum(s2, axis=0)
         if GROUP == 1:
             next_tile = tile + n_programs
         else:
@@ -516,11 +511,12 @@ def _layer_norm_fwd_split_kernel(
             t1 = tl.sum(p1, axis=0)
             t2 = tl.sum(p2, axis=0)
         mean_d = t1 / n_cols
-        if CENTRED:
-            var = t2 / n_cols
-        else:
-            var = t2 / n_cols - mean_d * mean_d
-            var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+        var = t2 / n_cols - mean_d * mean_d
+        var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
+        if RECENTRE > 0:  # EARLY: the whole row is x_held; where the shift lay far from the mean, its squares about it
+            if mean_d * mean_d > RECENTRE * var:
+                c = tl.where(_own(lo + cols, ph, n_cols, VEC), x_held.to(tl.float32) - (shift + mean_d), 0.0)
+                var = tl.sum(c * c, axis=0) / n_cols
         mean = shift + mean_d
         rstd = 1.0 / tl.sqrt(var + eps)
         if tile % GROUP == 0:
@@ -1369,6 +1365,12 @@ _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 _STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((257, 16383),),
                                                                     4: ((1025, 8189), (8192, 16383))}
 _STREAM_FWD_16BIT_MOST = (5, 8)
+# Even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS streamed only where their streamed programs have at most this many warps
+# (one: up to three 256-element segments, ~761 columns). H200, 2026-12-03, the rows plan's pairs -> streamed, bf16 /
+# fp16: 258 47 -> 59 / 48 -> 59, 290 50 -> 63 / 51 -> 62, 322 54 -> 67 / 55 -> 67, 402 66 -> 75 / 66 -> 75, 514 63 -> 75 /
+# 62 -> 76, 530 60 -> 75 / 61 -> 75, 602 66 -> 77 / 66 -> 77, 750 76 -> 79 / 76 -> 78; on two warps lost, 778 75 -> 73 / 76
+# -> 74, 898 82 -> 79 / 83 -> 80, 1018 87 -> 75 / 86 -> 76. None: never.
+_STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
 # Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
 # bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
@@ -1429,10 +1431,11 @@ _SPLIT_PER_SM = 3
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # 16-bit held slices measured 44-60%
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
-# A row the split kernel holds whole (one slice, one step: the fp32 "persistent" plan of 8193-16384) takes its variance
-# as the mean square about the row's mean, a second reduction over the held registers, instead of the shifted one-pass
-# sums, which lose up to ~N float32 ulps of it when x[row, 0] lies far from the mean (docs/kernels.md, "Statistics").
-_SPLIT_CENTRED = True
+# A row the split kernel holds whole (one slice, one step: the fp32 "persistent" plan of 8193-16384) whose shift x[row, 0]
+# lies far from its mean, (mean - shift)^2 > _SPLIT_RECENTRE var, takes its variance again as the mean square about the
+# mean (a second reduction over the held registers): the shifted one-pass sums lose up to ~N float32 ulps of it there.
+# Always centring cost 10-21 points of copy (docs/kernels.md, "Statistics"). None: never.
+_SPLIT_RECENTRE: float | None = 4.0
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
 # Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
@@ -2243,7 +2246,7 @@ def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_co
         n_rows, group, plan.per_sm, r.x.device, mean,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=early, VEC=r.vec, CENTRED=early and _SPLIT_CENTRED, num_warps=plan.num_warps,
+        EARLY=early, VEC=r.vec, RECENTRE=float(_SPLIT_RECENTRE or 0.0) if early else 0.0, num_warps=plan.num_warps,
     )
 
 
@@ -2434,15 +2437,18 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
 def _stream_band(n_cols: int, elem_size: int) -> bool:
     """Whether rows of ``n_cols`` are streamed before the held plan is asked (``_STREAM_FWD_BANDS``): N not a multiple
     of 16 inside a band of their element size, and not rows the packed rows plan takes (``_packed_rows``,
-    ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS``); 16-bit rows only where their streamed shape has at
+    ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS`` but 16-bit ones on programs of at most
+    ``_STREAM_FWD_EVEN_MAX_WARPS`` warps); 16-bit rows only where their streamed shape has at
     most ``_STREAM_FWD_16BIT_MOST`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
     call's)."""
     bands = (_STREAM_FWD_BANDS or {}).get(4 if elem_size >= 4 else 2, ())
     even = n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS  # the rows plan's 4-byte pairs, as for the held plan
-    if (n_cols % 16 == 0 or not any(lo <= n_cols <= hi for lo, hi in bands) or even or _packed_rows(n_cols)
+    if (n_cols % 16 == 0 or not any(lo <= n_cols <= hi for lo, hi in bands) or _packed_rows(n_cols)
             or _narrow_packed(n_cols)):
         return False
     shape = _layer_norm_held.stream_shape(n_cols, elem_size, 2 * elem_size)  # the shape with parameters of x's dtype
+    if even and (shape is None or elem_size >= 4 or shape.warps > (_STREAM_FWD_EVEN_MAX_WARPS or 0)):
+        return False
     if shape is None or elem_size >= 4:
         return shape is not None
     most_segments, most_warps = _STREAM_FWD_16BIT_MOST

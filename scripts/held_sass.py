@@ -85,7 +85,7 @@ def compile_case(case: str) -> dict:
         if shape is None:
             raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_shape)")
         constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=shape.warps,
-                          JOINT=_layer_norm_held.fwd_joint(elem))
+                          RECENTRE=_layer_norm_held.stream_recentre(elem))
         max_regs = shape.max_regs
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)
         shape = _layer_norm_held.bwd_shape(n, elem, 4 if param == "fp32" else 2)
