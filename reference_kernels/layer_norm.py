@@ -1434,8 +1434,9 @@ _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 f
 # A row the split kernel holds whole (one slice, one step: the fp32 "persistent" plan of 8193-16384) whose shift x[row, 0]
 # lies far from its mean, (mean - shift)^2 > _SPLIT_RECENTRE var, takes its variance again as the mean square about the
 # mean (a second reduction over the held registers): the shifted one-pass sums lose up to ~N float32 ulps of it there.
-# Always centring cost 10-21 points of copy (docs/kernels.md, "Statistics"). None: never.
-_SPLIT_RECENTRE: float | None = 4.0
+# Off: on 32 warps at 64 registers the branch grew the kernel's stack 160 -> 256 bytes (sm_90) and cost 14-18 points
+# of copy even where no row took it, as always centring did (docs/kernels.md, "Statistics"). None: never.
+_SPLIT_RECENTRE: float | None = None
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
 # Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
