@@ -1038,6 +1038,70 @@ def test_the_held_plan_gives_a_fully_masked_row_at_a_huge_negative_value_the_uni
     assert_close_to_row_scale(out, expected, dtype)
 
 
+# The streamed plan (_softmax_held.launch_stream): narrow 16-bit rows in registers, off until measured
+# (_STREAM_16BIT_BANDS None; docs/kernels.md, "Narrow rows streamed").
+
+
+def test_the_stream_plan_takes_odd_and_twice_odd_16_bit_rows_in_its_bands_on_the_fewest_warps(monkeypatch):
+    settings = softmax._softmax_settings
+    assert softmax._STREAM_16BIT_BANDS is None and settings(4096, 333, 2, held=True).mode == "rows"  # off until measured
+    monkeypatch.setattr(softmax, "_STREAM_16BIT_BANDS", ((257, 2047),))
+    taken = [n for n in (255, 257, 258, 260, 333, 334, 336, 1000, 1023, 1500, 2047, 2049) if
+             settings(4096, n, 2, held=True).mode == "stream"]
+    assert taken == [257, 258, 333, 334, 1023, 2047]  # not multiples of 4 (vectors on the rows plan), not past the band
+    assert settings(4096, 333, 4, held=True).mode != "stream"  # fp32 rows: 92-98% on the rows plan
+    assert settings(4096, 333, 2, held=False).mode == "rows" and settings(4096, 333, 2, held=True, max_row=256).mode != "stream"
+    # one 16-byte vector a thread a segment, at most three segments: a row and the up to 7 elements before its start
+    assert _softmax_held.stream_shape(333, 2) == (1, 256, 2, 32)  # one warp, 32 programs an SM
+    assert _softmax_held.stream_shape(761, 2) == (1, 256, 3, 32) and _softmax_held.stream_shape(762, 2)[0] == 2
+    assert _softmax_held.stream_shape(2047, 2) == (4, 1024, 3, 8)
+    assert _softmax_held.stream_shape(6137, 2) == (8, 2048, 3, 4) and _softmax_held.stream_shape(6138, 2) is None
+    assert settings(4096, 333, 2, held=True) == softmax._Plan("stream", 1, 256, 1, per_sm=32, max_regs=64)
+
+
+def test_the_stream_launcher_gives_every_sm_its_programs_a_multiple_of_the_vector(monkeypatch, recorded_kernel):
+    monkeypatch.setattr(_softmax_held, "_softmax_stream_kernel", recorded_kernel, raising=False)  # absent without Gluon
+    monkeypatch.setattr(_softmax_held, "stream_fits", lambda x2, y2: True)
+    for rows, grid in ((100000, 32 * 132), (20, 24), (3, 8)):  # one phase a program: 8 bf16 elements a vector
+        x = torch.empty(rows, 333, dtype=torch.bfloat16)
+        _softmax_held.launch_stream(x, torch.empty_like(x), 132)
+        (got, kwargs), = recorded_kernel.launches[-1:]
+        assert got == (grid,) and kwargs["NSEG"] == 2 and kwargs["VEC"] == 8 and kwargs["num_warps"] == 1
+    monkeypatch.setattr(_softmax_held, "stream_fits", lambda x2, y2: False)
+    with pytest.raises(ValueError, match="streamed softmax"):
+        _softmax_held.launch_stream(x, torch.empty_like(x), 132)
+
+
+def test_the_stream_plan_falls_back_to_the_plan_without_the_held_kernels_where_they_do_not_take_the_rows(monkeypatch):
+    # off CUDA (here), and on the GPU for a column slice: the rows plan, with the same result
+    big = torch.randn(37, 350, device=DEVICE).bfloat16()
+    x = big[:, 3:336]
+    assert not _softmax_held.stream_fits(x, torch.empty(x.shape, device=DEVICE, dtype=x.dtype))
+    calls = []
+    monkeypatch.setattr(_softmax_held, "launch_stream", lambda *args: calls.append(args))
+    out = poisoned_like(x)
+    softmax._launch(x, out, softmax._Plan("stream", 1, 256, 1, per_sm=32, max_regs=64))
+    assert not calls
+    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).bfloat16(), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 3, 301, 5000])
+@pytest.mark.parametrize("n", [257, 258, 333, 761, 777, 1023, 1025, 2047])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_streamed_rows_match_torch_and_write_every_element(dtype, n, rows, monkeypatch):
+    monkeypatch.setattr(softmax, "_STREAM_16BIT_BANDS", ((257, 2047),))
+    x = torch.randn(rows, n, device="cuda").mul_(4).to(dtype)
+    assert softmax._softmax_settings(rows, n, 2).mode == "stream"
+    if rows >= 3:
+        x[0] = -float("inf")  # torch: a row of nan
+        x[1, n // 2] = float("nan")
+        x[2, n - 1] = 60.0  # the row's max at its last element (an edge)
+    out = poisoned_like(x)
+    softmax.fused(x, out=out)
+    assert_close_to_row_scale(out, torch.softmax(x.float(), -1).to(dtype), dtype, equal_nan=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [50257, 128256], ids=["whole rows", "in slices"])
 def test_the_held_plan_gives_rows_of_minus_inf_and_of_plus_inf_as_torch(n):
