@@ -23,8 +23,8 @@ import torch
 
 from ._common import cdiv, next_power_of_2
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, only_the_row, packed_rows, per_sm, phase0, row_span,
-                    row_start, segments, thread_barrier, tuned_triton, widen)
+                    edge_columns, gl, gluon, land_segment, load_segment, only_the_row, packed_rows, per_sm, phase0,
+                    row_start, segments, stream_first_row, stream_next_row, thread_barrier, tuned_triton, widen)
 from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
 
 if gluon is not None:
@@ -66,12 +66,17 @@ if gluon is not None:
         a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
         for s in gl.static_range(NSEG):
             v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG, WIDEN)
-            v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
-            m_new = gl.maximum(m, gl.max(v2, axis=1))
-            k = _finite_or_zero(m_new)
-            a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
-            m = m_new
+            m, a = _max_sum_step(m, a, v, vec_layout, BLOCK, VEC)
         return gl.reduce((m, a), 0, _merge_max_sum)
+
+    @gluon.jit
+    def _max_sum_step(m, a, v, vec_layout: gl.constexpr, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # each thread's running (max, sum of exp(x - max)) over its VEC-element vectors, one segment v more (one rescale
+        # a vector)
+        v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
+        m_new = gl.maximum(m, gl.max(v2, axis=1))
+        k = _finite_or_zero(m_new)
+        return m_new, a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
 
     @gluon.jit
     def _tile_edges(x_ptr, abase, shift, end, eidx, VEC: gl.constexpr):
@@ -253,48 +258,32 @@ if gluon is not None:
         pid = gl.program_id(0)
         step = gl.num_programs(0)  # a multiple of VEC
 
-        abase, shift = row_start(pid, n_cols, VEC)  # the same for every row of this program
-        end, first_v, last_v = row_span(shift, n_cols, VEC)
-        row_vecs = gl.cdiv(end, VEC)
-        xs = ()
-        for s in gl.static_range(NSEG):
-            xs = xs + (_stream_segment(x_ptr, abase, s, gl.where(pid < n_rows, row_vecs, 0), idx, BLOCK, VEC),)
+        abase, shift, end, first_v, last_v, row_vecs, xs = stream_first_row(x_ptr, pid, n_rows, n_cols, idx, BLOCK,
+                                                                            NSEG, VEC)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ev_n = gl.load(x_ptr + abase + ecol, mask=emask & (pid < n_rows), other=0.0)
         for row in range(pid, n_rows, step):
             ev = ev_n.to(gl.float32)
-            nxt = row + step
-            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same phase: the step is a multiple of VEC
-            nn_vecs = gl.where(nxt < n_rows, row_vecs, 0)
+            nxt, nabase, nn_vecs = stream_next_row(row, step, n_rows, n_cols, row_vecs, VEC)
             ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
             m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
             a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
             for s in gl.static_range(NSEG):  # the neighbours' elements -inf (only the first and last two segments)
                 v = only_the_row(widen(xs[s], WIDEN), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
-                v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
-                m_new = gl.maximum(m, gl.max(v2, axis=1))
-                k = _finite_or_zero(m_new)
-                a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
-                m = m_new
+                m, a = _max_sum_step(m, a, v, vec_layout, BLOCK, VEC)
             c, total = gl.reduce((m, a), 0, _merge_max_sum)
             c = _finite_or_zero(c)
             inv = 1.0 / total
             nxs = ()
             for u in gl.static_range(NSEG):
                 v = widen(xs[u], WIDEN)
-                nxs = nxs + (_stream_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
+                nxs = nxs + (load_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
                 vi = (u * BLOCK + idx) // VEC
                 gl.store(y_ptr + abase + u * BLOCK + idx, (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty),
                          mask=(vi >= first_v) & (vi < last_v))
             gl.store(y_ptr + abase + ecol, (_exp_from(ev, c) * inv).to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             xs = nxs
-
-    @gluon.jit
-    def _stream_segment(x_ptr, base, s: gl.constexpr, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
-        # segment s of a row into registers: its 16-byte vectors from the row's aligned-down start (none past n_vecs)
-        col = s * BLOCK + idx
-        return gl.load(x_ptr + base + col, mask=col // VEC < n_vecs, other=0.0)
 
     @gluon.jit
     def _slice_start(tile, n_rows, n_cols, slice_cols, GROUP: gl.constexpr, VEC: gl.constexpr):
