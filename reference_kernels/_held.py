@@ -47,6 +47,28 @@ def segments(n_cols: int, elem_size: int, block: int | None = None, aligned: boo
     return cdiv(n_cols + slack, block or BLOCK)
 
 
+def phase_grid(n_rows: int, elem_size: int, per_sm_programs: int, sm_count: int) -> int:
+    """Programs of a kernel whose programs walk rows pid, pid + programs, ...: a multiple of the 16-byte vector's
+    elements, so that every row of a program starts at one phase (row r's phase is r N mod VEC), ``per_sm_programs`` on
+    every SM, no more than the rows need."""
+    vec = 16 // elem_size
+    return max(vec, min(cdiv(n_rows, vec) * vec, per_sm_programs * sm_count // vec * vec))
+
+
+def narrowest_shape(n_cols: int, elem_size: int, warps_choices, most_segments) -> tuple[int, int, int] | None:
+    """(warps, elements a segment, segments) of the streamed kernels' narrow programs for rows of ``n_cols``: of
+    ``warps_choices``, the warps whose segments (one 16-byte vector a thread) hold a row, from its aligned-down start,
+    in the fewest slots, within ``most_segments(warps)`` segments (the fewest warps among equals); None where none does."""
+    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
+    best = None
+    for warps in warps_choices:
+        block = vec * 32 * warps
+        nseg = segments(n_cols, elem_size, block, aligned)
+        if nseg <= most_segments(warps) and (best is None or nseg * block < best[1] * best[2]):
+            best = (warps, block, nseg)
+    return best
+
+
 def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,
            block: int | None = None, aligned: bool = False) -> int:
     """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the

@@ -29,7 +29,7 @@ from ._common import cdiv
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, load_segment, only_the_row, packed_rows, per_sm, phase0, row_span, row_start,
-                    segments, stream_first_row, stream_next_row, tuned_triton, widen)
+                    narrowest_shape, phase_grid, segments, stream_first_row, stream_next_row, tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -522,7 +522,7 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     if FWD_ROWS:  # VEC programs (one a phase) for each FWD_ROWS VEC rows
         grid = vec * cdiv(cdiv(n_rows, vec), FWD_ROWS)
     else:  # a multiple of VEC: one phase a program
-        grid = max(vec, min(cdiv(n_rows, vec) * vec, fit * sm_count // vec * vec))
+        grid = phase_grid(n_rows, es, fit, sm_count)
     _layer_norm_fwd_held_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
         WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
@@ -594,14 +594,8 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     if n_cols > STREAM_NARROW_MAX_COLS:
         nseg = stream_segments(n_cols, elem_size, wb_bytes)
         return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, STREAM_MAX_REGS) if nseg else None
-    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
-    best = None
-    for warps in STREAM_NARROW_WARPS:
-        block = vec * 32 * warps
-        nseg = segments(n_cols, elem_size, block, aligned)
-        most = (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}).get(warps, STREAM_NARROW_MAX_SEGMENTS)
-        if nseg <= most and (best is None or nseg * block < best[1] * best[2]):
-            best = (warps, block, nseg)
+    best = narrowest_shape(n_cols, elem_size, STREAM_NARROW_WARPS,
+                           lambda w: (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}).get(w, STREAM_NARROW_MAX_SEGMENTS))
     if best is None:
         return None
     warps, block, nseg = best
@@ -634,7 +628,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     es = x2.element_size()
     vec = 16 // es
     shape = stream_shape(n_cols, es, wb_bytes(weight, bias))
-    grid = max(vec, min(cdiv(n_rows, vec) * vec, shape.per_sm * sm_count // vec * vec))
+    grid = phase_grid(n_rows, es, shape.per_sm, sm_count)
     _layer_norm_fwd_stream_kernel[(grid,)](
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
         WIDEN=FWD_WIDEN, num_warps=shape.warps, RECENTRE=stream_recentre(es), maxnreg=shape.max_regs)
@@ -719,9 +713,7 @@ def _bwd_shape(x2: torch.Tensor, weight: torch.Tensor) -> BwdShape:
 def backward_programs(x2: torch.Tensor, weight: torch.Tensor, sm_count: int) -> int:
     """The backward's programs (and so its dweight/dbias share rows): as many as fit the SMs, a multiple of VEC (one
     phase a program), no more than the rows need."""
-    vec = 16 // x2.element_size()
-    progs = _bwd_shape(x2, weight).per_sm * sm_count // vec * vec
-    return max(vec, min(cdiv(x2.shape[0], vec) * vec, progs))
+    return phase_grid(x2.shape[0], x2.element_size(), _bwd_shape(x2, weight).per_sm, sm_count)
 
 
 def fits_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:

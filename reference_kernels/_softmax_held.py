@@ -23,8 +23,9 @@ import torch
 
 from ._common import cdiv, next_power_of_2
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, load_segment, only_the_row, packed_rows, per_sm, phase0,
-                    row_start, segments, stream_first_row, stream_next_row, thread_barrier, tuned_triton, widen)
+                    edge_columns, gl, gluon, land_segment, load_segment, narrowest_shape, only_the_row, packed_rows,
+                    per_sm, phase_grid, row_start, segments, stream_first_row, stream_next_row, thread_barrier,
+                    tuned_triton, widen)
 from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
 
 if gluon is not None:
@@ -388,13 +389,7 @@ STREAM_MAX_REGS = 64
 def stream_shape(n_cols: int, elem_size: int) -> tuple[int, int, int, int] | None:
     """(warps, elements a segment, segments a row, programs an SM) of ``launch_stream`` for rows of ``n_cols``; None
     where no program of ``STREAM_WARPS`` holds one in ``STREAM_MAX_SEGMENTS`` segments."""
-    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
-    best = None
-    for warps in STREAM_WARPS:
-        block = vec * 32 * warps
-        nseg = segments(n_cols, elem_size, block, aligned)
-        if nseg <= STREAM_MAX_SEGMENTS and (best is None or nseg * block < best[1] * best[2]):
-            best = (warps, block, nseg)
+    best = narrowest_shape(n_cols, elem_size, STREAM_WARPS, lambda w: STREAM_MAX_SEGMENTS)
     if best is None:
         return None
     warps, block, nseg = best
@@ -417,8 +412,7 @@ def launch_stream(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
                          f" {tuple(y2.shape)})")
     n_rows, n_cols = x2.shape
     es = x2.element_size()
-    vec = 16 // es
     warps, block, nseg, progs = stream_shape(n_cols, es)
-    grid = max(vec, min(cdiv(n_rows, vec) * vec, progs * sm_count // vec * vec))
-    _softmax_stream_kernel[(grid,)](x2, y2, n_rows, n_cols, BLOCK=block, NSEG=nseg, VEC=vec, WIDEN=widen_rows(),
-                                    num_warps=warps, maxnreg=STREAM_MAX_REGS)
+    _softmax_stream_kernel[(phase_grid(n_rows, es, progs, sm_count),)](
+        x2, y2, n_rows, n_cols, BLOCK=block, NSEG=nseg, VEC=16 // es, WIDEN=widen_rows(), num_warps=warps,
+        maxnreg=STREAM_MAX_REGS)
