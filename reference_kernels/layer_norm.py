@@ -2456,13 +2456,17 @@ def _stream_band(n_cols: int, elem_size: int) -> bool:
     return shape.nseg <= most_segments and shape.warps <= most_warps
 
 
-def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
-    """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band``, and rows from the
-    width of their element size on (``_STREAM_FWD_MIN_COLS``; N a multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a
-    machine that runs the held kernels, of tensors ``launch_stream`` takes."""
+def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
+                    band: bool | None = None) -> bool:
+    """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
+    answer, where the caller has it), and rows from the width of their element size on (``_STREAM_FWD_MIN_COLS``; N a
+    multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs the held kernels, of tensors
+    ``launch_stream`` takes."""
     n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
     least = ((_STREAM_FWD_ALIGNED_MIN_COLS if n_cols % 16 == 0 else _STREAM_FWD_MIN_COLS) or {}).get(key)
-    wanted = _stream_band(n_cols, x2.element_size()) or (least is not None and n_cols >= least)
+    if band is None:
+        band = _stream_band(n_cols, x2.element_size())
+    wanted = band or (least is not None and n_cols >= least)
     return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
 
 
@@ -2538,9 +2542,9 @@ def forward(
         return y, mean, rstd
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
-    streamed = max_row is None and _stream_forward(x2, weight, bias, y2)  # asked once: it builds the stream's shape
-    banded = streamed and _stream_band(x2.shape[1], x2.element_size())
-    if max_row is None and not banded and _held_forward(x2, weight, bias, y2):
+    band = max_row is None and _stream_band(x2.shape[1], x2.element_size())  # asked once: it builds the stream's shape
+    streamed = max_row is None and _stream_forward(x2, weight, bias, y2, band)
+    if max_row is None and not (band and streamed) and _held_forward(x2, weight, bias, y2):
         try:
             _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
             return y, mean, rstd
