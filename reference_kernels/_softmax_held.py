@@ -23,8 +23,7 @@ import torch
 
 from ._common import cdiv, next_power_of_2
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
-                    edge_columns, gl, gluon, land_segment, load_segment, narrowest_shape, only_the_row, packed_rows,
-                    per_sm, phase_grid, row_start, segments, stream_first_row, stream_next_row, thread_barrier,
+                    edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
 from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
 
@@ -235,58 +234,6 @@ if gluon is not None:
         async_copy.wait_group(0)
 
     @gluon.jit
-    def _softmax_stream_kernel(
-        x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
-        y_ptr,  # output, the same layout
-        n_rows,
-        n_cols,
-        BLOCK: gl.constexpr,  # elements a segment: one 16-byte vector a thread
-        NSEG: gl.constexpr,  # segments a row (segments(n_cols, elem_size, BLOCK))
-        VEC: gl.constexpr,  # elements in 16 bytes; the grid is a multiple of it
-        WIDEN: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
-        """Narrow rows in registers (the layer norm's streamed forward without its weight and bias): rows pid, pid +
-        programs, ... (all at one phase), each held as loaded, a tuple of NSEG segments of 16-byte vectors from its
-        aligned-down start, the next row's segments loaded as the output pass leaves each of this row's. The max and
-        the sum in one pass (each thread's running pair, then one reduction of the pairs: on one warp, shuffles only);
-        the output's partial vectors at the row's two ends are stored element by element (the edges)."""
-        layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
-        edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])  # a thread's vectors
-        idx = gl.arange(0, BLOCK, layout=layout)
-        eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
-        pid = gl.program_id(0)
-        step = gl.num_programs(0)  # a multiple of VEC
-
-        abase, shift, end, first_v, last_v, row_vecs, xs = stream_first_row(x_ptr, pid, n_rows, n_cols, idx, BLOCK,
-                                                                            NSEG, VEC)
-        ecol, emask = edge_columns(eidx, shift, end, VEC)
-        ev_n = gl.load(x_ptr + abase + ecol, mask=emask & (pid < n_rows), other=0.0)
-        for row in range(pid, n_rows, step):
-            ev = ev_n.to(gl.float32)
-            nxt, nabase, nn_vecs = stream_next_row(row, step, n_rows, n_cols, row_vecs, VEC)
-            ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
-            m = gl.full([BLOCK // VEC], float("-inf"), gl.float32, gl.SliceLayout(1, vec_layout))
-            a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
-            for s in gl.static_range(NSEG):  # the neighbours' elements -inf (only the first and last two segments)
-                v = only_the_row(widen(xs[s], WIDEN), s, idx, shift, end, float("-inf"), BLOCK, NSEG)
-                m, a = _max_sum_step(m, a, v, vec_layout, BLOCK, VEC)
-            c, total = gl.reduce((m, a), 0, _merge_max_sum)
-            c = _finite_or_zero(c)
-            inv = 1.0 / total
-            nxs = ()
-            for u in gl.static_range(NSEG):
-                v = widen(xs[u], WIDEN)
-                nxs = nxs + (load_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
-                vi = (u * BLOCK + idx) // VEC
-                gl.store(y_ptr + abase + u * BLOCK + idx, (_exp_from(v, c) * inv).to(y_ptr.dtype.element_ty),
-                         mask=(vi >= first_v) & (vi < last_v))
-            gl.store(y_ptr + abase + ecol, (_exp_from(ev, c) * inv).to(y_ptr.dtype.element_ty), mask=emask)
-            abase = nabase
-            xs = nxs
-
-    @gluon.jit
     def _slice_start(tile, n_rows, n_cols, slice_cols, GROUP: gl.constexpr, VEC: gl.constexpr):
         # a tile's aligned-down start, shift and columns; past the last tile the last row's last slice (a start in
         # bounds that nothing copies: its n_vecs is 0)
@@ -374,45 +321,3 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
         SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)
-
-
-# Narrow 16-bit rows streamed through registers (``launch_stream``; softmax._STREAM_16BIT_BANDS picks the widths, off
-# until measured): programs of the fewest of STREAM_WARPS warps whose segments (one 16-byte vector a thread) hold the row
-# in at most STREAM_MAX_SEGMENTS of them, STREAM_WARPS_PER_SM warps an SM, 64 registers a thread (docs/kernels.md,
-# "Narrow rows streamed").
-STREAM_WARPS = (1, 2, 4, 8)
-STREAM_MAX_SEGMENTS = 3
-STREAM_WARPS_PER_SM = 32
-STREAM_MAX_REGS = 64
-
-
-def stream_shape(n_cols: int, elem_size: int) -> tuple[int, int, int, int] | None:
-    """(warps, elements a segment, segments a row, programs an SM) of ``launch_stream`` for rows of ``n_cols``; None
-    where no program of ``STREAM_WARPS`` holds one in ``STREAM_MAX_SEGMENTS`` segments."""
-    best = narrowest_shape(n_cols, elem_size, STREAM_WARPS, lambda w: STREAM_MAX_SEGMENTS)
-    if best is None:
-        return None
-    warps, block, nseg = best
-    return warps, block, nseg, max(1, min(STREAM_WARPS_PER_SM // warps, 65536 // (STREAM_MAX_REGS * 32 * warps)))
-
-
-def stream_fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
-    """Whether ``launch_stream`` takes these (M, N) views: packed, 16-byte aligned CUDA rows of one dtype that a
-    ``stream_shape`` holds."""
-    return (y2.dtype == x2.dtype and packed_rows(x2, y2)
-            and stream_shape(x2.shape[1], x2.element_size()) is not None)
-
-
-def launch_stream(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
-    """Softmax of the packed (M, N) rows of ``x2`` into ``y2``, each row in registers (``stream_fits``):
-    ``stream_shape``'s programs an SM on every SM, a multiple of the vector (one phase a program)."""
-    if not stream_fits(x2, y2):
-        raise ValueError("the streamed softmax takes packed, 16-byte aligned CUDA rows of one dtype that its programs"
-                         f" hold in registers (x: {tuple(x2.shape)} strides {x2.stride()} on {x2.device}, y:"
-                         f" {tuple(y2.shape)})")
-    n_rows, n_cols = x2.shape
-    es = x2.element_size()
-    warps, block, nseg, progs = stream_shape(n_cols, es)
-    _softmax_stream_kernel[(phase_grid(n_rows, es, progs, sm_count),)](
-        x2, y2, n_rows, n_cols, BLOCK=block, NSEG=nseg, VEC=16 // es, WIDEN=widen_rows(), num_warps=warps,
-        maxnreg=STREAM_MAX_REGS)

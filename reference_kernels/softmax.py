@@ -13,9 +13,6 @@ Six launch plans, on five kernels; ``_softmax_settings`` chooses:
   slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 76-95% of
   copy in the sweep (docs/kernels.md, "Rows held in shared memory"); the plans below where it is not
   available or measured slower.
-* ``stream`` (odd and twice-odd 16-bit rows in ``_STREAM_16BIT_BANDS``, off until measured; compute-capability 9.x
-  GPUs with Gluon, ``_softmax_held.launch_stream``): narrow rows in registers, programs of one to eight warps walking
-  rows of one phase from their aligned-down start (docs/kernels.md, "Narrow rows streamed").
 * ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
   same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
   whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
@@ -468,7 +465,7 @@ def _row_values(chunk, start, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.c
 class _Plan(NamedTuple):
     """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
 
-    mode: str  # "rows", "held", "stream", "staged", "persistent" or "split"
+    mode: str  # "rows", "held", "staged", "persistent" or "split"
     block_m: int
     block_n: int
     num_warps: int
@@ -619,11 +616,6 @@ _PACKED_BAND_MULTIPLE = 4
 # 16384 93 -> 97, 32768 84 -> 86; fp16 1000 79 -> 85; 2048-8192 level or up to 1 point lower, and odd widths
 # under 16 lost (bf16 3 36-39 -> 26: a row's extra load among few elements), so not there.
 _SHIFT_16BIT: tuple[tuple[int, int], ...] | None = ((256, 2047), (8193, 32768))
-# Odd and twice-odd 16-bit rows in these bands (inclusive) streamed through registers (_softmax_held.launch_stream: the
-# layer norm's one-warp streamed forward, without its weight and bias) where the held kernels run: written 2026-12-03
-# for rows the rows plan reads element by element (bf16 259-1501 67-86% of copy), off until measured (docs/kernels.md,
-# "Narrow rows streamed"). None: never.
-_STREAM_16BIT_BANDS: tuple[tuple[int, int], ...] | None = None
 
 
 def _softmax_settings(
@@ -656,9 +648,6 @@ def _softmax_settings(
     if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
         return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
                      per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
-    if held and max_row is None and wide is None and _stream_rows(n_cols, elem_size):
-        warps, block, _, progs = _softmax_held.stream_shape(n_cols, elem_size)
-        return _Plan("stream", 1, block, warps, per_sm=progs, max_regs=_softmax_held.STREAM_MAX_REGS)
     widest = max_row if max_row is not None else _MAX_ROW
     wide_plan = wide or _WIDE_ROWS_PLAN
     if wide_plan not in _WIDE_PLANS:
@@ -696,14 +685,6 @@ def _softmax_settings(
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
     return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
-
-
-def _stream_rows(n_cols: int, elem_size: int) -> bool:
-    """Whether 16-bit rows of ``n_cols`` take the "stream" plan (``_softmax_held.launch_stream``): odd and twice-odd
-    widths (multiples of 4 load as vectors on the rows plan's compile-time width) in ``_STREAM_16BIT_BANDS`` that a
-    ``_softmax_held.stream_shape`` holds."""
-    return (elem_size == 2 and n_cols % 4 != 0 and any(lo <= n_cols <= hi for lo, hi in _STREAM_16BIT_BANDS or ())
-            and _softmax_held.stream_shape(n_cols, elem_size) is not None)
 
 
 def _held_default(n_cols: int, elem_size: int) -> bool:
@@ -804,14 +785,6 @@ def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
 
 def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
-    if plan.mode == "stream":
-        if _softmax_held.stream_fits(x2, y2):
-            try:
-                _softmax_held.launch_stream(x2, y2, sm_count(x2.device))
-                return
-            except _softmax_held.CompilationError as exc:  # as for "held" below
-                _softmax_held.disable(exc)
-        return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), held=False))
     if plan.mode == "held":
         if _softmax_held.split_fits(x2, y2, plan.group):
             try:

@@ -2,8 +2,7 @@
 
     python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
 
-A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``softmax_stream:DTYPE:N``
-(narrow rows in registers), ``layer_norm:DTYPE:PARAM_DTYPE:N``,
+A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``,
 ``layer_norm_stream:DTYPE:PARAM_DTYPE:N`` (rows too wide to hold, streamed past the held weight and bias) or
 ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
@@ -30,7 +29,6 @@ SIGNATURES = {
     "softmax": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
     "softmax_split": ["x_ptr:*X", "y_ptr:*X", "part_ptr:*fp32", "sync_ptr:*i32", "n_rows:i32", "n_cols:i32",
                       "slice_cols:i32"],
-    "softmax_stream": ["x_ptr:*X", "y_ptr:*X", "n_rows:i32", "n_cols:i32"],
     "layer_norm": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32", "n_rows:i32",
                    "n_cols:i32", "eps:fp32"],
     "layer_norm_stream": ["x_ptr:*X", "w_ptr:*P", "b_ptr:*P", "y_ptr:*X", "mean_ptr:*fp32", "rstd_ptr:*fp32",
@@ -54,17 +52,14 @@ def compile_case(case: str) -> dict:
     elif subject == "softmax_split":
         dtype, n, group = rest[0], int(rest[1]), int(rest[2])
         param, kernel = None, _softmax_held._softmax_held_split_kernel
-    elif subject == "softmax_stream":
-        dtype, n = rest[0], int(rest[1])
-        param, kernel = None, _softmax_held._softmax_stream_kernel
     elif subject in ("layer_norm", "layer_norm_stream", "layer_norm_bwd"):
         dtype, param, n = rest[0], rest[1], int(rest[2])
         kernel = {"layer_norm": _layer_norm_held._layer_norm_fwd_held_kernel,
                   "layer_norm_stream": _layer_norm_held._layer_norm_fwd_stream_kernel,
                   "layer_norm_bwd": _layer_norm_held._layer_norm_bwd_held_kernel}[subject]
     else:
-        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, softmax_stream, layer_norm,"
-                         " layer_norm_stream or layer_norm_bwd")
+        raise SystemExit(f"unknown subject in {case!r}: softmax, softmax_split, layer_norm, layer_norm_stream"
+                         " or layer_norm_bwd")
     elem = 4 if dtype == "fp32" else 2
     signature = {}
     for entry in SIGNATURES[subject]:
@@ -76,13 +71,6 @@ def compile_case(case: str) -> dict:
         constexprs["WIDEN"] = _softmax_held.widen_rows()
     if subject == "softmax":
         constexprs["WALK"] = not _softmax_held.ONE_ROW
-    if subject == "softmax_stream":  # narrow rows in registers (_softmax_held.stream_shape)
-        shape = _softmax_held.stream_shape(n, elem)
-        if shape is None:
-            raise SystemExit(f"{case}: the streamed softmax does not take these rows (stream_shape)")
-        warps, block, nseg, _ = shape
-        constexprs.update(BLOCK=block, NSEG=nseg, num_warps=warps)
-        max_regs = _softmax_held.STREAM_MAX_REGS
     if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
         group, slice_cols = _softmax_held.split_shape(n, elem, group)
         constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem),

@@ -115,24 +115,6 @@ def test_the_streamed_forward_compiles_for_sm90_into_16_byte_loads_and_stores_wi
         assert all(stacks[c] <= STREAM_KNOWN_STACK.get(c, 0) for c in STREAM_CASES), stacks
 
 
-# The streamed softmax (narrow 16-bit rows in registers, _softmax_held.launch_stream): no shared memory but the
-# reductions' scratch, 16-byte loads and body stores, no spills at its 64 registers (one, two and four warps)
-SOFTMAX_STREAM_CASES = ["softmax_stream:bf16:333", "softmax_stream:fp16:761", "softmax_stream:bf16:1023",
-                        "softmax_stream:fp16:2047"]
-
-
-def test_the_streamed_softmax_compiles_for_sm90_into_16_byte_loads_and_stores_without_spills():
-    results = compile_for_sm90(SCRIPT, SOFTMAX_STREAM_CASES)
-    for case in SOFTMAX_STREAM_CASES:
-        result = results[case]
-        _, dtype, n = case.split(":")
-        warps, block, nseg, progs = _softmax_held.stream_shape(int(n), 2)
-        assert result["copies"] == 0 and result["vector_loads"] and result["vector_stores"], result
-        assert result["register_cap"] == _softmax_held.STREAM_MAX_REGS and not result["stack"], result
-        assert result["shared"] <= 64 * warps, result  # a warp's partials of the one reduction, nothing held
-        assert progs * warps * 32 * _softmax_held.STREAM_MAX_REGS <= 65536  # its programs an SM fit the registers
-
-
 def pretend_an_sm90_machine(monkeypatch, module):
     """``module.available()`` (``_held``, ``_gemm_ws``) as on an H200 with a working Gluon, whatever this machine is;
     a fresh ``disable()`` record."""
