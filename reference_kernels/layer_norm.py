@@ -1348,7 +1348,13 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # aligned 24576 75 -> 68, 32768 71 -> 69, fp32 24576 72 -> 69, 16-bit 2560-14336 84-91 -> 29-62 (one 8-warp program an
 # SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
-_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
+# Aligned rows streamed from _STREAM_FWD_ALIGNED_MIN_COLS up to _STREAM_FWD_ALIGNED_MAX_COLS (by element size; none:
+# no bound): fp32 8193-9728 instead of the persistent plan, whose one-pass sums lose ~N ulps of the variance where
+# x[row, 0] lies far from the mean, which the stream recentres ("Statistics"). H200, 2026-12-03, two runs, persistent
+# -> streamed: 8448 81-82 -> 85, 8704 81-82 -> 84, 8960 83 -> 85-86, 9216 84 -> 85-86, 9472 85-86 -> 84-87, 9728 85 ->
+# 85-86; past it lower (9984 87 -> 85-86, 10240 87 -> 85; 12288 87 -> 83, 16384 85 -> 78).
+_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769, 4: 8193}
+_STREAM_FWD_ALIGNED_MAX_COLS: dict[int, int] | None = {4: 9728}
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
 # held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
 # the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
@@ -2460,13 +2466,15 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     band: bool | None = None) -> bool:
     """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
     answer, where the caller has it), and rows from the width of their element size on (``_STREAM_FWD_MIN_COLS``; N a
-    multiple of 16 ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs the held kernels, of tensors
+    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS`` to ``_STREAM_FWD_ALIGNED_MAX_COLS``), on a machine that runs the held kernels, of tensors
     ``launch_stream`` takes."""
     n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
-    least = ((_STREAM_FWD_ALIGNED_MIN_COLS if n_cols % 16 == 0 else _STREAM_FWD_MIN_COLS) or {}).get(key)
+    aligned = n_cols % 16 == 0
+    least = ((_STREAM_FWD_ALIGNED_MIN_COLS if aligned else _STREAM_FWD_MIN_COLS) or {}).get(key)
+    most = (_STREAM_FWD_ALIGNED_MAX_COLS or {}).get(key) if aligned else None
     if band is None:
         band = _stream_band(n_cols, x2.element_size())
-    wanted = band or (least is not None and n_cols >= least)
+    wanted = band or (least is not None and n_cols >= least and (most is None or n_cols <= most))
     return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
 
 

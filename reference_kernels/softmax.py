@@ -582,6 +582,11 @@ _TAIL_PIECE_REGS_16BIT: tuple[int, int, int] | None = (256, 512, 48)
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
+# Odd 16-bit rows just past 1024 on aligned vectors (and edge words) as well: H200, 2026-12-03, two runs, Triton's
+# scalar accesses -> vectors, bf16 / fp16: 1025 85-86 -> 89 / 85-86 -> 92, 1027 86 -> 89 / 86-87 -> 92, 1031 85 -> 89
+# / 85 -> 92, 1039 85-86 -> 87-88 / 85 -> 91; outside it lost or level (fp16 993 / 1009 85 -> 82, bf16 1041 86 -> 84;
+# 1026, twice-odd, 98 -> 88). None: none.
+_PHASED_ODD_16BIT: tuple[int, int] | None = (1025, 1039)
 # The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
 # pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points from 2048 columns
 # (12345: 72 -> 75%), and narrower phased rows (64..128), not timed with them, keep the 2-byte edges.
@@ -812,7 +817,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         r.finish()
         return
     r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
-    if plan.mode != "rows" or (_phase_rows(n_cols) and not _packed_band(r, n_cols)):
+    if plan.mode != "rows" or (_phase_rows(n_cols, x2.element_size()) and not _packed_band(r, n_cols)):
         r = phased(x2, y2)
     if plan.mode == "rows":
         block_n = max(plan.block_n, next_power_of_2(n_cols))
@@ -824,7 +829,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
-            EDGE_WORDS=_EDGE_WORDS and n_cols >= _PHASED_ROWS_MIN_COLS, SHIFT=_shift(n_cols, x2.element_size()),
+            EDGE_WORDS=_edge_words(n_cols, x2.element_size()), SHIFT=_shift(n_cols, x2.element_size()),
             num_warps=warps,
             **_reg_cap(plan),
         )
@@ -883,10 +888,24 @@ def _narrow(r: Phased, n_cols: int) -> int:
     return r.packed_width(n_cols, _PACKED_N_MAX)
 
 
-def _phase_rows(n_cols: int) -> bool:
+def _phase_rows(n_cols: int, elem_size: int = 4) -> bool:
     """Whether the ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``): where it measured
-    faster than Triton's scalar accesses (docs/kernels.md, "Ragged rows")."""
-    return n_cols >= _PHASED_ROWS_MIN_COLS or _PHASED_NARROW_COLS[0] <= n_cols <= _PHASED_NARROW_COLS[1]
+    faster than Triton's scalar accesses (docs/kernels.md, "Ragged rows"); their edges as words where
+    ``_edge_words``."""
+    return (n_cols >= _PHASED_ROWS_MIN_COLS or _PHASED_NARROW_COLS[0] <= n_cols <= _PHASED_NARROW_COLS[1]
+            or _odd_16bit_band(n_cols, elem_size))
+
+
+def _odd_16bit_band(n_cols: int, elem_size: int) -> bool:
+    """Whether rows of ``n_cols`` are odd 16-bit ones in ``_PHASED_ODD_16BIT``."""
+    band = _PHASED_ODD_16BIT
+    return elem_size == 2 and n_cols % 2 == 1 and band is not None and band[0] <= n_cols <= band[1]
+
+
+def _edge_words(n_cols: int, elem_size: int) -> bool:
+    """Whether the rows plan loads a phased row's edges as 32-bit words (``_EDGE_WORDS``): from
+    ``_PHASED_ROWS_MIN_COLS``, and in ``_PHASED_ODD_16BIT`` (as measured there)."""
+    return _EDGE_WORDS and (n_cols >= _PHASED_ROWS_MIN_COLS or _odd_16bit_band(n_cols, elem_size))
 
 
 def _packed_band(r: Phased, n_cols: int) -> bool:

@@ -471,7 +471,8 @@ _PERSISTENT_ONE_PASS = pytest.mark.xfail(strict=True, reason="the persistent pla
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4097, 8192, 12345, 16383,  # rows, stream, rows, stream, stream
-                               pytest.param(9216, marks=_PERSISTENT_ONE_PASS),
+                               9216,  # streamed (fp32 aligned 8193-9728)
+                               pytest.param(11008, marks=_PERSISTENT_ONE_PASS),
                                pytest.param(16384, marks=_PERSISTENT_ONE_PASS)])
 def test_fp32_rows_with_a_massive_activation_in_column_0_keep_fp32_accuracy_on_every_plan(n):
     # x[row, 0] is every plan's shift: the shifted one-pass sums alone lose ~N float32 ulps of the variance
@@ -1242,8 +1243,9 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [9216, 11008, 12288, 16384])
-def test_the_fp32_persistent_plan_matches_torch_at_model_widths(n):
+@pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
+def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
+    # 9216 streamed (fp32 aligned 8193-9728), the others on the persistent plan
     assert layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode == "persistent"
     torch.manual_seed(n)
     x, weight, bias = inputs((1000, n), torch.float32)
@@ -1682,12 +1684,14 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
     assert layer_norm._stream_forward(x, weight, bias, y)
-    # rows of N a multiple of 16 from their own widths: 16-bit past 32768 (the other plans were faster at 24576 and
-    # 32768), fp32 never
+    # rows of N a multiple of 16 in their own band: 16-bit past 32768 (the other plans were faster at 24576 and
+    # 32768), fp32 8193-9728 (the persistent plan faster past it, its one-pass sums less precise in it)
     aligned = [n for n in (24576, 32768, 32784, 40960, 49152) if layer_norm._stream_forward(x[:, :n], weight, bias, y)]
     assert aligned == [32784, 40960, 49152]
     x32 = torch.empty(2, 24576)
-    assert not layer_norm._stream_forward(x32, x32[0], x32[0], x32)
+    aligned = [n for n in (8192, 8208, 9216, 9728, 9744, 16384, 24576)
+               if layer_norm._stream_forward(x32[:, :n], x32[0, :n], x32[0, :n], x32[:, :n])]
+    assert aligned == [8208, 9216, 9728]
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 60000})
     assert not layer_norm._stream_forward(x, weight, bias, y)

@@ -522,7 +522,8 @@ RAGGED = [
 # The rows plan only (the persistent walk's 8-wide steps are slow under the interpreter here)
 RAGGED_PIECES = [
     (9, 2049),  # two pieces (2048 + one vector: softmax._row_pieces) at every phase
-    (3, 1025),  # two pieces on Triton's scalar path (1024 + 1)
+    (3, 1025),  # fp32: two pieces on Triton's scalar path (1024 + 1); 16-bit: aligned vectors, edges as words
+    (9, 1031),  # the same band's widest phases (softmax._PHASED_ODD_16BIT)
 ]
 
 
@@ -678,6 +679,11 @@ def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vecto
 def test_the_rows_plan_reads_aligned_vectors_only_at_the_widths_where_that_measured_faster():
     assert [softmax._phase_rows(n) for n in (13, 50, 64, 100, 128, 129, 333, 2047, 2048, 50257)] == [
         False, False, True, True, True, False, False, False, True, True]
+    # and odd 16-bit rows of 1025-1039, their edges as words as from 2048
+    widths = (1023, 1024, 1025, 1026, 1031, 1039, 1040, 1041)
+    assert [n for n in widths if softmax._phase_rows(n, 2)] == [1025, 1031, 1039]
+    assert [n for n in widths if softmax._edge_words(n, 2)] == [1025, 1031, 1039]
+    assert not any(softmax._phase_rows(n, 4) or softmax._edge_words(n, 4) for n in widths)
 
 
 def test_phased_reads_in_place_where_the_phases_agree_and_copies_where_they_do_not():
