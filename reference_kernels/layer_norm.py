@@ -1469,14 +1469,10 @@ _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy aga
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
 _BWD_CHUNK = 4096
-# dweight/dbias: share rows summed per program of the first level (the second adds the splits), share rows a step,
-# columns a program and warps of each level (_sum_shares; the final level's rows a step None: all of them at once)
+# dweight/dbias: share rows summed per program of the first level (the second adds the splits)
 _DWDB_GROUPS_PER_SPLIT = 32
 _DWDB_BLOCK_G = 16
 _DWDB_BLOCK_N = 256
-_DWDB_WARPS = 4
-_DWDB_FINAL_BLOCK_G: int | None = 16
-_DWDB_FINAL_BLOCK_N = 256
 # Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
 # step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
 # registers). "lean" (the default) takes over where it measured faster on the H200
@@ -2403,20 +2399,19 @@ def _reg_cap(plan: _Plan) -> dict:
 def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:
     """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
     n_groups, n_cols = dw_part.shape
+    block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
+    col_blocks = cdiv(n_cols, block_n)
     if n_groups > _DWDB_GROUPS_PER_SPLIT:
         n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
-        block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
         dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
         db_mid = torch.empty_like(dw_mid)
-        _layer_norm_dwdb_kernel[(cdiv(n_cols, block_n), n_splits)](
+        _layer_norm_dwdb_kernel[(col_blocks, n_splits)](
             dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
-            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=_DWDB_WARPS,
+            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
         )
         dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
-    block_n = min(_DWDB_FINAL_BLOCK_N, next_power_of_2(n_cols))
-    block_g = _DWDB_FINAL_BLOCK_G or next_power_of_2(n_groups)
-    _layer_norm_dwdb_kernel[(cdiv(n_cols, block_n), 1)](
-        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=_DWDB_WARPS
+    _layer_norm_dwdb_kernel[(col_blocks, 1)](
+        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
     )
 
 
