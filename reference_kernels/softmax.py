@@ -80,7 +80,6 @@ def _softmax_fwd_kernel(
     STAGES: tl.constexpr = 0,  # 0: one block of rows a program; else persistent, pipelined STAGES deep
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
     SHIFT: tl.constexpr = False,  # exponentials against the row's first element: one reduction (_softmax_rows)
-    STORE_CS: tl.constexpr = False,  # the body's stores streaming (cache_modifier ".cs", evict first; _STORE_CS)
 ):
     """Whole rows in registers: BLOCK_M rows a step, one read and one write (_ragged: unaligned rows).
 
@@ -99,7 +98,7 @@ def _softmax_fwd_kernel(
         stride_y = NARROW
     if STAGES == 0:
         _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, tl.program_id(0),
-                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS, SHIFT, STORE_CS)
+                      BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS, SHIFT)
     else:
         for block in tl.range(tl.program_id(0), tl.cdiv(n_rows, BLOCK_M), tl.num_programs(0), num_stages=STAGES):
             _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block,
@@ -109,8 +108,7 @@ def _softmax_fwd_kernel(
 @triton.jit
 def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, block, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
-                  FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr, SHIFT: tl.constexpr = False,
-                  STORE_CS: tl.constexpr = False):
+                  FAST_EXP: tl.constexpr, EDGE_WORDS: tl.constexpr, SHIFT: tl.constexpr = False):
     """Rows ``block * BLOCK_M ..`` of ``_softmax_fwd_kernel`` (its arguments).
 
     ``SHIFT`` (16-bit rows): the exponentials are taken against the row's first element, not its
@@ -145,11 +143,11 @@ def _softmax_rows(x_ptr, y_ptr, x_phase, n_rows, n_cols, stride_x, stride_y, blo
             x_ptr, x_row, x_base, ph, n_cols, first, last, row_ok, BLOCK_N, BLOCK_T, BLOCK_U, VEC, FAST_EXP, EDGE_WORDS)
     inv_sum = (1.0 / row_sum)[:, None]
     y_row = y_ptr + y_base[:, None]
-    _store_piece(y_row, 0, BLOCK_N, x * inv_sum, first, last, row_ok, STORE_CS)
+    _store_piece(y_row, 0, BLOCK_N, x * inv_sum, first, last, row_ok)
     if BLOCK_T > 0:
-        _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok, STORE_CS)
+        _store_piece(y_row, BLOCK_N, BLOCK_T, x_t * inv_sum, first, last, row_ok)
     if BLOCK_U > 0:
-        _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok, STORE_CS)
+        _store_piece(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u * inv_sum, first, last, row_ok)
     if VEC == 8 and EDGE_WORDS:
         y_row3 = y_ptr + y_base[:, None, None]
         tl.store(y_row3 + e, (xe * inv_sum[:, :, None]).to(y_ptr.dtype.element_ty), mask=e_ok)
@@ -255,14 +253,10 @@ def _row_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_
 
 
 @triton.jit
-def _store_piece(y_row, start: tl.constexpr, SIZE: tl.constexpr, y, first, last, row_ok, CS: tl.constexpr = False):
-    """A piece of the output: the body's whole vectors ([first, last)); ``CS`` streaming (evict first)."""
+def _store_piece(y_row, start: tl.constexpr, SIZE: tl.constexpr, y, first, last, row_ok):
+    """A piece of the output: the body's whole vectors ([first, last))."""
     v = start + tl.arange(0, SIZE)[None, :]
-    if CS:
-        tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & (v >= first) & (v < last),
-                 cache_modifier=".cs")
-    else:
-        tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & (v >= first) & (v < last))
+    tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & (v >= first) & (v < last))
 
 
 @triton.jit
@@ -588,8 +582,6 @@ _TAIL_PIECE_REGS_16BIT: tuple[int, int, int] | None = (256, 512, 48)
 # 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
 # (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
 _PHASED_ROWS_MIN_COLS = 2048
-# The rows plan's body stores streaming (".cs", evict first), as Liger's softmax stores: under A/B.
-_STORE_CS = False
 # Odd 16-bit rows just past 1024 on aligned vectors (and edge words) as well: H200, 2026-12-03, two runs, Triton's
 # scalar accesses -> vectors, bf16 / fp16: 1025 85-86 -> 89 / 85-86 -> 92, 1027 86 -> 89 / 86-87 -> 92, 1031 85 -> 89
 # / 85 -> 92, 1039 85-86 -> 87-88 / 85 -> 91; outside it lost or level (fp16 993 / 1009 85 -> 82, bf16 1041 86 -> 84;
@@ -837,7 +829,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
-            EDGE_WORDS=_edge_words(n_cols, x2.element_size()), SHIFT=_shift(n_cols, x2.element_size()), STORE_CS=_STORE_CS,
+            EDGE_WORDS=_edge_words(n_cols, x2.element_size()), SHIFT=_shift(n_cols, x2.element_size()),
             num_warps=warps,
             **_reg_cap(plan),
         )
