@@ -602,6 +602,10 @@ _PIECES_WIDE = 4096
 _PIECE_WASTE_NARROW = 0.45
 _PIECE_WASTE_WIDE_16BIT = 0.2
 _PIECE_WASTE_WIDE_FP32 = 0.3
+# fp32 rows that all start aligned (VEC 1) keep their power of two from 4096 whatever it masks (1.0: never in pieces),
+# as Liger's kernel does: H200, 2026-12-03, two runs, pieces -> one tile (Liger beside): 5632 94 -> 96.6 (96.2), 8704
+# 92 -> 95.5 (94.1), 9728 94 -> 96.3 (95.5), 10240 93.5 -> 96 (95.2); 4096 level. Ragged fp32 rows keep the rule above.
+_PIECE_WASTE_WIDE_FP32_ALIGNED = 1.0
 _PIECE_MIN_WARPS = 2  # 2049 bf16 on 2 warps (32 elements a thread): 73 -> 90%+ of copy (H200)
 _PHASED_NARROW_COLS = (64, 128)
 # Packed rows (contiguous, strides N) on Triton's own accesses whose N is not a multiple of 16 elements, up to this
@@ -850,19 +854,21 @@ def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | Non
     need = (n_cols + vec - 1) // vec * vec if vec > 1 else n_cols
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     single = next_power_of_2(need)
-    if n_cols < _PIECES_MIN_COLS or (single - need) < (_piece_waste(need, elem_size) if waste is None else waste) * single:
+    if n_cols < _PIECES_MIN_COLS or (single - need) < (_piece_waste(need, elem_size, vec) if waste is None else waste) * single:
         pieces = 1
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 
 
-def _piece_waste(need: int, elem_size: int) -> float:
+def _piece_waste(need: int, elem_size: int, vec: int = 1) -> float:
     """Share of masked lanes from which a row is held in pieces (H200 sweep, docs/kernels.md "softmax"):
     rows narrower than 4096 only just above a power of two (1025, 2049: 50%; 768, 1536, 2560 lost
     6-8 points in pieces); wider ones from 20% in 16-bit (5120, 10000, 12288 gained 7-16 points) and
-    30% in fp32 (6144 lost 5)."""
+    30% in ragged fp32 (6144 lost 5); aligned fp32 rows (``vec`` 1) ``_PIECE_WASTE_WIDE_FP32_ALIGNED``."""
     if need < _PIECES_WIDE:
         return _PIECE_WASTE_NARROW
-    return _PIECE_WASTE_WIDE_16BIT if elem_size < 4 else _PIECE_WASTE_WIDE_FP32
+    if elem_size < 4:
+        return _PIECE_WASTE_WIDE_16BIT
+    return _PIECE_WASTE_WIDE_FP32_ALIGNED if vec == 1 else _PIECE_WASTE_WIDE_FP32
 
 
 def _piece_warps(lanes: int) -> int:

@@ -563,7 +563,7 @@ def test_an_out_at_an_odd_offset_gets_every_element(max_row):
     assert_close_to_row_scale(out, reference(x), torch.float16)
 
 
-@pytest.mark.parametrize("shape", [(4, 1000), (3, 2049)], ids=str)
+@pytest.mark.parametrize("shape", [(4, 1000), (3, 2049), (3, 8704)], ids=str)  # 8704: one 16384-lane tile
 def test_large_logits_keep_full_float32_precision(shape):
     # exp(x - max), exactly as written: folding the shift into one FMA (2^(x log2 e - max log2 e))
     # loses |x| 2^-24 in the exponent, 6e-4 relative at logits of 1e4
@@ -659,6 +659,9 @@ def test_rows_are_held_in_a_few_power_of_two_pieces_that_cover_every_whole_vecto
     assert pieces(10000, 8, 2) == (8192, 2048, 0)
     assert pieces(12288, 1, 2) == (8192, 4096, 0)  # 16-bit rows from 4096: a quarter masked is enough
     assert pieces(12288, 1, 4) == (16384, 0, 0)  # fp32: not
+    # aligned fp32 rows keep their power of two whatever it masks (Liger's tile: 8704 92 -> 95.5%), ragged ones the rule
+    assert [pieces(n, 1, 4) for n in (5632, 8704, 9728)] == [(8192, 0, 0), (16384, 0, 0), (16384, 0, 0)]
+    assert [pieces(n, 4, 4) for n in (5633, 8705)] == [(4096, 2048, 0), (8192, 1024, 0)]
     assert pieces(2560, 1, 2) == (4096, 0, 0)  # narrower rows: only just above a power of two
     assert pieces(2049, 8, 2) == (2048, 8, 0)
     assert pieces(4096, 1, 2) == (4096, 0, 0)
