@@ -155,7 +155,7 @@ CASES = {
     # misses left (docs/kernels.md): fp32 ragged rows on 16-warp streamed programs, the 16-bit backward at 8191 (phased)
     "ln_fwd_fp32_12345": lambda: _ln_forward(8192, 12345, torch.float32),
     "ln_bwd_bf16_8191": lambda: _ln_backward(16384, 8191, torch.bfloat16),
-    # issue 12's misses without a profile (docs/kernels.md, "Targets missed"), 2^26 16-bit or 2^25 fp32 elements: the
+    # issue 12's misses without a profile (docs/kernels.md, "Where the targets are missed"), 2^26 16-bit or 2^25 fp32 elements: the
     # forward's one-warp and two-warp streamed rows (258, 555, 1023), aligned 384, 5120 (two pieces) and fp32 9216 / 16384
     # (the persistent plan); the backward at GPT-2 XL's 1600, 1023 (held) and fp32 4097 / 8191 (phased); fp32 rows in
     # slices
