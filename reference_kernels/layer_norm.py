@@ -2466,8 +2466,8 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     band: bool | None = None) -> bool:
     """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
     answer, where the caller has it), and rows from the width of their element size on (``_STREAM_FWD_MIN_COLS``; N a
-    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS`` to ``_STREAM_FWD_ALIGNED_MAX_COLS``), on a machine that runs the held kernels, of tensors
-    ``launch_stream`` takes."""
+    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS`` to ``_STREAM_FWD_ALIGNED_MAX_COLS``), on a machine that runs
+    the held kernels, of tensors ``launch_stream`` takes."""
     n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
     aligned = n_cols % 16 == 0
     least = ((_STREAM_FWD_ALIGNED_MIN_COLS if aligned else _STREAM_FWD_MIN_COLS) or {}).get(key)

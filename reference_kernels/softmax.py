@@ -854,7 +854,8 @@ def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | Non
     need = (n_cols + vec - 1) // vec * vec if vec > 1 else n_cols
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     single = next_power_of_2(need)
-    if n_cols < _PIECES_MIN_COLS or (single - need) < (_piece_waste(need, elem_size, vec) if waste is None else waste) * single:
+    least = _piece_waste(need, elem_size, vec) if waste is None else waste
+    if n_cols < _PIECES_MIN_COLS or (single - need) < least * single:
         pieces = 1
     return row_pieces(need, vec, pieces, _PIECE_SLACK)
 

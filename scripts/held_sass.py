@@ -2,9 +2,9 @@
 
     python scripts/held_sass.py softmax:bf16:50257 layer_norm:bf16:fp32:10468 [--json] [--sass DIR]
 
-A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices), ``layer_norm:DTYPE:PARAM_DTYPE:N``,
-``layer_norm_stream:DTYPE:PARAM_DTYPE:N`` (rows too wide to hold, streamed past the held weight and bias) or
-``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
+A case is ``softmax:DTYPE:N``, ``softmax_split:DTYPE:N:GROUP`` (rows in GROUP slices),
+``layer_norm:DTYPE:PARAM_DTYPE:N``, ``layer_norm_stream:DTYPE:PARAM_DTYPE:N`` (rows too wide to hold, streamed past the
+held weight and bias) or ``layer_norm_bwd:DTYPE:PARAM_DTYPE:N`` (DTYPE bf16, fp16 or fp32; the last is the backward). Per case: the shared
 memory and registers the compiled kernel takes, its SASS instruction count, and whether every copy into shared memory
 is a 16-byte ``cp.async`` and the body's stores 16-byte vectors (what the aligned-down row start is for:
 docs/kernels.md, "Rows held in shared memory"). ``--sass DIR`` writes each case's SASS there, for comparing two
