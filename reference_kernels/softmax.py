@@ -481,6 +481,9 @@ class _Plan(NamedTuple):
 # rows, 32 per thread and at least 4 warps (``warps_for``).
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
+# fp32 rows: elements a program instead of _ROWS_TILE (None: the same). Under A/B (Liger's one fp32 row of 1024 a
+# program on 4 warps read 98.3-99.6% against 97.3 once, docs/kernels.md "Where the targets are missed").
+_ROWS_TILE_FP32: int | None = None
 # 16-bit rows of 16-byte multiples whose power of two is _MASKED_ROWS_BLOCK lanes, a quarter or more of them masked,
 # held in one piece, take _MASKED_ROWS_TILE elements a program (four rows, 32 elements a thread on 4 warps, not two
 # rows at 16), as the layer norm's forward does (docs/kernels.md, "softmax", "More rows a program"). H200, % of copy,
@@ -733,11 +736,11 @@ def _held_split_group(n_cols: int, elem_size: int) -> int:
 def _rows_tile(n_cols: int, elem_size: int) -> int:
     """Elements a rows-plan program holds: ``_MASKED_ROWS_TILE`` for 16-bit rows of a multiple of 8 columns whose power
     of two is ``_MASKED_ROWS_BLOCK`` lanes, at least ``_MASKED_ROWS_MIN_SHARE`` of them masked, held in one piece
-    (``_row_pieces``); else ``_ROWS_TILE``."""
+    (``_row_pieces``); else ``_ROWS_TILE`` (fp32: ``_ROWS_TILE_FP32`` where set)."""
     if (elem_size == 2 and n_cols % 8 == 0 and next_power_of_2(n_cols) == _MASKED_ROWS_BLOCK
             and n_cols <= (1 - _MASKED_ROWS_MIN_SHARE) * _MASKED_ROWS_BLOCK and _row_pieces(n_cols, 1, elem_size)[1] == 0):
         return max(_ROWS_TILE, _MASKED_ROWS_TILE)
-    return _ROWS_TILE
+    return _ROWS_TILE_FP32 if elem_size >= 4 and _ROWS_TILE_FP32 else _ROWS_TILE
 
 
 def _staged_default(n_cols: int, elem_size: int) -> bool:

@@ -582,6 +582,15 @@ def test_aligned_16_bit_rows_of_8192_lanes_and_a_second_piece_of_256_to_512_take
     assert [softmax._row_pieces(n, 1, 2)[:2] for n in (8200, 8448, 8704)] == [(8192, 8), (8192, 256), (8192, 512)]
 
 
+def test_fp32_rows_take_their_own_tile_where_one_is_set(monkeypatch):
+    # _ROWS_TILE_FP32 (an A/B against Liger's one fp32 row a program): fp32 rows only, 16-bit rows keep theirs
+    tiles = lambda size: [(p.block_m, p.num_warps) for p in (softmax._softmax_settings(1 << 16, n, size, held=False)
+                                                            for n in (512, 1024, 1536))]
+    assert tiles(4) == [(4, 4), (2, 4), (1, 4)] and tiles(2) == [(4, 4), (2, 4), (1, 4)]
+    monkeypatch.setattr(softmax, "_ROWS_TILE_FP32", 1024)
+    assert tiles(4) == [(2, 4), (1, 4), (1, 4)] and tiles(2) == [(4, 4), (2, 4), (1, 4)]
+
+
 def test_16_bit_rows_masking_a_quarter_of_1024_lanes_take_four_rows_a_program(monkeypatch):
     # docs/kernels.md, "More rows a program": 576-768 (multiples of 8, one piece) on 4096 elements a program, 600 86 ->
     # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows, fp32 and other blocks keep 2048
