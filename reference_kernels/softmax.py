@@ -588,7 +588,7 @@ _PHASED_ROWS_MIN_COLS = 2048
 # Odd 16-bit rows just past 1024 on aligned vectors (and edge words) as well: H200, 2026-12-03, two runs, Triton's
 # scalar accesses -> vectors, bf16 / fp16: 1025 85-86 -> 89 / 85-86 -> 92, 1027 86 -> 89 / 86-87 -> 92, 1031 85 -> 89
 # / 85 -> 92, 1039 85-86 -> 87-88 / 85 -> 91; outside it lost or level (fp16 993 / 1009 85 -> 82, bf16 1041 86 -> 84;
-# 1026, twice-odd, 98 -> 88). None: none.
+# 1026, twice-odd, 98 -> 88). None: no band.
 _PHASED_ODD_16BIT: tuple[int, int] | None = (1025, 1039)
 # The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
 # pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points from 2048 columns
