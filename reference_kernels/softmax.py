@@ -1,6 +1,6 @@
 """Fused softmax over the last dimension, for any row width.
 
-Six launch plans, on five kernels; ``_softmax_settings`` chooses:
+Five launch plans, on four kernels; ``_softmax_settings`` chooses:
 
 * ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
   whole rows, reduces max and sum of exponentials in registers and writes the result: one
