@@ -55,20 +55,6 @@ def phase_grid(n_rows: int, elem_size: int, per_sm_programs: int, sm_count: int)
     return max(vec, min(cdiv(n_rows, vec) * vec, per_sm_programs * sm_count // vec * vec))
 
 
-def narrowest_shape(n_cols: int, elem_size: int, warps_choices, most_segments) -> tuple[int, int, int] | None:
-    """(warps, elements a segment, segments) of the streamed kernels' narrow programs for rows of ``n_cols``: of
-    ``warps_choices``, the warps whose segments (one 16-byte vector a thread) hold a row, from its aligned-down start,
-    in the fewest slots, within ``most_segments(warps)`` segments (the fewest warps among equals); None where none does."""
-    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
-    best = None
-    for warps in warps_choices:
-        block = vec * 32 * warps
-        nseg = segments(n_cols, elem_size, block, aligned)
-        if nseg <= most_segments(warps) and (best is None or nseg * block < best[1] * best[2]):
-            best = (warps, block, nseg)
-    return best
-
-
 def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,
            block: int | None = None, aligned: bool = False) -> int:
     """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the
@@ -137,34 +123,6 @@ if gluon is not None:
         col = s * BLOCK + idx
         _async_load(buf.index(s), x_ptr + abase + col, mask=col // VEC < n_vecs)
         async_copy.commit_group()
-
-    @gluon.jit
-    def load_segment(x_ptr, base, s: gl.constexpr, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
-        # segment s of a row into registers (the streamed kernels): its 16-byte vectors from the row's aligned-down
-        # start (none past n_vecs)
-        col = s * BLOCK + idx
-        return gl.load(x_ptr + base + col, mask=col // VEC < n_vecs, other=0.0)
-
-    @gluon.jit
-    def stream_first_row(x_ptr, pid, n_rows, n_cols, idx, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr):
-        # a streamed kernel's first row, pid (load_segment: NSEG segments in registers, nothing past the tensor), and
-        # what every row of the program shares (its rows are VEC apart, so at one phase): (aligned-down start, shift,
-        # end, first and last whole vectors, vectors a row, the segments)
-        abase, shift = row_start(pid, n_cols, VEC)
-        end, first_v, last_v = row_span(shift, n_cols, VEC)
-        row_vecs = gl.cdiv(end, VEC)
-        n_vecs = gl.where(pid < n_rows, row_vecs, 0)
-        xs = ()
-        for s in gl.static_range(NSEG):
-            xs = xs + (load_segment(x_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
-        return abase, shift, end, first_v, last_v, row_vecs, xs
-
-    @gluon.jit
-    def stream_next_row(row, step, n_rows, n_cols, row_vecs, VEC: gl.constexpr):
-        # the row a streamed program takes after ``row``: its aligned-down start (the same shift: the step is a multiple
-        # of VEC) and its vectors to load (0 past the last row)
-        nxt = row + step
-        return nxt, nxt.to(gl.int64) * n_cols // VEC * VEC, gl.where(nxt < n_rows, row_vecs, 0)
 
     @gluon.jit
     def row_start(row, n_cols, VEC: gl.constexpr):

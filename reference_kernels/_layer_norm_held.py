@@ -28,8 +28,8 @@ import torch
 from ._common import cdiv
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
-                    land_segment, load_segment, only_the_row, packed_rows, per_sm, phase0, row_span, row_start,
-                    narrowest_shape, phase_grid, segments, stream_first_row, stream_next_row, tuned_triton, widen)
+                    land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start, segments,
+                    tuned_triton, widen)
 
 if gluon is not None:
     from ._held import _async_load
@@ -144,6 +144,12 @@ if gluon is not None:
         return widen(v, WIDEN)
 
     @gluon.jit
+    def _load_segment(x_ptr, base, s: gl.constexpr, n_vecs, idx, BLOCK: gl.constexpr, VEC: gl.constexpr):
+        # segment s of a row into registers: its 16-byte vectors from the row's aligned-down start (none past n_vecs)
+        col = s * BLOCK + idx
+        return gl.load(x_ptr + base + col, mask=col // VEC < n_vecs, other=0.0)
+
+    @gluon.jit
     def _layer_norm_fwd_stream_kernel(
         x_ptr,  # input, rows packed (stride N), 16-byte aligned at row 0
         w_ptr,  # weight (N,), any float dtype
@@ -177,8 +183,13 @@ if gluon is not None:
         pid = gl.program_id(0)
         step = gl.num_programs(0)  # a multiple of VEC
 
-        abase, shift, end, first_v, last_v, row_vecs, xs = stream_first_row(x_ptr, pid, n_rows, n_cols, idx, BLOCK,
-                                                                            NSEG, VEC)
+        abase, shift = row_start(pid, n_cols, VEC)  # the shift is the same for every row of this program
+        end, first_v, last_v = row_span(shift, n_cols, VEC)
+        row_vecs = gl.cdiv(end, VEC)
+        n_vecs = gl.where(pid < n_rows, row_vecs, 0)
+        xs = ()
+        for s in gl.static_range(NSEG):
+            xs = xs + (_load_segment(x_ptr, abase, s, n_vecs, idx, BLOCK, VEC),)
         _weights_at_phase(wbuf, bbuf, w_ptr, b_ptr, idx, shift, n_cols, BLOCK, NSEG)
         ecol, emask = edge_columns(eidx, shift, end, VEC)
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
@@ -187,7 +198,9 @@ if gluon is not None:
         ev_n = gl.load(x_ptr + abase + ecol, mask=emask & (pid < n_rows), other=0.0)
         for row in range(pid, n_rows, step):
             ev = ev_n.to(gl.float32)
-            nxt, nabase, nn_vecs = stream_next_row(row, step, n_rows, n_cols, row_vecs, VEC)
+            nxt = row + step
+            nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
+            nn_vecs = gl.where(nxt < n_rows, row_vecs, 0)
             pivot = pivot_n.to(gl.float32)
             pivot_n = gl.load(x_ptr + gl.minimum(nxt, n_rows - 1).to(gl.int64) * n_cols)
             ev_n = gl.load(x_ptr + nabase + ecol, mask=emask & (nxt < n_rows), other=0.0)
@@ -211,7 +224,7 @@ if gluon is not None:
             nxs = ()
             for u in gl.static_range(NSEG):  # (all of them at the pass's start spilled: 448 bytes a thread at 50257)
                 v = _widen_held(xs[u], WIDEN)
-                nxs = nxs + (load_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
+                nxs = nxs + (_load_segment(x_ptr, nabase, u, nn_vecs, idx, BLOCK, VEC),)
                 w = _widen_held(wbuf.index(u).load(layout), WIDEN)
                 b = _widen_held(bbuf.index(u).load(layout), WIDEN)
                 y = ((v - mean) * rstd * w + b).to(y_ptr.dtype.element_ty)
@@ -594,8 +607,14 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     if n_cols > STREAM_NARROW_MAX_COLS:
         nseg = stream_segments(n_cols, elem_size, wb_bytes)
         return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, STREAM_MAX_REGS) if nseg else None
-    best = narrowest_shape(n_cols, elem_size, STREAM_NARROW_WARPS,
-                           lambda w: (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}).get(w, STREAM_NARROW_MAX_SEGMENTS))
+    vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
+    caps = STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}
+    best = None  # (warps, elements a segment, segments): the fewest slots, the fewest warps among equals
+    for warps in STREAM_NARROW_WARPS:
+        block = vec * 32 * warps
+        nseg = segments(n_cols, elem_size, block, aligned)
+        if nseg <= caps.get(warps, STREAM_NARROW_MAX_SEGMENTS) and (best is None or nseg * block < best[1] * best[2]):
+            best = (warps, block, nseg)
     if best is None:
         return None
     warps, block, nseg = best

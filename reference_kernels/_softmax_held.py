@@ -66,17 +66,12 @@ if gluon is not None:
         a = gl.zeros([BLOCK // VEC], gl.float32, gl.SliceLayout(1, vec_layout))
         for s in gl.static_range(NSEG):
             v = land_segment(buf, s, idx, shift, end, float("-inf"), layout, BLOCK, NSEG, WIDEN)
-            m, a = _max_sum_step(m, a, v, vec_layout, BLOCK, VEC)
+            v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
+            m_new = gl.maximum(m, gl.max(v2, axis=1))
+            k = _finite_or_zero(m_new)
+            a = a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
+            m = m_new
         return gl.reduce((m, a), 0, _merge_max_sum)
-
-    @gluon.jit
-    def _max_sum_step(m, a, v, vec_layout: gl.constexpr, BLOCK: gl.constexpr, VEC: gl.constexpr):
-        # each thread's running (max, sum of exp(x - max)) over its VEC-element vectors, one segment v more (one rescale
-        # a vector)
-        v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
-        m_new = gl.maximum(m, gl.max(v2, axis=1))
-        k = _finite_or_zero(m_new)
-        return m_new, a * _exp_from(m, k) + gl.sum(_exp_from(v2, k[:, None]), axis=1)
 
     @gluon.jit
     def _tile_edges(x_ptr, abase, shift, end, eidx, VEC: gl.constexpr):
