@@ -1324,11 +1324,13 @@ class _Plan(NamedTuple):
 # "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
-# fp32 forward rows on the rows plan: elements a program and elements a thread instead of _ROWS_TILE and
-# warps_for's 32 (None: those). Under A/B: Liger's kernel (one row a program, 8-16 elements a thread) reads fp32 aligned
-# rows of 1024-8192 at 95-98% of copy, ours 91-94 (docs/kernels.md, "Where the targets are missed").
-_FWD_FP32_ROWS_TILE: int | None = None
-_FWD_FP32_ELEMS: int | None = None
+# fp32 forward rows on the rows plan whose block (the row's power of two) lies in _FWD_FP32_WARPS_BLOCKS: _FWD_FP32_WARPS
+# warps a program instead of warps_for's (4 at 2048-4096 elements; None: those). H200, % of copy, two runs each against 4
+# warps (docs/kernels.md, "fp32 aligned rows against Liger's shape"): 768 95 -> 96, 1536 95 -> 96.5, 2048 93 -> 94.5, 3072
+# 92.5 -> 94.5, 3584 92.5 -> 94, 4096 92 -> 93.5; 16 warps were faster at 3584-4096 (+1) and slower at 3072 (-2.5) and
+# on the 8192 block (5120 93 -> 80).
+_FWD_FP32_WARPS: int | None = 8
+_FWD_FP32_WARPS_BLOCKS = (1024, 4096)
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
 # these widths (but the packed rows' widths, _packed_rows): 16-bit rows from 1025 since their statistics take one pass
@@ -1748,8 +1750,9 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if not backward and elem_size >= 4 and _FWD_FP32_ELEMS:
-                warps = max(4, min(16, block_m * block_n // (32 * _FWD_FP32_ELEMS)))
+            if (not backward and elem_size >= 4 and _FWD_FP32_WARPS
+                    and _FWD_FP32_WARPS_BLOCKS[0] <= block_n <= _FWD_FP32_WARPS_BLOCKS[1]):
+                warps = _FWD_FP32_WARPS
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
@@ -2215,14 +2218,11 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False) -> int:
     """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
     16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns (``_MASKED_ROWS_PACKED_MULTIPLE`` where they
-    lie ``packed``) in ``_MASKED_ROWS_16BIT`` that mask lanes, fp32 rows ``_FWD_FP32_ROWS_TILE`` where set, else
-    ``_ROWS_TILE``."""
+    lie ``packed``) in ``_MASKED_ROWS_16BIT`` that mask lanes, else ``_ROWS_TILE``."""
     lo, hi = _MASKED_ROWS_16BIT
     masked = n_cols != next_power_of_2(n_cols)
     aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0 or (packed and _MASKED_ROWS_PACKED_MULTIPLE > 0
                                                         and n_cols % _MASKED_ROWS_PACKED_MULTIPLE == 0)
-    if elem_size >= 4 and _FWD_FP32_ROWS_TILE:
-        return _FWD_FP32_ROWS_TILE
     return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and lo <= n_cols <= hi else _ROWS_TILE
 
 

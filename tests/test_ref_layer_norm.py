@@ -1674,18 +1674,19 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     assert calls == ["stream", "held"]
 
 
-def test_fp32_forward_rows_take_their_own_tile_and_warps_where_set(monkeypatch):
-    # _FWD_FP32_ROWS_TILE / _FWD_FP32_ELEMS (an A/B against Liger's shapes): fp32 forward rows only
+def test_fp32_forward_rows_of_1024_to_4096_lanes_take_8_warps(monkeypatch):
+    # _FWD_FP32_WARPS / _FWD_FP32_WARPS_BLOCKS (docs/kernels.md, "fp32 aligned rows against Liger's shape"): fp32
+    # forward rows only; narrower and wider blocks, 16-bit rows and the backward keep warps_for's
+    widths = (512, 768, 1024, 3072, 4096, 8192)
     def shapes(size, backward=False):
-        plans = (layer_norm._layer_norm_settings(1 << 16, n, size, backward=backward, sm_count=132)
-                 for n in (1024, 4096, 8192))
-        return [(p.block_m, p.num_warps) for p in plans]
-    before = {(size, bwd): shapes(size, bwd) for size in (2, 4) for bwd in (False, True)}
-    assert before[4, False] == [(2, 4), (1, 4), (1, 8)]
-    monkeypatch.setattr(layer_norm, "_FWD_FP32_ROWS_TILE", 1024)
-    monkeypatch.setattr(layer_norm, "_FWD_FP32_ELEMS", 16)
-    assert shapes(4) == [(1, 4), (1, 8), (1, 16)]
-    assert all(shapes(size, bwd) == before[size, bwd] for size, bwd in before if (size, bwd) != (4, False))
+        plans = (layer_norm._layer_norm_settings(1 << 16, n, size, backward=backward, sm_count=132) for n in widths)
+        return [(p.mode, p.block_m, p.num_warps) for p in plans]
+    after = {(size, bwd): shapes(size, bwd) for size in (2, 4) for bwd in (False, True)}
+    assert after[4, False] == [("rows", 4, 4), ("rows", 2, 8), ("rows", 2, 8), ("rows", 1, 8), ("rows", 1, 8),
+                               ("rows", 1, 8)]
+    monkeypatch.setattr(layer_norm, "_FWD_FP32_WARPS", None)
+    assert [w for _, _, w in shapes(4)] == [4, 4, 4, 4, 4, 8]  # warps_for: 32 elements a thread, 4 at least
+    assert all(shapes(size, bwd) == after[size, bwd] for size, bwd in after if (size, bwd) != (4, False))
 
 
 def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_the_held_kernels(monkeypatch):

@@ -582,21 +582,23 @@ def test_aligned_16_bit_rows_of_8192_lanes_and_a_second_piece_of_256_to_512_take
     assert [softmax._row_pieces(n, 1, 2)[:2] for n in (8200, 8448, 8704)] == [(8192, 8), (8192, 256), (8192, 512)]
 
 
-def test_fp32_rows_take_their_own_tile_where_one_is_set(monkeypatch):
-    # _ROWS_TILE_FP32 (an A/B against Liger's one fp32 row a program): fp32 rows only, 16-bit rows keep theirs
+def test_fp32_rows_take_one_row_of_1024_a_program(monkeypatch):
+    # _ROWS_TILE_FP32 (Liger's one fp32 row of 1024 a program; docs/kernels.md, "softmax"): fp32 rows only, 16-bit
+    # rows keep _ROWS_TILE's 2048
     tiles = lambda size: [(p.block_m, p.num_warps) for p in (softmax._softmax_settings(1 << 16, n, size, held=False)
-                                                            for n in (512, 1024, 1536))]
-    assert tiles(4) == [(4, 4), (2, 4), (1, 4)] and tiles(2) == [(4, 4), (2, 4), (1, 4)]
-    monkeypatch.setattr(softmax, "_ROWS_TILE_FP32", 1024)
-    assert tiles(4) == [(2, 4), (1, 4), (1, 4)] and tiles(2) == [(4, 4), (2, 4), (1, 4)]
+                                                            for n in (256, 512, 1024, 1536))]
+    assert tiles(4) == [(4, 4), (2, 4), (1, 4), (1, 4)] and tiles(2) == [(8, 4), (4, 4), (2, 4), (1, 4)]
+    monkeypatch.setattr(softmax, "_ROWS_TILE_FP32", None)
+    assert tiles(4) == tiles(2) == [(8, 4), (4, 4), (2, 4), (1, 4)]
 
 
 def test_16_bit_rows_masking_a_quarter_of_1024_lanes_take_four_rows_a_program(monkeypatch):
     # docs/kernels.md, "More rows a program": 576-768 (multiples of 8, one piece) on 4096 elements a program, 600 86 ->
-    # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows, fp32 and other blocks keep 2048
+    # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows and other blocks keep 2048, fp32 rows
+    # _ROWS_TILE_FP32
     block_m = {n: softmax._softmax_settings(1 << 20, n, 2).block_m for n in (520, 576, 600, 601, 640, 700, 768, 769, 1000, 320)}
     assert block_m == {520: 2, 576: 4, 600: 4, 601: 2, 640: 4, 700: 2, 768: 4, 769: 2, 1000: 2, 320: 4}
-    assert softmax._softmax_settings(1 << 20, 600, 4).block_m == 2 and softmax._softmax_settings(3, 600, 2).block_m == 4
+    assert softmax._softmax_settings(1 << 20, 600, 4).block_m == 1 and softmax._softmax_settings(3, 600, 2).block_m == 4
     assert softmax._softmax_settings(1 << 20, 768, 2).num_warps == 4  # 32 elements a thread
     monkeypatch.setattr(softmax, "_MASKED_ROWS_TILE", 2048)
     assert softmax._softmax_settings(1 << 20, 600, 2).block_m == 2
