@@ -171,6 +171,10 @@ CASES = {
     "ln_bwd_fp32_4097": lambda: _ln_backward(2**25 // 4097, 4097, torch.float32),
     "ln_bwd_fp32_8191": lambda: _ln_backward(2**25 // 8191, 8191, torch.float32),
     "softmax_fp32_192743": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(174, 192743, torch.float32)),
+    # fp32 misses of the 2026-12-03 sweep without a profile: ragged forward rows of 333 and 1025, softmax 26865 (held)
+    "ln_fwd_fp32_333": lambda: _ln_forward(2**25 // 333, 333, torch.float32),
+    "ln_fwd_fp32_1025": lambda: _ln_forward(2**25 // 1025, 1025, torch.float32),
+    "softmax_fp32_26865": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**25 // 26865, 26865, torch.float32)),
 }
 
 

@@ -96,7 +96,8 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 @triton.jit
 def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-                             BLOCK_U: tl.constexpr, JOINT: tl.constexpr, PACKED: tl.constexpr = False):
+                             BLOCK_U: tl.constexpr, JOINT: tl.constexpr, PACKED: tl.constexpr = False,
+                             PARAMS_FIRST: tl.constexpr = False):
     """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses).
 
     One piece: the plain body, centred values kept for y (the pieces' body, which recomputes
@@ -104,7 +105,8 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
     5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward"). JOINT (16-bit rows,
     ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
     instead of a reduction for the mean and then one for the variance. PACKED (with JOINT): x held in its
-    loaded 16-bit registers through the reduction and widened again after it."""
+    loaded 16-bit registers through the reduction and widened again after it. PARAMS_FIRST (one piece): the weight
+    and bias loaded before x, not after the reductions (``_params_first``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -112,6 +114,9 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < n_cols
         mask = row_ok[:, None] & col_ok[None, :]
+        if PARAMS_FIRST:  # weight and bias in flight with x, not after the reductions (Liger's order)
+            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         x_in = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         x = x_in.to(tl.float32)
         if JOINT:
@@ -125,8 +130,9 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
             centred = tl.where(mask, x - mean[:, None], 0.0)
             var = tl.sum(centred * centred, axis=1) / n_cols
         rstd = 1.0 / tl.sqrt(var + eps)
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if not PARAMS_FIRST:
+            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         y = centred * rstd[:, None] * w[None, :] + b[None, :]
         tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
@@ -340,6 +346,7 @@ def _layer_norm_fwd_kernel(
     JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
     PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
     NARROW: tl.constexpr = 0,  # VEC 1: 0, or N = both strides for packed rows (_ragged.Phased.packed_width)
+    PARAMS_FIRST: tl.constexpr = False,  # VEC 1, one piece: weight and bias loaded before x (_params_first)
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -356,7 +363,7 @@ def _layer_norm_fwd_kernel(
         stride_y = NARROW
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
-                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED)
+                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED, PARAMS_FIRST)
     else:
         _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
                                 stride_y, eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC)
@@ -1324,13 +1331,16 @@ class _Plan(NamedTuple):
 # "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
-# fp32 forward rows on the rows plan whose block (the row's power of two) lies in _FWD_FP32_WARPS_BLOCKS: _FWD_FP32_WARPS
-# warps a program instead of warps_for's (4 at 2048-4096 elements; None: those). H200, % of copy, two runs each against 4
-# warps (docs/kernels.md, "fp32 aligned rows against Liger's shape"): 768 95 -> 96, 1536 95 -> 96.5, 2048 93 -> 94.5, 3072
-# 92.5 -> 94.5, 3584 92.5 -> 94, 4096 92 -> 93.5; 16 warps were faster at 3584-4096 (+1) and slower at 3072 (-2.5) and
-# on the 8192 block (5120 93 -> 80).
-_FWD_FP32_WARPS: int | None = 8
-_FWD_FP32_WARPS_BLOCKS = (1024, 4096)
+# fp32 forward rows of a multiple of 16 columns on one piece, from _FWD_PARAMS_FIRST_MIN_COLS (None: none): weight and
+# bias loaded before x, in flight with it, instead of after the row's reductions (Liger's order); on blocks wider than
+# _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK lanes only rows that fill _FWD_PARAMS_FIRST_WIDE_LANE_USE of theirs
+# (``_params_first``). H200, % of copy, against after (docs/kernels.md, "fp32 aligned rows against Liger's shape"):
+# 2048 92.4 -> 95.5, 3072 93 -> 96.5, 3584 93 -> 97.9, 3840 93 -> 99.7, 4096 92.6 -> 97.3, 7168 92.6 -> 96.4, 7680
+# 92.7 -> 97.4, 8192 92.1 -> 96.7 (Liger 96-97); lost on 8192 blocks less filled (5120 93.6 -> 83.8, 6144 93.3 -> 90.7),
+# level at 768-1536 and 2560, lost in 16-bit rows (bf16 1024 96.8 -> 91.7, 3072 90.8 -> 85).
+_FWD_PARAMS_FIRST_MIN_COLS: int | None = 2048
+_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
+_FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
 # these widths (but the packed rows' widths, _packed_rows): 16-bit rows from 1025 since their statistics take one pass
@@ -1750,9 +1760,6 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if (not backward and elem_size >= 4 and _FWD_FP32_WARPS
-                    and _FWD_FP32_WARPS_BLOCKS[0] <= block_n <= _FWD_FP32_WARPS_BLOCKS[1]):
-                warps = _FWD_FP32_WARPS
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
@@ -2199,7 +2206,8 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _layer_norm_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
-            JOINT=joint, PACKED=packed, NARROW=narrow, num_warps=warps, **_reg_cap(cap),
+            JOINT=joint, PACKED=packed, NARROW=narrow,
+            PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec), num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
@@ -2213,6 +2221,17 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
     r.finish()
 
+
+
+def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:
+    """Whether a forward rows program loads weight and bias before x (``_FWD_PARAMS_FIRST_MIN_COLS``): fp32 rows of a
+    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from that width, on blocks of up to
+    ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes or filling ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of theirs."""
+    block_n, second, _ = pieces
+    if elem_size < 4 or vec != 1 or second or n_cols % 16 or _FWD_PARAMS_FIRST_MIN_COLS is None:
+        return False
+    return n_cols >= _FWD_PARAMS_FIRST_MIN_COLS and (block_n <= _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
+                                                     or n_cols >= _FWD_PARAMS_FIRST_WIDE_LANE_USE * block_n)
 
 
 def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False) -> int:

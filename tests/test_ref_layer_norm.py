@@ -1674,19 +1674,27 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     assert calls == ["stream", "held"]
 
 
-def test_fp32_forward_rows_of_1024_to_4096_lanes_take_8_warps(monkeypatch):
-    # _FWD_FP32_WARPS / _FWD_FP32_WARPS_BLOCKS (docs/kernels.md, "fp32 aligned rows against Liger's shape"): fp32
-    # forward rows only; narrower and wider blocks, 16-bit rows and the backward keep warps_for's
-    widths = (512, 768, 1024, 3072, 4096, 8192)
-    def shapes(size, backward=False):
-        plans = (layer_norm._layer_norm_settings(1 << 16, n, size, backward=backward, sm_count=132) for n in widths)
-        return [(p.mode, p.block_m, p.num_warps) for p in plans]
-    after = {(size, bwd): shapes(size, bwd) for size in (2, 4) for bwd in (False, True)}
-    assert after[4, False] == [("rows", 4, 4), ("rows", 2, 8), ("rows", 2, 8), ("rows", 1, 8), ("rows", 1, 8),
-                               ("rows", 1, 8)]
-    monkeypatch.setattr(layer_norm, "_FWD_FP32_WARPS", None)
-    assert [w for _, _, w in shapes(4)] == [4, 4, 4, 4, 4, 8]  # warps_for: 32 elements a thread, 4 at least
-    assert all(shapes(size, bwd) == after[size, bwd] for size, bwd in after if (size, bwd) != (4, False))
+def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_blocks_they_fill(monkeypatch):
+    # _params_first (docs/kernels.md, "fp32 aligned rows against Liger's shape"): fp32 rows of a multiple of 16 on one
+    # piece from 2048; on the 8192 block only from 7/8 of it (5120 and 6144 lost); 16-bit, unaligned vectors, pieces no
+    pick = lambda n, size=4, vec=1, pieces=None: layer_norm._params_first(
+        n, pieces or (layer_norm.next_power_of_2(n), 0, 0), size, vec)
+    widths = (1024, 1536, 2000, 2048, 2560, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
+    assert [n for n in widths if pick(n)] == [2048, 2560, 3072, 4096, 7168, 7680, 8192]
+    assert not pick(4096, size=2) and not pick(4096, vec=4) and not pick(5120, pieces=(4096, 1024, 0))
+    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_MIN_COLS", None)
+    assert not any(pick(n) for n in widths)
+
+
+@pytest.mark.parametrize("n", [2048, 3072, 7168])
+def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
+    x, weight, bias = inputs((3, n), torch.float32)
+    seen = []
+    params_first = layer_norm._params_first
+    monkeypatch.setattr(layer_norm, "_params_first", lambda *args: seen.append(params_first(*args)) or seen[-1])
+    y, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert seen == [True]
+    assert_forward_matches(x, weight, bias, y, mean, rstd)
 
 
 def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_the_held_kernels(monkeypatch):
