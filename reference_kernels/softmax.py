@@ -482,9 +482,9 @@ class _Plan(NamedTuple):
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # fp32 rows: elements a program instead of _ROWS_TILE (None: the same), one row of 1024 a program on 4 warps as Liger's
-# kernel holds it. H200, % of copy, two runs each against 2048 (docs/kernels.md, "softmax"): 256 96.8 -> 99.2, 512 96
-# -> 98, 1000 96.8 -> 98.2, 1024 96 -> 98.6 (Liger 97.4), 768 level; rows of 2048 lanes and wider are one a program
-# either way.
+# kernel holds it. H200, % of copy, against 2048 (docs/kernels.md, "softmax", "fp32 tile"): 8 97 -> 99.6, 256 96-97 ->
+# 99, 512 96 -> 98, 1000 96.7 -> 98.4, 1024 96 -> 98.7 (Liger 97-99), 300 96.7 -> 95; rows of 2048 lanes and wider are
+# one a program either way.
 _ROWS_TILE_FP32: int | None = 1024
 # 16-bit rows of 16-byte multiples whose power of two is _MASKED_ROWS_BLOCK lanes, a quarter or more of them masked,
 # held in one piece, take _MASKED_ROWS_TILE elements a program (four rows, 32 elements a thread on 4 warps, not two

@@ -594,8 +594,8 @@ def test_fp32_rows_take_one_row_of_1024_a_program(monkeypatch):
 
 def test_16_bit_rows_masking_a_quarter_of_1024_lanes_take_four_rows_a_program(monkeypatch):
     # docs/kernels.md, "More rows a program": 576-768 (multiples of 8, one piece) on 4096 elements a program, 600 86 ->
-    # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows and other blocks keep 2048, fp32 rows
-    # _ROWS_TILE_FP32
+    # 92%, 768 95 -> 99% (bf16); rows in pieces (520 = 512 + 8 lost 92 -> 85), odd rows and other blocks keep 2048,
+    # fp32 rows _ROWS_TILE_FP32
     block_m = {n: softmax._softmax_settings(1 << 20, n, 2).block_m for n in (520, 576, 600, 601, 640, 700, 768, 769, 1000, 320)}
     assert block_m == {520: 2, 576: 4, 600: 4, 601: 2, 640: 4, 700: 2, 768: 4, 769: 2, 1000: 2, 320: 4}
     assert softmax._softmax_settings(1 << 20, 600, 4).block_m == 1 and softmax._softmax_settings(3, 600, 2).block_m == 4
