@@ -171,6 +171,13 @@ def write_output_to(out_dir: str, script: str) -> Path | None:
     return out
 
 
+def require_cuda(script: str) -> None:
+    """Exit with a plain message where torch sees no CUDA GPU: the benchmarks time kernels on one, and without it
+    torch fails deep inside the first CUDA call with a message about its build."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{Path(script).name} times kernels on a CUDA GPU: torch {torch.__version__} sees none here")
+
+
 def json_path(args: argparse.Namespace, out: Path | None, script: str) -> str:
     """Where a bandwidth benchmark writes its JSON: ``--json``, else ``DIR/<script>.json`` with ``--out``."""
     return args.json or (str(out / f"{Path(script).stem}.json") if out else "")
@@ -189,6 +196,7 @@ def bandwidth_cli(description: str, extra: "Callable[[argparse.ArgumentParser], 
     parser.add_argument("--json", default="", help="write every figure to this file (default with --out: DIR/<script>.json)")
     add_out_option(parser)
     args = parser.parse_args()
+    require_cuda(parser.prog)
     widths = {int(w) for w in args.widths.split(",") if w}
     timing = dict(calls=5, reps=3) if args.quick else dict(calls=10, reps=5)  # device_ms's
     return args, widths, args.impls.split(","), timing

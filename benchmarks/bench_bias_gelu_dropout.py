@@ -18,7 +18,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, markdown_table, write_output_to
+from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, markdown_table, require_cuda
+from benchmarks._common import write_output_to
 from reference_kernels import bias_gelu_dropout as bgd
 
 
@@ -35,6 +36,7 @@ def main() -> None:
                         help="kernel variant behind bgd.fused (default: the module's)")
     add_out_option(parser)
     args = parser.parse_args()
+    require_cuda(__file__)
     write_output_to(args.out, __file__)
     bgd._KERNEL_VARIANT = args.kernel
     rep = dict(calls=5, reps=3) if args.quick else dict(calls=10, reps=5)  # device_ms's

@@ -18,7 +18,8 @@ Times are device times: calls replayed from a CUDA graph, rotating over enough i
 tuning took (``gemm_epilogue._timings``). docs/kernels.md, "gemm_epilogue".
 
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--dtypes bfloat16,float16] [--ms 64,128]
-        [--budget-s 150] [--variants] [--set gemm_epilogue._TANH_FAST=False] [--configs "(64,128,64,8,1,4,4,1,2)"]
+        [--quick] [--budget-s 150] [--variants] [--set gemm_epilogue._TANH_FAST=False]
+        [--configs "(64,128,64,8,1,4,4,1,2)"]
         [--out DIR]
 
 ``--configs`` also times each given config (``gemm_epilogue._launch``'s tuple: BLOCK_M, BLOCK_N, BLOCK_K,
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import add_out_option, header, markdown_table, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, header, markdown_table, require_cuda, write_output_to  # noqa: E402
 from benchmarks.sweep import apply_settings  # noqa: E402
 from reference_kernels import gemm_epilogue as ge  # noqa: E402
 from reference_kernels._common import graph_device_ms  # noqa: E402
@@ -50,6 +51,9 @@ from reference_kernels._common import graph_device_ms  # noqa: E402
 MS = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 KNS = [(768, 3072), (3072, 768), (4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (5120, 13824),
        (8192, 28672)]
+# --quick (scripts/gpu_check.sh's gemm stage): issue 12's small, skinny and square shapes, a few minutes of device time
+QUICK_MS = [128, 512, 2048, 8192]
+QUICK_KNS = [(768, 3072), (3072, 768), (4096, 4096)]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 IMPLS = ["ours", "ours_tanh", "mm", "addmm_act", "eager", "compile"]
 
@@ -81,6 +85,8 @@ def main() -> int:
     parser.add_argument("--ms", default="", help="comma-separated M values to keep (default: all)")
     parser.add_argument("--kns", default="", help="comma-separated KxN pairs to keep, e.g. 768x3072 (default: all)")
     parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--quick", action="store_true", help=f"the issue's headline shapes only (M {QUICK_MS}, KxN "
+                        f"{', '.join(f'{k}x{n}' for k, n in QUICK_KNS)}) where --ms / --kns do not name others")
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting shapes after this many seconds")
     parser.add_argument("--variants", action="store_true", help="also print each bucket's candidate timings")
     parser.add_argument("--configs", default="", help='";"-separated config tuples to time at each shape, forced')
@@ -91,9 +97,11 @@ def main() -> int:
     args = parser.parse_args()
     settings = apply_settings(args.set)
     forced = _parse_configs(args.configs)
+    require_cuda(__file__)
     out = write_output_to(args.out, __file__)
-    ms = [int(m) for m in args.ms.split(",") if m] or MS
-    kns = [tuple(int(v) for v in kn.split("x")) for kn in args.kns.split(",") if kn] or KNS
+    ms = [int(m) for m in args.ms.split(",") if m] or (QUICK_MS if args.quick else MS)
+    kns = ([tuple(int(v) for v in kn.split("x")) for kn in args.kns.split(",") if kn]
+           or (QUICK_KNS if args.quick else KNS))
     impls = args.impls.split(",")
     compiled = torch.compile(chain, dynamic=True)
     print(f"# gemm + bias + gelu sweep: {header()}" + (f"; set {', '.join(settings)}" if settings else ""))

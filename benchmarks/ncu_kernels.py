@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._common import add_out_option, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, require_cuda, write_output_to  # noqa: E402
 from reference_kernels import bias_gelu_dropout as bgd  # noqa: E402
 from reference_kernels import gemm_epilogue, layer_norm, softmax  # noqa: E402
 
@@ -188,6 +188,7 @@ def main() -> None:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; choose from {sorted(CASES)}")
+    require_cuda(__file__)
     for name in names or list(CASES):
         fn = CASES[name]()
         fn()  # compile and warm up outside the profiled range

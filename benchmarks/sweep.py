@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, liger_ops, markdown_table, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, copy_gbps, device_ms, gbps, header, liger_ops  # noqa: E402
+from benchmarks._common import markdown_table, require_cuda, write_output_to  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Row widths of public model configs: MoE router softmaxes over the experts (Mixtral 8, DBRX 16, Qwen1.5-MoE 60,
@@ -188,6 +189,7 @@ def main() -> int:
     args = parser.parse_args()
     settings = apply_settings(args.set)
     impls = parse_impls(args.impls)  # an unknown name is refused before any timing
+    require_cuda(__file__)
     out = write_output_to(args.out, __file__)
     ws = [int(w) for w in args.widths.split(",") if w] or widths(args.dense, args.ragged)
     print(f"# width sweep: {header()}; {len(ws)} widths, inputs of {args.mib} MiB"

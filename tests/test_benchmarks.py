@@ -333,3 +333,46 @@ def test_the_host_bench_times_each_call_on_the_hosts_clock_after_its_warm_up():
     assert len(calls) == 8 and synced == [3, 8]  # warm-up, a sync, the timed calls, a sync
     with pytest.raises(ValueError, match="calls must be >= 1"):
         host_us(lambda: None, calls=0, sync=lambda: None)
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_script(monkeypatch, name, *argv):
+    """Run benchmarks/NAME.py as ``python NAME.py ARGV`` in this process; returns its SystemExit code."""
+    import runpy
+
+    script = _ROOT / "benchmarks" / f"{name}.py"
+    monkeypatch.setattr(sys, "argv", [str(script), *argv])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(script), run_name="__main__")
+    return exited.value.code
+
+
+@pytest.mark.parametrize("name, argv", [("sweep", ["--widths", "1024"]), ("bench_softmax", ["--quick"]),
+                                        ("bench_layer_norm", ["--quick"]), ("bench_bias_gelu_dropout", ["--quick"]),
+                                        ("bench_gemm_epilogue", ["--quick"]), ("ncu_kernels", ["ln_fwd_fp32_333"])])
+def test_a_gpu_benchmark_on_a_machine_without_a_gpu_says_so_and_nothing_else(monkeypatch, name, argv):
+    # without the check torch failed in its first CUDA call with a message about its own build
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = _run_script(monkeypatch, name, *argv)
+    assert code == f"{name}.py times kernels on a CUDA GPU: torch {torch.__version__} sees none here"
+
+
+def test_a_gpu_benchmark_refuses_bad_options_before_it_asks_for_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "has no _NO_SUCH" in str(_run_script(monkeypatch, "sweep", "--set", "softmax._NO_SUCH=1"))
+    assert "unknown case" in str(_run_script(monkeypatch, "ncu_kernels", "no_such_case"))
+
+
+def test_every_option_the_gpu_check_script_passes_a_benchmark_is_one_it_takes(monkeypatch, capsys):
+    # scripts/gpu_check.sh's gemm stage passed --quick, which bench_gemm_epilogue.py did not take: the stage failed
+    text = (_ROOT / "scripts" / "gpu_check.sh").read_text()
+    calls = re.findall(r"benchmarks/(\w+)\.py ([^\n;]*)", text)
+    assert len(calls) >= 9
+    for name, rest in calls:
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest))
+        assert _run_script(monkeypatch, name, "--help") in (0, None)
+        usage = capsys.readouterr().out
+        missing = [flag for flag in flags if not re.search(re.escape(flag) + r"\b", usage)]
+        assert not missing, f"benchmarks/{name}.py does not take {missing}"
