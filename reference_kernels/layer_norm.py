@@ -105,7 +105,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
     5120 against 78-79% for this one; docs/kernels.md, "layer_norm: forward"). JOINT (16-bit rows,
     ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
     instead of a reduction for the mean and then one for the variance. PACKED (with JOINT): x held in its
-    loaded 16-bit registers through the reduction and widened again after it. PARAMS_FIRST (one piece): the weight
+    loaded 16-bit registers through the reduction and widened again after it. PARAMS_FIRST (not JOINT): the weight
     and bias loaded before x, not after the reductions (``_params_first``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
@@ -142,7 +142,8 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
                          rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, PACKED)
     else:
         _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y,
-                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
+                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1,
+                               PARAMS_FIRST)
 
 
 @triton.jit
@@ -164,10 +165,18 @@ def _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_ph
 
 @triton.jit
 def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, ph2, n_cols, first, last, eps,
-                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
+                           PARAMS_FIRST: tl.constexpr = False):
     """The rows kernels' body: rows at ``x_row`` ((BLOCK_M, 1) pointers, virtual columns) held as up to three
     pieces (``_row_pieces``). The body, the whole vectors in [first, last) (VEC 1: [0, N)), is masked a
-    vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart."""
+    vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart. PARAMS_FIRST: the
+    pieces' weight and bias loaded before x (``_params_first``), not after the reductions."""
+    if PARAMS_FIRST:
+        w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
+        if BLOCK_T > 0:
+            w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
+        if BLOCK_U > 0:
+            w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
     x = _ln_piece(x_row, 0, BLOCK_N, first, last, row_ok, VEC)
     total = tl.sum(x, axis=1)
     if BLOCK_T > 0:
@@ -193,13 +202,16 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
     rstd = 1.0 / tl.sqrt(var / n_cols + eps)
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
     # is large against the spread (a one-wide row: 5e-4 off, on the H200)
-    w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
+    if not PARAMS_FIRST:
+        w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
     _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, first, last, row_ok, VEC)
     if BLOCK_T > 0:
-        w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
+        if not PARAMS_FIRST:
+            w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
         _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, first, last, row_ok, VEC)
     if BLOCK_U > 0:
-        w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
+        if not PARAMS_FIRST:
+            w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
         _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, first, last, row_ok, VEC)
     if VEC > 1:
         we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0)
@@ -346,7 +358,7 @@ def _layer_norm_fwd_kernel(
     JOINT: tl.constexpr = False,  # aligned rows: statistics from one reduction of (x - x[row, 0], its square) a piece
     PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
     NARROW: tl.constexpr = 0,  # VEC 1: 0, or N = both strides for packed rows (_ragged.Phased.packed_width)
-    PARAMS_FIRST: tl.constexpr = False,  # VEC 1, one piece: weight and bias loaded before x (_params_first)
+    PARAMS_FIRST: tl.constexpr = False,  # VEC 1, not JOINT: weight and bias loaded before x (_params_first)
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -1341,6 +1353,7 @@ _ROWS_TILE = 2048
 _FWD_PARAMS_FIRST_MIN_COLS: int | None = 2048
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
+_FWD_PARAMS_FIRST_PIECES = False  # also rows in pieces (fp32 4112-4496 = 4096 + 16..512): not measured yet, off
 # Warps of an fp32 forward rows program on a block of _MAX_ROW lanes (None: warps_for's 16), which only runs where the
 # persistent and streamed plans do not take the row (another GPU, or under A/B with `_HELD_ROWS_MIN` raised). Under A/B:
 # sm_90 (Triton 3.9) puts one row of 16384 with the weight and bias first at 128 registers on 16 warps (one program an
@@ -2232,10 +2245,13 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:
     """Whether a forward rows program loads weight and bias before x (``_FWD_PARAMS_FIRST_MIN_COLS``): fp32 rows of a
-    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from that width, on blocks of up to
+    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1; in pieces too where
+    ``_FWD_PARAMS_FIRST_PIECES``, their lanes together the block) from that width, on blocks of up to
     ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes or filling ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of theirs."""
-    block_n, second, _ = pieces
-    if elem_size < 4 or vec != 1 or second or n_cols % 16 or _FWD_PARAMS_FIRST_MIN_COLS is None:
+    block_n = sum(pieces)  # its pieces' lanes together
+    if elem_size < 4 or vec != 1 or n_cols % 16 or _FWD_PARAMS_FIRST_MIN_COLS is None:
+        return False
+    if pieces[1] and not _FWD_PARAMS_FIRST_PIECES:
         return False
     return n_cols >= _FWD_PARAMS_FIRST_MIN_COLS and (block_n <= _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
                                                      or n_cols >= _FWD_PARAMS_FIRST_WIDE_LANE_USE * block_n)

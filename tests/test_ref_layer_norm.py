@@ -1682,6 +1682,8 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
     widths = (1024, 1536, 2000, 2048, 2560, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
     assert [n for n in widths if pick(n)] == [2048, 2560, 3072, 4096, 7168, 7680, 8192]
     assert not pick(4096, size=2) and not pick(4096, vec=4) and not pick(5120, pieces=(4096, 1024, 0))
+    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_PIECES", True)  # under A/B: pieces' lanes together the block
+    assert pick(4352, pieces=(4096, 256, 0)) and not pick(4352, pieces=(4096, 256, 0), vec=4)
     monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_MIN_COLS", None)
     assert not any(pick(n) for n in widths)
 
@@ -1697,8 +1699,9 @@ def test_fp32_forward_rows_on_a_16384_block_take_the_wide_warps_where_set(monkey
     assert [warps(16384), warps(12288), warps(8192), warps(16384, 2), warps(8192, backward=True)] == [32, 32] + before[2:]
 
 
-@pytest.mark.parametrize("n", [2048, 3072, 7168])
+@pytest.mark.parametrize("n", [2048, 3072, 7168, 4352])
 def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
+    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_PIECES", True)  # 4352: two pieces, 4096 + 256
     x, weight, bias = inputs((3, n), torch.float32)
     seen = []
     params_first = layer_norm._params_first
