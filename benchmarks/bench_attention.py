@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks._common import add_out_option, bench_ms, header, markdown_table, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, bench_ms, header, markdown_table  # noqa: E402
+from benchmarks._common import require_cuda, write_output_to  # noqa: E402
 from reference_kernels import attention  # noqa: E402
 
 TOKENS = 16384
@@ -88,8 +89,7 @@ def plan_variants(default: attention._Plan) -> list[tuple[str, attention._Plan]]
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("bench_attention.py needs a CUDA GPU")
+    require_cuda(__file__)
     out_dir = write_output_to(args.out, __file__)
     json_file = args.json or (str(out_dir / "bench_attention.json") if out_dir else "")
     timing = dict(warmup_ms=10, rep_ms=40) if args.quick else dict(warmup_ms=25, rep_ms=100)

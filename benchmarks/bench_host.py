@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from benchmarks._common import add_out_option, header, markdown_table, write_output_to  # noqa: E402
+from benchmarks._common import add_out_option, header, markdown_table, require_cuda, write_output_to  # noqa: E402
 
 
 def host_us(fn: Callable[[], object], calls: int = 300, warmup: int = 20,
@@ -79,8 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.calls < 1 or args.rows < 1:
         parser.error("--calls and --rows must be >= 1")
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_host.py times kernel launches: it needs a CUDA GPU")
+    require_cuda(__file__)
     write_output_to(args.out, __file__)
     print(header())
     rows = []
