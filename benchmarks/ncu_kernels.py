@@ -30,6 +30,11 @@ def _inputs(m, n, dtype):
     return torch.randn(m, n, device="cuda", dtype=dtype)
 
 
+def _softmax(m, n, dtype):
+    x = _inputs(m, n, dtype)
+    return lambda: softmax.fused(x)
+
+
 def _ln_backward(m, n, dtype):
     x = _inputs(m, n, dtype)
     w = torch.randn(n, device="cuda", dtype=dtype)
@@ -69,29 +74,29 @@ CASES = {
     "dropout_lean": lambda: _dropout(0.1, "lean"),
     "dropout_lean_p0": lambda: _dropout(0.0, "lean"),
     "dropout_measured_p0": lambda: _dropout(0.0, "measured"),
-    "softmax_fp32_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.float32)),
-    "softmax_bf16_65536": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 65536, torch.bfloat16)),
-    "softmax_fp32_16384": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(8192, 16384, torch.float32)),
+    "softmax_fp32_65536": lambda: _softmax(2048, 65536, torch.float32),
+    "softmax_bf16_65536": lambda: _softmax(2048, 65536, torch.bfloat16),
+    "softmax_fp32_16384": lambda: _softmax(8192, 16384, torch.float32),
     # ragged widths (docs/kernels.md, "Ragged rows") against an aligned row of the same block
-    "softmax_fp32_8191": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 8191, torch.float32)),
-    "softmax_fp32_8704": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 8704, torch.float32)),
-    "softmax_bf16_12345": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 12345, torch.bfloat16)),
-    "softmax_bf16_17000": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 17000, torch.bfloat16)),
+    "softmax_fp32_8191": lambda: _softmax(4096, 8191, torch.float32),
+    "softmax_fp32_8704": lambda: _softmax(4096, 8704, torch.float32),
+    "softmax_bf16_12345": lambda: _softmax(4096, 12345, torch.bfloat16),
+    "softmax_bf16_17000": lambda: _softmax(4096, 17000, torch.bfloat16),
     # the held plan: whole rows three programs an SM, and rows in four slices (docs/kernels.md, "Rows held in shared
     # memory")
-    "softmax_bf16_30522": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 30522, torch.bfloat16)),
-    "softmax_bf16_128256": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(512, 128256, torch.bfloat16)),
+    "softmax_bf16_30522": lambda: _softmax(2048, 30522, torch.bfloat16),
+    "softmax_bf16_128256": lambda: _softmax(512, 128256, torch.bfloat16),
     # rows in slices still under 80% (docs/kernels.md, "A program a slice"): the exchange's wait, the counters' fill
-    "softmax_bf16_74988": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(1024, 74988, torch.bfloat16)),
-    "softmax_bf16_117344": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(512, 117344, torch.bfloat16)),
-    "softmax_fp32_30522": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 30522, torch.float32)),
+    "softmax_bf16_74988": lambda: _softmax(1024, 74988, torch.bfloat16),
+    "softmax_bf16_117344": lambda: _softmax(512, 117344, torch.bfloat16),
+    "softmax_fp32_30522": lambda: _softmax(2048, 30522, torch.float32),
     # narrow rows (2^26 elements): width 3 ran at 8% of copy, torch's kernel beside it; 8 is a
     # MoE router's width; 1023 / 1024 a ragged 16-bit row and its aligned neighbour
-    "softmax_bf16_3": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 3, 3, torch.bfloat16)),
+    "softmax_bf16_3": lambda: _softmax(2**26 // 3, 3, torch.bfloat16),
     "torch_softmax_bf16_3": lambda: (lambda x: lambda: torch.softmax(x, -1))(_inputs(2**26 // 3, 3, torch.bfloat16)),
-    "softmax_bf16_8": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**23, 8, torch.bfloat16)),
-    "softmax_bf16_1023": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(65536, 1023, torch.bfloat16)),
-    "softmax_bf16_1024": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(65536, 1024, torch.bfloat16)),
+    "softmax_bf16_8": lambda: _softmax(2**23, 8, torch.bfloat16),
+    "softmax_bf16_1023": lambda: _softmax(65536, 1023, torch.bfloat16),
+    "softmax_bf16_1024": lambda: _softmax(65536, 1024, torch.bfloat16),
     "ln_bwd_bf16_1024": lambda: _ln_backward(131072, 1024, torch.bfloat16),
     "ln_bwd_bf16_4096": lambda: _ln_backward(32768, 4096, torch.bfloat16),
     "ln_bwd_bf16_8192": lambda: _ln_backward(8192, 8192, torch.bfloat16),
@@ -99,10 +104,10 @@ CASES = {
     "ln_fwd_fp32_4097": lambda: _ln_forward(8192, 4097, torch.float32),
     "ln_fwd_bf16_4097": lambda: _ln_forward(16384, 4097, torch.bfloat16),
     "ln_fwd_bf16_4096": lambda: _ln_forward(16384, 4096, torch.bfloat16),
-    "softmax_bf16_4097": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(16384, 4097, torch.bfloat16)),
+    "softmax_bf16_4097": lambda: _softmax(16384, 4097, torch.bfloat16),
     # the staged softmax plan (docs/kernels.md, "The staged plan"): 16-bit pipelined walk, fp32 one program a row
-    "softmax_bf16_32768": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 32768, torch.bfloat16)),
-    "softmax_fp32_32768": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2048, 32768, torch.float32)),
+    "softmax_bf16_32768": lambda: _softmax(4096, 32768, torch.bfloat16),
+    "softmax_fp32_32768": lambda: _softmax(2048, 32768, torch.float32),
     # the pipelined phased backward's open cliffs (docs/kernels.md, "layer_norm: backward"): 8192 lanes for
     # 4608 columns, and a one-vector tail piece (4096 + 8) read by 2-byte loads
     "ln_bwd_bf16_4608": lambda: _ln_backward(16384, 4608, torch.bfloat16),
@@ -110,7 +115,7 @@ CASES = {
     # issue 12's open 16-bit misses: aligned rows that leave their tile's lanes empty (forward 8704-14848
     # on 16384 lanes, backward 4097-7680 in two pieces or on 8192 lanes, softmax 8704 as 8192 + 512),
     # unaligned forward rows on the walk; 16384 / 8192 the full tiles beside them
-    "softmax_bf16_8704": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(8192, 8704, torch.bfloat16)),
+    "softmax_bf16_8704": lambda: _softmax(8192, 8704, torch.bfloat16),
     "ln_fwd_bf16_10240": lambda: _ln_forward(8192, 10240, torch.bfloat16),
     "ln_fwd_bf16_12288": lambda: _ln_forward(8192, 12288, torch.bfloat16),
     "ln_fwd_bf16_16384": lambda: _ln_forward(8192, 16384, torch.bfloat16),
@@ -137,15 +142,15 @@ CASES = {
     "mm_bf16_1024x3072x768": lambda: _gemm(1024, 3072, 768, impl="mm"),
     # issue 12's narrow misses without a profile before: a MoE router's 160 experts and 600 (two pieces lost), 66 and
     # 333 (twice-odd and odd rows on aligned vectors), layer-norm forward 1088 (aligned, 1024 + 64) and backward 1025
-    "softmax_bf16_160": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 160, 160, torch.bfloat16)),
-    "softmax_bf16_600": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 600, 600, torch.bfloat16)),
-    "softmax_bf16_66": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 66, 66, torch.bfloat16)),
-    "softmax_bf16_333": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**26 // 333, 333, torch.bfloat16)),
+    "softmax_bf16_160": lambda: _softmax(2**26 // 160, 160, torch.bfloat16),
+    "softmax_bf16_600": lambda: _softmax(2**26 // 600, 600, torch.bfloat16),
+    "softmax_bf16_66": lambda: _softmax(2**26 // 66, 66, torch.bfloat16),
+    "softmax_bf16_333": lambda: _softmax(2**26 // 333, 333, torch.bfloat16),
     "ln_fwd_bf16_1088": lambda: _ln_forward(2**26 // 1088, 1088, torch.bfloat16),
     "ln_bwd_bf16_1025": lambda: _ln_backward(2**25 // 1025, 1025, torch.bfloat16),
     # softmax rows held in shared memory (the held plan): GPT-2's vocabulary and its aligned neighbour
-    "softmax_bf16_50257": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50257, torch.bfloat16)),
-    "softmax_bf16_50304": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(4096, 50304, torch.bfloat16)),
+    "softmax_bf16_50257": lambda: _softmax(4096, 50257, torch.bfloat16),
+    "softmax_bf16_50304": lambda: _softmax(4096, 50304, torch.bfloat16),
     # rows held in shared memory, layer norm (docs/kernels.md, "Rows held in shared memory (backward)"): a ragged row
     # of five 1024-element segments forward and backward, and 7001 forward
     "ln_bwd_bf16_5113": lambda: _ln_backward(16384, 5113, torch.bfloat16),
@@ -170,11 +175,11 @@ CASES = {
     "ln_bwd_bf16_1023": lambda: _ln_backward(2**26 // 1023, 1023, torch.bfloat16),
     "ln_bwd_fp32_4097": lambda: _ln_backward(2**25 // 4097, 4097, torch.float32),
     "ln_bwd_fp32_8191": lambda: _ln_backward(2**25 // 8191, 8191, torch.float32),
-    "softmax_fp32_192743": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(174, 192743, torch.float32)),
+    "softmax_fp32_192743": lambda: _softmax(174, 192743, torch.float32),
     # fp32 misses of the 2026-12-03 sweep without a profile: ragged forward rows of 333 and 1025, softmax 26865 (held)
     "ln_fwd_fp32_333": lambda: _ln_forward(2**25 // 333, 333, torch.float32),
     "ln_fwd_fp32_1025": lambda: _ln_forward(2**25 // 1025, 1025, torch.float32),
-    "softmax_fp32_26865": lambda: (lambda x: lambda: softmax.fused(x))(_inputs(2**25 // 26865, 26865, torch.float32)),
+    "softmax_fp32_26865": lambda: _softmax(2**25 // 26865, 26865, torch.float32),
 }
 
 
