@@ -180,6 +180,10 @@ CASES = {
     "ln_fwd_fp32_333": lambda: _ln_forward(2**25 // 333, 333, torch.float32),
     "ln_fwd_fp32_1025": lambda: _ln_forward(2**25 // 1025, 1025, torch.float32),
     "softmax_fp32_26865": lambda: _softmax(2**25 // 26865, 26865, torch.float32),
+    # the dense sweep's cliff just above 4096 (docs/kernels.md, "Where the targets are missed"): 16-bit 4224 in two
+    # pieces (4096 + 128), fp32 4224 on its whole 8192 block
+    "ln_fwd_bf16_4224": lambda: _ln_forward(2**26 // 4224, 4224, torch.bfloat16),
+    "ln_fwd_fp32_4224": lambda: _ln_forward(2**25 // 4224, 4224, torch.float32),
 }
 
 

@@ -15,7 +15,7 @@ memory (16-bit rows' statistics in one pass). Elsewhere
 the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight
 through shared memory. Aligned 16-bit rows take what measured fastest at their width: two pieces
 with both statistics in one reduction (4864-6144), chunks on a persistent grid (8193-9216), one
-tile with both statistics in one reduction (9217-16384), or the walk (2176-2304, 4352-4608).
+tile with both statistics in one reduction (9217-16384), or the walk (2192-2304, 4240-4608).
 The backward's ``held`` plan (``_layer_norm_held``, the same GPUs) takes 16-bit rows of N not a multiple of 16
 of 1025-8185 columns (its dweight/dbias shares in registers; 2-warp programs on rows of up to 1529) and past 8192
 (the shares in shared memory). The backward's ``phased`` plan holds whole rows of up to
@@ -142,8 +142,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
                          rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, PACKED)
     else:
         _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y,
-                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1,
-                               PARAMS_FIRST)
+                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
 
 
 @triton.jit
@@ -165,18 +164,11 @@ def _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_ph
 
 @triton.jit
 def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, ph2, n_cols, first, last, eps,
-                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
-                           PARAMS_FIRST: tl.constexpr = False):
+                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr):
     """The rows kernels' body: rows at ``x_row`` ((BLOCK_M, 1) pointers, virtual columns) held as up to three
     pieces (``_row_pieces``). The body, the whole vectors in [first, last) (VEC 1: [0, N)), is masked a
-    vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart. PARAMS_FIRST: the
-    pieces' weight and bias loaded before x (``_params_first``), not after the reductions."""
-    if PARAMS_FIRST:
-        w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
-        if BLOCK_T > 0:
-            w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
-        if BLOCK_U > 0:
-            w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
+    vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart. The weight and bias
+    are loaded after the reductions (before x lost here: docs/kernels.md, "fp32 aligned rows against Liger's shape")."""
     x = _ln_piece(x_row, 0, BLOCK_N, first, last, row_ok, VEC)
     total = tl.sum(x, axis=1)
     if BLOCK_T > 0:
@@ -202,16 +194,13 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
     rstd = 1.0 / tl.sqrt(var / n_cols + eps)
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
     # is large against the spread (a one-wide row: 5e-4 off, on the H200)
-    if not PARAMS_FIRST:
-        w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
+    w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
     _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, first, last, row_ok, VEC)
     if BLOCK_T > 0:
-        if not PARAMS_FIRST:
-            w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
+        w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
         _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, first, last, row_ok, VEC)
     if BLOCK_U > 0:
-        if not PARAMS_FIRST:
-            w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
+        w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
         _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, first, last, row_ok, VEC)
     if VEC > 1:
         we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0)
@@ -1344,16 +1333,17 @@ class _Plan(NamedTuple):
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
 # fp32 forward rows of a multiple of 16 columns on one piece, from _FWD_PARAMS_FIRST_MIN_COLS (None: none): weight and
-# bias loaded before x, in flight with it, instead of after the row's reductions (Liger's order); on blocks wider than
-# _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK lanes only rows that fill _FWD_PARAMS_FIRST_WIDE_LANE_USE of theirs
-# (``_params_first``). H200, % of copy, against after (docs/kernels.md, "fp32 aligned rows against Liger's shape"):
-# 2048 92.4 -> 95.5, 3072 93 -> 96.5, 3584 93 -> 97.9, 3840 93 -> 99.7, 4096 92.6 -> 97.3, 7168 92.6 -> 96.4, 7680
-# 92.7 -> 97.4, 8192 92.1 -> 96.7 (Liger 96-97); lost on 8192 blocks less filled (5120 93.6 -> 83.8, 6144 93.3 -> 90.7),
-# level at 768-1536 and 2560, lost in 16-bit rows (bf16 1024 96.8 -> 91.7, 3072 90.8 -> 85).
+# bias loaded before x, in flight with it, instead of after the row's reductions (Liger's order); only rows that fill
+# _FWD_PARAMS_FIRST_LANE_USE of their block, on blocks wider than _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK lanes
+# _FWD_PARAMS_FIRST_WIDE_LANE_USE (``_params_first``). H200, % of copy, against after (docs/kernels.md, "fp32 aligned
+# rows against Liger's shape"): 2048 92.4 -> 95.5, 3072 93 -> 96.5, 3584 93 -> 97.9, 3840 93 -> 99.7, 4096 92.6 ->
+# 97.3, 7168 92.6 -> 96.4, 7680 92.7 -> 97.4, 8192 92.1 -> 96.7 (Liger 96-97); lost on blocks less filled (5120 93.6
+# -> 83.8, 6144 93.3 -> 90.7; 2112 94 -> 87, 2240 94 -> 88, 2368 93.5 -> 90), level at 768-1536 and 2560, lost in
+# 16-bit rows (bf16 1024 96.8 -> 91.7, 3072 90.8 -> 85).
 _FWD_PARAMS_FIRST_MIN_COLS: int | None = 2048
+_FWD_PARAMS_FIRST_LANE_USE = 0.7
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
-_FWD_PARAMS_FIRST_PIECES = False  # also rows in pieces (fp32 4112-4496 = 4096 + 16..512): not measured yet, off
 # Warps of an fp32 forward rows program on a block of _MAX_ROW lanes (None: warps_for's 16), which only runs where the
 # persistent and streamed plans do not take the row (another GPU, or under A/B with `_HELD_ROWS_MIN` raised). Under A/B:
 # sm_90 (Triton 3.9) puts one row of 16384 with the weight and bias first at 128 registers on 16 warps (one program an
@@ -1549,13 +1539,16 @@ _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
-# Aligned (and packed) rows just above a power of two of at most _SLIVER_MAX_SINGLE: that power of two whole, not
-# pieces, unless they are 16-bit and the pieces past the first hold at most 1/_SLIVER of its lanes. H200, % of copy,
-# pieces -> whole, bf16 / fp16: 1040 66 / 73 -> 75 / 83, 1060 68 / 70 -> 80 / 81, 1100 63 / 64 -> 81 / 83, 1120 65 /
-# 63 -> 80 / 85, 2080 73 / 74 -> 73 / 79, 2160 63 / 64 -> 76 / 79; fp32 1060 84 -> 95, 1100 70 -> 96, 1028 94 -> 97,
-# 2064 93 -> 94; slivers, kept: bf16 / fp16 1028 85 / 85 -> 78 / 79, 2064 78 / 83 -> 73 / 79 (docs/kernels.md).
-_SLIVER_MAX_SINGLE = 4096
-_SLIVER = 128
+# Aligned (and packed) rows just above a power of two of at most _SLIVER_MAX_SINGLE (by element size): that power of
+# two whole, not pieces, unless the pieces past the first hold at most 1/_SLIVER of its lanes (16-bit rows; fp32 ones
+# only on blocks of _SLIVER_FP32_MIN_SINGLE). H200, % of copy, pieces -> whole, bf16 / fp16: 1040 66 / 73 -> 75 / 83,
+# 1060 68 / 70 -> 80 / 81, 1100 63 / 64 -> 81 / 83, 1120 65 / 63 -> 80 / 85, 2080 73 / 74 -> 73 / 79, 2160 63 / 64 ->
+# 76 / 79; fp32 1060 84 -> 95, 1100 70 -> 96, 1028 94 -> 97, 2064 93 -> 94, 4224 70.5 -> 89.5, 4288 71 -> 90, 4352 71
+# -> 90, 4416 88 -> 91, 4480 88 -> 91; slivers, kept: bf16 / fp16 1028 85 / 85 -> 78 / 79, 2064 78 / 83 -> 73 / 79,
+# fp32 4160 (4096 + 64) 91 -> 89 (docs/kernels.md, "Aligned rows whole or in pieces").
+_SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
+_SLIVER = {2: 128, 4: 64}
+_SLIVER_FP32_MIN_SINGLE = 8192
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
 # from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
@@ -1680,11 +1673,12 @@ _FLAT_BWD_MAX_REGS = 64
 # a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
 # (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 gain 7-33 points
 # (bf16 4097 41 -> 70%, 8191 26 -> 60%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
-# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46); aligned 16-bit rows of 2^k + 2^k / 16 .. 2^k + 2^k / 8 for
-# 2^k = 2048, 4096 (2304 78 -> 92%, 4352 65 -> 72%, 4608 75 -> 88%), not closer to 2^k (2112: 70 -> 57%) nor
-# elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
+# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46; fp32 aligned 2112-4544 lost 1-36); aligned 16-bit rows past
+# 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096 (2192-2224 77 -> 90%, 2240 77 -> 92%, 2304 78 -> 92%,
+# 4240-4272 64 -> 70-71%, 4352 65 -> 72%, 4608 75 -> 88%), not at or under 2^k + 2^k / 16 (2112 74 -> 58%, 2176 77 ->
+# 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
-_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2176, 2304), (4352, 4608)), 4: None}
+_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: None}
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
@@ -2173,9 +2167,9 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
     ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows where
-    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE`` take it whole,
-    unless they are 16-bit (``elem_size``) and the pieces past the first hold at most 1/``_SLIVER`` of its lanes
-    (1028 = 1024 + 8, 2064 = 2048 + 16)."""
+    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE[elem_size]`` take it
+    whole, unless the pieces past the first hold at most 1/``_SLIVER[elem_size]`` of its lanes and the rows are 16-bit
+    (1028 = 1024 + 8, 2064 = 2048 + 16) or fp32 on a block of ``_SLIVER_FP32_MIN_SINGLE`` (4160 = 4096 + 64)."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
@@ -2183,8 +2177,9 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
     split = row_pieces(need, vec, pieces, _PIECE_SLACK)
-    sliver = elem_size < 4 and split[1] + split[2] <= split[0] // _SLIVER
-    if aligned and split[1] and single <= _SLIVER_MAX_SINGLE and not sliver:
+    key = 4 if elem_size >= 4 else 2
+    sliver = ((key == 2 or single >= _SLIVER_FP32_MIN_SINGLE) and split[1] + split[2] <= split[0] // _SLIVER[key])
+    if aligned and split[1] and single <= _SLIVER_MAX_SINGLE[key] and not sliver:
         return single, 0, 0
     return split
 
@@ -2245,16 +2240,15 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:
     """Whether a forward rows program loads weight and bias before x (``_FWD_PARAMS_FIRST_MIN_COLS``): fp32 rows of a
-    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1; in pieces too where
-    ``_FWD_PARAMS_FIRST_PIECES``, their lanes together the block) from that width, on blocks of up to
-    ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes or filling ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of theirs."""
-    block_n = sum(pieces)  # its pieces' lanes together
-    if elem_size < 4 or vec != 1 or n_cols % 16 or _FWD_PARAMS_FIRST_MIN_COLS is None:
+    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from that width that fill
+    ``_FWD_PARAMS_FIRST_LANE_USE`` of their block, ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of one wider than
+    ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes."""
+    block_n = pieces[0]
+    if elem_size < 4 or vec != 1 or n_cols % 16 or pieces[1] or _FWD_PARAMS_FIRST_MIN_COLS is None:
         return False
-    if pieces[1] and not _FWD_PARAMS_FIRST_PIECES:
-        return False
-    return n_cols >= _FWD_PARAMS_FIRST_MIN_COLS and (block_n <= _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
-                                                     or n_cols >= _FWD_PARAMS_FIRST_WIDE_LANE_USE * block_n)
+    wide = block_n > _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
+    use = _FWD_PARAMS_FIRST_WIDE_LANE_USE if wide else _FWD_PARAMS_FIRST_LANE_USE
+    return n_cols >= _FWD_PARAMS_FIRST_MIN_COLS and n_cols >= use * block_n
 
 
 def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False) -> int:

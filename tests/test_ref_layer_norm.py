@@ -922,6 +922,10 @@ def test_aligned_forward_rows_take_their_power_of_two_whole_but_a_16_bit_sliver(
     assert layer_norm._row_pieces(1028, 4, packed=True, elem_size=4) == (2048, 0, 0)  # fp32: whole (94 -> 97%)
     assert layer_norm._row_pieces(2064, 1, elem_size=4) == (4096, 0, 0)
     assert layer_norm._row_pieces(4112, 1) == (4096, 16, 0)  # wider powers of two keep the waste rule
+    # fp32: whole up to 8192 lanes (4224-4480 71-88 -> 90-91%) but slivers of at most 1/64 of an 8192 block
+    assert [layer_norm._row_pieces(n, 1, elem_size=4) for n in (4224, 4352, 4480)] == [(8192, 0, 0)] * 3
+    assert [layer_norm._row_pieces(n, 1, elem_size=4) for n in (4112, 4160)] == [(4096, 16, 0), (4096, 64, 0)]
+    assert layer_norm._row_pieces(4224, 1) == (4096, 128, 0)  # 16-bit: the waste rule
     assert layer_norm._row_pieces(1100, 4) == (1024, 128, 0)  # unaligned, not packed: pieces cover every phase
 
 
@@ -1168,10 +1172,11 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
     assert layer_norm._looped_forward_plan(100, 8960, 2, 132).block_n == 1024  # 9 x 1024 = 8960 + 256
     assert layer_norm._looped_forward_plan(100, 4160, 2, 132)[2:5] == (512, 2, 100)  # 1024s would mask 960
-    # 2^k + 2^k / 16 .. 2^k + 2^k / 8 for 2^k = 2048, 4096: the walk
-    modes = {n: settings(8192, n, 2, sm_count=132).mode for n in (2112, 2176, 2304, 2560, 4160, 4352, 4608, 4864)}
-    assert modes == {2112: "rows", 2176: "walk", 2304: "walk", 2560: "rows", 4160: "rows", 4352: "walk",
-                     4608: "walk", 4864: "rows"}
+    # past 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096: the walk
+    widths = (2112, 2176, 2192, 2304, 2560, 4160, 4224, 4240, 4352, 4608, 4864)
+    modes = {n: settings(8192, n, 2, sm_count=132).mode for n in widths}
+    assert modes == {2112: "rows", 2176: "rows", 2192: "walk", 2304: "walk", 2560: "rows", 4160: "rows", 4224: "rows",
+                     4240: "walk", 4352: "walk", 4608: "walk", 4864: "rows"}
     # 4097-8192: two pieces where the second has 1024 lanes or more
     pieces = layer_norm._aligned_16bit_pieces
     assert [pieces(n) for n in (4864, 5120, 5632, 6144)] == [(4096, 1024, 0)] * 2 + [(4096, 2048, 0)] * 2
@@ -1676,14 +1681,13 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
 
 def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_blocks_they_fill(monkeypatch):
     # _params_first (docs/kernels.md, "fp32 aligned rows against Liger's shape"): fp32 rows of a multiple of 16 on one
-    # piece from 2048; on the 8192 block only from 7/8 of it (5120 and 6144 lost); 16-bit, unaligned vectors, pieces no
+    # piece from 2048 that fill 0.7 of a block of up to 4096 (2112-2368 lost), 7/8 of the 8192 block (5120 and 6144
+    # lost); 16-bit, unaligned vectors, pieces no
     pick = lambda n, size=4, vec=1, pieces=None: layer_norm._params_first(
         n, pieces or (layer_norm.next_power_of_2(n), 0, 0), size, vec)
-    widths = (1024, 1536, 2000, 2048, 2560, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
-    assert [n for n in widths if pick(n)] == [2048, 2560, 3072, 4096, 7168, 7680, 8192]
+    widths = (1024, 1536, 2000, 2048, 2112, 2368, 2560, 2816, 2880, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
+    assert [n for n in widths if pick(n)] == [2048, 2880, 3072, 4096, 7168, 7680, 8192]
     assert not pick(4096, size=2) and not pick(4096, vec=4) and not pick(5120, pieces=(4096, 1024, 0))
-    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_PIECES", True)  # under A/B: pieces' lanes together the block
-    assert pick(4352, pieces=(4096, 256, 0)) and not pick(4352, pieces=(4096, 256, 0), vec=4)
     monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_MIN_COLS", None)
     assert not any(pick(n) for n in widths)
 
@@ -1699,9 +1703,8 @@ def test_fp32_forward_rows_on_a_16384_block_take_the_wide_warps_where_set(monkey
     assert [warps(16384), warps(12288), warps(8192), warps(16384, 2), warps(8192, backward=True)] == [32, 32] + before[2:]
 
 
-@pytest.mark.parametrize("n", [2048, 3072, 7168, 4352])
+@pytest.mark.parametrize("n", [2048, 3072, 7168])
 def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_PIECES", True)  # 4352: two pieces, 4096 + 256
     x, weight, bias = inputs((3, n), torch.float32)
     seen = []
     params_first = layer_norm._params_first
