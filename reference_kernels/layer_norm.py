@@ -1344,11 +1344,6 @@ _FWD_PARAMS_FIRST_MIN_COLS: int | None = 2048
 _FWD_PARAMS_FIRST_LANE_USE = 0.7
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
-# Warps of an fp32 forward rows program on a block of _MAX_ROW lanes (None: warps_for's 16), which only runs where the
-# persistent and streamed plans do not take the row (another GPU, or under A/B with `_HELD_ROWS_MIN` raised). Under A/B:
-# sm_90 (Triton 3.9) puts one row of 16384 with the weight and bias first at 128 registers on 16 warps (one program an
-# SM), 63 on 32 (two, 64 warps); docs/kernels.md, "fp32 aligned rows against Liger's shape".
-_FWD_FP32_WIDE_WARPS: int | None = None
 # Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
 # memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
 # these widths (but the packed rows' widths, _packed_rows): 16-bit rows from 1025 since their statistics take one pass
@@ -1545,7 +1540,7 @@ _PIECE_WASTE_ALIGNED = 0.45
 # 1060 68 / 70 -> 80 / 81, 1100 63 / 64 -> 81 / 83, 1120 65 / 63 -> 80 / 85, 2080 73 / 74 -> 73 / 79, 2160 63 / 64 ->
 # 76 / 79; fp32 1060 84 -> 95, 1100 70 -> 96, 1028 94 -> 97, 2064 93 -> 94, 4224 70.5 -> 89.5, 4288 71 -> 90, 4352 71
 # -> 90, 4416 88 -> 91, 4480 88 -> 91; slivers, kept: bf16 / fp16 1028 85 / 85 -> 78 / 79, 2064 78 / 83 -> 73 / 79,
-# fp32 4160 (4096 + 64) 91 -> 89 (docs/kernels.md, "Aligned rows whole or in pieces").
+# fp32 4160 (4096 + 64) 91 -> 89 (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = {2: 128, 4: 64}
 _SLIVER_FP32_MIN_SINGLE = 8192
@@ -1772,8 +1767,6 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if not backward and elem_size >= 4 and block_n >= _MAX_ROW and _FWD_FP32_WIDE_WARPS:
-                warps = _FWD_FP32_WIDE_WARPS
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:

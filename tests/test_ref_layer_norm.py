@@ -1692,17 +1692,6 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
     assert not any(pick(n) for n in widths)
 
 
-def test_fp32_forward_rows_on_a_16384_block_take_the_wide_warps_where_set(monkeypatch):
-    # _FWD_FP32_WIDE_WARPS (an A/B of the rows plan past 8192 fp32 columns): fp32 forward rows of 16384 lanes only
-    monkeypatch.setattr(layer_norm, "_HELD_ROWS_MIN", 16384)  # the rows plan, not the persistent one
-    warps = lambda n, size=4, backward=False: layer_norm._layer_norm_settings(
-        1 << 12, n, size, backward=backward, sm_count=132).num_warps
-    before = [warps(16384), warps(12288), warps(8192), warps(16384, 2), warps(8192, backward=True)]
-    assert before[:3] == [16, 16, 8]
-    monkeypatch.setattr(layer_norm, "_FWD_FP32_WIDE_WARPS", 32)
-    assert [warps(16384), warps(12288), warps(8192), warps(16384, 2), warps(8192, backward=True)] == [32, 32] + before[2:]
-
-
 @pytest.mark.parametrize("n", [2048, 3072, 7168])
 def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
     x, weight, bias = inputs((3, n), torch.float32)
