@@ -184,6 +184,11 @@ CASES = {
     # pieces (4096 + 128), fp32 4224 on its whole 8192 block
     "ln_fwd_bf16_4224": lambda: _ln_forward(2**26 // 4224, 4224, torch.bfloat16),
     "ln_fwd_fp32_4224": lambda: _ln_forward(2**25 // 4224, 4224, torch.float32),
+    # the dense sweep's bands without a profile: 16-bit aligned 2112-3200 forward (a 4096 block) and backward (the rows
+    # plan), softmax 16-bit just above 4096
+    "ln_fwd_bf16_2368": lambda: _ln_forward(2**26 // 2368, 2368, torch.bfloat16),
+    "ln_bwd_bf16_2368": lambda: _ln_backward(2**26 // 2368, 2368, torch.bfloat16),
+    "softmax_bf16_4352": lambda: _softmax(2**26 // 4352, 4352, torch.bfloat16),
 }
 
 

@@ -3,7 +3,8 @@
 Where ``bench_softmax.py`` / ``bench_layer_norm.py`` time a few anchor shapes with every
 anchor, this script times many widths with the cheap anchors, to find cliffs: a width at
 which ours falls below its target (% of copy) or behind torch. Per subject and dtype it
-prints the worst width and its ratio to the best anchor, then every width below target;
+prints the worst width and its ratio to the best anchor, then the widths below target, first as runs of
+neighbouring widths (``miss_runs``: the dense sweep's 130 fp32 misses at 8256-16384 are one row), then one by one;
 ``--json`` keeps every figure. Every subject is timed at every width; the layer norm's targets cover a band
 (forward 256..16384, backward 768..8192), so widths outside it count in the worst figures but not as below target
 (``--target-band-only`` times the band alone).
@@ -298,6 +299,8 @@ def _summarise(records: list[dict]) -> int:
     print(markdown_table(["subject", "dtype", "band", "widths", "at target", "aligned", "ragged", "ours/best anchor, min"],
                          band_rows(records)))
     if misses:
+        print("\nBelow target, in runs (consecutive widths timed, none of them at target):\n")
+        print(markdown_table(["subject", "dtype", "widths", "count", "ours %copy, min-max", "target"], miss_runs(records)))
         print("\nBelow target:\n")
         print(markdown_table(["subject", "dtype", "width", "ours %copy", "target", "anchors %copy"], misses))
     if behind:
@@ -308,6 +311,30 @@ def _summarise(records: list[dict]) -> int:
         print("\nOurs failed:\n")
         print(markdown_table(["subject", "dtype", "width", "error"], failed))
     return len(failed)
+
+
+def miss_runs(records: list[dict]) -> list[list]:
+    """The widths below target as runs, per subject and dtype: widths next to each other in the sorted list ours ran
+    (with a target) and all below it, e.g. every multiple of 64 from 8256 to 9728 as one row "8256-9728" of 24."""
+    runs: list[list] = []
+    groups: dict = {}
+    for rec in records:
+        if rec["pct"].get("ours") is not None and rec["target"] is not None:
+            groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
+    for (name, dname), recs in groups.items():
+        run: list[dict] = []
+        for rec in sorted(recs, key=lambda r: r["width"]) + [None]:  # None closes the last run
+            if rec is not None and rec["pct"]["ours"] < rec["target"]:
+                run.append(rec)
+                continue
+            if run:
+                lo, hi = run[0]["width"], run[-1]["width"]
+                pct = [r["pct"]["ours"] for r in run]
+                runs.append([name, dname, f"{lo}-{hi}" if hi != lo else f"{lo}", len(run),
+                             f"{min(pct):.1f}-{max(pct):.1f}%" if len(run) > 1 else f"{pct[0]:.1f}%",
+                             f"{run[0]['target']}%"])
+            run = []
+    return runs
 
 
 def _best_anchor(rec: dict) -> str:

@@ -60,6 +60,30 @@ def test_the_sweep_groups_its_widths_into_bands_with_aligned_and_ragged_spreads(
     assert "By band" in capsys.readouterr().out
 
 
+def test_the_misses_are_listed_as_runs_of_neighbouring_widths_below_target(capsys):
+    from benchmarks.sweep import miss_runs
+
+    def rec(width, ours, dtype="bfloat16", target=90):
+        return {"subject": "layer_norm_fwd", "dtype": dtype, "width": width, "rows": 8, "target": target,
+                "pct": {"ours": ours, "torch": 50.0}}
+
+    # 4160 passes between two runs, 8192 before 16383's run of one; 4256 failed (no figure) and 4260 has no target:
+    # neither joins nor breaks a run; fp16 keeps its own runs
+    records = [rec(4096, 95.0), rec(4224, 63.2), rec(4288, 72.0), rec(4160, 91.0), rec(4097, 85.0), rec(16383, 78.4),
+               rec(8192, 93.0),
+               rec(4256, None), rec(4260, 99.0, target=None), rec(4224, 64.0, "float16"), rec(8192, 96.0, "float16")]
+    assert miss_runs(records) == [
+        ["layer_norm_fwd", "bfloat16", "4097", 1, "85.0%", "90%"],
+        ["layer_norm_fwd", "bfloat16", "4224-4288", 2, "63.2-72.0%", "90%"],
+        ["layer_norm_fwd", "bfloat16", "16383", 1, "78.4%", "90%"],
+        ["layer_norm_fwd", "float16", "4224", 1, "64.0%", "90%"],
+    ]
+    _summarise(records)
+    out = capsys.readouterr().out
+    assert "Below target, in runs" in out and "| 4224-4288 | 2 | 63.2-72.0% | 90% |" in out
+    assert miss_runs([rec(4096, 95.0)]) == []
+
+
 def test_widths_under_the_best_anchors_target_share_are_listed_with_that_anchor(capsys):
     def rec(subject, width, ours, liger):
         return {"subject": subject, "dtype": "float32", "width": width, "rows": 8, "target": 90,
