@@ -8,7 +8,8 @@
 #
 #   --out DIR   logs, tables and JSON go here (default: ./gpu-results)
 #   --sweep     the kernel benchmarks also time their launch-plan variants (--sweep /
-#               --variants): the sweeps behind docs/kernels.md
+#               --variants): the sweeps behind docs/kernels.md; the width sweep takes every
+#               multiple of 64 to 16384 (--dense: issue 12's list, ~6 minutes on an H200)
 #   STAGE       plugin kernels examples softmax layer_norm dropout gemm attention decode
 #               overhead sweep (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
 #               writes DIR/fidelity_h200.json, to copy to tests/data/ when the model changes)
@@ -84,7 +85,7 @@ run_stage() {
     attention) "$PY" benchmarks/bench_attention.py --quick --out "$OUT" $(sweep --variants) ;;
     decode) "$PY" benchmarks/bench_decode.py --out "$OUT" ;;
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
-    sweep) "$PY" benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out "$OUT" ;;
+    sweep) "$PY" benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out "$OUT" $(sweep --dense) ;;
     fidelity) "$PY" benchmarks/fidelity.py --out "$OUT" --write-data "$OUT/fidelity_h200.json" ;;
     *) echo "gpu_check.sh: unknown stage $1 (see --help)" >&2; return 2 ;;
     esac
