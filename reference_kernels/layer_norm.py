@@ -1544,6 +1544,12 @@ _PIECE_WASTE_ALIGNED = 0.45
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = {2: 128, 4: 64}
 _SLIVER_FP32_MIN_SINGLE = 8192
+# Aligned rows in pieces whose pieces past the first hold at most this many lanes keep the warps of their whole block
+# (``_block_warps``; 0: none), under A/B: sm_90 (Triton 3.9) compiles bf16 4224 = 4096 + 128 on 4 warps (the first
+# piece's) at 95 registers and 800 SASS instructions, five programs an SM, on 8 (the block's) at 48 and 432, and ncu
+# put the 4-warp kernel at 29.5% occupancy, 46% of cycles no eligible warp, DRAM 51% (docs/kernels.md, "Rows in
+# pieces, ragged or aligned (forward)").
+_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL = 0
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
 # from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
@@ -2209,7 +2215,8 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
                 joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype)
                 packed = joint and _JOINT_PACKED
         warps = plan.num_warps
-        if pieces[1]:  # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
+        if pieces[1] and not _block_warps(pieces, r.vec, joint):
+            # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
         _layer_norm_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
@@ -2229,6 +2236,12 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
     r.finish()
 
+
+
+def _block_warps(pieces: tuple, vec: int, joint: bool) -> bool:
+    """Whether aligned rows in pieces (``vec`` 1, not JOINT) keep the warps of their whole block instead of those of
+    their first piece: pieces past the first of at most ``_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL`` lanes."""
+    return vec == 1 and not joint and 0 < pieces[1] + pieces[2] <= _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL
 
 
 def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:

@@ -1692,6 +1692,29 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
     assert not any(pick(n) for n in widths)
 
 
+def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_past_the_first_are_short(
+        monkeypatch, recorded_kernel):
+    # _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL (under A/B, 0: off): bf16 4224 = 4096 + 128 on the 8192 block's 8 warps, not
+    # the first piece's 4; unaligned rows in pieces (4097) and wider tails (set to 128: 4352 = 4096 + 256) keep 4
+    monkeypatch.setattr(layer_norm, "_layer_norm_fwd_kernel", recorded_kernel)
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 4352: the rows plan, not the walk
+
+    def warps(n):
+        x = torch.empty(3, n, dtype=torch.bfloat16)
+        w = torch.empty(n, dtype=torch.bfloat16)
+        plan = layer_norm._layer_norm_settings(3, n, 2, sm_count=132)
+        recorded_kernel.launches.clear()
+        layer_norm._forward_launch(x, w, w, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, plan)
+        (_, kwargs), = recorded_kernel.launches
+        return kwargs["BLOCK_T"], kwargs["num_warps"]
+
+    assert [warps(n) for n in (4160, 4224, 4352)] == [(64, 4), (128, 4), (256, 4)]
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL", 128)
+    assert [warps(n) for n in (4160, 4224, 4352)] == [(64, 8), (128, 8), (256, 4)]
+    assert layer_norm._block_warps((4096, 128, 0), 1, False) and not layer_norm._block_warps((4096, 128, 0), 8, False)
+    assert not layer_norm._block_warps((4096, 128, 0), 1, True) and not layer_norm._block_warps((8192, 0, 0), 1, False)
+
+
 @pytest.mark.parametrize("n", [2048, 3072, 7168])
 def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
     x, weight, bias = inputs((3, n), torch.float32)
