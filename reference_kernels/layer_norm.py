@@ -1550,6 +1550,11 @@ _SLIVER_FP32_MIN_SINGLE = 8192
 # put the 4-warp kernel at 29.5% occupancy, 46% of cycles no eligible warp, DRAM 51% (docs/kernels.md, "Rows in
 # pieces, ragged or aligned (forward)").
 _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL = 0
+# Warps of a 16-bit aligned forward row on a 4096-lane block it does not fill (2064-4080, one row a program; None:
+# warps_for's 4), under A/B: the dense sweep read bf16 2368-3200 at 79-90%; sm_90 (Triton 3.9) compiles bf16 2368 on 4
+# warps at 56 registers and 536 SASS instructions, on 8 at 40 and 328 (docs/kernels.md, "Rows in pieces, ragged or
+# aligned (forward)").
+_FWD_MASKED_16BIT_WARPS: int | None = None
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
 # from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
@@ -1773,6 +1778,9 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
+            if not backward and elem_size == 2 and _FWD_MASKED_16BIT_WARPS and block_m == 1 and block_n == 4096 \
+                    and n_cols % 16 == 0 and n_cols != block_n:
+                warps = _FWD_MASKED_16BIT_WARPS
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
