@@ -1695,7 +1695,8 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
 def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_past_the_first_are_short(
         monkeypatch, recorded_kernel):
     # _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL (under A/B, 0: off): bf16 4224 = 4096 + 128 on the 8192 block's 8 warps, not
-    # the first piece's 4; unaligned rows in pieces (4097) and wider tails (set to 128: 4352 = 4096 + 256) keep 4
+    # the first piece's 4; rows read as unaligned vectors (vec > 1), JOINT pieces and wider tails (set to 128: 4352 =
+    # 4096 + 256) keep theirs
     monkeypatch.setattr(layer_norm, "_layer_norm_fwd_kernel", recorded_kernel)
     monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 4352: the rows plan, not the walk
 
@@ -1721,7 +1722,7 @@ def test_16_bit_aligned_forward_rows_on_a_4096_block_they_do_not_fill_take_the_m
     monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 2240: the rows plan, not the walk
     warps = lambda n, size=2, backward=False: layer_norm._layer_norm_settings(
         1 << 12, n, size, backward=backward, sm_count=132).num_warps
-    cases = [(2368,), (3200,), (2240,), (4096,), (2368, 4), (2368, 2, True), (1536,), (4160,)]
+    cases = [(2368,), (3200,), (2240,), (4096,), (2368, 4), (2368, 2, True), (2369,), (1536,), (4160,)]
     before = [warps(*c) for c in cases]
     monkeypatch.setattr(layer_norm, "_FWD_MASKED_16BIT_WARPS", 8)
     assert [warps(*c) for c in cases] == [8, 8, 8] + before[3:]
