@@ -26,8 +26,13 @@ from reference_kernels import bias_gelu_dropout as bgd  # noqa: E402
 from reference_kernels import gemm_epilogue, layer_norm, softmax  # noqa: E402
 
 
+FILL_BYTES = 2**27  # rows of None: as many as fill 128 MiB (2^26 16-bit or 2^25 fp32 elements)
+
+
 def _inputs(m, n, dtype):
-    return torch.randn(m, n, device="cuda", dtype=dtype)
+    """(m, n) normal values on the GPU; ``m`` None: the rows of ``FILL_BYTES``."""
+    rows = FILL_BYTES // (n * dtype.itemsize) if m is None else m
+    return torch.randn(rows, n, device="cuda", dtype=dtype)
 
 
 def _softmax(m, n, dtype):
@@ -92,8 +97,8 @@ CASES = {
     "softmax_fp32_30522": lambda: _softmax(2048, 30522, torch.float32),
     # narrow rows (2^26 elements): width 3 ran at 8% of copy, torch's kernel beside it; 8 is a
     # MoE router's width; 1023 / 1024 a ragged 16-bit row and its aligned neighbour
-    "softmax_bf16_3": lambda: _softmax(2**26 // 3, 3, torch.bfloat16),
-    "torch_softmax_bf16_3": lambda: (lambda x: lambda: torch.softmax(x, -1))(_inputs(2**26 // 3, 3, torch.bfloat16)),
+    "softmax_bf16_3": lambda: _softmax(None, 3, torch.bfloat16),
+    "torch_softmax_bf16_3": lambda: (lambda x: lambda: torch.softmax(x, -1))(_inputs(None, 3, torch.bfloat16)),
     "softmax_bf16_8": lambda: _softmax(2**23, 8, torch.bfloat16),
     "softmax_bf16_1023": lambda: _softmax(65536, 1023, torch.bfloat16),
     "softmax_bf16_1024": lambda: _softmax(65536, 1024, torch.bfloat16),
@@ -142,11 +147,11 @@ CASES = {
     "mm_bf16_1024x3072x768": lambda: _gemm(1024, 3072, 768, impl="mm"),
     # issue 12's narrow misses without a profile before: a MoE router's 160 experts and 600 (two pieces lost), 66 and
     # 333 (twice-odd and odd rows on aligned vectors), layer-norm forward 1088 (aligned, 1024 + 64) and backward 1025
-    "softmax_bf16_160": lambda: _softmax(2**26 // 160, 160, torch.bfloat16),
-    "softmax_bf16_600": lambda: _softmax(2**26 // 600, 600, torch.bfloat16),
-    "softmax_bf16_66": lambda: _softmax(2**26 // 66, 66, torch.bfloat16),
-    "softmax_bf16_333": lambda: _softmax(2**26 // 333, 333, torch.bfloat16),
-    "ln_fwd_bf16_1088": lambda: _ln_forward(2**26 // 1088, 1088, torch.bfloat16),
+    "softmax_bf16_160": lambda: _softmax(None, 160, torch.bfloat16),
+    "softmax_bf16_600": lambda: _softmax(None, 600, torch.bfloat16),
+    "softmax_bf16_66": lambda: _softmax(None, 66, torch.bfloat16),
+    "softmax_bf16_333": lambda: _softmax(None, 333, torch.bfloat16),
+    "ln_fwd_bf16_1088": lambda: _ln_forward(None, 1088, torch.bfloat16),
     "ln_bwd_bf16_1025": lambda: _ln_backward(2**25 // 1025, 1025, torch.bfloat16),
     # softmax rows held in shared memory (the held plan): GPT-2's vocabulary and its aligned neighbour
     "softmax_bf16_50257": lambda: _softmax(4096, 50257, torch.bfloat16),
@@ -164,31 +169,31 @@ CASES = {
     # 2^25 fp32 elements: the forward's one-warp and two-warp streamed rows (258, 555, 1023), aligned 384, 5120 (two
     # pieces) and fp32 9216 / 16384 (the persistent plan); the backward at GPT-2 XL's 1600, 1023 (held) and fp32 4097 /
     # 8191 (phased); fp32 rows in slices
-    "ln_fwd_bf16_258": lambda: _ln_forward(2**26 // 258, 258, torch.bfloat16),
-    "ln_fwd_bf16_555": lambda: _ln_forward(2**26 // 555, 555, torch.bfloat16),
-    "ln_fwd_bf16_1023": lambda: _ln_forward(2**26 // 1023, 1023, torch.bfloat16),
-    "ln_fwd_bf16_384": lambda: _ln_forward(2**26 // 384, 384, torch.bfloat16),
-    "ln_fwd_bf16_5120": lambda: _ln_forward(2**26 // 5120, 5120, torch.bfloat16),
-    "ln_fwd_fp32_9216": lambda: _ln_forward(2**25 // 9216, 9216, torch.float32),
-    "ln_fwd_fp32_16384": lambda: _ln_forward(2**25 // 16384, 16384, torch.float32),
-    "ln_bwd_bf16_1600": lambda: _ln_backward(2**26 // 1600, 1600, torch.bfloat16),
-    "ln_bwd_bf16_1023": lambda: _ln_backward(2**26 // 1023, 1023, torch.bfloat16),
-    "ln_bwd_fp32_4097": lambda: _ln_backward(2**25 // 4097, 4097, torch.float32),
-    "ln_bwd_fp32_8191": lambda: _ln_backward(2**25 // 8191, 8191, torch.float32),
-    "softmax_fp32_192743": lambda: _softmax(174, 192743, torch.float32),
+    "ln_fwd_bf16_258": lambda: _ln_forward(None, 258, torch.bfloat16),
+    "ln_fwd_bf16_555": lambda: _ln_forward(None, 555, torch.bfloat16),
+    "ln_fwd_bf16_1023": lambda: _ln_forward(None, 1023, torch.bfloat16),
+    "ln_fwd_bf16_384": lambda: _ln_forward(None, 384, torch.bfloat16),
+    "ln_fwd_bf16_5120": lambda: _ln_forward(None, 5120, torch.bfloat16),
+    "ln_fwd_fp32_9216": lambda: _ln_forward(None, 9216, torch.float32),
+    "ln_fwd_fp32_16384": lambda: _ln_forward(None, 16384, torch.float32),
+    "ln_bwd_bf16_1600": lambda: _ln_backward(None, 1600, torch.bfloat16),
+    "ln_bwd_bf16_1023": lambda: _ln_backward(None, 1023, torch.bfloat16),
+    "ln_bwd_fp32_4097": lambda: _ln_backward(None, 4097, torch.float32),
+    "ln_bwd_fp32_8191": lambda: _ln_backward(None, 8191, torch.float32),
+    "softmax_fp32_192743": lambda: _softmax(None, 192743, torch.float32),
     # fp32 misses of the 2026-12-03 sweep without a profile: ragged forward rows of 333 and 1025, softmax 26865 (held)
-    "ln_fwd_fp32_333": lambda: _ln_forward(2**25 // 333, 333, torch.float32),
-    "ln_fwd_fp32_1025": lambda: _ln_forward(2**25 // 1025, 1025, torch.float32),
-    "softmax_fp32_26865": lambda: _softmax(2**25 // 26865, 26865, torch.float32),
+    "ln_fwd_fp32_333": lambda: _ln_forward(None, 333, torch.float32),
+    "ln_fwd_fp32_1025": lambda: _ln_forward(None, 1025, torch.float32),
+    "softmax_fp32_26865": lambda: _softmax(None, 26865, torch.float32),
     # the dense sweep's cliff just above 4096 (docs/kernels.md, "Where the targets are missed"): 16-bit 4224 in two
     # pieces (4096 + 128), fp32 4224 on its whole 8192 block
-    "ln_fwd_bf16_4224": lambda: _ln_forward(2**26 // 4224, 4224, torch.bfloat16),
-    "ln_fwd_fp32_4224": lambda: _ln_forward(2**25 // 4224, 4224, torch.float32),
+    "ln_fwd_bf16_4224": lambda: _ln_forward(None, 4224, torch.bfloat16),
+    "ln_fwd_fp32_4224": lambda: _ln_forward(None, 4224, torch.float32),
     # the dense sweep's bands without a profile: 16-bit aligned 2112-3200 forward (a 4096 block) and backward (the rows
     # plan), softmax 16-bit just above 4096
-    "ln_fwd_bf16_2368": lambda: _ln_forward(2**26 // 2368, 2368, torch.bfloat16),
-    "ln_bwd_bf16_2368": lambda: _ln_backward(2**26 // 2368, 2368, torch.bfloat16),
-    "softmax_bf16_4352": lambda: _softmax(2**26 // 4352, 4352, torch.bfloat16),
+    "ln_fwd_bf16_2368": lambda: _ln_forward(None, 2368, torch.bfloat16),
+    "ln_bwd_bf16_2368": lambda: _ln_backward(None, 2368, torch.bfloat16),
+    "softmax_bf16_4352": lambda: _softmax(None, 4352, torch.bfloat16),
 }
 
 
