@@ -1373,8 +1373,8 @@ _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
 # x[row, 0] lies far from the mean, which the stream recentres ("Statistics"). H200, 2026-12-03, two runs, persistent
 # -> streamed: 8448 81-82 -> 85, 8704 81-82 -> 84, 8960 83 -> 85-86, 9216 84 -> 85-86, 9472 85-86 -> 84-87, 9728 85 ->
 # 85-86; past it lower (9984 87 -> 85-86, 10240 87 -> 85; 12288 87 -> 83, 16384 85 -> 78).
-_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769, 4: 8193}
-_STREAM_FWD_ALIGNED_MAX_COLS: dict[int, int] | None = {4: 9728}
+_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
+_STREAM_FWD_ALIGNED_MAX_COLS: dict[int, int] | None = None
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
 # held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
 # the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
@@ -1684,7 +1684,7 @@ _FLAT_BWD_MAX_REGS = 64
 # 4240-4272 64 -> 70-71%, 4352 65 -> 72%, 4608 75 -> 88%), not at or under 2^k + 2^k / 16 (2112 74 -> 58%, 2176 77 ->
 # 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
-_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: None}
+_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: ((8193, 11264),)}
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}

@@ -471,8 +471,8 @@ _PERSISTENT_ONE_PASS = pytest.mark.xfail(strict=True, reason="the persistent pla
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4097, 8192, 12345, 16383,  # rows, stream, rows, stream, stream
-                               9216,  # streamed (fp32 aligned 8193-9728)
-                               pytest.param(11008, marks=_PERSISTENT_ONE_PASS),
+                               9216, 11008,  # the walk (fp32 aligned 8193-11264)
+                               pytest.param(12288, marks=_PERSISTENT_ONE_PASS),
                                pytest.param(16384, marks=_PERSISTENT_ONE_PASS)])
 def test_fp32_rows_with_a_massive_activation_in_column_0_keep_fp32_accuracy_on_every_plan(n):
     # x[row, 0] is every plan's shift: the shifted one-pass sums alone lose ~N float32 ulps of the variance
@@ -511,10 +511,11 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(2048, 65536, 2) == P("looped", 1, 4096, 16)  # 16-bit rows: one program a row
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
     assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
-    # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows,
-    # 16-bit ones there 64 elements a thread
+    # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows (aligned
+    # ones to 11264 on the walk: _WALK_FWD_ALIGNED), 16-bit ones there 64 elements a thread
     assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert settings(2048, 8208, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert settings(2048, 11280, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert [settings(2048, n, 4).mode for n in (8208, 9216, 11264)] == ["walk"] * 3
     assert settings(2048, 8192, 4) == P("rows", 1, 8192, 8)
     assert settings(2048, 16384, 2) == P("rows", 1, 16384, 8)
     assert settings(2048, 16384, 4, max_row=16384).mode == "rows"  # tests' max_row keeps the rows plan
@@ -1166,7 +1167,7 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     joint = layer_norm._joint_tile  # on one tile: bf16 from 8193, fp16 from 6145 (its 8192-lane tile)
     assert [joint(n, torch.bfloat16) for n in (4608, 6656, 8192, 9472)] == [False, False, False, True]
     assert [joint(n, torch.float16) for n in (4608, 6144, 6656, 8192, 9472)] == [False, False, True, True, True]
-    assert settings(8192, 8704, 4, sm_count=132).mode == "persistent"  # fp32 keeps its plan
+    assert settings(8192, 8704, 4, sm_count=132).mode == "walk"  # fp32 its own plan (_WALK_FWD_ALIGNED)
     assert settings(8192, 8712, 2, sm_count=132).mode == "walk"  # unaligned
     assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
     # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
@@ -1250,8 +1251,9 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
-    # 9216 streamed (fp32 aligned 8193-9728), the others on the persistent plan
-    assert layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode == "persistent"
+    # to 11264 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
+    mode = layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode
+    assert mode == ("walk" if n <= 11264 else "persistent")
     torch.manual_seed(n)
     x, weight, bias = inputs((1000, n), torch.float32)
     x[0, 0] = 40.0  # the shift 13 deviations from the row's mean: its one-pass sums lose ~1e-5 of y (seeded: it
@@ -1751,13 +1753,17 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
     assert layer_norm._stream_forward(x, weight, bias, y)
     # rows of N a multiple of 16 in their own band: 16-bit past 32768 (the other plans were faster at 24576 and
-    # 32768), fp32 8193-9728 (the persistent plan faster past it, its one-pass sums less precise in it)
+    # 32768); fp32 aligned rows not (the walk faster at 8193-11264, the persistent plan past it)
     aligned = [n for n in (24576, 32768, 32784, 40960, 49152) if layer_norm._stream_forward(x[:, :n], weight, bias, y)]
     assert aligned == [32784, 40960, 49152]
     x32 = torch.empty(2, 24576)
-    aligned = [n for n in (8192, 8208, 9216, 9728, 9744, 16384, 24576)
-               if layer_norm._stream_forward(x32[:, :n], x32[0, :n], x32[0, :n], x32[:, :n])]
-    assert aligned == [8208, 9216, 9728]
+    widths = (8192, 8208, 9216, 9728, 9744, 16384, 24576)
+    streamed = lambda: [n for n in widths if layer_norm._stream_forward(x32[:, :n], x32[0, :n], x32[0, :n], x32[:, :n])]
+    assert streamed() == []
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_ALIGNED_MIN_COLS", {2: 32769, 4: 8193})
+    assert streamed() == [8208, 9216, 9728, 9744, 16384, 24576]
+    monkeypatch.setattr(layer_norm, "_STREAM_FWD_ALIGNED_MAX_COLS", {4: 9728})  # a band's top
+    assert streamed() == [8208, 9216, 9728]
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 60000})
     assert not layer_norm._stream_forward(x, weight, bias, y)
