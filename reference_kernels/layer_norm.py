@@ -1544,12 +1544,14 @@ _PIECE_WASTE_ALIGNED = 0.45
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = {2: 128, 4: 64}
 _SLIVER_FP32_MIN_SINGLE = 8192
-# Aligned rows in pieces whose pieces past the first hold at most this many lanes keep the warps of their whole block
-# (``_block_warps``; 0: none), under A/B: sm_90 (Triton 3.9) compiles bf16 4224 = 4096 + 128 on 4 warps (the first
-# piece's) at 95 registers and 800 SASS instructions, five programs an SM, on 8 (the block's) at 48 and 432, and ncu
-# put the 4-warp kernel at 29.5% occupancy, 46% of cycles no eligible warp, DRAM 51% (docs/kernels.md, "Rows in
-# pieces, ragged or aligned (forward)").
-_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL = 0
+# Aligned rows in pieces whose pieces past the first hold lanes in this inclusive range keep the warps of their whole
+# block (``_block_warps``; None: none): of the rows plan's widths only 16-bit 4176-4224 (4096 + a 128-lane piece).
+# sm_90 (Triton 3.9) compiles bf16 4224 on 4 warps (the first piece's) at 95 registers and 800 SASS instructions, five
+# programs an SM, on 8 (the block's) at 48 and 432; ncu put the 4-warp kernel at 29.5% occupancy, 46% of cycles no
+# eligible warp, DRAM 51%. H200, 2026-12-03, two runs, % of copy, first piece's -> block's warps, bf16 / fp16: 4176
+# 62 / 63 -> 66 / 67, 4192 62 / 63 -> 67, 4208 62 / 63 -> 67, 4224 63 / 64 -> 69 / 68; shorter tails lost (4112 84 / 90
+# -> 71 / 81, 4128 76 / 79 -> 64, 4160 74 / 79 -> 68) (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
+_ALIGNED_PIECES_BLOCK_WARPS_TAILS: tuple[int, int] | None = (128, 512)
 # Warps of a 16-bit aligned forward row on a 4096-lane block it does not fill (2064-4080, one row a program; None:
 # warps_for's 4), under A/B: the dense sweep read bf16 2368-3200 at 79-90%; sm_90 (Triton 3.9) compiles bf16 2368 on 4
 # warps at 56 registers and 536 SASS instructions, on 8 at 40 and 328 (docs/kernels.md, "Rows in pieces, ragged or
@@ -2248,8 +2250,10 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 def _block_warps(pieces: tuple, vec: int, joint: bool) -> bool:
     """Whether aligned rows in pieces (``vec`` 1, not JOINT) keep the warps of their whole block instead of those of
-    their first piece: pieces past the first of at most ``_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL`` lanes."""
-    return vec == 1 and not joint and 0 < pieces[1] + pieces[2] <= _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL
+    their first piece: pieces past the first whose lanes lie in ``_ALIGNED_PIECES_BLOCK_WARPS_TAILS``."""
+    if _ALIGNED_PIECES_BLOCK_WARPS_TAILS is None or vec != 1 or joint or not pieces[1]:
+        return False
+    return _ALIGNED_PIECES_BLOCK_WARPS_TAILS[0] <= pieces[1] + pieces[2] <= _ALIGNED_PIECES_BLOCK_WARPS_TAILS[1]
 
 
 def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:

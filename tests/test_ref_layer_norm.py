@@ -1696,9 +1696,9 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
 
 def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_past_the_first_are_short(
         monkeypatch, recorded_kernel):
-    # _ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL (under A/B, 0: off): bf16 4224 = 4096 + 128 on the 8192 block's 8 warps, not
-    # the first piece's 4; rows read as unaligned vectors (vec > 1), JOINT pieces and wider tails (set to 128: 4352 =
-    # 4096 + 256) keep theirs
+    # _ALIGNED_PIECES_BLOCK_WARPS_TAILS (128-512 lanes): bf16 4176-4224 = 4096 + 128 on the 8192 block's 8 warps, not the
+    # first piece's 4; shorter tails (4112, 4160), rows read as unaligned vectors (vec > 1), JOINT pieces and tails past
+    # the range keep theirs
     monkeypatch.setattr(layer_norm, "_layer_norm_fwd_kernel", recorded_kernel)
     monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 4352: the rows plan, not the walk
 
@@ -1711,10 +1711,15 @@ def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_pa
         (_, kwargs), = recorded_kernel.launches
         return kwargs["BLOCK_T"], kwargs["num_warps"]
 
-    assert [warps(n) for n in (4160, 4224, 4352)] == [(64, 4), (128, 4), (256, 4)]
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_MAX_TAIL", 128)
-    assert [warps(n) for n in (4160, 4224, 4352)] == [(64, 8), (128, 8), (256, 4)]
+    widths = (4112, 4160, 4176, 4224, 4352)
+    assert [warps(n) for n in widths] == [(16, 4), (64, 4), (128, 8), (128, 8), (256, 8)]
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", (64, 128))
+    assert [warps(n) for n in widths] == [(16, 4), (64, 8), (128, 8), (128, 8), (256, 4)]
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", None)
+    assert [warps(n) for n in widths] == [(16, 4), (64, 4), (128, 4), (128, 4), (256, 4)]
+    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", (128, 512))
     assert layer_norm._block_warps((4096, 128, 0), 1, False) and not layer_norm._block_warps((4096, 128, 0), 8, False)
+    assert layer_norm._block_warps((4096, 256, 256), 1, False) and not layer_norm._block_warps((4096, 512, 64), 1, False)
     assert not layer_norm._block_warps((4096, 128, 0), 1, True) and not layer_norm._block_warps((8192, 0, 0), 1, False)
 
 
