@@ -1686,12 +1686,17 @@ _FLAT_BWD_MAX_REGS = 64
 # 4240-4272 64 -> 70-71%, 4352 65 -> 72%, 4608 75 -> 88%), not at or under 2^k + 2^k / 16 (2112 74 -> 58%, 2176 77 ->
 # 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
-_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: ((8193, 11264),)}
+_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: ((8193, 11520),)}
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
 _WALK_FWD_MAX_ELEMS = 16  # elements a thread of the first piece at most (8192 + 512 on 8 warps spilled 264 bytes)
 _WALK_FWD_MIN_PIECE_BYTES = 4
+# Whether the warps are halved down to the fewest (_WALK_FWD_MAX_ELEMS) even where a piece stays under
+# _WALK_FWD_MIN_PIECE_BYTES a thread there (by element size). fp32 aligned 8272-8448 (8192 + 128 or 256): 16 warps at
+# 80 registers read 66-68% of copy, 32 at 64 84-86% (8256 / 8512: 87-88 / 91, their plans as before); H200,
+# 2026-12-03, two runs (docs/kernels.md, "The walk").
+_WALK_FWD_HALVE_UNREACHED = {2: True, 4: False}
 _WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words (12345: 8192 + 4096 + 8 vectors)
 _WALK_FWD_MAX_TAIL = 16
 _WALK_FWD_WARPS_PER_SM = 32
@@ -2115,7 +2120,8 @@ def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int,
 def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_count: int) -> _Plan:
     """The plan of ``_layer_norm_fwd_walk_kernel`` for rows read ``vec`` elements a vector (1: aligned): the
     pieces (``_walk_pieces``), warps for ``_WALK_FWD_ELEMS`` elements a thread (fewer where a piece would
-    get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``), as many
+    get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``; fp32 only where the
+    fewest reach the bytes: ``_WALK_FWD_HALVE_UNREACHED``), as many
     programs as fill ``_WALK_FWD_WARPS_PER_SM`` warps, their registers (64; 80 where a thread holds 16
     elements of the first piece) and the shared memory of ``_WALK_FWD_STAGES - 1`` rows in flight."""
     pieces, tail = _walk_pieces(n_cols, elem_size, vec)
@@ -2124,8 +2130,10 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
     # pieces too narrow to reach the bytes even at 4 warps (a one-vector tail) are left out of the rule
     narrowest = min((p for p in pieces if p * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 128), default=pieces[0])
     fewest = max(4, min(32, pieces[0] // (32 * _WALK_FWD_MAX_ELEMS)))
-    while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
-        warps //= 2
+    reached = narrowest * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 32 * fewest
+    if reached or _WALK_FWD_HALVE_UNREACHED[4 if elem_size >= 4 else 2]:
+        while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
+            warps //= 2
     max_regs = _WALK_FWD_MAX_REGS_16 if warps <= 16 and pieces[0] >= 16 * 32 * warps else _WALK_FWD_MAX_REGS
     per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, _REGS_PER_SM // (max_regs * 32 * warps)))
     stages = _WALK_FWD_STAGES

@@ -471,7 +471,7 @@ _PERSISTENT_ONE_PASS = pytest.mark.xfail(strict=True, reason="the persistent pla
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4097, 8192, 12345, 16383,  # rows, stream, rows, stream, stream
-                               9216, 11008,  # the walk (fp32 aligned 8193-11264)
+                               8320, 9216, 11008,  # the walk (fp32 aligned 8193-11520)
                                pytest.param(12288, marks=_PERSISTENT_ONE_PASS),
                                pytest.param(16384, marks=_PERSISTENT_ONE_PASS)])
 def test_fp32_rows_with_a_massive_activation_in_column_0_keep_fp32_accuracy_on_every_plan(n):
@@ -512,10 +512,10 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
     assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
     # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows (aligned
-    # ones to 11264 on the walk: _WALK_FWD_ALIGNED), 16-bit ones there 64 elements a thread
+    # ones to 11520 on the walk: _WALK_FWD_ALIGNED), 16-bit ones there 64 elements a thread
     assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert settings(2048, 11280, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert [settings(2048, n, 4).mode for n in (8208, 9216, 11264)] == ["walk"] * 3
+    assert settings(2048, 11536, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
+    assert [settings(2048, n, 4).mode for n in (8208, 9216, 11520)] == ["walk"] * 3
     assert settings(2048, 8192, 4) == P("rows", 1, 8192, 8)
     assert settings(2048, 16384, 2) == P("rows", 1, 16384, 8)
     assert settings(2048, 16384, 4, max_row=16384).mode == "rows"  # tests' max_row keeps the rows plan
@@ -1078,6 +1078,20 @@ def test_the_forward_walks_the_rows_where_it_measured_faster():
     assert settings(7, 4097, 2, sm_count=132).n_groups == 8  # fewer rows than programs: still one phase a program
 
 
+def test_the_fp32_forward_walk_keeps_its_warps_where_fewer_would_not_give_its_short_piece_the_bytes(monkeypatch):
+    # _WALK_FWD_HALVE_UNREACHED: fp32 8192 + 128 on 16 warps still reads 1 byte a thread of the second piece (under
+    # _WALK_FWD_MIN_PIECE_BYTES): 32 warps at 64 registers; 8192 + 512 reaches 4 bytes on 16 warps (80 registers)
+    shape = lambda n, size=4: settings(8192, n, size, sm_count=132)[3:5] + (settings(8192, n, size, sm_count=132).max_regs,)
+    settings = layer_norm._layer_norm_settings
+    assert [shape(n) for n in (8256, 8320, 8448, 8512, 9216)] == [
+        (32, 132, 64), (32, 132, 64), (32, 132, 64), (16, 132, 80), (32, 132, 64)]
+    assert shape(4240, 2) == (8, 396, 80)  # 16-bit keeps the rule that halves to the fewest
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: True, 4: True})
+    assert [shape(n) for n in (8320, 8448, 8512)] == [(16, 132, 80)] * 3
+    monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: False, 4: False})
+    assert shape(4240, 2) == (16, 264, 64)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("offset, out_offset", [(0, 0), (1, 0), (3, 5)], ids=["contiguous", "a column slice",
                                                                              "a slice into an odd out"])
@@ -1251,9 +1265,9 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
-    # to 11264 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
+    # to 11520 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
     mode = layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode
-    assert mode == ("walk" if n <= 11264 else "persistent")
+    assert mode == ("walk" if n <= 11520 else "persistent")
     torch.manual_seed(n)
     x, weight, bias = inputs((1000, n), torch.float32)
     x[0, 0] = 40.0  # the shift 13 deviations from the row's mean: its one-pass sums lose ~1e-5 of y (seeded: it
@@ -1758,7 +1772,7 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
     assert layer_norm._stream_forward(x, weight, bias, y)
     # rows of N a multiple of 16 in their own band: 16-bit past 32768 (the other plans were faster at 24576 and
-    # 32768); fp32 aligned rows not (the walk faster at 8193-11264, the persistent plan past it)
+    # 32768); fp32 aligned rows not (the walk faster at 8193-11520, the persistent plan past it)
     aligned = [n for n in (24576, 32768, 32784, 40960, 49152) if layer_norm._stream_forward(x[:, :n], weight, bias, y)]
     assert aligned == [32784, 40960, 49152]
     x32 = torch.empty(2, 24576)
