@@ -194,6 +194,7 @@ CASES = {
     "ln_fwd_bf16_2368": lambda: _ln_forward(None, 2368, torch.bfloat16),
     "ln_bwd_bf16_2368": lambda: _ln_backward(None, 2368, torch.bfloat16),
     "softmax_bf16_4352": lambda: _softmax(None, 4352, torch.bfloat16),
+    "ln_bwd_bf16_1408": lambda: _ln_backward(None, 1408, torch.bfloat16),  # aligned 1088-1472: the phased plan
 }
 
 
