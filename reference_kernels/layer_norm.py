@@ -1369,10 +1369,9 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
 # Aligned rows streamed from _STREAM_FWD_ALIGNED_MIN_COLS up to _STREAM_FWD_ALIGNED_MAX_COLS (by element size; none:
-# no bound): fp32 8193-9728 instead of the persistent plan, whose one-pass sums lose ~N ulps of the variance where
-# x[row, 0] lies far from the mean, which the stream recentres ("Statistics"). H200, 2026-12-03, two runs, persistent
-# -> streamed: 8448 81-82 -> 85, 8704 81-82 -> 84, 8960 83 -> 85-86, 9216 84 -> 85-86, 9472 85-86 -> 84-87, 9728 85 ->
-# 85-86; past it lower (9984 87 -> 85-86, 10240 87 -> 85; 12288 87 -> 83, 16384 85 -> 78).
+# no bound). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
+# lower: 12288 87 -> 83, 16384 85 -> 78), and the walk took 8193-11520 at 85-91 (_WALK_FWD_ALIGNED; docs/kernels.md,
+# "Statistics", "fp32 aligned rows against Liger's shape").
 _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 _STREAM_FWD_ALIGNED_MAX_COLS: dict[int, int] | None = None
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
@@ -1552,11 +1551,6 @@ _SLIVER_FP32_MIN_SINGLE = 8192
 # 62 / 63 -> 66 / 67, 4192 62 / 63 -> 67, 4208 62 / 63 -> 67, 4224 63 / 64 -> 69 / 68; shorter tails lost (4112 84 / 90
 # -> 71 / 81, 4128 76 / 79 -> 64, 4160 74 / 79 -> 68) (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
 _ALIGNED_PIECES_BLOCK_WARPS_TAILS: tuple[int, int] | None = (128, 512)
-# Warps of a 16-bit aligned forward row on a 4096-lane block it does not fill (2064-4080, one row a program; None:
-# warps_for's 4), under A/B: the dense sweep read bf16 2368-3200 at 79-90%; sm_90 (Triton 3.9) compiles bf16 2368 on 4
-# warps at 56 registers and 536 SASS instructions, on 8 at 40 and 328 (docs/kernels.md, "Rows in pieces, ragged or
-# aligned (forward)").
-_FWD_MASKED_16BIT_WARPS: int | None = None
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
 # from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
@@ -1684,7 +1678,9 @@ _FLAT_BWD_MAX_REGS = 64
 # 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46; fp32 aligned 2112-4544 lost 1-36); aligned 16-bit rows past
 # 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096 (2192-2224 77 -> 90%, 2240 77 -> 92%, 2304 78 -> 92%,
 # 4240-4272 64 -> 70-71%, 4352 65 -> 72%, 4608 75 -> 88%), not at or under 2^k + 2^k / 16 (2112 74 -> 58%, 2176 77 ->
-# 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%).
+# 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%);
+# fp32 aligned rows of 8193-11520 (8704 84 -> 89.5%, 10240 87 -> 90%, 11264 87 -> 88.5%; from 11584 level or lower:
+# 12288 86 -> 85%; against the streamed and persistent plans).
 _WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
 _WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: ((8193, 11520),)}
 _WALK_FWD_MAX_LANES = 16384 + 1024
@@ -1785,9 +1781,6 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if not backward and elem_size == 2 and _FWD_MASKED_16BIT_WARPS and block_m == 1 and block_n == 4096 \
-                    and n_cols % 16 == 0 and n_cols != block_n:
-                warps = _FWD_MASKED_16BIT_WARPS
             if held:  # 16-bit
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:

@@ -1737,19 +1737,6 @@ def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_pa
     assert not layer_norm._block_warps((4096, 128, 0), 1, True) and not layer_norm._block_warps((8192, 0, 0), 1, False)
 
 
-def test_16_bit_aligned_forward_rows_on_a_4096_block_they_do_not_fill_take_the_masked_warps_where_set(monkeypatch):
-    # _FWD_MASKED_16BIT_WARPS (under A/B, None: off): 16-bit aligned forward rows of 2049-4095 on their 4096 block only;
-    # not 4096 itself, not fp32, not the backward, not unaligned rows
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 2240: the rows plan, not the walk
-    warps = lambda n, size=2, backward=False: layer_norm._layer_norm_settings(
-        1 << 12, n, size, backward=backward, sm_count=132).num_warps
-    cases = [(2368,), (3200,), (2240,), (4096,), (2368, 4), (2368, 2, True), (2369,), (1536,), (4160,)]
-    before = [warps(*c) for c in cases]
-    monkeypatch.setattr(layer_norm, "_FWD_MASKED_16BIT_WARPS", 8)
-    assert [warps(*c) for c in cases] == [8, 8, 8] + before[3:]
-    assert before[:3] == [4, 4, 4]
-
-
 @pytest.mark.parametrize("n", [2048, 3072, 7168])
 def test_fp32_rows_loading_weight_and_bias_first_match_torch(n, monkeypatch):
     x, weight, bias = inputs((3, n), torch.float32)
