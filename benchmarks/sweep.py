@@ -263,14 +263,20 @@ def apply_settings(items: list[str]) -> list[str]:
     return done
 
 
+def _by_subject(records: list[dict], keep=lambda rec: True) -> dict[tuple[str, str], list[dict]]:
+    """The records ``keep`` accepts, grouped by (subject, dtype) in the order they first appear."""
+    groups: dict = {}
+    for rec in records:
+        if keep(rec):
+            groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
+    return groups
+
+
 def _summarise(records: list[dict]) -> int:
     """Print the per-subject summary, the widths below target, those under their subject's share of the best anchor
     (``ANCHOR_TARGETS``) and those where ours failed; returns how many failed."""
     rows, misses, failed, behind = [], [], [], []
-    groups: dict = {}
-    for rec in records:
-        groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
-    for (name, dname), recs in groups.items():
+    for (name, dname), recs in _by_subject(records).items():
         ours = [r for r in recs if r["pct"].get("ours") is not None]
         failed += [[name, dname, r["width"], r.get("errors", {}).get("ours", "no figure")] for r in recs
                    if r["pct"].get("ours") is None]
@@ -317,11 +323,8 @@ def miss_runs(records: list[dict]) -> list[list]:
     """The widths below target as runs, per subject and dtype: widths next to each other in the sorted list ours ran
     (with a target) and all below it, e.g. every multiple of 64 from 8256 to 9728 as one row "8256-9728" of 24."""
     runs: list[list] = []
-    groups: dict = {}
-    for rec in records:
-        if rec["pct"].get("ours") is not None and rec["target"] is not None:
-            groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
-    for (name, dname), recs in groups.items():
+    timed = _by_subject(records, lambda rec: rec["pct"].get("ours") is not None and rec["target"] is not None)
+    for (name, dname), recs in timed.items():
         run: list[dict] = []
         for rec in sorted(recs, key=lambda r: r["width"]) + [None]:  # None closes the last run
             if rec is not None and rec["pct"]["ours"] < rec["target"]:
@@ -348,11 +351,7 @@ def band_rows(records: list[dict]) -> list[list]:
     with one), min / median % of copy of the aligned (a multiple of 16 columns, Triton's divisibility) and the ragged
     widths, and the lowest ratio to the best anchor with its width."""
     out = []
-    groups: dict = {}
-    for rec in records:
-        if rec["pct"].get("ours") is not None:
-            groups.setdefault((rec["subject"], rec["dtype"]), []).append(rec)
-    for (name, dname), recs in groups.items():
+    for (name, dname), recs in _by_subject(records, lambda rec: rec["pct"].get("ours") is not None).items():
         for lo, hi in BANDS.get(name, [(1, 1 << 30)]):
             band = [r for r in recs if lo <= r["width"] <= hi]
             if not band:
