@@ -195,6 +195,8 @@ CASES = {
     "ln_bwd_bf16_2368": lambda: _ln_backward(None, 2368, torch.bfloat16),
     "softmax_bf16_4352": lambda: _softmax(None, 4352, torch.bfloat16),
     "ln_bwd_bf16_1408": lambda: _ln_backward(None, 1408, torch.bfloat16),  # aligned 1088-1472: the phased plan
+    "softmax_bf16_1088": lambda: _softmax(None, 1088, torch.bfloat16),  # 16-bit 999-1088: 1024 + 64 lanes
+    "softmax_bf16_2240": lambda: _softmax(None, 2240, torch.bfloat16),  # just above 2048
 }
 
 
