@@ -6,8 +6,8 @@
 the portable ops. ``gelu`` (GELU of an fp32 tensor) and ``phi_scaled`` (the dropout
 scale folded into its fit) serve the GEMM epilogue and bias + GELU + dropout;
 docs/kernels.md ("gemm_epilogue", "bias_gelu_dropout") has their measured trade-offs and
-``scripts/gelu_fit.py`` fits and checks the polynomials. ``widen_after`` is the second widening of a
-16-bit tensor held packed through a reduction.
+``scripts/gelu_fit.py`` fits and checks the polynomials. ``widen`` is a 16-bit tensor's float32 (bf16 pairs by
+a shift and an AND where ``WIDEN``), ``widen_after`` the second widening of one held packed through a reduction.
 """
 
 from __future__ import annotations
@@ -44,12 +44,32 @@ def exp(x, FAST: tl.constexpr):
 
 
 @triton.jit
-def widen_after(x, dep):
+def widen(x, WIDEN: tl.constexpr = False):
+    """x in float32. ``WIDEN`` (CUDA only: inline PTX) with bf16 x: each pair of elements straight from its 32-bit
+    register, the low one by a shift and the high one by an AND, where the compiler's conversion spends a PRMT and
+    a shift on one of the two (docs/kernels.md, "bf16 widened by a shift"); other dtypes convert as usual."""
+    if WIDEN:
+        if x.dtype == tl.bfloat16:
+            bits = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r",
+                                             [x.to(tl.uint16, bitcast=True)], dtype=tl.uint32, is_pure=True, pack=2)
+            return bits.to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def widen_after(x, dep, WIDEN: tl.constexpr = False):
     """x (a 16-bit tensor) widened to float32 by a conversion that depends on ``dep`` (float32, broadcast to
     x: a row's value computed after a reduction): x's bits XOR (dep is NaN), 0 unless the row's result is
     NaN anyway. A kernel that holds x as loaded through its reduction and widens it again after uses this
     for the second conversion: ptxas merges two plain conversions of one value and keeps the float32 copy
     in registers across the reduction (layer_norm's ``PACKED``; docs/kernels.md, "Aligned 16-bit rows")."""
+    if WIDEN:
+        if x.dtype == tl.bfloat16:  # the XOR inside the widening's PTX, on the packed pair: no unpacking before it
+            flag = tl.broadcast_to((dep != dep).to(tl.uint16), x.shape)
+            bits = tl.inline_asm_elementwise(
+                "{ .reg .b32 t; xor.b32 t, $2, $3; shl.b32 $0, t, 16; and.b32 $1, t, 0xffff0000; }", "=r,=r,r,r",
+                [x.to(tl.uint16, bitcast=True), flag], dtype=tl.uint32, is_pure=True, pack=2)
+            return bits.to(tl.float32, bitcast=True)
     bits = x.to(tl.int16, bitcast=True) ^ (dep != dep).to(tl.int16)
     return bits.to(x.dtype, bitcast=True).to(tl.float32)
 

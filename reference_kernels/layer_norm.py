@@ -51,7 +51,7 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from ._common import as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
-from ._math import widen_after
+from ._math import widen, widen_after
 from ._ragged import (
     VECTOR_BYTES,
     Phased,
@@ -97,7 +97,7 @@ _FROM_STATS = tl.constexpr(3)  # two_pass, second launch: combine the partials, 
 def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y, eps,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
                              BLOCK_U: tl.constexpr, JOINT: tl.constexpr, PACKED: tl.constexpr = False,
-                             PARAMS_FIRST: tl.constexpr = False):
+                             PARAMS_FIRST: tl.constexpr = False, WIDEN: tl.constexpr = False):
     """``_layer_norm_fwd_kernel`` for rows Triton already knows aligned (or reads with scalar accesses).
 
     One piece: the plain body, centred values kept for y (the pieces' body, which recomputes
@@ -106,7 +106,8 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
     ``_forward_launch``): the row's sums of x - x[row, 0] and of its square in one reduction a piece,
     instead of a reduction for the mean and then one for the variance. PACKED (with JOINT): x held in its
     loaded 16-bit registers through the reduction and widened again after it. PARAMS_FIRST (not JOINT): the weight
-    and bias loaded before x, not after the reductions (``_params_first``)."""
+    and bias loaded before x, not after the reductions (``_params_first``). WIDEN: bf16 widened by a shift or an AND
+    (``widen``, ``_ROWS_WIDEN_BANDS``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -115,14 +116,15 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
         col_ok = cols < n_cols
         mask = row_ok[:, None] & col_ok[None, :]
         if PARAMS_FIRST:  # weight and bias in flight with x, not after the reductions (Liger's order)
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = widen(tl.load(w_ptr + cols, mask=col_ok, other=0.0), WIDEN)
+            b = widen(tl.load(b_ptr + cols, mask=col_ok, other=0.0), WIDEN)
         x_in = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        x = x_in.to(tl.float32)
+        x = widen(x_in, WIDEN)
         if JOINT:
             shift = tl.load(x_ptr + rows64 * stride_x, mask=row_ok, other=0.0).to(tl.float32)
             mean, var = _ln_joint_stats(tl.where(mask, x - shift[:, None], 0.0), shift, n_cols)
-            if PACKED:  # x held in its 16-bit registers across the reduction, widened again for y
+            if PACKED:  # x held in its 16-bit registers across the reduction, widened again for y (the compiler's
+                # conversion: widen_after's PTX one took bf16 12288 from 78 to 112 registers on sm_90)
                 x = widen_after(x_in, mean[:, None])
             centred = x - mean[:, None]
         else:
@@ -131,18 +133,19 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
             var = tl.sum(centred * centred, axis=1) / n_cols
         rstd = 1.0 / tl.sqrt(var + eps)
         if not PARAMS_FIRST:
-            w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = widen(tl.load(w_ptr + cols, mask=col_ok, other=0.0), WIDEN)
+            b = widen(tl.load(b_ptr + cols, mask=col_ok, other=0.0), WIDEN)
         y = centred * rstd[:, None] * w[None, :] + b[None, :]
         tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(mean_ptr + rows, mean, mask=row_ok)
         tl.store(rstd_ptr + rows, rstd, mask=row_ok)
     elif JOINT:
         _ln_joint_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y, mean_ptr,
-                         rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, PACKED)
+                         rstd_ptr, rows, row_ok, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, PACKED, WIDEN)
     else:
         _layer_norm_row_pieces(x_ptr + rows64[:, None] * stride_x, w_ptr, b_ptr, y_ptr + rows64[:, None] * stride_y,
-                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1)
+                               mean_ptr, rstd_ptr, rows, row_ok, 0, n_cols, 0, n_cols, eps, BLOCK_N, BLOCK_T, BLOCK_U, 1,
+                               WIDEN)
 
 
 @triton.jit
@@ -164,18 +167,19 @@ def _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_ph
 
 @triton.jit
 def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, ph2, n_cols, first, last, eps,
-                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, VEC: tl.constexpr,
+                           WIDEN: tl.constexpr = False):
     """The rows kernels' body: rows at ``x_row`` ((BLOCK_M, 1) pointers, virtual columns) held as up to three
     pieces (``_row_pieces``). The body, the whole vectors in [first, last) (VEC 1: [0, N)), is masked a
     vector at a time; the at most 2 (VEC - 1) elements around it are the edges, loaded apart. The weight and bias
     are loaded after the reductions (before x lost here: docs/kernels.md, "fp32 aligned rows against Liger's shape")."""
-    x = _ln_piece(x_row, 0, BLOCK_N, first, last, row_ok, VEC)
+    x = _ln_piece(x_row, 0, BLOCK_N, first, last, row_ok, VEC, WIDEN=WIDEN)
     total = tl.sum(x, axis=1)
     if BLOCK_T > 0:
-        x_t = _ln_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok, VEC)
+        x_t = _ln_piece(x_row, BLOCK_N, BLOCK_T, first, last, row_ok, VEC, WIDEN=WIDEN)
         total += tl.sum(x_t, axis=1)
     if BLOCK_U > 0:
-        x_u = _ln_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok, VEC)
+        x_u = _ln_piece(x_row, BLOCK_N + BLOCK_T, BLOCK_U, first, last, row_ok, VEC, WIDEN=WIDEN)
         total += tl.sum(x_u, axis=1)
     if VEC > 1:
         e, e_ok = edges(ph2, n_cols, VEC)
@@ -195,13 +199,13 @@ def _layer_norm_row_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows,
     # y = (x - mean) rstd w + b, not (x rstd - mean rstd) w + b in FMAs: that cancels where the mean
     # is large against the spread (a one-wide row: 5e-4 off, on the H200)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, ph2, n_cols, first, last, row_ok, VEC)
-    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, first, last, row_ok, VEC)
+    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, first, last, row_ok, VEC, WIDEN)
     if BLOCK_T > 0:
         w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph2, n_cols, first, last, row_ok, VEC)
-        _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, first, last, row_ok, VEC, WIDEN)
     if BLOCK_U > 0:
         w_u, b_u = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph2, n_cols, first, last, row_ok, VEC)
-        _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, first, last, row_ok, VEC)
+        _ln_piece_out(y_row, BLOCK_N + BLOCK_T, BLOCK_U, x_u, mean, rstd, w_u, b_u, first, last, row_ok, VEC, WIDEN)
     if VEC > 1:
         we = tl.load(w_ptr + (e - ph2), mask=e_ok, other=0.0)
         be = tl.load(b_ptr + (e - ph2), mask=e_ok, other=0.0)
@@ -244,26 +248,27 @@ def _ln_joint_finish(s1, s2, shift, n_cols):
 
 @triton.jit
 def _ln_joint_pieces(x_row, w_ptr, b_ptr, y_row, mean_ptr, rstd_ptr, rows, row_ok, n_cols, eps,
-                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, PACKED: tl.constexpr = False):
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_U: tl.constexpr, PACKED: tl.constexpr = False,
+                     WIDEN: tl.constexpr = False):
     """``_layer_norm_row_pieces`` for aligned rows in two pieces with JOINT statistics: each piece's sums of
     x - x[row, 0] and of its square in one reduction (two reductions, not four one after another)."""
     tl.static_assert(BLOCK_T > 0 and BLOCK_U == 0, "JOINT pieces: two (_aligned_16bit_pieces)")
     shift = tl.load(x_row, mask=row_ok[:, None], other=0.0).to(tl.float32)  # (BLOCK_M, 1): the row's first element
-    x_in = _ln_piece(x_row, 0, BLOCK_N, 0, n_cols, row_ok, 1, RAW=PACKED)
-    x = x_in.to(tl.float32)
+    x_in = _ln_piece(x_row, 0, BLOCK_N, 0, n_cols, row_ok, 1, RAW=True)
+    x = widen(x_in, WIDEN)
     s1, s2 = _ln_joint_sums(tl.where(tl.arange(0, BLOCK_N)[None, :] < n_cols, x - shift, 0.0))
-    x_t_in = _ln_piece(x_row, BLOCK_N, BLOCK_T, 0, n_cols, row_ok, 1, RAW=PACKED)
-    x_t = x_t_in.to(tl.float32)
+    x_t_in = _ln_piece(x_row, BLOCK_N, BLOCK_T, 0, n_cols, row_ok, 1, RAW=True)
+    x_t = widen(x_t_in, WIDEN)
     t1, t2 = _ln_joint_sums(tl.where(BLOCK_N + tl.arange(0, BLOCK_T)[None, :] < n_cols, x_t - shift, 0.0))
     mean, var = _ln_joint_finish(s1 + t1, s2 + t2, tl.reshape(shift, (shift.shape[0],)), n_cols)
     if PACKED:
-        x = widen_after(x_in, mean[:, None])
-        x_t = widen_after(x_t_in, mean[:, None])
+        x = widen_after(x_in, mean[:, None], WIDEN)
+        x_t = widen_after(x_t_in, mean[:, None], WIDEN)
     rstd = 1.0 / tl.sqrt(var + eps)
     w_n, b_n = _ln_piece_wb(w_ptr, b_ptr, 0, BLOCK_N, 0, n_cols, 0, n_cols, row_ok, 1)
-    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, 0, n_cols, row_ok, 1)
+    _ln_piece_out(y_row, 0, BLOCK_N, x, mean, rstd, w_n, b_n, 0, n_cols, row_ok, 1, WIDEN)
     w_t, b_t = _ln_piece_wb(w_ptr, b_ptr, BLOCK_N, BLOCK_T, 0, n_cols, 0, n_cols, row_ok, 1)
-    _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, 0, n_cols, row_ok, 1)
+    _ln_piece_out(y_row, BLOCK_N, BLOCK_T, x_t, mean, rstd, w_t, b_t, 0, n_cols, row_ok, 1, WIDEN)
     tl.store(mean_ptr + rows, mean, mask=row_ok)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
@@ -279,13 +284,13 @@ def _in_body(v, first, last, VEC: tl.constexpr):
 
 @triton.jit
 def _ln_piece(x_row, start: tl.constexpr, SIZE: tl.constexpr, first, last, row_ok, VEC: tl.constexpr,
-              RAW: tl.constexpr = False):
-    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` in float32 (``RAW``: as loaded): the
-    body, 0 elsewhere."""
+              RAW: tl.constexpr = False, WIDEN: tl.constexpr = False):
+    """Virtual columns ``start .. start + SIZE`` of the rows at ``x_row`` in float32 (``RAW``: as loaded; WIDEN:
+    ``widen``): the body, 0 elsewhere."""
     v = start + tl.arange(0, SIZE)[None, :]
     x = tl.load(x_row + v, mask=row_ok[:, None] & _in_body(v, first, last, VEC), other=0.0)
     if not RAW:
-        x = x.to(tl.float32)
+        x = widen(x, WIDEN)
     return x
 
 
@@ -318,10 +323,10 @@ def _ln_piece_wb(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph2, n_c
 
 @triton.jit
 def _ln_piece_out(y_row, start: tl.constexpr, SIZE: tl.constexpr, x, mean, rstd, w, b, first, last, row_ok,
-                  VEC: tl.constexpr):
+                  VEC: tl.constexpr, WIDEN: tl.constexpr = False):
     """y over a piece's body columns (``w``, ``b`` from ``_ln_piece_wb``)."""
     v = start + tl.arange(0, SIZE)[None, :]
-    y = (x - mean[:, None]) * rstd[:, None] * w.to(tl.float32) + b.to(tl.float32)
+    y = (x - mean[:, None]) * rstd[:, None] * widen(w, WIDEN) + widen(b, WIDEN)
     tl.store(y_row + v, y.to(y_row.dtype.element_ty), mask=row_ok[:, None] & _in_body(v, first, last, VEC))
 
 
@@ -348,6 +353,7 @@ def _layer_norm_fwd_kernel(
     PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
     NARROW: tl.constexpr = 0,  # VEC 1: 0, or N = both strides for packed rows (_ragged.Phased.packed_width)
     PARAMS_FIRST: tl.constexpr = False,  # VEC 1, not JOINT: weight and bias loaded before x (_params_first)
+    WIDEN: tl.constexpr = False,  # VEC 1, CUDA: bf16 widened by a shift or an AND (_math.widen, _ROWS_WIDEN_BANDS)
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -364,7 +370,7 @@ def _layer_norm_fwd_kernel(
         stride_y = NARROW
     if VEC == 1:  # aligned rows: the plain kernel (the general one ran bf16 5120 at 68% of copy, this 79%)
         _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, stride_x, stride_y,
-                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED, PARAMS_FIRST)
+                                 eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, JOINT, PACKED, PARAMS_FIRST, WIDEN)
     else:
         _layer_norm_phased_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_phase, n_rows, n_cols, stride_x,
                                 stride_y, eps, BLOCK_M, BLOCK_N, BLOCK_T, BLOCK_U, VEC)
@@ -1568,6 +1574,14 @@ _JOINT_PACKED = True
 # The same for the two JOINT pieces of 4097-8192 (_aligned_16bit_pieces): bf16 4096 + 1024 on 4 warps 80 ->
 # 56 registers uncapped, no stack at the 64 cap (16 bytes before); bf16 6144 87 -> 91-92%, fp16 87-88 -> 94-95%.
 _JOINT_PIECES_PACKED = True
+# bf16 aligned rows (a multiple of 16 columns) on the rows kernel in these bands (inclusive; None: none): x, the
+# weight and the bias widened a pair at a time from their 32-bit registers by a shift and an AND (_math.widen), not
+# by the compiler's conversion, which spends a PRMT and a shift on one of the two. CUDA only. H200, dense, two
+# interleaved runs, % of copy: 2112-3264 +1.2 to +4.5 (2368 78.5 -> 83), 4160 74 -> 77.6, 11072-14000 +1 to +2;
+# lost on the 8192-lane tile (6208 85 -> 75, 7168 90 -> 82, 8192 92.5 -> 88), the 64-register JOINT pieces (6144
+# 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 -> 66.7, 768 93 -> 91 and packed ragged rows (1500
+# -5.4) (docs/kernels.md, "bf16 widened by a shift").
+_ROWS_WIDEN_BANDS: tuple[tuple[int, int], ...] | None = ((1025, 4160), (8193, 16384))
 _REGS_PER_SM = 65536  # an SM's register file: the programs a register cap lets fit
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
@@ -2233,7 +2247,8 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             JOINT=joint, PACKED=packed, NARROW=narrow,
-            PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec), num_warps=warps, **_reg_cap(cap),
+            PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec),
+            WIDEN=r.vec == 1 and _rows_widen(x2, n_cols), num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
@@ -2454,6 +2469,13 @@ def _packed_width(*rows: torch.Tensor) -> int:
     most ``_PACKED_N_MAX``, else 0 (``_ragged.packed_width``): the rows backward's ``NARROW``, and what makes
     ``packed`` for the plans of both passes."""
     return packed_width(rows[0].shape[1], tuple(t.stride(0) for t in rows), _PACKED_N_MAX)
+
+
+def _rows_widen(x: torch.Tensor, n_cols: int) -> bool:
+    """Whether the rows kernel widens ``x``'s rows of ``n_cols`` by ``_math.widen``: bf16 rows of a multiple of 16
+    columns in ``_ROWS_WIDEN_BANDS``, on CUDA, not under the interpreter, which runs no PTX."""
+    return (x.dtype == torch.bfloat16 and n_cols % 16 == 0 and x.is_cuda and not interpreting()
+            and any(lo <= n_cols <= hi for lo, hi in _ROWS_WIDEN_BANDS or ()))
 
 
 def _reg_cap(plan: _Plan) -> dict:

@@ -1263,6 +1263,46 @@ def test_the_aligned_16_bit_plans_match_torch_at_model_widths(n, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n", [768, 1280, 2560, 3072, 4160, 4224, 5120, 6144, 7168, 8192, 12288, 16384],
+                         ids=lambda n: str(n))
+def test_bf16_widened_by_a_shift_writes_the_bits_the_compilers_conversion_does(n, monkeypatch):
+    # the rows kernel's bf16 pairs widened by inline PTX (one tile, pieces, JOINT pieces with x held packed and
+    # widened again after the reduction, JOINT on one tile), at every width here whether or not its band takes it,
+    # against the compiler's conversion: the same float32 values, so the same bits out, NaN and inf rows included
+    # (widen_after's dependency on the mean)
+    x, weight, bias = inputs((300, n), torch.bfloat16)
+    x[1, 0] = 40.0
+    x[2, 5] = float("nan")
+    x[3, 0] = float("inf")
+    out = {}
+    for bands in (None, ((1, 1 << 20),)):
+        monkeypatch.setattr(layer_norm, "_ROWS_WIDEN_BANDS", bands)
+        assert layer_norm._rows_widen(x, n) == (bands is not None)
+        assert layer_norm._layer_norm_settings(300, n, 2, sm_count=132).mode == "rows"
+        out[bands is not None] = layer_norm.forward(x, weight, bias)
+    for a, b in zip(out[False], out[True]):
+        bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(a.view(bits), b.view(bits))
+    assert out[True][0][2].isnan().all() and out[True][0][3].isnan().all()
+    _check_forward(x[4:], weight, bias, out[True][0][4:], out[True][1][4:], out[True][2][4:], torch.bfloat16)
+
+
+def test_bf16_is_widened_by_a_shift_in_its_bands_on_cuda_only():
+    # inline PTX: never under the interpreter or on the CPU, and only bf16 has the shift-and-AND form
+    bands = layer_norm._ROWS_WIDEN_BANDS
+    widths = (768, 1024, 1280, 2560, 4160, 4224, 5120, 8192, 12288, 16384)
+    assert [any(lo <= n <= hi for lo, hi in bands) for n in widths] \
+        == [False, False, True, True, True, False, False, False, True, True]
+    assert not layer_norm._rows_widen(torch.empty(4, 16, dtype=torch.bfloat16), 2560)
+    if torch.cuda.is_available():
+        bf16 = torch.empty(4, 16, dtype=torch.bfloat16, device="cuda")
+        assert layer_norm._rows_widen(bf16, 2560) != layer_norm.interpreting()
+        assert not layer_norm._rows_widen(bf16, 8192)
+        assert not layer_norm._rows_widen(bf16, 1500), "aligned rows only (packed 1500 lost)"
+        assert not layer_norm._rows_widen(bf16.half(), 2560)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
     # to 11520 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
