@@ -27,7 +27,7 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from ._common import cdiv, check_tensor, interpreting, next_power_of_2, sm_count
-from ._math import gelu, phi_scaled
+from ._math import gelu, phi_scaled, widen
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
 PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
@@ -212,23 +212,11 @@ def _dropout_mask_kernel(
 
 
 @triton.jit
-def _widen_f32(v, FAST: tl.constexpr):
-    """Widen a loaded tile to fp32. On CUDA, bf16 pairs are widened straight from the loaded
-    32-bit register, one shift or AND each (the compiler's own conversion spends a PRMT, a MOV
-    and a shift on the odd element)."""
-    if FAST and v.dtype == tl.bfloat16:
-        bits = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r",
-                                         [v.to(tl.uint16, bitcast=True)], dtype=tl.uint32, is_pure=True, pack=2)
-        return bits.to(tl.float32, bitcast=True)
-    else:
-        return v.to(tl.float32)
-
-
-@triton.jit
 def _load_f32(ptrs, mask, FAST: tl.constexpr):
-    """Load and widen to fp32 (``_widen_f32``)."""
+    """Load and widen to fp32 (``_math.widen``: on CUDA, bf16 pairs straight from the loaded 32-bit register, one
+    shift or AND each; the compiler's own conversion spends a PRMT, a MOV and a shift on the odd element)."""
     v = tl.load(ptrs) if mask is None else tl.load(ptrs, mask=mask, other=0.0)
-    return _widen_f32(v, FAST)
+    return widen(v, FAST)
 
 
 @triton.jit
@@ -301,10 +289,10 @@ def _bias_gelu_dropout_lean_kernel(
             mask = (row0 + local < M) & col_mask
         y_row = y_ptr + tl.cast(row0, tl.int64) * N
         if PREFETCH:  # the next tile's loads stay in flight while this one is computed
-            x = _widen_f32(x_next, FAST)
+            x = widen(x_next, FAST)
             x_next = _load_tile(x_ptr, tl.minimum(row0 + step, last0), x_offs, local, col_mask, M, stride_xm, EVEN)
         else:
-            x = _widen_f32(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
+            x = widen(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
         sel = phi_scaled(x + b, scale, log2_scale, FAST, GELU_DEGREE)
         if HAS_DROPOUT:
             r = _lane_words(seed, row0 + tl.arange(0, BLOCK_M), groups, groups_per_row, LANES, WIDE, N_ROUNDS, FAST)
