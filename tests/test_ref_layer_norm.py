@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -1300,6 +1305,33 @@ def test_bf16_is_widened_by_a_shift_in_its_bands_on_cuda_only():
         assert not layer_norm._rows_widen(bf16, 8192)
         assert not layer_norm._rows_widen(bf16, 1500), "aligned rows only (packed 1500 lost)"
         assert not layer_norm._rows_widen(bf16.half(), 2560)
+
+
+# the rows kernel's launches widened (scripts/rows_sass.py cases): one 4096-lane tile, two JOINT pieces with x held
+# packed under the plan's 64-register cap, and the JOINT 16384-lane tile (whose second widening stays the compiler's)
+WIDEN_SHAPES = ["bf16:2560:4096:4", "bf16:5120:4096+1024:4:joint:packed:r64", "bf16:12288:16384:8:joint:packed"]
+
+
+def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_more_registers():
+    # what the widening is for, checked without a GPU: the compiler's bf16 conversion extracts the high element with a
+    # PRMT and shifts it; the widening's shift and AND take fewer instructions, without adding registers or stack (its
+    # second widening in the PTX took the JOINT tile from 78 to 112 registers, so that one stays the compiler's)
+    cases = [c for shape in WIDEN_SHAPES for c in (shape, shape + ":widen")] + ["fp16:2560:4096:4"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "rows_sass.py"),
+                          *cases, "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = {r["case"]: r for r in map(json.loads, filter(lambda line: line.startswith("{"), run.stdout.splitlines()))}
+    assert set(out) == set(cases)
+    for shape in WIDEN_SHAPES:
+        plain, widened = out[shape], out[shape + ":widen"]
+        assert widened["widening_and"] and not plain["widening_and"], (plain, widened)
+        if plain["instructions"] is None:  # no cuobjdump / nvdisasm in this Triton build: the compile is all there is
+            continue
+        assert widened["instructions"] < plain["instructions"] and widened["prmt"] < plain["prmt"], (plain, widened)
+        assert widened["registers"] <= plain["registers"] + 2 and widened["stack"] == plain["stack"], (plain, widened)
+    if out["fp16:2560:4096:4"]["instructions"] is not None:  # bf16 widened as cheaply as fp16 converts
+        assert out["bf16:2560:4096:4:widen"]["instructions"] <= out["fp16:2560:4096:4"]["instructions"] + 8, out
 
 
 @pytest.mark.gpu

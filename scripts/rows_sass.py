@@ -1,0 +1,95 @@
+"""Compile the layer-norm forward's rows kernel (reference_kernels/layer_norm.py, ``_layer_norm_fwd_kernel``) for sm_90
+on any machine, GPU or not, and say what came out.
+
+    python scripts/rows_sass.py bf16:2560:4096:4 bf16:2560:4096:4:widen bf16:5120:4096+1024:4:joint:packed:r64 [--json]
+
+A case is ``DTYPE:N:PIECES:WARPS[:FLAG...][:rREGS]`` for aligned rows (N a multiple of 16, one row a program): DTYPE
+bf16, fp16 or fp32; PIECES the first piece's lanes, or ``A+B`` for two pieces (``_aligned_16bit_pieces``, the
+forward's rows in pieces); WARPS the program's warps; flags ``joint`` (JOINT statistics), ``packed`` (x held as loaded
+through the reduction), ``widen`` (bf16 widened by a shift and an AND, ``_math.widen``: what ``_ROWS_WIDEN_BANDS``
+turns on); ``rREGS`` a ptxas register cap (the launch's ``maxnreg``). The cases are what ``layer_norm._forward_launch``
+launches for such rows; the script takes them as given, it does not plan.
+
+Per case: registers and stack (cuobjdump), the SASS's instruction count, its PRMTs (the compiler's bf16 widening
+extracts the high element with one), and whether the PTX has the widening's AND. Like scripts/held_sass.py it uses
+Triton's own ptxas, cuobjdump and nvdisasm and its offline-compile entry points (ASTSource, GPUTarget), so it needs
+no GPU; run it without TRITON_INTERPRET. tests/test_ref_layer_norm.py runs it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _sass  # noqa: E402
+
+FLAGS = ("joint", "packed", "widen")
+POINTERS = ("x_ptr", "w_ptr", "b_ptr", "y_ptr")
+
+
+def parse(case: str) -> dict:
+    """A case's dtype, width, pieces (a 3-tuple), warps, flags and register cap (None: ptxas's choice)."""
+    parts = case.split(":")
+    if len(parts) < 4 or parts[0] not in ("bf16", "fp16", "fp32"):
+        raise SystemExit(f"{case!r}: DTYPE:N:PIECES:WARPS[:FLAG...][:rREGS], DTYPE bf16, fp16 or fp32")
+    dtype, n, pieces, warps, *rest = parts
+    if not (n.isdigit() and int(n) % 16 == 0 and re.fullmatch(r"\d+(\+\d+)?", pieces) and warps.isdigit()):
+        raise SystemExit(f"{case!r}: N a multiple of 16, PIECES A or A+B, WARPS a number")
+    lanes = [int(p) for p in pieces.split("+")]
+    flags, cap = set(), None
+    for part in rest:
+        if part in FLAGS:
+            flags.add(part)
+        elif re.fullmatch(r"r\d+", part):
+            cap = int(part[1:])
+        else:
+            raise SystemExit(f"{case!r}: unknown part {part!r} (flags {', '.join(FLAGS)}; rREGS a register cap)")
+    return {"dtype": dtype, "n": int(n), "pieces": (lanes + [0, 0])[:3], "warps": int(warps), "flags": flags,
+            "cap": cap}
+
+
+def compile_case(case: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from reference_kernels import layer_norm
+
+    spec = parse(case)
+    kernel = layer_norm._layer_norm_fwd_kernel
+    scalars = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32", "x_phase": "i32", "n_rows": "i32", "n_cols": "i32",
+               "stride_x": "i32", "stride_y": "i32", "eps": "fp32"}
+    scalars.update({name: f"*{spec['dtype']}" for name in POINTERS})
+    constexprs = {"BLOCK_M": 1, "BLOCK_N": spec["pieces"][0], "BLOCK_T": spec["pieces"][1],
+                  "BLOCK_U": spec["pieces"][2], "VEC": 1, "JOINT": "joint" in spec["flags"],
+                  "PACKED": "packed" in spec["flags"], "NARROW": 0, "PARAMS_FIRST": False,
+                  "WIDEN": "widen" in spec["flags"]}
+    signature = {name: scalars.get(name, "constexpr") for name in kernel.arg_names}
+    # pointers 16-byte aligned and the width and strides multiples of 16, as Triton specialises an aligned launch
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if signature[name].startswith("*") or name in ("n_cols", "stride_x", "stride_y")}
+    options = {"num_warps": spec["warps"], **({"maxnreg": spec["cap"]} if spec["cap"] else {})}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options=options)
+    usage, sass = _sass.disassemble(compiled.asm["cubin"])
+    return {
+        "case": case,
+        "registers": _sass.resource(usage, "REG"),
+        "stack": _sass.resource(usage, "STACK"),
+        "instructions": len(re.findall(_sass.INSTRUCTION, sass, re.M)) if sass else None,
+        "prmt": len(re.findall(r"\bPRMT\b", sass)) if sass else None,
+        "widening_and": "0xffff0000" in compiled.asm["ptx"].lower(),
+        "sass": sass,
+    }
+
+
+def main() -> None:
+    _sass.main(__doc__.splitlines()[0], "rows_sass.py", compile_case, lambda: True)
+
+
+if __name__ == "__main__":
+    main()
