@@ -1578,9 +1578,9 @@ _JOINT_PIECES_PACKED = True
 # weight and the bias widened a pair at a time from their 32-bit registers by a shift and an AND (_math.widen), not
 # by the compiler's conversion, which spends a PRMT and a shift on one of the two. CUDA only. H200, dense, two
 # interleaved runs, % of copy: 2112-3264 +1.2 to +4.5 (2368 78.5 -> 83), 4160 74 -> 77.6, 11072-14000 +1 to +2;
-# lost on the 8192-lane tile (6208 85 -> 75, 7168 90 -> 82, 8192 92.5 -> 88), the 64-register JOINT pieces (6144
-# 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 -> 66.7, 768 93 -> 91 and packed ragged rows (1500
-# -5.4) (docs/kernels.md, "bf16 widened by a shift").
+# lost on the 8192-lane tile (6208 85 -> 75, 7168 90 -> 82, 8192 92.5 -> 88: Triton 3.6 64 -> 79 registers, a program
+# an SM fewer), the 64-register JOINT pieces (6144 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 ->
+# 66.7, 768 93 -> 91 and packed ragged rows (1500 -5.4) (docs/kernels.md, "bf16 widened by a shift").
 _ROWS_WIDEN_BANDS: tuple[tuple[int, int], ...] | None = ((1025, 4160), (8193, 16384))
 _REGS_PER_SM = 65536  # an SM's register file: the programs a register cap lets fit
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
