@@ -37,11 +37,12 @@ CASES = ["softmax:bf16:50257", "softmax:fp16:30522", "softmax:fp32:17001", "soft
 KNOWN_STACK = {"layer_norm_bwd:bf16:bf16:5120": 8}
 
 
-def compile_for_sm90(script: Path, cases: list[str]) -> dict:
-    """An offline-compile script (scripts/held_sass.py, scripts/ws_sass.py) over ``cases``, in a process of its own
-    without TRITON_INTERPRET (under the interpreter Triton's library functions cannot be compiled): {case: what came
-    out}; the test skips where this Triton has no Gluon."""
-    if _held.gluon is None:
+def compile_for_sm90(script: Path, cases: list[str], gluon: bool = True) -> dict:
+    """An offline-compile script (scripts/held_sass.py, scripts/ws_sass.py, scripts/rows_sass.py) over ``cases``, in a
+    process of its own without TRITON_INTERPRET (under the interpreter Triton's library functions cannot be
+    compiled): {case: what came out}; with ``gluon`` (the script compiles Gluon kernels) the test skips where this
+    Triton has no Gluon."""
+    if gluon and _held.gluon is None:
         pytest.skip("this Triton has no Gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(script), *cases, "--json"], capture_output=True, text=True, env=env,

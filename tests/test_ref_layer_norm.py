@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +23,7 @@ import triton.language as tl
 
 from reference_kernels import layer_norm
 from reference_kernels._ragged import row_origin, word_vectors
+from test_ref_held import compile_for_sm90
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -1317,11 +1314,7 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
     # PRMT and shifts it; the widening's shift and AND take fewer instructions, without adding registers or stack (its
     # second widening in the PTX took the JOINT tile from 78 to 112 registers, so that one stays the compiler's)
     cases = [c for shape in WIDEN_SHAPES for c in (shape, shape + ":widen")] + ["fp16:2560:4096:4"]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "rows_sass.py"),
-                          *cases, "--json"], capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = {r["case"]: r for r in map(json.loads, filter(lambda line: line.startswith("{"), run.stdout.splitlines()))}
+    out = compile_for_sm90(Path(__file__).resolve().parents[1] / "scripts" / "rows_sass.py", cases, gluon=False)
     assert set(out) == set(cases)
     for shape in WIDEN_SHAPES:
         plain, widened = out[shape], out[shape + ":widen"]
