@@ -12,7 +12,7 @@ tensors and never touches a device.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 _UNITS = {
@@ -213,37 +213,235 @@ class Budget:
         return {"read_bytes": self.read_bytes, "write_bytes": self.write_bytes, "total": self.total, "label": self.label}
 
 
-def callable_modules(fn: Any) -> list[Any]:
-    """The ``nn.Module`` objects a callable is or wraps: a module, a compiled module or
-    function (``_orig_mod``, ``_torchdynamo_orig_callable``), a bound method's
-    ``__self__``, a ``functools.partial``'s function and bound arguments."""
+# How far ``find_captures`` follows references from the callable: hops through closures,
+# globals, defaults, containers and plain objects' attributes (docs/bytes.md, "The default
+# budget"), and how many objects it looks at in all.
+_CAPTURE_DEPTH = 6
+_CAPTURE_OBJECTS = 20000
+_WRAPPER_ATTRS = ("_orig_mod", "_torchdynamo_orig_callable", "__wrapped__", "__self__", "__func__")
+
+
+@dataclass
+class Captures:
+    """What a profiled callable uses besides its arguments: the ``nn.Module`` objects, the
+    tensors and the optimizers it is, wraps or reaches (``find_captures``)."""
+
+    modules: list = field(default_factory=list)
+    tensors: list = field(default_factory=list)
+    optimizers: list = field(default_factory=list)
+
+    def parameters(self) -> list:
+        """Every parameter of the modules and optimizers (each object once)."""
+        out, seen = [], set()
+        for m in self.modules:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        for opt in self.optimizers:
+            for group in getattr(opt, "param_groups", []) or []:
+                for p in group.get("params", []):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out.append(p)
+        return out
+
+    def optimizer_state(self) -> list:
+        """The tensors of the optimizers' per-parameter state (``exp_avg``, ``step``, ...)."""
+        return list(iter_tensors([list(getattr(opt, "state", {}).values()) for opt in self.optimizers]))
+
+    def snapshot(self, args: Any = ()) -> "TensorSnapshot":
+        """Every tensor the call can read, with its version, before the call (see ``TensorSnapshot``)."""
+        tensors = list(iter_tensors([args, self.modules, self.tensors])) + self.optimizer_state()
+        params = self.parameters()
+        tensors += params
+        grads = {id(p): (p.grad, p.grad._version) for p in params if p.grad is not None}
+        return TensorSnapshot({id(t): (t, t._version) for t in tensors}, params, grads, self)
+
+
+@dataclass
+class TensorSnapshot:
+    """Tensors a call can reach and their version counters, taken before the call, so that
+    the default budget can tell what the call wrote: a tensor whose version moved was
+    written in place; a gradient is written when it is new or moved; a gradient that is
+    still the parameter's after the call was read (accumulated into, or stepped with)."""
+
+    versions: dict
+    params: list
+    grads: dict
+    captures: Captures
+
+    def reads(self) -> list:
+        kept = [g for p in self.params if (g := self.grads.get(id(p), (None, 0))[0]) is not None and p.grad is g]
+        return [t for t, _ in self.versions.values()] + kept
+
+    def writes(self, written: set | frozenset = frozenset()) -> list:
+        """What the call wrote: tensors whose version moved or whose storage is in ``written``
+        (the storage keys the observed ops wrote: a foreach op under a dispatch mode leaves
+        the version counter alone), new or moved gradients, and optimizer state it made."""
+        moved = [t for t, version in self.versions.values() if t._version != version or storage_key(t) in written]
+        for p in self.params:
+            grad = p.grad
+            if grad is None:
+                continue
+            before = self.grads.get(id(p))
+            if before is None or before[0] is not grad or before[1] != grad._version or storage_key(grad) in written:
+                moved.append(grad)
+        known = {id(t) for t, _ in self.versions.values()}
+        moved += [t for t in self.captures.optimizer_state() if id(t) not in known]  # state made by this call
+        return moved
+
+
+def _is_user_class(cls: type) -> bool:
+    """Whether ``cls`` is defined in user code (``where.is_internal``), so that its instances'
+    attributes are worth following (a user's trainer object holds the model and optimizer)."""
+    import inspect
+
+    from .where import is_internal
+
+    try:
+        return not is_internal(inspect.getfile(cls))
+    except (TypeError, OSError):
+        return False
+
+
+def _code_names(code: Any) -> list[str]:
+    """Global names a function's code (and the code of functions nested in it) refers to."""
+    names, stack = [], [code]
+    while stack:
+        c = stack.pop()
+        names += list(c.co_names)
+        stack += [k for k in c.co_consts if hasattr(k, "co_names")]
+    return names
+
+
+def find_captures(fn: Any, extra: Any = ()) -> Captures:
+    """The modules, tensors and optimizers ``fn`` is, wraps or closes over, whatever its form.
+
+    Followed, to ``_CAPTURE_DEPTH`` hops: compiled wrappers (``_orig_mod``,
+    ``_torchdynamo_orig_callable``), ``__wrapped__``, a bound method's ``__self__`` and
+    function, ``functools.partial`` functions and arguments, a function's closure cells,
+    default arguments and the globals its code names, containers, and the attributes of
+    objects of user-defined classes. ``extra`` (the call's arguments) is searched the same
+    way, so a module passed as an argument counts. Modules, tensors and optimizers are
+    leaves: their own contents are taken whole (parameters and buffers; param groups and
+    state). Torch's, pytest's and this plugin's own objects are not entered.
+    """
     import functools
+    import types
 
     import torch
 
-    found: list[Any] = []
-    stack, seen = [fn], set()
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen:
+    found = Captures()
+    stack: list[tuple[Any, int]] = [(extra, 0), (fn, 0)]
+    seen: set[int] = set()
+    while stack and len(seen) < _CAPTURE_OBJECTS:
+        obj, depth = stack.pop()
+        if obj is None or id(obj) in seen or depth > _CAPTURE_DEPTH:
             continue
         seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.tensors.append(obj)
+            continue
         if isinstance(obj, torch.nn.Module):
-            found.append(obj)
+            found.modules.append(obj)
             continue
+        if isinstance(obj, torch.optim.Optimizer):
+            found.optimizers.append(obj)
+            continue
+        if isinstance(obj, (str, bytes, int, float, complex, bool, type, types.ModuleType)):
+            continue
+        nxt = depth + 1
         if isinstance(obj, functools.partial):
-            stack += [obj.func, *obj.args, *obj.keywords.values()]
+            stack += [(v, nxt) for v in (obj.func, *obj.args, *obj.keywords.values())]
             continue
-        for attr in ("_orig_mod", "_torchdynamo_orig_callable", "__self__", "__wrapped__"):
-            inner = getattr(obj, attr, None)
+        if isinstance(obj, dict):
+            stack += [(v, nxt) for v in obj.values()]
+            continue
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            stack += [(v, nxt) for v in obj]
+            continue
+        for attr in _WRAPPER_ATTRS:
+            try:
+                inner = getattr(obj, attr, None)
+            except Exception:
+                continue
             if inner is not None and not isinstance(inner, type):
-                stack.append(inner)
+                stack.append((inner, nxt))
+        if isinstance(obj, types.FunctionType):
+            from .where import is_internal
+
+            if is_internal(obj.__code__.co_filename):
+                continue  # torch's own wrappers: only their wrapper attributes above
+            cells = [c.cell_contents for c in (obj.__closure__ or ()) if _cell_filled(c)]
+            defaults = list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+            module_globals = obj.__globals__
+            named = [module_globals[n] for n in _code_names(obj.__code__) if n in module_globals]
+            stack += [(v, nxt) for v in cells + defaults + named]
+        elif not isinstance(obj, types.MethodType) and _is_user_class(type(obj)):
+            try:
+                attrs = list(vars(obj).values())
+            except TypeError:
+                attrs = []
+            stack += [(v, nxt) for v in attrs]
+    found.modules.reverse()  # the order they were reached in (the stack pops the last first)
     return found
 
 
-def default_budget(args: Any, kwargs: Any, output: Any, fn: Any = None) -> Budget:
-    """Tensor arguments, and the parameters and buffers of the callable's modules and of
-    module arguments, read once; returned tensors written once."""
-    modules = callable_modules(fn) if fn is not None else []
-    label = "default: args" + (" and module weights" if modules else "") + " read once, outputs written once"
-    return Budget.from_tensors(reads=[args, kwargs, modules], writes=[output], label=label)
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return False
+    return True
+
+
+def callable_modules(fn: Any) -> list[Any]:
+    """The ``nn.Module`` objects a callable is, wraps or closes over (``find_captures``)."""
+    return find_captures(fn).modules
+
+
+def default_budget(
+    args: Any, kwargs: Any, output: Any, fn: Any = None, snapshot: TensorSnapshot | None = None, written: set | frozenset = frozenset()
+) -> Budget:
+    """What the call uses, read once; what it returns or updates, written once.
+
+    Reads: the tensor arguments, the tensors the callable captures, the parameters and
+    buffers of its modules and of module arguments, its optimizers' parameters and state,
+    and the gradients it kept. Writes: the returned tensors and, with a ``snapshot`` taken
+    before the call, every reachable tensor the call updated in place or created as a
+    gradient (``TensorSnapshot``). Each distinct storage once.
+    """
+    if snapshot is None:
+        captures = find_captures(fn, (args, kwargs)) if fn is not None else find_captures(None, (args, kwargs))
+        snapshot = captures.snapshot((args, kwargs))
+    captures = snapshot.captures
+    reads, updated = snapshot.reads(), snapshot.writes(written)
+    arg_tensors = {id(t) for t in iter_tensors((args, kwargs))}
+    parts = ["args"]
+    arg_modules = {id(m) for m in flat_modules((args, kwargs))}
+    if any(id(m) not in arg_modules for m in captures.modules) or captures.modules:
+        parts.append("module weights")
+    if any(id(t) not in arg_tensors for t in captures.tensors):
+        parts.append("captured tensors")
+    if captures.optimizers:
+        parts.append("optimizer state")
+    if any(p.grad is not None for p in snapshot.params):
+        parts.append("gradients")
+    what = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    written = "outputs and updated tensors" if updated else "outputs"
+    label = f"default: {what} read once, {written} written once"
+    return Budget.from_tensors(reads=reads, writes=[output, updated], label=label)
+
+
+def flat_modules(obj: Any) -> list[Any]:
+    """``nn.Module`` objects inside nested lists, tuples and dict values of ``obj``."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return [obj]
+    if isinstance(obj, dict):
+        return [m for v in obj.values() for m in flat_modules(v)]
+    if isinstance(obj, (list, tuple)):
+        return [m for v in obj for m in flat_modules(v)]
+    return []

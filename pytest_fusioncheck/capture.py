@@ -29,9 +29,9 @@ import time
 from typing import Any, Callable
 
 from . import _compat
-from .budget import Budget, callable_modules, default_budget, iter_tensors, storage_key
+from .budget import Budget, default_budget, find_captures, iter_tensors, storage_key
 from .headroom import find_chains
-from .ops import TritonLaunch, flat_instances, make_op_observer, module_names
+from .ops import TritonLaunch, make_op_observer, module_names
 from .ranges import TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
 from .sources import kernel_source
@@ -225,13 +225,6 @@ class _Recorders:
             self._close()
 
 
-def iter_modules(obj: Any) -> list[Any]:
-    """``nn.Module`` objects among a call's arguments (nested in lists, tuples, dicts)."""
-    import torch
-
-    return flat_instances(obj, torch.nn.Module)
-
-
 def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionReport:
     """The report of one capture, from the device's kernel source."""
     ops = list(rec.observer.records) if rec.observer is not None else []
@@ -297,17 +290,23 @@ def profile_call(
         raise TypeError(
             f"graph_replay must be True, False or None (None: the session's --fusion-graph-replay), got {graph_replay!r}"
         )
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(
+            f"budget must be a Budget (Budget(read_bytes=..., write_bytes=...) or Budget.from_tensors(...)), got {type(budget).__name__}"
+        )
     dev = resolve_device(device, (args, kwargs))
     label = label or getattr(fn, "__qualname__", None) or getattr(type(fn), "__name__", "call")
     source = user_source(2)
     recorder = _graph_break_recorder()
     # Inductor's hooks before the warm-up, which is where torch.compile compiles.
-    modules = module_names(callable_modules(fn) + [m for m in iter_modules((args, kwargs))])
     with inductor_hooks(), recorder as breaks:
         for _ in range(warmup):
             fn(*args, **kwargs)
         synchronize(dev)
-        with _Recorders(dev, label, modules) as rec:
+        # after the warm-up: an optimizer's state exists from its first step
+        captures = find_captures(fn, (args, kwargs))
+        before = captures.snapshot((args, kwargs)) if budget is None else None
+        with _Recorders(dev, label, module_names(captures.modules)) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
     origin = _definition_site(fn) or source  # else the user line that profiled it
@@ -315,7 +314,11 @@ def profile_call(
         if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
-    report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn)
+    report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn, before, _written_storages(rec))
+    if before is not None:
+        note = _budget_misses_parameters(rec, before)
+        if note:
+            report.warnings.append(note)
     report.headroom = find_chains(report.kernels, returned={storage_key(t) for t in iter_tensors(output)}, device_time=report.device == "cuda")
     arg_devices = {t.device.type for t in iter_tensors((args, kwargs))}
     if arg_devices and dev not in arg_devices:
@@ -331,6 +334,29 @@ def profile_call(
         report.recompiles = list(getattr(breaks, "recompiles", []))
     _replay_in_graph(report, graph_replay, rec.prof, fn, args, kwargs)
     return report
+
+
+def _written_storages(rec: _Recorders) -> set:
+    """Storage keys the profiled call's observed ops wrote."""
+    records = rec.observer.records if rec.observer is not None else []
+    return {key for r in records for key in r.writes}
+
+
+def _budget_misses_parameters(rec: _Recorders, before: Any) -> str | None:
+    """A note when the profiled ops read ``nn.Parameter`` storages that the default budget
+    does not hold: a module the capture search could not reach (docs/bytes.md)."""
+    from .budget import format_bytes
+
+    seen = getattr(rec.observer, "param_reads", None) or {}
+    held = {storage_key(t) for t in before.reads()}
+    missing = {k: b for k, b in seen.items() if k not in held}
+    if not missing:
+        return None
+    return (
+        f"the call read {format_bytes(sum(missing.values()))} of parameters ({len(missing)} tensors) that the default "
+        "budget does not hold (their module is not reachable from the callable or its arguments); pass "
+        "budget=Budget.from_tensors(reads=[model, inputs], writes=[outputs])"
+    )
 
 
 def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Callable[..., Any] | None = None, args: tuple = (), kwargs: dict | None = None) -> None:
@@ -358,17 +384,21 @@ def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Ca
 
 
 def profile(
-    fn: Callable[..., Any], *args: Any, warmup: int = 1, device: str | None = None, graph_replay: bool | None = None, **kwargs: Any
+    fn: Callable[..., Any], *args: Any, warmup: int = 1, device: str | None = None, budget: Budget | None = None,
+    graph_replay: bool | None = None, **kwargs: Any
 ) -> FusionReport:
     """Profile ``fn(*args, **kwargs)``: ``warmup`` unprofiled calls, then one profiled call.
 
-    ``graph_replay=True`` also replays the call from a CUDA graph (GPU) and records the
+    ``budget`` replaces the default budget (what the call uses, read once; what it returns
+    or updates, written once). The keywords ``warmup``, ``device``, ``budget`` and
+    ``graph_replay`` are this function's: to pass one of those names to ``fn`` itself, bind
+    it first (``profile(functools.partial(fn, budget=b), x)`` or a lambda). ``graph_replay=True`` also replays the call from a CUDA graph (GPU) and records the
     graph's time a call (``report.graph_time_s``) or why it could not (``graph_note``);
     ``None`` follows ``--fusion-graph-replay`` (off outside pytest). Usable outside
     pytest. The report is also recorded as the latest report of the running test (or of
     the process, outside pytest) for the ``assert_*`` helpers.
     """
-    report = profile_call(fn, args, kwargs, warmup=warmup, device=device, graph_replay=graph_replay)
+    report = profile_call(fn, args, kwargs, warmup=warmup, device=device, budget=budget, graph_replay=graph_replay)
     record_report(report)
     return report
 

@@ -497,6 +497,7 @@ def _build_observer_class() -> Any:
             self.records: list[OpRecord] = []
             self.paused = 0
             self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
+            self.param_reads: dict = {}  # storage key -> bytes, of the nn.Parameter objects ops read
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -519,6 +520,9 @@ def _build_observer_class() -> Any:
             try:
                 reads, writes = op_tensors(func, args, kwargs, out)
                 storages = (bytes_by_storage(reads), bytes_by_storage(writes))
+                params = [t for t in reads if isinstance(t, torch.nn.Parameter)]
+                if params:
+                    self.param_reads.update(bytes_by_storage(params))
                 read_b, write_b = sum(storages[0].values()), sum(storages[1].values())
                 if kind == "kernel":  # copies carry no FLOP figure
                     flops, estimated = op_flops(func, args, kwargs, out, reads, writes)

@@ -292,7 +292,20 @@ class FusionReport:
 
     @property
     def efficiency(self) -> float | None:
-        """(budget bytes / peak bandwidth) / time: 1.0 is a kernel at the copy roofline."""
+        """(budget bytes / peak bandwidth) / time: 1.0 is a kernel at the copy roofline.
+
+        Computed on first read: the peak bandwidth is measured (once per session) and a
+        profiled call re-timed (``roofline.ensure_efficiency``) if no verdict has done so.
+        ``None`` without a budget or a time."""
+        if self.budget and (self.peak_bandwidth is None or self.timer is not None):
+            from .roofline import ensure_efficiency
+
+            ensure_efficiency(self)
+        return self.known_efficiency()
+
+    def known_efficiency(self) -> float | None:
+        """The efficiency from the figures the report holds now (never measures anything:
+        what the table, JSON and summaries print)."""
         if not self.budget or not self.time_s or not self.peak_bandwidth:
             return None
         return (self.budget.total / self.peak_bandwidth) / self.time_s
@@ -406,8 +419,8 @@ class FusionReport:
                 parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)" + (f"; {graph}" if graph else ""))
             elif graph:
                 parts.append(graph)
-        if self.efficiency is not None:
-            parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
+        if self.known_efficiency() is not None:
+            parts.append(f"{self.known_efficiency():.0%} of {format_bandwidth(self.peak_bandwidth)}")
         lo, hi = self.cuda_kernel_range
         if hi > lo:
             parts.append(f"on CUDA {lo}-{hi} kernels ({hi - lo} GEMM(s) may add a split-K reduce)")
@@ -486,7 +499,7 @@ class FusionReport:
             "graph_recovered_share": self.graph_recovered_share,
             "graph_note": self.graph_note,
             "peak_bandwidth": self.peak_bandwidth,
-            "efficiency": self.efficiency,
+            "efficiency": self.known_efficiency(),
             "graph_breaks": [_gb(g) for g in self.graph_breaks],
             "recompiles": [_gb(r) for r in self.recompiles],
             "source": self.source,
