@@ -115,6 +115,30 @@ def _strided_parts(t: Any) -> list[Any]:
     return [getattr(t, name)() for name in parts]
 
 
+class Touched:
+    """The part of a tensor an op reaches: its first ``numel`` elements' worth of bytes in
+    the tensor's storage (a scatter's target, the rows a loss gathers). Counted by
+    ``bytes_by_storage`` under the tensor's own storage, so a later kernel that reads the
+    tensor still chains with it (headroom.py)."""
+
+    def __init__(self, base: Any, numel: int) -> None:
+        self.base = base
+        self.count = max(0, min(int(numel), base.numel()))
+        self.dtype, self.device = base.dtype, base.device
+
+    def numel(self) -> int:
+        return self.count
+
+    def element_size(self) -> int:
+        return self.base.element_size()
+
+    def is_floating_point(self) -> bool:
+        return self.base.is_floating_point()
+
+    def is_complex(self) -> bool:
+        return self.base.is_complex()
+
+
 def distinct_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of ``tensors`` with each storage region counted once.
 
@@ -131,6 +155,11 @@ def bytes_by_storage(tensors: Iterable[Any]) -> dict[tuple[str, int], int]:
     is their sum; headroom chains match producers and consumers by these keys)."""
     by_storage: dict[tuple[str, int], list[tuple[tuple[int, int], int]]] = {}
     for tensor in tensors:
+        if isinstance(tensor, Touched):
+            start = tensor.base.storage_offset() * tensor.element_size()
+            nbytes = tensor.count * tensor.element_size()
+            by_storage.setdefault(storage_key(tensor.base), []).append(((start, start + nbytes), nbytes))
+            continue
         for t in _strided_parts(tensor):
             by_storage.setdefault(storage_key(t), []).append(_tensor_extent(t))
     totals = {}

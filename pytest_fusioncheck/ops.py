@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import bytes_by_storage, distinct_bytes, storage_key
+from .budget import Touched, bytes_by_storage, distinct_bytes, storage_key
 from .ranges import OP_RANGE_PREFIX
 from .where import user_source
 
@@ -199,6 +199,17 @@ def op_tensors(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list, li
     name = getattr(getattr(func, "overloadpacket", None), "__name__", "")
     if name in _GATHER_OPS and returned:
         reads = _gather_reads(name, args, kwargs, returned)
+    rule = _PARTIAL_TOUCH.get(name)
+    if rule is not None:
+        try:
+            touched = rule(args, kwargs, returned)
+        except Exception:  # arguments the rule does not know: the whole-storage figure stays
+            touched = None
+        if touched is not None:
+            return touched
+    if name in _WRITE_ONLY_SELF and writes:
+        written = {id(t) for t in writes}
+        reads = [t for t in reads if id(t) not in written]
     if writes:
         written_keys = {storage_key(t) for t in writes}
         writes += [t for t in returned if storage_key(t) not in written_keys]
@@ -255,6 +266,120 @@ def _gather_reads(name: str, args: tuple, kwargs: dict, returned: list) -> list:
     stand_in = torch.empty(gathered, dtype=torch.uint8, device="meta")
     return indices + [stand_in]
 
+
+
+# In-place ops that overwrite their ``self`` without reading it: fills, random fills,
+# copies into it (docs/bytes.md, "Ops that touch part of a tensor").
+_WRITE_ONLY_SELF = frozenset(
+    {
+        "fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "exponential_", "geometric_",
+        "log_normal_", "cauchy_", "bernoulli_", "_foreach_zero_", "_foreach_copy_", "index_fill_",
+    }
+)
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _nll_loss_forward(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``nll_loss_forward(self, target, weight, reduction, ignore_index)``: reads the
+    targets and, of the log-probabilities and weights, one element per target."""
+    logp, target, weight = args[0], args[1], _arg(args, kwargs, 2, "weight")
+    reads = [target, Touched(logp, target.numel())]
+    if weight is not None:
+        reads.append(Touched(weight, target.numel()))
+    return reads, returned
+
+
+def _nll_loss_backward(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index,
+    total_weight)``: writes a gradient the size of ``self`` (zeros, one element per target
+    set), reading the output gradient, targets, weights per target and total weight; ``self``
+    itself only gives the shape."""
+    grad_out, target = args[0], args[2]
+    weight, total = _arg(args, kwargs, 3, "weight"), _arg(args, kwargs, 6, "total_weight")
+    reads = [grad_out, target] + ([Touched(weight, target.numel())] if weight is not None else [])
+    return reads + ([total] if total is not None else []), returned
+
+
+def _index_add(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``index_add_(self, dim, index, source)``: reads index and source, and reads and
+    writes as much of ``self`` as ``source`` holds (the rows it adds into)."""
+    target, index, source = args[0], args[2], args[3]
+    part = Touched(target, source.numel())
+    return [index, source, part], [part] + [t for t in returned if t is not target]
+
+
+def _scatter(accumulate: bool):
+    """``scatter_(self, dim, index, src | value)`` and ``scatter_add_`` / ``scatter_reduce_``:
+    one element of ``self`` per index element, read too when the op accumulates; of a
+    tensor ``src``, one element per index element."""
+
+    def rule(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+        target, index = args[0], args[2]
+        src = _arg(args, kwargs, 3, "src")
+        part = Touched(target, index.numel())
+        reads = [index] + ([Touched(src, index.numel())] if hasattr(src, "numel") and hasattr(src, "dtype") else [])
+        return reads + ([part] if accumulate or _arg(args, kwargs, 4, "reduce") is not None else []), [part]
+
+    return rule
+
+
+def _index_put(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``index_put_(self, indices, values, accumulate)``: reads the indices and values, and
+    writes (reads too when accumulating) the elements the indices select: the indices'
+    broadcast count times the size of the dimensions they leave whole (a boolean mask
+    counts every element it covers: an upper bound)."""
+    import torch
+
+    target, indices, values = args[0], list(args[1]), args[2]
+    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
+    given = [t for t in indices if t is not None]
+    shapes = []
+    indexed = 1
+    dim = 0
+    for t in indices:
+        if t is None:
+            dim += 1
+            continue
+        span = t.dim() if t.dtype == torch.bool else 1
+        for d in range(dim, dim + span):
+            indexed *= target.shape[d]
+        shapes.append(t.shape if t.dtype != torch.bool else (t.numel(),))
+        dim += span
+    points = torch.broadcast_shapes(*shapes).numel() if shapes else 1
+    part = Touched(target, points * (target.numel() // max(indexed, 1)))
+    reads = given + [values] + ([part] if accumulate else [])
+    return reads, [part]
+
+
+def _embedding_bag(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``_embedding_bag(weight, indices, offsets, ...)``: reads the indices, offsets,
+    per-sample weights and one row of the table per index."""
+    weight, indices = args[0], args[1]
+    row = weight.numel() // max(weight.shape[0], 1)
+    rest = [t for t in list(args[2:]) + list(kwargs.values()) if hasattr(t, "untyped_storage")]
+    return [indices, Touched(weight, indices.numel() * row)] + rest, returned
+
+
+# Ops that touch part of a tensor they are given, by op name: fn(args, kwargs, returned)
+# -> (reads, writes); docs/bytes.md lists each.
+_PARTIAL_TOUCH: dict[str, Any] = {
+    "nll_loss_forward": _nll_loss_forward,
+    "nll_loss2d_forward": _nll_loss_forward,
+    "nll_loss_backward": _nll_loss_backward,
+    "nll_loss2d_backward": _nll_loss_backward,
+    "index_add_": _index_add,
+    "scatter_": _scatter(False),
+    "scatter_add_": _scatter(True),
+    "scatter_reduce_": _scatter(True),
+    "index_put_": _index_put,
+    "_index_put_impl_": _index_put,
+    "_embedding_bag": _embedding_bag,
+    "_embedding_bag_forward_only": _embedding_bag,
+    "embedding_bag": _embedding_bag,
+}
 
 
 # --------------------------------------------------------------------------- FLOPs

@@ -56,6 +56,25 @@ def test_a_split_k_gemm_and_its_reduce_put_the_ops_bytes_on_the_longer_kernel_an
     assert (main.bytes, reduce.bytes) == (1000, 0)
 
 
+def test_a_multi_tensor_apply_op_shares_its_bytes_over_its_launches_by_device_time():
+    # fused AdamW over six tensors: five launches of one kernel, each memory-bound on its chunk
+    launches = [_k("multi_tensor_apply_kernel", t) for t in (100e-6, 100e-6, 120e-6, 80e-6, 100e-6)]
+    memset = _k("Memset (Device)", 1e-6, "copy")
+    memset.bytes = 64
+    attribute_op_bytes(launches + [memset], 5000 * MiB)
+    assert [k.bytes for k in launches] == [1000 * MiB, 1000 * MiB, 1200 * MiB, 800 * MiB, 1000 * MiB]
+    assert sum(k.bytes for k in launches) == 5000 * MiB and memset.bytes == 64
+
+
+def test_launches_of_another_kernel_than_the_longest_carry_0_and_the_split_adds_up_exactly():
+    a, b, other = _k("chunk", 3e-6), _k("chunk", 3e-6), _k("tail_reduce", 1e-6)
+    attribute_op_bytes([a, other, b], 1001)
+    assert other.bytes == 0 and a.bytes + b.bytes == 1001 and abs(a.bytes - b.bytes) <= 1
+    zero = [_k("k", 0.0), _k("k", 0.0)]
+    attribute_op_bytes(zero, 10)  # no time known: equal shares
+    assert [k.bytes for k in zero] == [5, 5]
+
+
 def test_an_op_without_a_model_leaves_every_kernel_it_launched_unmodelled():
     a, b = _k("k0", 1e-6), _k("k1", 2e-6)
     attribute_op_bytes([a, b], None)

@@ -70,25 +70,46 @@ def attribute_op_bytes(activities: list[Kernel], op_bytes: int | None) -> Kernel
     """Give one op's modelled traffic to the device activities it launched (the rule of
     ``docs/bytes.md``): copies (memset/memcpy) keep their own size; the op's bytes go to
     its longest compute kernel (the GEMM of a GEMM + memset, the main kernel of a split-K
-    GEMM + reduce); its other compute kernels carry 0, their traffic being inside that
-    figure. An op that could not be modelled leaves its kernels unmodelled (``None``)."""
+    GEMM + reduce) and to every other launch of that same kernel (a multi-tensor apply's
+    chunks, a chunked loop), shared in proportion to their device time (each launch is
+    memory-bound on its share); compute kernels of another name carry 0, their traffic
+    being inside that figure. The op's total is unchanged. An op that could not be
+    modelled leaves its kernels unmodelled (``None``). Returns the longest kernel."""
     compute = [k for k in activities if k.kind != "copy"]
     if not compute:
         return None
     main = max(compute, key=lambda k: k.time_s)
+    launches = [k for k in compute if k.name == main.name]
+    shares = split_by_time(op_bytes, [k.time_s for k in launches]) if op_bytes is not None else [None] * len(launches)
     for k in compute:
-        k.bytes = op_bytes if k is main else (0 if op_bytes is not None else None)
+        k.bytes = 0 if op_bytes is not None else None
+    for k, share in zip(launches, shares):
+        k.bytes = share
     return main
 
 
+def split_by_time(total: int, times: list[float]) -> list[int]:
+    """``total`` split over launches in proportion to ``times`` (equally when no time is
+    known), in whole bytes that add up to ``total``."""
+    if not times:
+        return []
+    weight = sum(times)
+    fractions = [t / weight for t in times] if weight > 0 else [1 / len(times)] * len(times)
+    shares = [int(total * f) for f in fractions]
+    shares[max(range(len(times)), key=lambda i: fractions[i])] += total - sum(shares)
+    return shares
+
+
 def attribute_op_flops(activities: list[Kernel], main: Kernel | None, op: OpRecord) -> None:
-    """Give one op's FLOPs to the kernel its bytes went to (``attribute_op_bytes``'s
-    ``main``); its other compute kernels carry 0 (their work is inside that figure), or
+    """Give one op's FLOPs to the kernels its bytes went to (``attribute_op_bytes``'s
+    ``main`` and its other launches, by device time); its other compute kernels carry 0 (their work is inside that figure), or
     ``None`` when the op's FLOPs are unknown. Every kernel of the op gets its dtype."""
+    launches = [k for k in activities if k.kind != "copy" and main is not None and k.name == main.name]
+    shares = dict(zip(map(id, launches), split_by_time(op.flops, [k.time_s for k in launches]))) if op.flops is not None else {}
     for k in activities:
         if k.kind == "copy":
             continue
-        k.flops = op.flops if k is main else (0 if op.flops is not None else None)
+        k.flops = shares.get(id(k), 0) if op.flops is not None else None
         k.flops_estimated = op.flops_estimated
         k.dtype = op.dtype
 
