@@ -358,3 +358,34 @@ def graph_launches(prof: Any) -> int:
     """How many CUDA graphs a finished profiler session launched (``cudaGraphLaunch``
     runtime calls): a call compiled with ``mode="reduce-overhead"`` replays its graphs."""
     return sum(1 for e in kineto_events(prof) if e.name().startswith(("cudaGraphLaunch", "cuGraphLaunch")))
+
+
+def next_sequence_nr() -> int | None:
+    """The autograd sequence number the calling thread's next graph node gets (a forward op
+    that records a node has just taken this minus one), or None where torch lacks it."""
+    try:
+        return int(torch_c_autograd()._get_sequence_nr())
+    except Exception:
+        return None
+
+
+def backward_node() -> tuple[int, Any] | None:
+    """``(sequence number, variable)`` of the autograd node running on this thread (inside
+    ``backward()``): the sequence number is the forward op's it differentiates; the variable
+    is the leaf tensor of a gradient accumulation (None for other nodes). None outside a
+    backward pass."""
+    try:
+        import torch
+
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return None
+        return int(node._sequence_nr()), getattr(node, "variable", None)
+    except Exception:
+        return None
+
+
+def torch_c_autograd() -> Any:
+    import torch
+
+    return torch._C._autograd

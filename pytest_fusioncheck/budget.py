@@ -413,7 +413,6 @@ def find_captures(fn: Any, extra: Any = ()) -> Captures:
             except TypeError:
                 attrs = []
             stack += [(v, nxt) for v in attrs]
-    found.modules.reverse()  # the order they were reached in (the stack pops the last first)
     return found
 
 

@@ -513,32 +513,59 @@ def op_dtype(func: Any, reads: list, writes: list) -> str | None:
     return dtype
 
 
-def module_names(roots: list[Any]) -> dict[int, str]:
+def module_names(roots: list[Any], names: dict[int, str] | None = None) -> dict[int, str]:
     """``id(module) -> path`` for every submodule of ``roots`` (``layers.2.mlp.down_proj``;
-    a root itself is named by its class)."""
-    names: dict[int, str] = {}
-    for root in roots:
-        root = getattr(root, "_orig_mod", root)  # torch.compile's wrapper: name the model it wraps
+    a root itself is named by its class), added to ``names``; each parameter's id maps to
+    its module's path too. A root that is a submodule
+    of another root is named by its path in that one: roots are taken largest first."""
+    names = {} if names is None else names
+    unwrapped = [getattr(root, "_orig_mod", root) for root in roots]  # torch.compile's wrapper: the model it wraps
+    sized = sorted(unwrapped, key=lambda m: -sum(1 for _ in m.modules()))
+    for root in sized:
+        if id(root) in names:
+            continue  # already named inside a larger root
         for name, module in root.named_modules():
             # a compiled submodule's wrapper and the module it wraps share one path
             path = ".".join(part for part in name.split(".") if part != "_orig_mod") if name else ""
             names.setdefault(id(module), path or type(root).__name__)
+            for param in module.parameters(recurse=False):  # whose gradient a backward accumulates
+                names.setdefault(id(param), path or type(root).__name__)
     return names
 
 
+# Frames whose ``self`` is the nn.Module being run: its forward, and nn.Module's call
+# wrapper (which holds the module even when a decorator wraps the forward).
+_MODULE_FRAMES = frozenset({"forward", "_call_impl", "_wrapped_call_impl"})
+
+
 def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
-    """The innermost module of ``names`` whose ``forward`` is on the call stack: the
-    module that launched the op being observed (docs/architecture.md)."""
+    """The path of the innermost ``nn.Module`` running on the call stack: the module that
+    launched the op being observed (docs/architecture.md, "Modules").
+
+    Paths are those of ``names`` (the modules the profiled callable captures, by
+    ``module_names``); a module outside them is named inside the outermost module on the
+    stack, the model the call ran (found without the caller passing it), and ``names`` is
+    extended with that model's paths."""
+    import torch
+
     frame = sys._getframe(1)
     depth = 0
+    innermost = outermost = None
     while frame is not None and depth < max_depth:
-        if frame.f_code.co_name == "forward":
+        if frame.f_code.co_name in _MODULE_FRAMES:
             owner = frame.f_locals.get("self")
-            if owner is not None and id(owner) in names:
-                return names[id(owner)]
+            if isinstance(owner, torch.nn.Module):
+                if innermost is None:
+                    innermost = owner
+                    if id(owner) in names:
+                        return names[id(owner)]
+                outermost = owner
         frame = frame.f_back
         depth += 1
-    return None
+    if innermost is None:
+        return None
+    module_names([outermost], names)
+    return names.get(id(innermost))
 
 
 # Generated wrapper files -> {FX node name: module path}: what an extern kernel called from the
@@ -609,7 +636,7 @@ def make_op_observer(record_ranges: bool = True):
 def _build_observer_class() -> Any:
     import torch
 
-    from ._compat import TorchDispatchMode
+    from ._compat import TorchDispatchMode, backward_node, next_sequence_nr
 
     class OpObserver(TorchDispatchMode):
         @classmethod
@@ -623,17 +650,28 @@ def _build_observer_class() -> Any:
             self.paused = 0
             self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
             self.param_reads: dict = {}  # storage key -> bytes, of the nn.Parameter objects ops read
+            # autograd sequence number -> (module, source) of the forward op that recorded it
+            # (or None, taken by an op launching nothing): a backward op's origin
+            self.forward_ops: dict[int, tuple[str | None, str | None] | None] = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.paused:
                 return func(*args, **kwargs)
             kind = classify_op(func, args, kwargs)
+            node = backward_node()
+            backward = node[0] if node is not None else None
             if kind == "none":
+                if backward is None:
+                    self._forward_op(None)
                 return func(*args, **kwargs)
             index = len(self.records)
             op = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
-            source = user_source(2)
+            origin = self.forward_ops.get(backward) if backward is not None else None
+            if node is not None and origin is None and node[1] is not None:
+                # a gradient accumulated into a parameter: the module that owns it
+                origin = (self.modules.get(id(node[1])), None)
+            source = (origin[1] if origin else None) or user_source(2)
             t0 = time.perf_counter_ns()
             if self.record_ranges:
                 with torch.profiler.record_function(f"{OP_RANGE_PREFIX}{index}"):
@@ -656,11 +694,23 @@ def _build_observer_class() -> Any:
                 read_b, write_b, storages = None, None, ({}, {})
             record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
             record.flops, record.flops_estimated, record.dtype = flops, estimated, dtype
-            if self.modules:
-                # an extern kernel of a compiled graph: the module its wrapper call ran for
+            # an extern kernel of a compiled graph: the module its wrapper call ran for; a
+            # backward op: its forward op's; else the module running on the stack
+            if origin:
+                record.module = origin[0]
+            else:
                 record.module = wrapper_module(sys._getframe(1)) or module_path(self.modules)
+            if backward is None:
+                self._forward_op((record.module, source))
             self.records.append(record)
             return out
+
+        def _forward_op(self, origin: tuple[str | None, str | None] | None) -> None:
+            """Remember the module and line of the forward op that recorded the latest
+            autograd node (the first op dispatched after the node was made is its op)."""
+            seq = next_sequence_nr()
+            if seq is not None and seq > 0:
+                self.forward_ops.setdefault(seq - 1, origin)
 
     return OpObserver
 
