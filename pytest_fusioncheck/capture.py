@@ -228,7 +228,8 @@ class _Recorders:
 def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionReport:
     """The report of one capture, from the device's kernel source."""
     ops = list(rec.observer.records) if rec.observer is not None else []
-    kernels, copies = kernel_source(rec.device).kernels(rec.prof, ops, rec.triton)
+    names = rec.observer.modules if rec.observer is not None else rec.modules
+    kernels, copies = kernel_source(rec.device).kernels(rec.prof, ops, rec.triton, names)
     report = FusionReport(
         label=label,
         device=rec.device,
@@ -259,11 +260,17 @@ def _graph_break_recorder():
 def _definition_site(fn: Any) -> str | None:
     """``file:line`` where a (compiled) function or module's forward is defined, when that
     is user code (a ``torch.nn.Sequential``'s forward is torch's: ``None`` then)."""
-    target = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "_orig_mod", None) or fn
+    import inspect
+
     import torch
 
+    target = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "_orig_mod", None) or fn
     if isinstance(target, torch.nn.Module):
         target = type(target).forward
+    try:
+        target = inspect.unwrap(target)  # a decorated forward: the function it decorates
+    except ValueError:
+        pass
     code = getattr(target, "__code__", None)
     if code is None or is_internal(code.co_filename):
         return None

@@ -57,9 +57,9 @@ _NO_KERNEL_OPS = frozenset(
         "as_strided",
         "view",
         "_to_copy_meta",
-        "profiler::_record_function_enter",
-        "profiler::_record_function_enter_new",
-        "profiler::_record_function_exit",
+        "_record_function_enter",  # profiler ranges (a compiled graph's marker: bytes_model)
+        "_record_function_enter_new",
+        "_record_function_exit",
     }
 )
 # Ops that read a value back to the host: a device-to-host copy, not a kernel.
@@ -550,70 +550,22 @@ def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
 
     frame = sys._getframe(1)
     depth = 0
-    innermost = outermost = None
+    running: list = []  # innermost first
     while frame is not None and depth < max_depth:
         if frame.f_code.co_name in _MODULE_FRAMES:
             owner = frame.f_locals.get("self")
-            if isinstance(owner, torch.nn.Module):
-                if innermost is None:
-                    innermost = owner
-                    if id(owner) in names:
-                        return names[id(owner)]
-                outermost = owner
+            if isinstance(owner, torch.nn.Module) and (not running or running[-1] is not owner):
+                if id(owner) in names:
+                    return names[id(owner)]
+                running.append(owner)
         frame = frame.f_back
         depth += 1
-    if innermost is None:
+    if not running:
         return None
-    module_names([outermost], names)
-    return names.get(id(innermost))
-
-
-# Generated wrapper files -> {FX node name: module path}: what an extern kernel called from the
-# wrapper (cuBLAS/ATen GEMMs, attention) ran for. The wrapper names a call's source nodes in
-# the comment above it ("# Topologically Sorted Source Nodes: [linear_3], ...").
-_wrapper_nodes: dict[str, dict[str, str]] = {}
-_wrapper_lines: dict[tuple[str, int], str | None] = {}
-_SOURCE_NODES = re.compile(r"#\s*Topologically Sorted Source Nodes: \[([^\]]*)\]")
-
-
-def register_wrapper(path: str, nodes: dict[str, str]) -> None:
-    """Remember a generated wrapper file's {FX node name: module path} (sources/bytes_model.py)."""
-    _wrapper_nodes[path] = nodes
-    for key in [k for k in _wrapper_lines if k[0] == path]:
-        del _wrapper_lines[key]
-
-
-def wrapper_module(frame: Any, max_depth: int = 30) -> str | None:
-    """The module an op called from a compiled graph's wrapper ran for, from the source nodes
-    the wrapper names above the calling line; None when the op is not called from one."""
-    if not _wrapper_nodes:
-        return None
-    depth = 0
-    while frame is not None and depth < max_depth:
-        filename = frame.f_code.co_filename
-        nodes = _wrapper_nodes.get(filename)
-        if nodes is not None:
-            key = (filename, frame.f_lineno)
-            if key not in _wrapper_lines:
-                _wrapper_lines[key] = _module_above(filename, frame.f_lineno, nodes)
-            return _wrapper_lines[key]
-        frame = frame.f_back
-        depth += 1
-    return None
-
-
-def _module_above(filename: str, lineno: int, nodes: dict[str, str]) -> str | None:
-    import linecache
-
-    for line in range(lineno - 1, max(0, lineno - 40), -1):
-        match = _SOURCE_NODES.search(linecache.getline(filename, line))
-        if match:
-            names = [n.strip() for n in match.group(1).split(",")]
-            for name in reversed(names):  # the call's own node comes last
-                if name in nodes:
-                    return nodes[name]
-            return None
-    return None
+    module_names([running[-1]], names)
+    # a module outside the model's tree (a library's function wrapped as a module): the
+    # innermost one inside it
+    return next((names[id(m)] for m in running if id(m) in names), None)
 
 
 _observer_class: Any = None
@@ -637,6 +589,7 @@ def _build_observer_class() -> Any:
     import torch
 
     from ._compat import TorchDispatchMode, backward_node, next_sequence_nr
+    from .sources.bytes_model import resolve_stack, wrapper_origin
 
     class OpObserver(TorchDispatchMode):
         @classmethod
@@ -699,7 +652,12 @@ def _build_observer_class() -> Any:
             if origin:
                 record.module = origin[0]
             else:
-                record.module = wrapper_module(sys._getframe(1)) or module_path(self.modules)
+                compiled = wrapper_origin(sys._getframe(1))
+                if compiled is not None:
+                    record.module = resolve_stack(compiled[0], self.modules)
+                    record.source = compiled[1] or record.source
+                else:
+                    record.module = module_path(self.modules)
             if backward is None:
                 self._forward_op((record.module, source))
             self.records.append(record)

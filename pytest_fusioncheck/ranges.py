@@ -1,7 +1,8 @@
 """Names of the profiler and NVTX ranges the plugin opens (one place, no imports).
 
 ``fusioncheck::op#<i>`` wraps each ATen op the op observer sees, ``fusioncheck::triton#<i>``
-each interpreted Triton launch, ``fusioncheck::rep#<i>`` each timed repeat; the NVTX range
+each interpreted Triton launch, ``fusioncheck::rep#<i>`` each timed repeat,
+``fusioncheck::graph#<g>`` each call of a compiled graph's wrapper while a profiler runs; the NVTX range
 ``fusioncheck:<seq>:<label>`` wraps one profiled call (what ``--fusion-counters=ncu``
 filters on).
 """
@@ -9,6 +10,7 @@ filters on).
 OP_RANGE_PREFIX = "fusioncheck::op#"
 TRITON_RANGE_PREFIX = "fusioncheck::triton#"
 REP_RANGE_PREFIX = "fusioncheck::rep#"
+GRAPH_RANGE_PREFIX = "fusioncheck::graph#"
 NVTX_PREFIX = "fusioncheck:"
 
 

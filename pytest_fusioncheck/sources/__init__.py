@@ -4,7 +4,8 @@ Each part is a small protocol with one implementation per kind, chosen here and 
 else (docs/architecture.md says how to add one):
 
 * ``KernelSource`` (per device): a capture's profiler events, observed ops and Triton
-  launches -> ``(kernels, copies)``. ``kernels_cuda.CudaKernels``, ``kernels_cpu.CpuKernels``.
+  launches, and the module names of the profiled model (``ops.module_names``) ->
+  ``(kernels, copies)``. ``kernels_cuda.CudaKernels``, ``kernels_cpu.CpuKernels``.
 * ``ByteSource`` (per session): fills measured bytes into a report as it is recorded.
   The model needs none (modelled bytes come with the kernels: ``bytes_model``);
   ``bytes_ncu.NcuBytes`` with ``--fusion-counters=ncu``.
@@ -18,7 +19,7 @@ from typing import Any, Callable, Protocol
 
 
 class KernelSource(Protocol):
-    def kernels(self, prof: Any, ops: list[Any], triton: list[Any]) -> tuple[list[Any], list[Any]]: ...
+    def kernels(self, prof: Any, ops: list[Any], triton: list[Any], names: dict[int, str] | None = None) -> tuple[list[Any], list[Any]]: ...
 
 
 class ByteSource(Protocol):

@@ -24,72 +24,115 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .. import _compat
-from ..ops import register_wrapper
+from ..ranges import GRAPH_RANGE_PREFIX
 
-_lock = threading.Lock()
-_inductor_bytes: dict[str, int] = {}
-_inductor_estimates: dict[str, int] = {}
-_inductor_modules: dict[str, str] = {}
-_inductor_module_scopes: dict[str, Any] = {}  # kernel name -> the graph it was last recorded for
-_inductor_origins: dict[str, list[str]] = {}
-_inductor_flops: dict[str, tuple[int, bool]] = {}  # kernel name -> (FLOPs, estimated)
+@dataclass
+class KernelFigures:
+    """What code generation knew of one generated kernel of one graph."""
+
+    bytes: int | None = None  # compulsory bytes
+    estimate: int | None = None  # Inductor's own estimate
+    # the nn_module_stack (stack_entries) of each call site Inductor generated it for
+    stacks: list = field(default_factory=list)
+    origins: list = field(default_factory=list)  # ATen ops it was fused from
+    flops: tuple | None = None  # (FLOPs, estimated)
+    source: str | None = None  # the model's file:line of its ops (FX stack traces)
+
+    def module(self, names: dict[int, str] | None = None) -> str | None:
+        """The module path its ops came from (``resolve_stack`` with ``names``); a kernel
+        reused at several call sites gets their paths' common form (``merge_module_paths``)."""
+        path = None
+        for i, entries in enumerate(self.stacks):
+            one = resolve_stack(entries, names)
+            if one is None:
+                continue
+            path = one if i == 0 or path is None else merge_module_paths(path, one)
+        return path
 
 
-def inductor_kernel_bytes(name: str) -> int | None:
+class InductorKernels:
+    """Figures of Inductor-generated kernels keyed by (graph, kernel name): kernel names
+    restart in every graph (``triton_poi_fused_add_mul_0`` in two graphs is two kernels),
+    so a launch is looked up under the graph its wrapper call ran in (``graph_range``
+    markers), the latest graph of that name standing in where the graph is not known."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_graph: dict[tuple[Any, str], KernelFigures] = {}
+        self._latest: dict[str, KernelFigures] = {}
+
+    def get(self, name: str, graph: Any = None) -> KernelFigures | None:
+        with self._lock:
+            if graph is not None and (graph, name) in self._by_graph:
+                return self._by_graph[(graph, name)]
+            return self._latest.get(name)
+
+    def record(self, names: list[str], graph: Any, figures: KernelFigures) -> None:
+        """Remember ``figures`` for ``names`` in ``graph``. A kernel Inductor reuses at several
+        call sites of one graph gets their modules' common path (``merge_module_paths``)."""
+        with self._lock:
+            for n in names:
+                previous = self._by_graph.get((graph, n)) if graph is not None else None
+                entry = KernelFigures(**vars(figures))
+                if previous is not None:
+                    entry.stacks = previous.stacks + figures.stacks
+                if graph is not None:
+                    self._by_graph[(graph, n)] = entry
+                self._latest[n] = entry
+
+
+KERNELS = InductorKernels()
+
+
+def _figure(name: str, graph: Any, attr: str) -> Any:
+    entry = KERNELS.get(name, graph)
+    return getattr(entry, attr) if entry is not None else None
+
+
+def inductor_kernel_bytes(name: str, graph: Any = None) -> int | None:
     """The compulsory bytes of a generated kernel, by its name as the profiler shows it."""
-    with _lock:
-        return _inductor_bytes.get(name)
+    return _figure(name, graph, "bytes")
 
 
-def inductor_kernel_estimate(name: str) -> int | None:
+def inductor_kernel_estimate(name: str, graph: Any = None) -> int | None:
     """Inductor's own byte estimate of a generated kernel (``None`` if it gave none)."""
-    with _lock:
-        return _inductor_estimates.get(name)
+    return _figure(name, graph, "estimate")
 
 
-def inductor_kernel_module(name: str) -> str | None:
-    """The ``nn.Module`` path a generated kernel's ops came from (``mlp.c_fc``), if recorded."""
-    with _lock:
-        return _inductor_modules.get(name)
+def inductor_kernel_module(name: str, graph: Any = None, names: dict[int, str] | None = None) -> str | None:
+    """The ``nn.Module`` path a generated kernel's ops came from (``mlp.c_fc``), if recorded;
+    ``names`` (``ops.module_names``) spells it as the profiled model's ``named_modules``."""
+    entry = KERNELS.get(name, graph)
+    return entry.module(names) if entry is not None else None
 
 
-def inductor_kernel_flops(name: str) -> tuple[int | None, bool]:
+def inductor_kernel_source(name: str, graph: Any = None) -> str | None:
+    """The model's ``file:line`` a generated kernel's ops were traced from, if recorded."""
+    return _figure(name, graph, "source")
+
+
+def inductor_kernel_flops(name: str, graph: Any = None) -> tuple[int | None, bool]:
     """(FLOPs, estimated) of a generated kernel (docs/roofline.md), ``(None, False)`` if unknown."""
-    with _lock:
-        return _inductor_flops.get(name, (None, False))
+    return _figure(name, graph, "flops") or (None, False)
 
 
-def inductor_kernel_origins(name: str) -> list[str]:
+def inductor_kernel_origins(name: str, graph: Any = None) -> list[str]:
     """The ATen ops a generated kernel was fused from (``["add", "gelu"]``), if recorded."""
-    with _lock:
-        return list(_inductor_origins.get(name, []))
+    return list(_figure(name, graph, "origins") or [])
 
 
 def _record(names: list[str], nbytes: int | None, origins: list[str] | None = None, estimate: int | None = None,
-            module: str | None = None, scope: Any = None, flops: tuple[int, bool] | None = None) -> None:
-    """Remember what codegen knows of kernels ``names``. ``scope`` identifies the graph being
-    compiled: a kernel Inductor reuses at several call sites of one graph gets their modules'
-    common path; a later graph that reuses the name replaces it (kernel names restart each graph)."""
-    with _lock:
-        for n in names:
-            if module:
-                previous = _inductor_module_scopes.get(n)
-                merged = merge_module_paths(_inductor_modules.get(n), module) if scope is not None and previous == scope else module
-                _inductor_modules[n] = merged
-                _inductor_module_scopes[n] = scope
-            if nbytes is not None:
-                _inductor_bytes[n] = int(nbytes)
-            if estimate is not None:
-                _inductor_estimates[n] = int(estimate)
-            if origins:
-                _inductor_origins[n] = origins
-            if flops is not None:
-                _inductor_flops[n] = flops
-            else:
-                _inductor_flops.pop(n, None)  # a later graph's kernel of the same name
+            stack: tuple | None = None, scope: Any = None, flops: tuple[int, bool] | None = None,
+            source: str | None = None) -> None:
+    """Remember what codegen knows of kernels ``names`` in the graph ``scope``."""
+    KERNELS.record(names, scope, KernelFigures(
+        bytes=int(nbytes) if nbytes is not None else None, estimate=int(estimate) if estimate is not None else None,
+        stacks=[stack] if stack else [], origins=list(origins or []), flops=flops, source=source,
+    ))
 
 
 def compulsory_bytes(buffers: list[tuple[str, int]]) -> int:
@@ -246,15 +289,55 @@ def buffer_accesses(args: Any, size: Any, produced: set[str] | None = None, inte
 _STACK_PATH = re.compile(r"""\[['"]?([^'"\]]+)['"]?\]|\.?([A-Za-z_0-9]\w*)""")
 
 
-def module_from_stack_key(qualname: str) -> str:
-    """Dynamo's ``nn_module_stack`` path (``L['self'].layers.0.mlp``, ``L['self'].layers[0]``)
-    as a module path (``layers.0.mlp``); the root (``L['self']``, whatever its local name)
-    is dropped, as are ``_modules`` hops."""
-    text = qualname[1:] if qualname.startswith("L[") else qualname
-    parts = [a or b for a, b in _STACK_PATH.findall(text)]
-    if qualname.startswith("L[") and parts:
-        parts = parts[1:]
+def module_from_stack_key(qualname: str) -> str | None:
+    """Dynamo's ``nn_module_stack`` path (``L['self'].layers.0.mlp``, ``L['self'].layers[0]``,
+    ``G['model'].lm_head``, ``L['args'][0].model.norm``) as a module path (``layers.0.mlp``):
+    the root (a local or global, whatever its name, and the index into a tuple argument
+    such as a decorated forward's ``*args``) is dropped, as are ``_modules`` hops. A module
+    reached through an imported Python module's global (``G['__import_...']``: a library's
+    function object, not part of the model) has no path: None."""
+    parts = [a or b for a, b in _STACK_PATH.findall(qualname)]
+    rooted = qualname.startswith(("L[", "G["))
+    if rooted and parts:
+        root = parts[1] if len(parts) > 1 else ""
+        if root.startswith("__import_"):
+            return None
+        parts = parts[2:]
+        if parts and parts[0].isdigit() and qualname[qualname.index("]") + 1:].startswith("["):
+            parts = parts[1:]  # L['args'][0]: the module passed as a positional argument
     return ".".join(p for p in parts if p != "_modules")
+
+
+def stack_entries(stack: dict) -> tuple[tuple[int | None, str], ...]:
+    """An FX node's ``nn_module_stack`` as ``(id of the module, Dynamo's path)`` pairs,
+    outermost first (Dynamo keys each entry by ``str(id(module))``, ``"<id>@1"`` for a
+    module's second call; the id is None where the key is not one)."""
+    out = []
+    for key, value in stack.items():
+        qualname = value[0] if isinstance(value, (tuple, list)) and value else value
+        try:
+            ident: int | None = int(str(key).split("@")[0])
+        except ValueError:
+            ident = None
+        out.append((ident, str(qualname)))
+    return tuple(out)
+
+
+def resolve_stack(entries: tuple, names: dict[int, str] | None = None) -> str | None:
+    """The module path of a node's ``stack_entries``: the innermost entry whose module is
+    in ``names`` (``ops.module_names`` of the profiled model: paths as ``named_modules``
+    spells them), else the innermost entry whose Dynamo path reads as a module path
+    (``module_from_stack_key``). Entries outside the model (a library's function module)
+    are passed over to the module that called them."""
+    if names:
+        for ident, _ in reversed(entries):
+            if ident is not None and ident in names:
+                return names[ident]
+    for _, qualname in reversed(entries):
+        path = module_from_stack_key(qualname)
+        if path:
+            return path
+    return None
 
 
 def merge_module_paths(old: str | None, new: str) -> str | None:
@@ -275,18 +358,21 @@ def merge_module_paths(old: str | None, new: str) -> str | None:
     return ".".join(out) or None
 
 
-def _module(nodes: Any) -> str | None:
-    """The innermost module most of a kernel's ops came from (Dynamo's ``nn_module_stack``)."""
+def _module_stacks(nodes: Any) -> tuple:
+    """The ``stack_entries`` most of a kernel's ops came from (Dynamo's ``nn_module_stack``),
+    chosen by the path each reads as; ``()`` when none has one."""
     counts: dict[str, int] = {}
+    stacks: dict[str, tuple] = {}
     for node in nodes:
         for origin in getattr(getattr(node, "node", None), "origins", None) or ():
             stack = (getattr(origin, "meta", {}) or {}).get("nn_module_stack") or {}
             if stack:
-                qualname = list(stack.values())[-1][0]
-                path = module_from_stack_key(str(qualname))
+                entries = stack_entries(stack)
+                path = resolve_stack(entries)
                 if path:
                     counts[path] = counts.get(path, 0) + 1
-    return max(counts, key=counts.get) if counts else None
+                    stacks.setdefault(path, entries)
+    return stacks[max(counts, key=counts.get)] if counts else ()
 
 
 def _origins(nodes: Any) -> list[str]:
@@ -370,9 +456,10 @@ def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: 
         _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel_args, list(nodes))) if kernel_args is not None else None),
         _attempt(lambda: _origins(nodes)),
         estimate=_attempt(lambda: _cpp_kernel_bytes(list(nodes))),
-        module=_attempt(lambda: _module(nodes)),
+        stack=_attempt(lambda: _module_stacks(nodes)),
         scope=_graph_scope(),
         flops=_attempt(lambda: generated_flops(list(nodes))),
+        source=_attempt(lambda: _source(nodes)),
     )
 
 
@@ -382,22 +469,24 @@ def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
         _attempt(lambda: compulsory_bytes(kernel_arg_buffers(kernel.args, list(node_schedule)))),
         _attempt(lambda: _origins(node_schedule)),
         estimate=_attempt(lambda: int(kernel.estimate_kernel_num_bytes())),
-        module=_attempt(lambda: _module(node_schedule)),
+        stack=_attempt(lambda: _module_stacks(node_schedule)),
         scope=_graph_scope(),
         flops=_attempt(lambda: generated_flops(list(node_schedule))),
+        source=_attempt(lambda: _source(node_schedule)),
     )
 
 
 _scopes = iter(range(1, 1 << 62))
 
 
-def _graph_scope() -> Any:
-    """A token for the graph Inductor is generating code for (never reused, unlike ``id``),
-    or None outside codegen."""
+def _graph_scope(graph: Any = None) -> Any:
+    """A token for the graph Inductor is generating code for (``graph``, else ``V.graph``;
+    never reused, unlike ``id``), or None outside codegen."""
     try:
-        from torch._inductor.virtualized import V
+        if graph is None:
+            from torch._inductor.virtualized import V
 
-        graph = V.graph
+            graph = V.graph
         token = getattr(graph, "_fusioncheck_scope", None)
         if token is None:
             token = next(_scopes)
@@ -408,27 +497,132 @@ def _graph_scope() -> Any:
 
 
 def _on_wrapper_module(graph: Any, module: Any) -> None:
-    """After a graph's wrapper is written: its FX nodes' modules, for its extern kernels (ops.wrapper_module)."""
+    """After a graph's wrapper is written: its FX nodes' modules and lines, for its extern
+    kernels (``ops.wrapper_module``), and its ``call`` marked with the graph's range, so a
+    launch is looked up under its own graph (``InductorKernels``)."""
+    _mark_graph_calls(module, _graph_scope(graph))
     path = getattr(module, "__file__", None)
     gm = getattr(graph, "module", None)
     if not path or gm is None:
         return
-    nodes: dict[str, str] = {}
+    nodes: dict[str, tuple[str | None, str | None]] = {}
     for node in gm.graph.nodes:
         meta = getattr(node, "meta", {}) or {}
         stack = meta.get("nn_module_stack") or {}
-        if not stack:
+        entries = stack_entries(stack) if stack else ()
+        line = stack_trace_source(meta.get("stack_trace"))
+        if not entries and not line:
             continue
-        module_path = module_from_stack_key(str(list(stack.values())[-1][0]))
-        if not module_path:
-            continue
-        nodes.setdefault(node.name, module_path)
-        # The wrapper's comments name the user-level ops (Dynamo's nodes: linear_3, silu),
-        # which these post-autograd nodes record as their source.
+        nodes.setdefault(node.name, (entries, line))
+        # The wrapper's comments name the user-level ops by Dynamo's node names, which
+        # Dynamo renames after the user's variable (linear_3 -> attn_output_4): the
+        # post-autograd node keeps that name as its first from_node, and the op's original
+        # name in source_fn_stack.
+        for origin in (meta.get("from_node") or ())[:1]:
+            name = getattr(origin, "name", None)
+            if name:
+                nodes.setdefault(str(name), (entries, line))
         source = meta.get("source_fn_stack") or []
         if source:
-            nodes[str(source[-1][0])] = module_path
+            nodes[str(source[-1][0])] = (entries, line)
     register_wrapper(path, nodes)
+
+
+def _mark_graph_calls(module: Any, scope: Any) -> None:
+    """Wrap a compiled graph's ``call`` (Inductor takes ``module.call`` after
+    ``compile_to_module`` returns) so that, while a profiler runs, it opens the range
+    ``fusioncheck::graph#<scope>`` that the CUDA kernel source finds its launches in."""
+    original = getattr(module, "call", None)
+    if scope is None or not callable(original) or getattr(original, "_fusioncheck_graph", None) is not None:
+        return
+    import torch
+
+    name = f"{GRAPH_RANGE_PREFIX}{scope}"
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not _compat.profiler_enabled():
+            return original(*args, **kwargs)
+        with torch.profiler.record_function(name):
+            return original(*args, **kwargs)
+
+    call._fusioncheck_graph = scope
+    module.call = call
+
+
+_TRACE_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def stack_trace_source(trace: str | None) -> str | None:
+    """The model's ``file:line`` in an FX node's ``stack_trace`` (Dynamo's record of where
+    the op was traced): its innermost user frame (``where.user_frame``)."""
+    if not trace:
+        return None
+    from ..where import relpath, user_frame
+
+    frames = [(f, int(line)) for f, line, _ in _TRACE_FRAME.findall(trace)]
+    found = user_frame(frames)
+    return f"{relpath(found[0])}:{found[1]}" if found else None
+
+
+def _source(nodes: Any) -> str | None:
+    """The model line most of a kernel's ops were traced from (their FX stack traces)."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        for origin in getattr(getattr(node, "node", None), "origins", None) or ():
+            line = stack_trace_source((getattr(origin, "meta", {}) or {}).get("stack_trace"))
+            if line:
+                counts[line] = counts.get(line, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+# Generated wrapper files -> {FX node name: (stack_entries, model line)}: what an extern kernel
+# called from the wrapper (cuBLAS/ATen GEMMs, attention) ran for. The wrapper names a call's
+# source nodes in the comment above it ("# Topologically Sorted Source Nodes: [linear_3], ...").
+_wrapper_nodes: dict[str, dict[str, tuple[tuple, str | None]]] = {}
+_wrapper_lines: dict[tuple[str, int], tuple[tuple, str | None] | None] = {}
+_SOURCE_NODES = re.compile(r"#\s*Topologically Sorted Source Nodes: \[([^\]]*)\]")
+
+
+def register_wrapper(path: str, nodes: dict[str, tuple[tuple, str | None]]) -> None:
+    """Remember a generated wrapper file's {FX node name: (stack_entries, model line)}
+    (sources/bytes_model.py)."""
+    _wrapper_nodes[path] = nodes
+    for key in [k for k in _wrapper_lines if k[0] == path]:
+        del _wrapper_lines[key]
+
+
+def wrapper_origin(frame: Any, max_depth: int = 30) -> tuple[tuple, str | None] | None:
+    """``(stack_entries, model line)`` of the node an op called from a compiled graph's wrapper ran for,
+    from the source nodes the wrapper names above the calling line; None when the op is not
+    called from one."""
+    if not _wrapper_nodes:
+        return None
+    depth = 0
+    while frame is not None and depth < max_depth:
+        filename = frame.f_code.co_filename
+        nodes = _wrapper_nodes.get(filename)
+        if nodes is not None:
+            key = (filename, frame.f_lineno)
+            if key not in _wrapper_lines:
+                _wrapper_lines[key] = _origin_above(filename, frame.f_lineno, nodes)
+            return _wrapper_lines[key]
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def _origin_above(filename: str, lineno: int, nodes: dict[str, tuple[tuple, str | None]]) -> tuple[tuple, str | None] | None:
+    import linecache
+
+    for line in range(lineno - 1, max(0, lineno - 40), -1):
+        match = _SOURCE_NODES.search(linecache.getline(filename, line))
+        if match:
+            names = [n.strip() for n in match.group(1).split(",")]
+            for name in reversed(names):  # the call's own node comes last
+                if name in nodes:
+                    return nodes[name]
+            return None
+    return None
 
 
 def _attempt(fn: Any) -> Any:
@@ -541,13 +735,13 @@ def inductor_cpu_kernel(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def generated_origin(name: str) -> str:
+def generated_origin(name: str, graph: Any = None) -> str:
     """``triton_poi_fused_add_gelu_0`` -> ``fused: add, gelu`` (the ops Inductor fused).
 
     Uses the ATen ops Inductor recorded for the kernel at code generation; falls back
     to reading them off the kernel's name (ambiguous where op names hold underscores).
     """
-    origins = inductor_kernel_origins(name)
+    origins = inductor_kernel_origins(name, graph)
     if origins:
         return "fused: " + ", ".join(origins)
     base = re.sub(r"_\d+$", "", name)

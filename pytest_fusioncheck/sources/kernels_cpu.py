@@ -22,17 +22,18 @@ from .bytes_model import (
     inductor_kernel_estimate,
     inductor_kernel_flops,
     inductor_kernel_module,
+    inductor_kernel_source,
 )
 
 
 class CpuKernels:
     """``KernelSource`` for ``device == "cpu"``."""
 
-    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
-        return cpu_kernels(prof, ops, triton)
+    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], names: dict[int, str] | None = None) -> tuple[list[Kernel], list[Kernel]]:
+        return cpu_kernels(prof, ops, triton, names)
 
 
-def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
+def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], names: dict[int, str] | None = None) -> tuple[list[Kernel], list[Kernel]]:
     """Kernels and copies of a CPU capture: Inductor C++ kernels (profiler events), the
     observed ATen ops that compute, and interpreted Triton launches (one kernel each)."""
     kernels: list[Kernel] = []
@@ -58,9 +59,9 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> t
                         time_s=e.duration_ns() * 1e-9,
                         bytes=nbytes if nbytes is not None else inductor_kernel_bytes(kname),
                         op=generated_origin(kname),
-                        source=None,
+                        source=_first_not_none(inductor_kernel_source(name), inductor_kernel_source(kname)),
                         bytes_estimate=_first_not_none(inductor_kernel_estimate(name), inductor_kernel_estimate(kname)),
-                        module=_first_not_none(inductor_kernel_module(name), inductor_kernel_module(kname)),
+                        module=_first_not_none(inductor_kernel_module(name, names=names), inductor_kernel_module(kname, names=names)),
                         start_ns=e.start_ns(),
                         flops=flops,
                         flops_estimated=estimated,

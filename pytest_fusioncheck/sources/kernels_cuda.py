@@ -14,16 +14,23 @@ from typing import Any
 
 from .._compat import device_activity_kind, kineto_events
 from ..ops import OpRecord, TritonLaunch
-from ..ranges import OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
+from ..ranges import GRAPH_RANGE_PREFIX, OP_RANGE_PREFIX, TRITON_RANGE_PREFIX
 from ..report import Kernel
-from .bytes_model import generated_origin, inductor_kernel_bytes, inductor_kernel_estimate, inductor_kernel_flops, inductor_kernel_module
+from .bytes_model import (
+    generated_origin,
+    inductor_kernel_bytes,
+    inductor_kernel_estimate,
+    inductor_kernel_flops,
+    inductor_kernel_module,
+    inductor_kernel_source,
+)
 
 
 class CudaKernels:
     """``KernelSource`` for ``device == "cuda"``."""
 
-    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
-        return cuda_kernels(prof, ops, triton)
+    def kernels(self, prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], names: dict[int, str] | None = None) -> tuple[list[Kernel], list[Kernel]]:
+        return cuda_kernels(prof, ops, triton, names)
 
 
 def copy_traffic(name: str, nbytes: int | None) -> int | None:
@@ -114,8 +121,10 @@ def attribute_op_flops(activities: list[Kernel], main: Kernel | None, op: OpReco
         k.dtype = op.dtype
 
 
-def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> tuple[list[Kernel], list[Kernel]]:
-    """Device activities from Kineto, each attributed to the op or Triton launch behind it."""
+def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], names: dict[int, str] | None = None) -> tuple[list[Kernel], list[Kernel]]:
+    """Device activities from Kineto, each attributed to the op or Triton launch behind it;
+    a generated kernel's figures are those of the graph whose wrapper call launched it
+    (the ``fusioncheck::graph#`` range around the launch)."""
     from torch.autograd import DeviceType
 
     events = kineto_events(prof)
@@ -126,7 +135,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
         name = e.name()
         if e.device_type() == DeviceType.CUDA:
             device_events.append(e)
-        elif name.startswith(OP_RANGE_PREFIX) or name.startswith(TRITON_RANGE_PREFIX):
+        elif name.startswith((OP_RANGE_PREFIX, TRITON_RANGE_PREFIX, GRAPH_RANGE_PREFIX)):
             markers.append((e.start_ns(), e.end_ns(), e.start_thread_id(), name))
         elif e.correlation_id():
             launches[e.correlation_id()] = e
@@ -136,7 +145,8 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
     for launch in triton:
         triton_queue.setdefault(launch.name, []).append(launch)
 
-    def innermost_op(launch_event: Any) -> OpRecord | None:
+    def innermost(launch_event: Any, prefix: str) -> str | None:
+        """The innermost range of ``prefix`` open on the launching thread at the launch."""
         if launch_event is None:
             return None
         t, tid = launch_event.start_ns(), launch_event.start_thread_id()
@@ -144,9 +154,13 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
         for start, end, thread, name in markers:
             if start > t:
                 break
-            if thread == tid and start <= t <= end and name.startswith(OP_RANGE_PREFIX):
+            if thread == tid and start <= t <= end and name.startswith(prefix):
                 best = name
-        return by_index.get(int(best[len(OP_RANGE_PREFIX):])) if best else None
+        return best[len(prefix):] if best else None
+
+    def innermost_op(launch_event: Any) -> OpRecord | None:
+        index = innermost(launch_event, OP_RANGE_PREFIX)
+        return by_index.get(int(index)) if index is not None else None
 
     kernels: list[Kernel] = []
     copies: list[Kernel] = []
@@ -158,7 +172,8 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
             continue
         name = e.name()
         is_copy = kind == "copy"
-        op = innermost_op(launches.get(e.linked_correlation_id()))
+        launch_event = launches.get(e.linked_correlation_id())
+        op = innermost_op(launch_event)
         k = Kernel(name=name, time_s=e.duration_ns() * 1e-9, kind="copy" if is_copy else "kernel", start_ns=e.start_ns())
         if is_copy:  # its size is only in the exported trace (torch's events lack it)
             if sizes is None:
@@ -173,12 +188,15 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch]) -> 
             k.op, k.source, k.bytes = "triton", launch.source, launch.bytes
             k.flops, k.dtype = launch.flops, launch.dtype
         elif not is_copy:
-            est = inductor_kernel_bytes(name)
+            graph_token = innermost(launch_event, GRAPH_RANGE_PREFIX)
+            graph = int(graph_token) if graph_token is not None else None
+            est = inductor_kernel_bytes(name, graph)
             if est is not None or name.startswith("triton_"):
-                k.op, k.bytes = generated_origin(name), est
-                k.bytes_estimate = inductor_kernel_estimate(name)
-                k.module = inductor_kernel_module(name)
-                k.flops, k.flops_estimated = inductor_kernel_flops(name)
+                k.op, k.bytes = generated_origin(name, graph), est
+                k.bytes_estimate = inductor_kernel_estimate(name, graph)
+                k.module = inductor_kernel_module(name, graph, names)
+                k.source = inductor_kernel_source(name, graph)
+                k.flops, k.flops_estimated = inductor_kernel_flops(name, graph)
         (copies if is_copy else kernels).append(k)
     for index, group in by_op.items():
         main = attribute_op_bytes(group, by_index[index].bytes)
