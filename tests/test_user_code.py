@@ -1,0 +1,240 @@
+"""The plugin on the code users write (issue 54): closures, partials and bound methods over
+models, training steps, optimizer steps, Hugging Face models eager and compiled through a
+lambda, and two compiled graphs in one session. Budgets, module paths and lines must be
+those of the direct call, whatever the callable's form."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+import pytest
+import torch
+
+from pytest_fusioncheck import Budget, profile
+from pytest_fusioncheck.budget import find_captures
+
+transformers = pytest.importorskip("transformers")
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+
+
+MLP = _mlp()  # a module-level model, as test files hold them
+X = torch.randn(8, 64)
+
+
+def _weights(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+class Trainer:
+    """A user's object that holds the model and its optimizer."""
+
+    def __init__(self) -> None:
+        self.model = _mlp()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.batch = torch.randn(8, 64)
+
+    def step(self) -> None:
+        self.opt.zero_grad()
+        self.model(self.batch).sum().backward()
+        self.opt.step()
+
+
+# --- budgets: the callable's form does not change what the call uses -----------------------
+
+
+def test_a_lambda_a_partial_a_bound_method_a_closure_and_a_global_get_the_direct_calls_budget():
+    direct = profile(MLP, X).budget
+    assert direct.read_bytes == _weights(MLP) + X.numel() * 4
+    local_model, local_x = _mlp(), torch.randn(8, 64)
+    local_direct = profile(local_model, local_x).budget
+
+    def closure():
+        return local_model(local_x)
+
+    def global_call():
+        return MLP(X)
+
+    forms = {
+        "lambda over args": (lambda t: MLP(t), (X,), direct),
+        "lambda over globals": (lambda: MLP(X), (), direct),
+        "partial": (functools.partial(MLP, X), (), direct),
+        "bound forward": (MLP.forward, (X,), direct),
+        "function over globals": (global_call, (), direct),
+        "closure": (closure, (), local_direct),
+        "default argument": (lambda t, m=local_model: m(t), (local_x,), local_direct),
+        "compiled lambda": (torch.compile(lambda: local_model(local_x)), (), local_direct),
+    }
+    for form, (fn, args, expected) in forms.items():
+        got = profile(fn, *args).budget
+        assert got.total == expected.total, f"{form}: {got} against {expected}"
+
+
+def test_a_user_objects_bound_method_reaches_the_model_and_optimizer_it_holds():
+    trainer = Trainer()
+    trainer.step()  # gradients exist from here on
+    captures = find_captures(trainer.step)
+    assert captures.modules == [trainer.model] and captures.optimizers == [trainer.opt]
+    assert any(t is trainer.batch for t in captures.tensors)
+
+
+def test_a_training_step_reads_weights_input_and_gradients_and_writes_the_gradients_it_updates():
+    model, x = _mlp(), torch.randn(8, 64)
+
+    def step():
+        model.zero_grad(set_to_none=False)
+        model(x).float().sum().backward()
+
+    report = profile(step)
+    w = _weights(model)
+    assert report.budget.read_bytes == w + w + x.numel() * 4  # weights, kept gradients, input
+    assert report.budget.write_bytes == w  # every gradient, once
+    assert "gradients" in report.budget.label and "updated tensors" in report.budget.label
+
+
+def test_an_optimizer_step_reads_params_gradients_and_state_and_writes_params_and_state():
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), foreach=True)
+    model(X).sum().backward()
+    report = profile(opt.step)  # warm-up makes the state
+    w = _weights(model)
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
+    assert report.budget.read_bytes == 4 * w + steps  # params, grads, exp_avg, exp_avg_sq
+    assert report.budget.write_bytes == 3 * w + steps  # params, exp_avg, exp_avg_sq, step
+
+
+def test_zeroing_gradients_is_modelled_as_writes_only():
+    model = _mlp()
+    model(X).sum().backward()
+    report = profile(lambda: model.zero_grad(set_to_none=False))
+    assert report.bytes == _weights(model)  # each gradient written once, none read
+
+
+def test_a_budget_that_misses_parameters_the_call_read_says_so_and_shows_budget():
+    model = _mlp()
+    holder = weakref.ref(model)  # a reference the search does not follow
+    report = profile(lambda: holder()(X))
+    assert report.budget.read_bytes == X.numel() * 4
+    note = next(w for w in report.warnings if "parameters" in w)
+    assert "default budget does not hold" in note and "budget=Budget.from_tensors" in note
+
+
+def test_profile_outside_pytest_takes_a_budget_and_reads_the_efficiency_on_first_access():
+    budget = Budget(read_bytes=1000, write_bytes=24)
+    report = profile(MLP, X, budget=budget)
+    assert report.budget is budget
+    assert report.peak_bandwidth is None
+    assert report.efficiency is not None and report.efficiency > 0
+    assert report.peak_bandwidth is not None
+    with pytest.raises(TypeError, match="budget must be a Budget"):
+        profile(MLP, X, budget=1024)
+
+
+def test_fn_gets_a_keyword_named_like_profiles_own_through_a_partial():
+    seen = {}
+
+    def fn(x, budget):
+        seen["budget"] = budget
+        return x * 2
+
+    profile(functools.partial(fn, budget="mine"), torch.ones(4))
+    assert seen == {"budget": "mine"}
+
+
+# --- modules and lines without a root from the caller ---------------------------------------
+
+
+def test_backward_kernels_name_the_module_and_line_of_the_forward_op_they_differentiate():
+    model, x = _mlp(), torch.randn(8, 64)
+    report = profile(lambda: model(x).sum().backward())
+    by_op = {}
+    for k in report.kernels:
+        by_op.setdefault(k.op, []).append(k)
+    assert {k.module for k in by_op["aten::gelu_backward"]} == {"1"}
+    assert {k.module for k in by_op["aten::addmm"]} == {"0", "2"}
+    gemm_grads = by_op["aten::mm"]  # dgrad and wgrad of both Linears
+    assert sorted(k.module for k in gemm_grads) == ["0", "2", "2"]  # layer 0 needs no input gradient
+    forward_line = by_op["aten::addmm"][0].source
+    assert all(k.source == forward_line for k in gemm_grads), report.table()
+    accumulate = [k for k in by_op.get("aten::add_", [])]
+    assert all(k.module in ("0", "2") for k in accumulate), report.table()
+
+
+def test_a_submodule_called_through_a_lambda_is_named_inside_the_captured_model():
+    report = profile(lambda: MLP[2](torch.relu(MLP[0](X))))
+    gemms = [k.module for k in report.kernels if k.op == "aten::addmm"]
+    assert gemms == ["0", "2"]
+
+
+@pytest.fixture(scope="module")
+def hf_models():
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )).eval()
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0,
+    )).eval()
+    return {"llama": llama, "gpt2": gpt2}
+
+
+_GEMM_MODULES = {
+    "llama": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"},
+    "gpt2": {"c_attn", "c_proj", "c_fc", "lm_head"},
+}
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("form", ["eager", "compiled lambda", "compiled model"])
+def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_models, name, form):
+    model = hf_models[name]
+    ids = torch.randint(0, 256, (2, 16))
+    torch._dynamo.reset()
+    if form == "eager":
+        fn = lambda t: model(t).logits  # noqa: E731
+    elif form == "compiled lambda":
+        fn = torch.compile(lambda t: model(t).logits)
+    else:
+        compiled = torch.compile(model)
+        fn = lambda t: compiled(t).logits  # noqa: E731
+    with torch.no_grad():
+        report = profile(fn, ids)
+        direct = profile(model, ids)
+    table = report.table(max_rows=None)
+    named = [k for k in report.kernels if k.module]
+    assert len(named) >= 0.95 * report.kernel_count, table
+    paths = set(dict(model.named_modules()))
+    for k in named:
+        assert k.module in paths or "*" in k.module, f"{k.module!r} is not a module path\n{table}"
+    gemms = [k for k in report.kernels if k.op in ("aten::mm", "aten::addmm", "aten::bmm")]
+    assert gemms and {k.module.split(".")[-1] for k in gemms} == _GEMM_MODULES[name], table
+    assert all(k.source and "/transformers/" in k.source for k in report.kernels), table
+    assert not any(k.source.rsplit("/", 1)[-1].startswith(("deprecation.py", "generic.py")) for k in report.kernels), table
+    assert report.budget.total == direct.budget.total
+
+
+# --- two compiled graphs that name a kernel alike -------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["small first", "large first"])
+def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_either_order(order):
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x + 1) * 2)
+    g = torch.compile(lambda x, y: (x + y) * 3)
+    small, large = torch.randn(2**10), torch.randn(2**16)
+
+    def run_f():
+        return profile(f, small).bytes
+
+    def run_g():
+        return profile(g, large, large.clone()).bytes
+
+    first = [run_f, run_g] if order == "small first" else [run_g, run_f]
+    figures = {fn.__name__: fn() for fn in first}
+    figures.update({fn.__name__ + " again": fn() for fn in first})
+    assert figures["run_f"] == figures["run_f again"] == 2 * 2**10 * 4
+    assert figures["run_g"] == figures["run_g again"] == 3 * 2**16 * 4
