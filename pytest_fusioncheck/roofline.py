@@ -40,28 +40,54 @@ def _device_key(device: str, name: str) -> str:
     return f"{device}:{name}"
 
 
+# Sizes of the GPU copy that measures peak bandwidth, bytes per tensor: each at least 4x
+# any current L2 (60 MB on an H200), the largest that fits taken too, the best one kept
+# (docs/roofline.md, "Peak bandwidth").
+_GPU_COPY_SIZES = (1 << 28, 1 << 29, 1 << 30, 1 << 31)
+_GPU_COPIES_PER_TIMING = 4
+
+
 def measure_copy_bandwidth(device: str, nbytes: int | None = None, reps: int = 10) -> float:
-    """Bytes/s (read + write) of a large copy on ``device``; median of ``reps`` runs."""
+    """Bytes/s (read + write) of a large copy on ``device``.
+
+    On a GPU: device-to-device copies of several sizes (``_GPU_COPY_SIZES``, those that fit
+    in a third of the free memory), each timed as ``reps`` rounds of back-to-back copies
+    between one pair of events (a launch's gap amortised over the round), median of the
+    rounds; the best size is the peak. On CPU: the median of ``reps`` timed host copies.
+    ``nbytes`` fixes one size (bytes per tensor)."""
     import torch
 
-    if nbytes is None:
-        nbytes = (1 << 30) if device == "cuda" else (256 << 20)
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 2):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        else:
+    if device != "cuda":
+        nbytes = nbytes or (128 << 20)
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+        dst = torch.empty_like(src)
+        times = []
+        for _ in range(reps + 2):
             t0 = time.perf_counter()
             dst.copy_(src)
             times.append(time.perf_counter() - t0)
-    return 2 * src.numel() / statistics.median(times[2:])
+        return 2 * src.numel() / statistics.median(times[2:])
+    free, _ = torch.cuda.mem_get_info()
+    sizes = [nbytes] if nbytes else [n for n in _GPU_COPY_SIZES if 3 * n <= free] or [min(_GPU_COPY_SIZES)]
+    best = 0.0
+    for size in sizes:
+        src = torch.empty(size, dtype=torch.uint8, device=device).random_()
+        dst = torch.empty_like(src)
+        for _ in range(2):
+            dst.copy_(src)
+        rounds = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(_GPU_COPIES_PER_TIMING):
+                dst.copy_(src)
+            end.record()
+            end.synchronize()
+            rounds.append(start.elapsed_time(end) * 1e-3 / _GPU_COPIES_PER_TIMING)
+        best = max(best, 2 * size / statistics.median(rounds))
+        del src, dst
+        torch.cuda.empty_cache()
+    return best
 
 
 def peak_bandwidth(device: str, name: str = "", settings: Settings | None = None) -> float:

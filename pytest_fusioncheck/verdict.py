@@ -137,6 +137,9 @@ def check_bandwidth(report: FusionReport, fraction: float, where: str, log: Repo
         raise FusionAssertionError(
             failure_message(report, f"{where}: efficiency unknown for {report.label} (no budget, time or peak bandwidth)", log=log)
         )
+    if eff > ABOVE_ROOF:
+        _above_the_roof(report, eff, where, log)
+        return
     if eff >= fraction:
         return
     headline = (
@@ -147,6 +150,29 @@ def check_bandwidth(report: FusionReport, fraction: float, where: str, log: Repo
     )
     if report.device == "cpu" and not log.settings.enforce_cpu_timing:
         report.warnings.append(headline + " [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]")
+        return
+    raise FusionAssertionError(failure_message(report, headline, log=log))
+
+
+# An efficiency above this is not a kernel beating the copy roofline: the budget is larger
+# than what the call can move, or the peak bandwidth is low (docs/roofline.md).
+ABOVE_ROOF = 1.02
+
+
+def _above_the_roof(report: FusionReport, eff: float, where: str, log: ReportLog) -> None:
+    """Fail an efficiency above ``ABOVE_ROOF`` on a GPU (an impossible figure must not
+    pass), unless the budget fits in cache (then the warning ``ensure_efficiency`` added
+    explains it) or the device is a CPU (timing reported, not enforced)."""
+    __tracebackhide__ = True
+    headline = (
+        f"{where}: {eff:.1%} of peak bandwidth is above the copy roofline ({report.label}): the budget or the peak "
+        f"is wrong: budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(report.time_s)} "
+        f"against peak {format_bandwidth(report.peak_bandwidth)} (pass the call's own budget=, or --fusion-peak-bandwidth)"
+    )
+    cached = any("under 4x the" in w for w in report.warnings)
+    if report.device == "cpu" or cached:
+        if headline not in report.warnings:
+            report.warnings.append(headline)
         return
     raise FusionAssertionError(failure_message(report, headline, log=log))
 

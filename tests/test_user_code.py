@@ -43,6 +43,9 @@ class Trainer:
         self.opt.step()
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 # --- budgets: the callable's form does not change what the call uses -----------------------
 
 
@@ -106,6 +109,21 @@ def test_an_optimizer_step_reads_params_gradients_and_state_and_writes_params_an
     assert report.budget.write_bytes == 3 * w + steps  # params, exp_avg, exp_avg_sq, step
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("flavour", ["fused", "foreach"])
+def test_every_launch_of_a_multi_tensor_optimizer_step_carries_its_share_of_the_ops_bytes(flavour):
+    params = [torch.nn.Parameter(torch.randn(2048, 2048, device="cuda")) for _ in range(6)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, **{flavour: True})
+    report = profile(opt.step)
+    launches = [k for k in report.kernels if "multi_tensor_apply" in k.name]
+    assert launches, report.table()
+    assert all(k.bytes for k in launches), report.table()
+    w = sum(p.numel() * 4 for p in params)
+    assert report.bytes >= 7 * w  # read params, grads, 2 states; write params, 2 states
+
+
 def test_zeroing_gradients_is_modelled_as_writes_only():
     model = _mlp()
     model(X).sum().backward()
@@ -147,15 +165,16 @@ def test_fn_gets_a_keyword_named_like_profiles_own_through_a_partial():
 # --- modules and lines without a root from the caller ---------------------------------------
 
 
-def test_backward_kernels_name_the_module_and_line_of_the_forward_op_they_differentiate():
-    model, x = _mlp(), torch.randn(8, 64)
-    report = profile(lambda: model(x).sum().backward())
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_kernels_name_the_module_and_line_of_the_forward_op_they_differentiate(device):
+    model, x = _mlp().to(device), torch.randn(8, 64, device=device)
+    report = profile(lambda: model(x).sum().backward())  # on CUDA, backward runs on autograd's thread
     by_op = {}
     for k in report.kernels:
         by_op.setdefault(k.op, []).append(k)
     assert {k.module for k in by_op["aten::gelu_backward"]} == {"1"}
     assert {k.module for k in by_op["aten::addmm"]} == {"0", "2"}
-    gemm_grads = by_op["aten::mm"]  # dgrad and wgrad of both Linears
+    gemm_grads = [k for k in by_op["aten::mm"] if k.bytes]  # dgrad and wgrad of both Linears (not a split-K reduce)
     assert sorted(k.module for k in gemm_grads) == ["0", "2", "2"]  # layer 0 needs no input gradient
     forward_line = by_op["aten::addmm"][0].source
     assert all(k.source == forward_line for k in gemm_grads), report.table()
@@ -188,11 +207,12 @@ _GEMM_MODULES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 @pytest.mark.parametrize("form", ["eager", "compiled lambda", "compiled model"])
-def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_models, name, form):
-    model = hf_models[name]
-    ids = torch.randint(0, 256, (2, 16))
+def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_models, name, form, device):
+    model = hf_models[name].to(device)
+    ids = torch.randint(0, 256, (2, 16), device=device)
     torch._dynamo.reset()
     if form == "eager":
         fn = lambda t: model(t).logits  # noqa: E731
@@ -211,6 +231,7 @@ def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_mode
     for k in named:
         assert k.module in paths or "*" in k.module, f"{k.module!r} is not a module path\n{table}"
     gemms = [k for k in report.kernels if k.op in ("aten::mm", "aten::addmm", "aten::bmm")]
+    gemms = [k for k in gemms if k.bytes]  # on CUDA: the launch an op's bytes went to (not a split-K reduce)
     assert gemms and {k.module.split(".")[-1] for k in gemms} == _GEMM_MODULES[name], table
     assert all(k.source and "/transformers/" in k.source for k in report.kernels), table
     assert not any(k.source.rsplit("/", 1)[-1].startswith(("deprecation.py", "generic.py")) for k in report.kernels), table
@@ -220,12 +241,14 @@ def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_mode
 # --- two compiled graphs that name a kernel alike -------------------------------------------
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("order", ["small first", "large first"])
-def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_either_order(order):
+def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_either_order(order, device):
     torch._dynamo.reset()
     f = torch.compile(lambda x: (x + 1) * 2)
     g = torch.compile(lambda x, y: (x + y) * 3)
-    small, large = torch.randn(2**10), torch.randn(2**16)
+    large_n = 2**24 if device == "cuda" else 2**16
+    small, large = torch.randn(2**10, device=device), torch.randn(large_n, device=device)
 
     def run_f():
         return profile(f, small).bytes
@@ -237,4 +260,4 @@ def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_eithe
     figures = {fn.__name__: fn() for fn in first}
     figures.update({fn.__name__ + " again": fn() for fn in first})
     assert figures["run_f"] == figures["run_f again"] == 2 * 2**10 * 4
-    assert figures["run_g"] == figures["run_g again"] == 3 * 2**16 * 4
+    assert figures["run_g"] == figures["run_g again"] == 3 * large_n * 4

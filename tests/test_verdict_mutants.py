@@ -325,6 +325,23 @@ def test_a_gpu_bandwidth_shortfall_fails_with_budget_time_rate_and_peak(gpu_with
     )
 
 
+def test_an_efficiency_above_the_copy_roofline_fails_on_a_gpu_naming_the_budget_or_the_peak(gpu_without_l2):
+    """An impossible figure (a budget of 10**15 bytes on a 2 MiB softmax) must not pass."""
+    message = _fails(check_bandwidth, _bandwidth_report("cuda", efficiency=1.5), 0.9, "w", log=_log())
+    assert message.splitlines()[0].startswith("w: 150.0% of peak bandwidth is above the copy roofline (made): the budget or the peak is wrong")
+    check_bandwidth(_bandwidth_report("cuda", efficiency=1.02), 0.9, "w", log=_log())  # at the margin: passes
+
+
+def test_an_efficiency_above_the_roofline_is_a_warning_on_cpu_and_where_the_budget_fits_in_cache(gpu_without_l2):
+    cpu = _bandwidth_report("cpu", efficiency=3.0)
+    check_bandwidth(cpu, 0.9, "w", log=_log())
+    assert len(cpu.warnings) == 1 and "above the copy roofline" in cpu.warnings[0]
+    cached = _bandwidth_report("cuda", efficiency=3.0)
+    cached.warnings.append("budget 3.8 MiB is under 4x the 60 MiB L2: timings may measure the cache, not HBM; use larger inputs")
+    check_bandwidth(cached, 0.9, "w", log=_log())
+    assert "above the copy roofline" in cached.warnings[-1]
+
+
 def test_a_cpu_bandwidth_shortfall_is_a_note_unless_cpu_timing_is_enforced():
     """Catches a CPU shortfall failing by default, lost, or not failing when enforced."""
     report = _bandwidth_report("cpu", efficiency=0.25)
