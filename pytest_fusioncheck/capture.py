@@ -4,8 +4,8 @@
 Triton autotunes there, with Inductor's byte hooks on), synchronises, then calls it once
 more with every recorder on:
 
-* ``torch.profiler`` (CPU, plus CUDA activities on a GPU) inside an NVTX range named
-  ``fusioncheck:<seq>:<label>`` (what ``--fusion-counters=ncu`` filters on);
+* ``torch.profiler`` (CPU, plus CUDA activities on a GPU) inside an NVTX start/end range
+  named ``fusioncheck:<seq>:<label>`` (what ``--fusion-counters=ncu`` filters on);
 * the ATen op observer (``ops.make_op_observer``): op, bytes, user ``file:line``;
 * a hook on Triton's launcher: name, declared bytes and source of directly launched
   Triton kernels (and, under ``TRITON_INTERPRET=1``, the launch itself, which is then
@@ -48,27 +48,29 @@ from .state import current_log, record_report
 from .where import is_internal, relpath, user_source
 
 
-def _nvtx_push(name: str) -> None:
-    """Open a push/pop range in NVTX's default domain (the ``nvtx`` package, else torch's)."""
+def _nvtx_start(name: str) -> int:
+    """Open a start/end range in NVTX's default domain (the ``nvtx`` package, else torch's).
+    Start/end ranges are process-wide: kernels that autograd's device thread launches in a
+    backward pass are inside it too (a push/pop range belongs to the calling thread)."""
     try:
         import nvtx
 
-        nvtx.push_range(name)
+        return nvtx.start_range(message=name)
     except ImportError:
         import torch
 
-        torch.cuda.nvtx.range_push(name)
+        return torch.cuda.nvtx.range_start(name)
 
 
-def _nvtx_pop() -> None:
+def _nvtx_end(range_id: Any) -> None:
     try:
         import nvtx
 
-        nvtx.pop_range()
+        nvtx.end_range(range_id)
     except ImportError:
         import torch
 
-        torch.cuda.nvtx.range_pop()
+        torch.cuda.nvtx.range_end(range_id)
 
 
 class FusionCheckError(RuntimeError):
@@ -144,7 +146,7 @@ class _Recorders:
         self.prof = None
         self.triton: list[TritonLaunch] = []
         self._stack = contextlib.ExitStack()
-        self._nvtx = False
+        self._nvtx: Any = None  # the open NVTX range's id
         self.seq = 0
         self._t0 = 0.0
         self.wall_s: float | None = None
@@ -193,8 +195,7 @@ class _Recorders:
         self.seq = _seq[0]
         try:
             if self.device == "cuda":
-                _nvtx_push(nvtx_range_name(self.seq, self.label))
-                self._nvtx = True
+                self._nvtx = _nvtx_start(nvtx_range_name(self.seq, self.label))
             self._stack.enter_context(_compat.triton_launch_hook(self.triton_launch))
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
@@ -212,9 +213,9 @@ class _Recorders:
         try:
             self._stack.close()
         finally:
-            if self._nvtx:
-                _nvtx_pop()
-                self._nvtx = False
+            if self._nvtx is not None:
+                _nvtx_end(self._nvtx)
+                self._nvtx = None
 
     def __exit__(self, *exc: Any) -> None:
         _state.active = None

@@ -32,7 +32,10 @@ from typing import Any
 from ..ranges import NVTX_PREFIX
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-NVTX_FILTER = f"regex:^{NVTX_PREFIX}.*/"
+# No trailing "/": the plugin's ranges are start/end ranges (process-wide, so kernels that
+# autograd's device thread launches in a backward pass are inside them); "/" selects
+# push/pop ranges, which are per thread.
+NVTX_FILTER = f"regex:^{NVTX_PREFIX}.*"
 CHILD_ENV = "FUSIONCHECK_NCU_CHILD"
 _UNIT_SCALE = {
     "": 1, "byte": 1, "bytes": 1, "b": 1,
@@ -84,11 +87,12 @@ def _number(text: str, unit: str) -> int:
 
 
 def _push_pop_range(cell: str) -> str:
-    """The innermost fusioncheck push/pop range in ncu's NVTX column, else ''.
+    """The innermost fusioncheck range in one of ncu's NVTX columns, else ''.
 
-    A cell reads ``<tid>  "<default domain>:fusioncheck:3:label:none:none:none:none:none:none"``:
-    domain, range name, then six payload/colour/message fields, which are split off the
-    right so a label may hold colons (test ids do).
+    A push/pop cell reads ``<tid>  "<default domain>:fusioncheck:3:label:none:none:none:none:none:none"``,
+    a start/stop cell ``"<id>:<default domain>:fusioncheck:3:label:none:..."``: (id,) domain,
+    range name, then six payload/colour/message fields, which are split off the right so a
+    label may hold colons (test ids do).
     """
     found = ""
     for chunk in cell.split('"'):
@@ -105,7 +109,8 @@ def parse_ncu_csv(text: str) -> list[NcuKernel]:
     """Kernel rows from ``ncu --nvtx --csv --page raw`` output (``==PROF==`` lines skipped).
 
     Handles the units row ncu prints under the header (empty or not), thousands
-    separators, ``Kbyte``/``Mbyte`` units, and reads each kernel's NVTX push/pop range.
+    separators, ``Kbyte``/``Mbyte`` units, and reads each kernel's NVTX range (the
+    start/stop column, else the push/pop one).
     Raises ``CountersError`` when the metric columns are missing.
     """
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
@@ -120,6 +125,7 @@ def parse_ncu_csv(text: str) -> list[NcuKernel]:
     except ValueError as exc:
         raise CountersError(f"ncu CSV lacks a needed column ({exc}); header starts: {header[:8]}") from None
     id_col = header.index("ID") if "ID" in header else None
+    start_col = next((i for i, h in enumerate(header) if "Start/Stop_Range" in h), None)
     nvtx_col = next((i for i, h in enumerate(header) if "Push/Pop_Range" in h), None)
     body = rows[1:]
     units = ["" for _ in header]
@@ -136,7 +142,9 @@ def parse_ncu_csv(text: str) -> list[NcuKernel]:
         except ValueError as exc:
             raise CountersError(f"ncu CSV row {i + 1} ({row[name_col][:60]!r}): {exc}") from None
         index = int(row[id_col]) if id_col is not None and row[id_col].strip().isdigit() else i
-        rng = _push_pop_range(row[nvtx_col]) if nvtx_col is not None else ""
+        rng = _push_pop_range(row[start_col]) if start_col is not None else ""
+        if not rng and nvtx_col is not None:  # a push/pop range (files recorded before start/end ranges)
+            rng = _push_pop_range(row[nvtx_col])
         kernels.append(NcuKernel(index, row[name_col], read, write, rng))
     return kernels
 
