@@ -285,7 +285,8 @@ class Captures:
         params = self.parameters()
         tensors += params
         grads = {id(p): (p.grad, p.grad._version) for p in params if p.grad is not None}
-        return TensorSnapshot({id(t): (t, t._version) for t in tensors}, params, grads, self)
+        arg_ids = {id(t) for t in iter_tensors(args)}
+        return TensorSnapshot({id(t): (t, t._version) for t in tensors}, params, grads, self, arg_ids)
 
 
 @dataclass
@@ -299,10 +300,18 @@ class TensorSnapshot:
     params: list
     grads: dict
     captures: Captures
+    arg_ids: set = field(default_factory=set)
 
-    def reads(self) -> list:
+    def reads(self, read: set | None = None) -> list:
+        """What the call can read: every tensor found and the gradients it kept. With
+        ``read`` (the storage keys the call's ops read, when every kernel of the call was an
+        observed op), a tensor found outside the arguments that no op read is left out: a
+        fill or an overwrite of a captured buffer reads nothing of it."""
         kept = [g for p in self.params if (g := self.grads.get(id(p), (None, 0))[0]) is not None and p.grad is g]
-        return [t for t, _ in self.versions.values()] + kept
+        found = [t for t, _ in self.versions.values()] + kept
+        if read is None:
+            return found
+        return [t for t in found if id(t) in self.arg_ids or storage_key(t) in read]
 
     def writes(self, written: set | frozenset = frozenset()) -> list:
         """What the call wrote: tensors whose version moved or whose storage is in ``written``
@@ -430,7 +439,8 @@ def callable_modules(fn: Any) -> list[Any]:
 
 
 def default_budget(
-    args: Any, kwargs: Any, output: Any, fn: Any = None, snapshot: TensorSnapshot | None = None, written: set | frozenset = frozenset()
+    args: Any, kwargs: Any, output: Any, fn: Any = None, snapshot: TensorSnapshot | None = None,
+    written: set | frozenset = frozenset(), read: set | None = None,
 ) -> Budget:
     """What the call uses, read once; what it returns or updates, written once.
 
@@ -444,7 +454,7 @@ def default_budget(
         captures = find_captures(fn, (args, kwargs)) if fn is not None else find_captures(None, (args, kwargs))
         snapshot = captures.snapshot((args, kwargs))
     captures = snapshot.captures
-    reads, updated = snapshot.reads(), snapshot.writes(written)
+    reads, updated = snapshot.reads(read), snapshot.writes(written)
     arg_tensors = {id(t) for t in iter_tensors((args, kwargs))}
     parts = ["args"]
     arg_modules = {id(m) for m in flat_modules((args, kwargs))}

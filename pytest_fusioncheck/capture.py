@@ -322,7 +322,7 @@ def profile_call(
         if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
-    report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn, before, _written_storages(rec))
+    report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn, before, _written_storages(rec), _read_storages(rec, report))
     if before is not None:
         note = _budget_misses_parameters(rec, before)
         if note:
@@ -348,6 +348,15 @@ def _written_storages(rec: _Recorders) -> set:
     """Storage keys the profiled call's observed ops wrote."""
     records = rec.observer.records if rec.observer is not None else []
     return {key for r in records for key in r.writes}
+
+
+def _read_storages(rec: _Recorders, report: FusionReport) -> set | None:
+    """Storage keys the profiled call's ops read, when every kernel it launched was an
+    observed ATen op (else None: a generated or Triton kernel's reads are not known)."""
+    if any(not k.op.startswith("aten::") for k in report.kernels):
+        return None
+    records = rec.observer.records if rec.observer is not None else []
+    return {key for r in records for key in r.reads}
 
 
 def _budget_misses_parameters(rec: _Recorders, before: Any) -> str | None:

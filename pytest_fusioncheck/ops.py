@@ -363,6 +363,18 @@ def _embedding_bag(args: tuple, kwargs: dict, returned: list) -> tuple[list, lis
     return [indices, Touched(weight, indices.numel() * row)] + rest, returned
 
 
+def _fused_optimizer(args: tuple, kwargs: dict, returned: list) -> tuple[list, list]:
+    """``_fused_adam(w)_`` / ``_fused_sgd_``: the schema marks the gradients as written, but
+    the kernel writes them back only to unscale them (``grad_scale`` given); else it reads
+    them. Parameters and optimizer state are read and written; step counters read."""
+    tensors = [_flat_tensors(a) for a in args]
+    params, grads, states = tensors[0], tensors[1], [t for group in tensors[2:] for t in group]
+    scaled = kwargs.get("grad_scale") is not None
+    extra = [t for t in (kwargs.get("grad_scale"), kwargs.get("found_inf")) if t is not None]
+    written = params + (grads if scaled else []) + [t for t in states if t.is_floating_point() and t.numel() > 1]
+    return params + grads + states + extra, written
+
+
 # Ops that touch part of a tensor they are given, by op name: fn(args, kwargs, returned)
 # -> (reads, writes); docs/bytes.md lists each.
 _PARTIAL_TOUCH: dict[str, Any] = {
@@ -379,6 +391,9 @@ _PARTIAL_TOUCH: dict[str, Any] = {
     "_embedding_bag": _embedding_bag,
     "_embedding_bag_forward_only": _embedding_bag,
     "embedding_bag": _embedding_bag,
+    "_fused_adam_": _fused_optimizer,
+    "_fused_adamw_": _fused_optimizer,
+    "_fused_sgd_": _fused_optimizer,
 }
 
 

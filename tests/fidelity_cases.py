@@ -320,3 +320,112 @@ FIDELITY: list[Case] = [
 ]
 
 CASES = {c.name: c for c in FIDELITY + BLOCKS}
+
+
+# --------------------------------------------------------------------------- the code users write
+# Training steps, optimizer steps, losses, partial-touch ops, closures and whole models, as
+# users call them (issue 54). Rules (benchmarks/fidelity.py, docs/bytes.md):
+# "multi": every launch of a multi-launch op moving >= 16 MiB within 15% of ncu;
+# "partial": ops that touch part of a tensor, modelled never above measured (+10%), and
+#   every kernel moving >= 16 MiB within 10%;
+# "step": a training step: every kernel measured (ncu's count = the plugin's), GEMMs at
+#   compulsory bytes never above measured, other kernels moving >= 16 MiB within 10%.
+
+
+def _training_step(device: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4096, 11008), torch.nn.GELU(), torch.nn.Linear(11008, 4096),
+    ).to(device=device, dtype=torch.bfloat16)
+    x = _rand(8192, 4096, dtype=torch.bfloat16, device=device)
+
+    def step():
+        model.zero_grad(set_to_none=False)
+        model(x).float().sum().backward()
+
+    model(x).float().sum().backward()  # the gradients exist before the profiled step
+    return step, ()
+
+
+def _adamw(flavour: str):
+    def make(device: str):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(_rand(4096, 4096, device=device)) for _ in range(6)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, **{flavour: True})
+        return opt.step, ()
+
+    return make
+
+
+def _cross_entropy(compiled: bool):
+    def make(device: str):
+        torch.manual_seed(0)
+        logits = _rand(8192, 50257, dtype=torch.bfloat16, device=device)
+        target = torch.randint(0, 50257, (8192,), device=device)
+        fn = (lambda z, t: F.cross_entropy(z, t))
+        return (torch.compile(fn) if compiled else fn), (logits, target)
+
+    return make
+
+
+def _index_add(device: str):
+    torch.manual_seed(0)
+    target = torch.zeros(1 << 20, 256, device=device)  # 1 GiB; 65536 rows touched
+    index = torch.randperm(1 << 20, device=device)[: 1 << 16]
+    source = _rand(1 << 16, 256, device=device)
+    return (lambda: target.index_add_(0, index, source)), ()
+
+
+def _scatter_add(device: str):
+    torch.manual_seed(0)
+    target = torch.zeros(1 << 20, 256, device=device)
+    index = torch.randperm(1 << 20, device=device)[: 1 << 16, None].expand(1 << 16, 256)
+    source = _rand(1 << 16, 256, device=device)
+    return (lambda: target.scatter_add_(0, index, source)), ()
+
+
+def _fill(device: str):
+    x = torch.empty(32768, 4096, device=device)
+    return (lambda: x.zero_()), ()
+
+
+def _conv_bn(device: str):
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.BatchNorm2d(256), torch.nn.ReLU())
+    block = block.to(device=device, dtype=torch.bfloat16, memory_format=torch.channels_last).eval()
+    x = _rand(64, 256, 56, 56, dtype=torch.bfloat16, device=device).to(memory_format=torch.channels_last)
+    return (lambda t: block(t)), (x,)
+
+
+def _fp8_gemm(device: str):
+    torch.manual_seed(0)
+    a = _rand(8192, 8192, device=device).to(torch.float8_e4m3fn)
+    b = _rand(8192, 8192, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
+    one = torch.ones((), device=device)
+    return (lambda x, y: torch._scaled_mm(x, y, one, one, out_dtype=torch.bfloat16)), (a, b)
+
+
+def _closure_over_compiled_mlp(device: str):
+    torch.manual_seed(0)
+    mlp = torch.compile(GPT2MLP(4096).to(device=device, dtype=torch.bfloat16))
+    x = _rand(16384, 4096, dtype=torch.bfloat16, device=device)
+    return (lambda: mlp(x)), ()
+
+
+USER_CODE: list[Case] = [
+    Case("training step bf16 Linear 4096->11008, GELU, back, 8192 tokens", "step", _training_step),
+    Case("fused AdamW step fp32 6x4096x4096", "multi", _adamw("fused")),
+    Case("foreach AdamW step fp32 6x4096x4096", "multi", _adamw("foreach")),
+    Case("eager cross_entropy bf16 8192x50257", "partial", _cross_entropy(False)),
+    Case("compiled cross_entropy bf16 8192x50257", "partial", _cross_entropy(True)),
+    Case("eager index_add_ fp32 65536 of 1048576 rows x 256", "partial", _index_add),
+    Case("eager scatter_add_ fp32 65536 of 1048576 rows x 256", "partial", _scatter_add),
+    Case("eager zero_ fp32 32768x4096 (a fill)", "partial", _fill),
+    Case("eager conv3x3 + batchnorm + relu bf16 64x256x56x56 (channels last)", "gemm", _conv_bn),
+    Case("eager fp8 GEMM 8192^3 (_scaled_mm, bf16 out)", "gemm", _fp8_gemm),
+    Case("lambda over a compiled gpt2 mlp bf16 16384x4096", "gemm", _closure_over_compiled_mlp),
+]
+
+CASES.update({c.name: c for c in USER_CODE})

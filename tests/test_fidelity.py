@@ -126,3 +126,42 @@ def test_the_cpu_model_agrees_with_cuda_on_at_least_ninety_percent_of_the_blocks
 def test_a_real_model_block_launches_the_recorded_cuda_kernels(case):
     report = _profile(case)
     assert report.kernel_count == RECORDED[case.name]["cuda_kernel_count"], str(report)
+
+
+# --- the code users write (fidelity_cases.USER_CODE): training and optimizer steps, losses,
+# partial-touch ops, closures; each case's rule (benchmarks/fidelity.py:verdict) on the
+# figures recorded on the H200, then, on a GPU, against a fresh profile.
+
+from fidelity_cases import USER_CODE  # noqa: E402
+
+
+def _fidelity_rules():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "fidelity.py")
+    spec = importlib.util.spec_from_file_location("fidelity_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", USER_CODE, ids=lambda c: c.name)
+def test_user_code_cases_meet_their_rule_on_the_h200_recording(case):
+    entry = RECORDED.get(case.name)
+    assert entry is not None, f"run benchmarks/fidelity.py --only '{case.name}' --write-data on a GPU"
+    assert entry["cuda_kernel_count"] == entry["ncu_kernel_count"], f"ncu measured {entry['ncu_kernel_count']} of {entry['cuda_kernel_count']} kernels"
+    rules = _fidelity_rules()
+    l2 = 60 * MiB  # the H200's, where the recording was made
+    measured = [k["bytes_measured"] for k in entry["kernels"]]
+    ok, notes = rules.verdict(case.kind, {"kernels": entry["kernels"]}, measured, l2)
+    assert ok, notes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", USER_CODE, ids=lambda c: c.name)
+def test_user_code_cases_model_today_what_was_recorded(case):
+    report = _profile(case)
+    entry = RECORDED[case.name]
+    assert report.kernel_count == entry["cuda_kernel_count"], str(report)
+    recorded = sum(k["bytes"] or 0 for k in entry["kernels"])  # launches share by time: the total is fixed
+    assert abs(report.bytes - recorded) <= 0.02 * recorded, f"recorded {recorded / MiB:.1f} MiB\n{report}"
