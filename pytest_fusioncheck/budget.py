@@ -305,13 +305,14 @@ class TensorSnapshot:
     def reads(self, read: set | None = None) -> list:
         """What the call can read: every tensor found and the gradients it kept. With
         ``read`` (the storage keys the call's ops read, when every kernel of the call was an
-        observed op), a tensor found outside the arguments that no op read is left out: a
-        fill or an overwrite of a captured buffer reads nothing of it."""
+        observed op), a captured tensor (not an argument, a module's or an optimizer's) that
+        no op read is left out: a fill or an overwrite of a captured buffer reads nothing."""
         kept = [g for p in self.params if (g := self.grads.get(id(p), (None, 0))[0]) is not None and p.grad is g]
         found = [t for t, _ in self.versions.values()] + kept
         if read is None:
             return found
-        return [t for t in found if id(t) in self.arg_ids or storage_key(t) in read]
+        droppable = {id(t) for t in self.captures.tensors} - self.arg_ids
+        return [t for t in found if id(t) not in droppable or storage_key(t) in read]
 
     def writes(self, written: set | frozenset = frozenset()) -> list:
         """What the call wrote: tensors whose version moved or whose storage is in ``written``
