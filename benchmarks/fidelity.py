@@ -15,7 +15,8 @@ measured bytes, and the verdict of the case's rule (docs/bytes.md):
   DRAM traffic yet: at most the L2's size); other kernels of the case within 10%;
 * ``multi``, ``partial``, ``step``: see ``verdict``.
 
-    PYTHONPATH=$PWD python3 benchmarks/fidelity.py --out DIR [--only SUBSTRING] [--write-data [PATH]]
+    PYTHONPATH=$PWD python3 benchmarks/fidelity.py --out DIR [--only 'A|B'] [--write-data [PATH]]
+    PYTHONPATH=$PWD python3 benchmarks/fidelity.py --from-data [--only 'A|B']   # the recorded table, no GPU
 
 ``--write-data`` also writes ``tests/data/fidelity_h200.json`` (what the CPU tests and
 the GPU tests of ``tests/test_fidelity.py`` check against).
@@ -101,28 +102,96 @@ def verdict(kind: str, model: dict, measured: list[int], l2_bytes: int) -> tuple
       the L2 holds back; the others within 10% (``step``: those moving >= 16 MiB);
     * ``partial``: every kernel never above measured + 10%, those moving >= 16 MiB within 10%;
     * ``multi``: every launch moving >= 16 MiB within 15%.
-    Every rule needs ncu's kernel count to equal the plugin's (every kernel measured)."""
+
+    Every rule needs ncu's kernel count to equal the plugin's (every kernel measured). Outside
+    ``compulsory`` (cases of >= 4x the L2 per kernel), a kernel may be modelled above what
+    DRAM saw by up to the L2's size: writes still in the L2 when it ends, and reads of what the
+    previous kernel left there (a training step's 86 MiB gradient fill measured 57-60 MiB).
+    A kernel that carries 0 because its op's bytes went to the op's main kernel (a cuDNN
+    convolution's separate bias pass) is judged with that kernel: the op's total against the
+    op's measured total."""
     kernels = model["kernels"]
     if len(kernels) != len(measured):
         return False, [f"count: plugin {len(kernels)}, ncu {len(measured)}"]
     notes = []
     tolerance = TOLERANCE[kind]
+    lenient = kind != "compulsory"
+    groups = _op_groups(kernels)
     for i, (k, meas) in enumerate(zip(kernels, measured)):
         if k["bytes"] is None:
             notes.append(f"#{i} unmodelled")
             continue
-        if kind in ("gemm", "step") and is_gemm(k["name"]):
-            if k["bytes"] > meas + l2_bytes:
-                notes.append(f"#{i} GEMM modelled {k['bytes'] / MiB:.1f} MiB > measured {meas / MiB:.1f} MiB")
+        group = groups[i]
+        if lenient and len(group) > 1:
+            if i != group[0]:
+                continue  # judged with the op's first kernel, as one
+            modelled, meas = sum(kernels[j]["bytes"] or 0 for j in group), sum(measured[j] for j in group)
+            gemm = any(is_gemm(kernels[j]["name"]) for j in group)
+        else:
+            modelled, gemm = k["bytes"], is_gemm(k["name"])
+        if kind in ("gemm", "step") and gemm:
+            if modelled > meas + l2_bytes:
+                notes.append(f"#{i} GEMM modelled {modelled / MiB:.1f} MiB > measured {meas / MiB:.1f} MiB")
             continue
-        if kind == "partial" and k["bytes"] > 1.10 * meas + 4096:
-            notes.append(f"#{i} {k['name'][:40]}: modelled {k['bytes'] / MiB:.2f} MiB above measured {meas / MiB:.2f} MiB")
+        if lenient and meas <= modelled <= meas + l2_bytes:
+            continue  # the L2 held some of its traffic back
+        if kind == "partial" and modelled > 1.10 * meas + 4096:
+            notes.append(f"#{i} {k['name'][:40]}: modelled {modelled / MiB:.2f} MiB above measured {meas / MiB:.2f} MiB")
             continue
-        if kind != "compulsory" and kind != "gemm" and meas < LARGE:
+        if kind not in ("compulsory", "gemm") and meas < LARGE:
             continue
-        if meas and abs(k["bytes"] - meas) / meas > tolerance:
-            notes.append(f"#{i} {k['name'][:40]}: modelled {k['bytes'] / MiB:.1f} MiB vs measured {meas / MiB:.1f} MiB")
+        if meas and abs(modelled - meas) / meas > tolerance:
+            notes.append(f"#{i} {k['name'][:40]}: modelled {modelled / MiB:.1f} MiB vs measured {meas / MiB:.1f} MiB")
     return not notes, notes
+
+
+def _op_groups(kernels: list[dict]) -> list[list[int]]:
+    """For each kernel, the indices of the kernels of its op launch: a run of consecutive
+    kernels of one ATen op of which at most one carries bytes (the op's bytes went to its
+    main kernel, docs/bytes.md). Other kernels, and launches sharing an op's bytes (a
+    multi-tensor apply's), stand alone."""
+    groups: list[list[int]] = [[i] for i in range(len(kernels))]
+    i = 0
+    while i < len(kernels):
+        op = kernels[i].get("op") or ""
+        j = i + 1
+        while j < len(kernels) and op.startswith("aten::") and kernels[j].get("op") == op:
+            j += 1
+        run = list(range(i, j))
+        if len(run) > 1 and sum(1 for m in run if kernels[m]["bytes"]) <= 1:
+            for m in run:
+                groups[m] = run
+        i = j
+    return groups
+
+
+def recorded_table(path: str, only: str | None, l2_bytes: int = 60 * MiB) -> str:
+    """The table of recorded cases (``--from-data``: no GPU needed), each case's rule applied
+    to its recorded figures; ``l2_bytes`` is the recording GPU's L2 (the H200's)."""
+    with open(path) as fh:
+        cases = json.load(fh)["cases"]
+    rows = []
+    for case in selected(only):
+        entry = cases.get(case.name)
+        if entry is None:
+            rows.append([case.name, case.kind, "-", "-", "-", "-", "-", "not recorded"])
+            continue
+        measured = [k.get("bytes_measured") for k in entry["kernels"]]
+        counted = entry["cuda_kernel_count"] == entry["ncu_kernel_count"]
+        if case.kind == "block":
+            ok, notes = counted, []
+        elif counted:
+            ok, notes = verdict(case.kind, {"kernels": entry["kernels"]}, measured, l2_bytes)
+        else:
+            ok, notes = False, [f"count: plugin {entry['cuda_kernel_count']}, ncu {entry['ncu_kernel_count']}"]
+        modelled = sum(k["bytes"] or 0 for k in entry["kernels"])
+        meas = sum(m or 0 for m in measured) if counted else 0
+        rows.append([
+            case.name, case.kind, entry["cuda_kernel_count"], entry["ncu_kernel_count"],
+            f"{modelled / MiB:.1f}", f"{meas / MiB:.1f}", f"{meas / modelled:.2f}" if modelled and meas else "-",
+            "yes" if ok else "NO: " + "; ".join(notes)[:160],
+        ])
+    return markdown_table(["case", "rule", "plugin kernels", "ncu kernels", "modelled MiB", "measured MiB", "measured/modelled", "rule met"], rows)
 
 
 def main() -> int:
@@ -131,10 +200,15 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="run only cases whose name contains one of these |-separated strings (with --write-data: the others stay recorded)")
     parser.add_argument("--write-data", nargs="?", const=DATA, default=None, metavar="PATH",
                         help=f"write the data file the tests check against (default {os.path.relpath(DATA, ROOT)})")
+    parser.add_argument("--from-data", nargs="?", const=DATA, default=None, metavar="PATH",
+                        help="print the table of the recorded cases (no GPU) and exit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
         child(opts.only, opts.child)
+        return 0
+    if opts.from_data:
+        print(recorded_table(opts.from_data, opts.only))
         return 0
     os.makedirs(opts.out, exist_ok=True)
     write_output_to(opts.out, __file__)
@@ -172,6 +246,7 @@ def main() -> int:
             "budget": model["budget"],
             "ok": ok,
             "notes": notes,
+            "recorded": header(),
         }
         modelled = sum(k["bytes"] or 0 for k in model["kernels"])
         meas = sum(measured)
