@@ -583,6 +583,25 @@ def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
     return next((names[id(m)] for m in running if id(m) in names), None)
 
 
+class ForwardOps(dict):
+    """Autograd sequence number -> (module path, source) of the forward op that recorded that
+    node (or None: taken by an op that launches nothing), kept across captures so that a
+    backward profiled apart from its forward still finds its origin. Sequence numbers grow
+    per thread; past ``limit`` entries the oldest half is dropped."""
+
+    def __init__(self, limit: int = 1 << 20) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def setdefault(self, key: int, value: Any = None) -> Any:
+        if len(self) >= self.limit:
+            for old in sorted(self)[: self.limit // 2]:
+                del self[old]
+        return super().setdefault(key, value)
+
+
+FORWARD_OPS = ForwardOps()
+
 _observer_class: Any = None
 
 
@@ -618,9 +637,7 @@ def _build_observer_class() -> Any:
             self.paused = 0
             self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
             self.param_reads: dict = {}  # storage key -> bytes, of the nn.Parameter objects ops read
-            # autograd sequence number -> (module, source) of the forward op that recorded it
-            # (or None, taken by an op launching nothing): a backward op's origin
-            self.forward_ops: dict[int, tuple[str | None, str | None] | None] = {}
+            self.forward_ops = FORWARD_OPS  # a backward op's origin, across captures
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}

@@ -618,10 +618,10 @@ def _origin_above(filename: str, lineno: int, nodes: dict[str, tuple[tuple, str 
         match = _SOURCE_NODES.search(linecache.getline(filename, line))
         if match:
             names = [n.strip() for n in match.group(1).split(",")]
-            for name in reversed(names):  # the call's own node comes last
-                if name in nodes:
-                    return nodes[name]
-            return None
+            known = [nodes[n] for n in reversed(names) if n in nodes]  # the call's own node comes last
+            # an extern call that took in an op of the enclosing module (a residual add folded
+            # into addmm): the innermost node that has a module
+            return next((k for k in known if k[0]), known[0] if known else None)
     return None
 
 
