@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from _common import OUT_HELP, header, markdown_table, write_output_to  # noqa: E402
+from _common import OUT_HELP, header, markdown_table, require_cuda, write_output_to  # noqa: E402
 
 from pytest_fusioncheck.capture import profile_call  # noqa: E402
 
@@ -67,6 +67,7 @@ def main() -> int:
     parser.add_argument("--out", metavar="DIR", default=".", help=OUT_HELP)
     parser.add_argument("--write-data", nargs="?", const=DATA, default=None, metavar="PATH")
     opts = parser.parse_args()
+    require_cuda(__file__)
     os.makedirs(opts.out, exist_ok=True)
     write_output_to(opts.out, __file__)
     print(header())

@@ -35,7 +35,15 @@ def _is_internal_path(absolute: str) -> bool:
     if path.startswith(_PACKAGE_DIR + os.sep):
         return True
     parts = path.replace("\\", "/").split("/")
-    if any(p in _INTERNAL_PARTS for p in parts[:-1]) or any(p.startswith("torchinductor_") for p in parts):
+    if any(p.startswith("torchinductor_") for p in parts):
+        return True
+    installed = [i for i, p in enumerate(parts[:-1]) if p in ("site-packages", "dist-packages")]
+    if installed:  # an installed package: its top-level name decides, not the directories above
+        # the environment (a venv under /opt/torch/ holds transformers, which is user code)
+        top = parts[installed[-1] + 1 : installed[-1] + 2]
+        if top and top[0] in _INTERNAL_PARTS:
+            return True
+    elif any(p in _INTERNAL_PARTS for p in parts[:-1]):  # a source checkout (.../torch/nn/...)
         return True
     return os.path.basename(path) in _INTERNAL_FILES
 

@@ -376,7 +376,8 @@ def _run_script(monkeypatch, name, *argv):
 @pytest.mark.parametrize("name, argv", [("sweep", ["--widths", "1024"]), ("bench_softmax", ["--quick"]),
                                         ("bench_layer_norm", ["--quick"]), ("bench_bias_gelu_dropout", ["--quick"]),
                                         ("bench_gemm_epilogue", ["--quick"]), ("ncu_kernels", ["ln_fwd_fp32_333"]),
-                                        ("bench_attention", ["--quick"]), ("bench_host", [])])
+                                        ("bench_attention", ["--quick"]), ("bench_host", []),
+                                        ("bench_peak", []), ("model_counts", [])])
 def test_a_gpu_benchmark_on_a_machine_without_a_gpu_says_so_and_nothing_else(monkeypatch, name, argv):
     # without the check torch failed in its first CUDA call with a message about its own build
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -188,17 +188,21 @@ def test_a_submodule_called_through_a_lambda_is_named_inside_the_captured_model(
     assert gemms == ["0", "2"]
 
 
+def _benchmark(name: str):
+    """A script of benchmarks/ as a module (its helpers; nothing runs on import)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="module")
 def hf_models():
-    torch.manual_seed(0)
-    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )).eval()
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0,
-    )).eval()
-    return {"llama": llama, "gpt2": gpt2}
+    return _benchmark("model_counts").tiny_models()  # the configs the H200 recording used
 
 
 _GEMM_MODULES = {
@@ -213,14 +217,7 @@ _GEMM_MODULES = {
 def test_hugging_face_models_through_a_lambda_name_every_module_and_line(hf_models, name, form, device):
     model = hf_models[name].to(device)
     ids = torch.randint(0, 256, (2, 16), device=device)
-    torch._dynamo.reset()
-    if form == "eager":
-        fn = lambda t: model(t).logits  # noqa: E731
-    elif form == "compiled lambda":
-        fn = torch.compile(lambda t: model(t).logits)
-    else:
-        compiled = torch.compile(model)
-        fn = lambda t: compiled(t).logits  # noqa: E731
+    fn = _benchmark("model_counts").callable_for(model, form)
     with torch.no_grad():
         report = profile(fn, ids)
         direct = profile(model, ids)
@@ -263,3 +260,24 @@ def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_eithe
     figures.update({fn.__name__ + " again": fn() for fn in first})
     assert figures["run_f"] == figures["run_f again"] == 2 * 2**10 * 4
     assert figures["run_g"] == figures["run_g again"] == 3 * large_n * 4
+
+
+# --- peak bandwidth: the roof every efficiency is measured against --------------------------
+
+
+def test_the_recorded_peak_is_within_two_percent_of_an_independent_copy():
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "peak_h200.json")) as fh:
+        recorded = json.load(fh)  # benchmarks/bench_peak.py on the H200
+    independent = max(recorded["do_bench_4GiB"])
+    assert all(abs(p - independent) <= 0.02 * independent for p in recorded["plugin_new"]), recorded
+
+
+@pytest.mark.gpu
+def test_the_measured_peak_is_within_two_percent_of_an_independent_copy_in_the_same_run():
+    from pytest_fusioncheck.roofline import measure_copy_bandwidth
+
+    peak, independent = measure_copy_bandwidth("cuda"), max(_benchmark("bench_peak").independent_copy())
+    assert abs(peak - independent) <= 0.02 * independent, (peak, independent)

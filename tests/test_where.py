@@ -1,0 +1,38 @@
+"""The one rule for "is this the user's code" (where.py), on plain paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_fusioncheck.where import is_internal, user_frame
+
+
+@pytest.mark.parametrize(
+    "path, internal",
+    [
+        ("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", True),
+        ("/venv/lib/python3.12/site-packages/triton/runtime/jit.py", True),
+        ("/venv/lib/python3.12/site-packages/_pytest/python.py", True),
+        ("/venv/lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py", False),
+        # an environment that lives under a directory named torch (the H200's /opt/torch/.venv):
+        # the installed package's own name decides
+        ("/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py", False),
+        ("/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py", True),
+        ("/home/me/src/pytorch/torch/nn/functional.py", True),  # a source checkout of torch
+        ("/tmp/torchinductor_me/ab/cabcdef.py", True),  # Inductor's generated code
+        ("/home/me/project/models/block.py", False),
+        ("/usr/lib/python3.12/contextlib.py", True),
+    ],
+)
+def test_a_file_is_internal_by_the_package_it_belongs_to(path, internal):
+    assert is_internal(path) is internal
+
+
+def test_the_innermost_user_frame_skips_library_frames_and_prefers_real_files():
+    frames = [
+        ("/home/me/tests/test_model.py", 10),
+        ("/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/gpt2/modeling_gpt2.py", 276),
+        ("/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1775),
+        ("<string>", 1),
+    ]
+    assert user_frame(frames) == frames[1]
