@@ -360,11 +360,16 @@ def graph_launches(prof: Any) -> int:
     return sum(1 for e in kineto_events(prof) if e.name().startswith(("cudaGraphLaunch", "cuGraphLaunch")))
 
 
+_sequence_nr: list = []  # torch's getter, looked up once (called for every observed op)
+
+
 def next_sequence_nr() -> int | None:
     """The autograd sequence number the calling thread's next graph node gets (a forward op
     that records a node has just taken this minus one), or None where torch lacks it."""
     try:
-        return int(torch_c_autograd()._get_sequence_nr())
+        if not _sequence_nr:
+            _sequence_nr.append(torch_c_autograd()._get_sequence_nr)
+        return int(_sequence_nr[0]())
     except Exception:
         return None
 

@@ -24,6 +24,7 @@ beside the eager wall time, or the reason there is none (docs/launch_bound.md).
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -138,8 +139,9 @@ def _check_profiler_free() -> None:
 class _Recorders:
     """Everything switched on around the one profiled call."""
 
-    def __init__(self, device: str, label: str, modules: dict[int, str] | None = None) -> None:
+    def __init__(self, device: str, label: str, modules: dict[int, str] | None = None, caller: Any = None) -> None:
         self.device = device
+        self.caller = caller  # the frame the profiled code runs under (default: the one opening this)
         self.label = label
         self.modules = modules or {}
         self.observer = None
@@ -201,6 +203,7 @@ class _Recorders:
             self._stack.enter_context(self.prof)
             self.observer = make_op_observer(record_ranges=True)
             self.observer.modules = self.modules
+            self.observer.stop_frame = self.caller or sys._getframe(1)
             self._stack.enter_context(self.observer)
         except BaseException:
             self._close()
@@ -219,6 +222,9 @@ class _Recorders:
 
     def __exit__(self, *exc: Any) -> None:
         _state.active = None
+        self.caller = None
+        if self.observer is not None:
+            self.observer.stop_frame = None  # no frame kept alive past the capture
         try:
             synchronize(self.device)
             self.wall_s = time.perf_counter() - self._t0
@@ -439,7 +445,7 @@ class Region:
         try:
             self._stack.enter_context(inductor_hooks())
             self._breaks = self._stack.enter_context(_graph_break_recorder())
-            self._rec = _Recorders(self._device, self.label)
+            self._rec = _Recorders(self._device, self.label, caller=sys._getframe(1))
             self._stack.enter_context(self._rec)
         except BaseException:
             self._stack.close()

@@ -553,14 +553,15 @@ def module_names(roots: list[Any], names: dict[int, str] | None = None) -> dict[
 _MODULE_FRAMES = frozenset({"forward", "_call_impl", "_wrapped_call_impl"})
 
 
-def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
+def module_path(names: dict[int, str], max_depth: int = 200, stop: Any = None) -> str | None:
     """The path of the innermost ``nn.Module`` running on the call stack: the module that
     launched the op being observed (docs/architecture.md, "Modules").
 
     Paths are those of ``names`` (the modules the profiled callable captures, by
     ``module_names``); a module outside them is named inside the outermost module on the
     stack, the model the call ran (found without the caller passing it), and ``names`` is
-    extended with that model's paths."""
+    extended with that model's paths. The walk ends at the frame ``stop`` (the capture's
+    own: nothing above it ran inside the profiled call)."""
     import torch
 
     frame = sys._getframe(1)
@@ -573,6 +574,8 @@ def module_path(names: dict[int, str], max_depth: int = 200) -> str | None:
                 if id(owner) in names:
                     return names[id(owner)]
                 running.append(owner)
+        if frame is stop:
+            break
         frame = frame.f_back
         depth += 1
     if not running:
@@ -638,6 +641,7 @@ def _build_observer_class() -> Any:
             self.modules: dict[int, str] = {}  # id(module) -> its path in the profiled model
             self.param_reads: dict = {}  # storage key -> bytes, of the nn.Parameter objects ops read
             self.forward_ops = FORWARD_OPS  # a backward op's origin, across captures
+            self.stop_frame: Any = None  # where the capture's callable was called from
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -689,7 +693,7 @@ def _build_observer_class() -> Any:
                     record.module = resolve_stack(compiled[0], self.modules)
                     record.source = compiled[1] or record.source
                 else:
-                    record.module = module_path(self.modules)
+                    record.module = module_path(self.modules, stop=self.stop_frame)
             if backward is None:
                 self._forward_op((record.module, source))
             self.records.append(record)
