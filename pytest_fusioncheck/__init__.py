@@ -1,6 +1,6 @@
 """pytest-fusioncheck: make "this chain is fused" a test that fails in CI.
 
-Public names (see DESIGN.md): ``profile``, ``FusionReport``, ``Kernel``, ``Budget`` and
+Public names (README.md, "What you get"): ``profile``, ``FusionReport``, ``Kernel``, ``Budget`` and
 the ``assert_*`` helpers. They are loaded lazily: this module is imported with the pytest
 plugin in every pytest run, and must not import torch or triton.
 """

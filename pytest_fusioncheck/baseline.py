@@ -1,4 +1,5 @@
-"""Committed baselines: each test's kernel count, modelled bytes and kernel names.
+"""Committed baselines: each test's kernel count, modelled bytes, kernel names and graph
+breaks, with the torch / Triton / CUDA versions they were recorded with.
 
 Kernel and byte counts are deterministic, so a baseline needs no tolerance: a test that
 launches more kernels or moves more bytes than the committed file says has regressed,
@@ -108,6 +109,12 @@ def _check_stored(record: Any, where: str) -> str | None:
     modules = record.get("modules", {})
     if not isinstance(modules, dict) or not all(isinstance(m, str) and _is_count(n) for m, n in modules.items()):
         return f"{where}: 'modules' should map module paths to kernel counts"
+    for key in ("graph_breaks", "recompiles"):
+        if record.get(key) is not None and not _is_count(record[key]):
+            return f"{where}: {key!r} should be a non-negative integer or absent, found {record[key]!r}"
+    versions = record.get("versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items()):
+        return f"{where}: 'versions' should map package names to version strings"
     return None
 
 
@@ -281,6 +288,11 @@ class Comparison:
     # (module pattern, kernels before, kernels after) where a model's module launched more kernels;
     # repeated layers folded (``layers.*.mlp``); from the records' per-module counts
     modules_grown: tuple[tuple[str, int, int], ...] = ()
+    # Dynamo graph breaks during the test (None: the entry predates the count, not compared)
+    breaks_before: int | None = None
+    breaks_after: int | None = None
+    # package -> version where the entry's differs from the run's ({"torch": ("2.11.0", "2.13.0")})
+    versions_changed: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def new(self) -> bool:
@@ -298,14 +310,21 @@ class Comparison:
         return self.bytes_after - self.bytes_before
 
     @property
+    def breaks_delta(self) -> int:
+        if self.breaks_before is None or self.breaks_after is None:
+            return 0
+        return self.breaks_after - self.breaks_before
+
+    @property
     def regressed(self) -> bool:
-        """More kernels or more bytes than the baseline: the test fails."""
-        return self.kernel_delta > 0 or (self.bytes_delta or 0) > 0
+        """More kernels, bytes or graph breaks than the baseline: the test fails (a new
+        break that adds no kernel still splits a compiled graph)."""
+        return self.kernel_delta > 0 or (self.bytes_delta or 0) > 0 or self.breaks_delta > 0
 
     @property
     def improved(self) -> bool:
         """Fewer kernels or bytes, and neither figure grew: reported, not failed."""
-        return not self.regressed and (self.kernel_delta < 0 or (self.bytes_delta or 0) < 0)
+        return not self.regressed and (self.kernel_delta < 0 or (self.bytes_delta or 0) < 0 or self.breaks_delta < 0)
 
     @property
     def changed(self) -> bool:
@@ -327,6 +346,11 @@ class Comparison:
         else:
             head = f"fusion baseline: {where} matches"
         lines = [head]
+        if self.versions_changed:
+            lines.append("  recorded with " + ", ".join(f"{pkg} {before}, running {after}" for pkg, before, after in self.versions_changed)
+                         + ": the change may be the upgrade's")
+        if self.breaks_delta:
+            lines.append(f"  graph breaks: {self.breaks_before} -> {self.breaks_after} ({_signed(self.breaks_delta)})")
         kernels = f"  kernels: {self.kernel_count_before} -> {self.kernel_count_after}"
         if self.kernel_delta:
             kernels += f" ({_signed(self.kernel_delta)})"
@@ -381,7 +405,15 @@ def compare(expected_record: Mapping[str, Any] | None, actual_record: Mapping[st
         added=tuple(sorted((after - before).elements())),
         removed=tuple(sorted((before - after).elements())),
         modules_grown=modules_grown(expected_record.get("modules") or {}, actual.get("modules") or {}),
+        breaks_before=expected_record.get("graph_breaks"),
+        breaks_after=actual.get("graph_breaks"),
+        versions_changed=versions_changed(expected_record.get("versions") or {}, actual.get("versions") or {}),
     )
+
+
+def versions_changed(before: Mapping[str, str], after: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    """(package, recorded, running) for each package both records name at different versions."""
+    return tuple((pkg, before[pkg], after[pkg]) for pkg in sorted(before) if pkg in after and before[pkg] != after[pkg])
 
 
 def module_pattern(path: str) -> str:

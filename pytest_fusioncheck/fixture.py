@@ -158,7 +158,7 @@ def check(item: pytest.Item, state: TestState) -> None:
     sinks = item.config.stash.get(SESSION, None)
     baseline = sinks.baseline if sinks is not None else None
     if baseline is not None and reports:
-        state.baseline_comparison = baseline.compare(item, reports)
+        state.baseline_comparison = baseline.compare(item, reports, log.graph_breaks)
         comparison = state.baseline_comparison
         if comparison is not None and comparison.regressed:
             log.context.append(comparison.describe)
@@ -192,7 +192,7 @@ def check(item: pytest.Item, state: TestState) -> None:
     if reports:
         fill_benchmark_extra_info(item, state)
     if baseline is not None and reports:
-        baseline.check(state.baseline_comparison, reports)
+        baseline.check(state.baseline_comparison, reports, log.graph_breaks)
 
 
 def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) -> None:

@@ -181,7 +181,7 @@ _MEASURE: list = []
 
 @dataclass
 class FusionReport:
-    """One profiled call or region (see DESIGN.md, "Public API")."""
+    """One profiled call or region (README.md, "What you get")."""
 
     label: str
     device: str

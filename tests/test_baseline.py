@@ -294,3 +294,26 @@ def test_device_kinds_name_the_gpu_model_but_not_the_cpu():
 )
 def test_only_inductor_kernel_names_lose_their_numeric_suffix(name, normalized):
     assert normalize_kernel_name(name) == normalized
+
+
+def test_graph_breaks_compare_only_where_the_entry_recorded_them():
+    before = make_record("t::a", "cpu", FUSED, bytes=256, graph_breaks=0)
+    after = make_record("t::a", "cpu", FUSED, bytes=256, graph_breaks=1)
+    assert compare(before, after).regressed and compare(after, before).improved
+    old_entry = make_record("t::a", "cpu", FUSED, bytes=256)  # written before the count existed
+    assert not compare(old_entry, after).changed
+
+
+def test_versions_that_differ_are_named_and_others_are_not():
+    before = make_record("t::a", "cpu", FUSED, bytes=256, versions={"torch": "2.11.0", "triton": "3.6.0"})
+    after = make_record("t::a", "cpu", SPLIT, bytes=512, versions={"torch": "2.13.0", "triton": "3.6.0"})
+    comparison = compare(before, after)
+    assert comparison.versions_changed == (("torch", "2.11.0", "2.13.0"),)
+    assert "recorded with torch 2.11.0, running 2.13.0" in comparison.describe()
+
+
+def test_a_record_with_a_bad_graph_break_count_or_versions_is_refused():
+    with pytest.raises(ValueError, match="graph_breaks"):
+        make_record("t::a", "cpu", FUSED, graph_breaks=-1)
+    with pytest.raises(ValueError, match="versions"):
+        make_record("t::a", "cpu", FUSED, versions={"torch": 2})

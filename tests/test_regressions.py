@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 CHAIN = """
 import pytest, torch
@@ -82,7 +83,7 @@ def test_a_baseline_is_written_compared_regressed_and_improved(run_pytest, pytes
     pytester.makepyfile(test_b=BASELINED)
     result = run_pytest("--fusion-update-baseline")
     result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["*fusioncheck baseline:*"])
+    result.stdout.fnmatch_lines(["fusioncheck baseline wrote *"])
     entry = _baseline(pytester)["entries"]["test_b.py::test_chain[0]"]["cpu"]
     assert entry["kernel_count"] == 2 and entry["kernels"] == ["aten::neg", "aten::neg"]
 
@@ -119,3 +120,45 @@ def test_xdist_workers_results_are_merged_into_one_baseline(pytester):
     result.assert_outcomes(passed=4)
     entries = _baseline(pytester)["entries"]
     assert sorted(entries) == [f"test_b.py::test_chain[{i}]" for i in range(4)]
+
+
+COMPILED_CHAIN = """
+import os, torch
+
+def block(x):
+    y = torch.nn.functional.gelu(x + 1)
+    if os.environ.get("BREAK"):
+        print("debug", y.shape)  # a graph break that adds no kernel of its own
+    return y * 2
+
+def test_compiled(fusion):
+    fusion.profile(torch.compile(block), torch.randn(64, 64))
+"""
+
+
+def test_a_new_graph_break_fails_the_baseline_at_equal_kernels_and_leads_the_message(run_pytest, pytester, monkeypatch):
+    pytester.makepyfile(test_c=COMPILED_CHAIN)
+    run_pytest("--fusion-update-baseline").assert_outcomes(passed=1)
+    entry = _baseline(pytester)["entries"]["test_c.py::test_compiled"]["cpu"]
+    assert entry["graph_breaks"] == 0 and entry["versions"]["torch"] == torch.__version__
+    monkeypatch.setenv("BREAK", "1")
+    result = run_pytest("--fusion-baseline")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "graph breaks: 0 -> 1 (+1)" in out
+    # the cause first: the break and its line, before the figures it moved
+    assert out.index("Graph break at test_c.py:6") < out.index("fusion baseline regression for")
+
+
+def test_a_regression_against_a_baseline_of_another_torch_says_so(run_pytest, pytester, monkeypatch):
+    pytester.makepyfile(test_b=BASELINED)
+    run_pytest("--fusion-update-baseline").assert_outcomes(passed=4)
+    path = pytester.path / ".fusioncheck-baseline.json"
+    document = json.loads(path.read_text())
+    for by_device in document["entries"].values():
+        by_device["cpu"]["versions"]["torch"] = "2.11.0"
+    path.write_text(json.dumps(document))
+    monkeypatch.setenv("N_OPS", "3")
+    result = run_pytest("--fusion-baseline")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines([f"*recorded with torch 2.11.0, running {torch.__version__}: the change may be the upgrade's*"])

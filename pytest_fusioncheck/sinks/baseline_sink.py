@@ -17,6 +17,31 @@ from .. import baseline
 from ..verdict import FusionAssertionError
 
 
+def test_breaks(reports: list[Any], graph_breaks: list[Any] = ()) -> list[Any]:
+    """The test's graph breaks: those its reports saw and those of the whole test call, once each."""
+    breaks = list(graph_breaks)
+    for r in reports:
+        breaks += [b for b in r.graph_breaks if b not in breaks]
+    return breaks
+
+
+def running_versions() -> dict[str, str]:
+    """torch, Triton and CUDA versions of this run (those importable), for a record."""
+    import sys
+
+    out: dict[str, str] = {}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["torch"] = str(torch.__version__)
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        if cuda:
+            out["cuda"] = str(cuda)
+    triton = sys.modules.get("triton")
+    if triton is not None and getattr(triton, "__version__", None):
+        out["triton"] = str(triton.__version__)
+    return out
+
+
 class BaselineSink:
     def __init__(self, path: str, rootpath: str, update: bool, strict: bool = False) -> None:
         self.path = path if os.path.isabs(path) else os.path.join(rootpath, path)
@@ -37,7 +62,7 @@ class BaselineSink:
         self.changes: list[str] = []  # same count and bytes, different kernels
 
     @staticmethod
-    def record_for(nodeid: str, reports: list[Any]) -> dict[str, Any]:
+    def record_for(nodeid: str, reports: list[Any], graph_breaks: list[Any] = ()) -> dict[str, Any]:
         names = [k.name for r in reports for k in r.kernels]
         modules = baseline.module_counts(k.module for r in reports for k in r.kernels)
         return baseline.make_record(
@@ -46,12 +71,15 @@ class BaselineSink:
             names,
             bytes=sum(r.bytes for r in reports),
             kernel_count=sum(r.kernel_count for r in reports),
+            graph_breaks=len(test_breaks(reports, graph_breaks)),
+            recompiles=sum(len(r.recompiles) for r in reports),
+            versions=running_versions(),
             **({"modules": modules} if modules else {}),  # models: kernels per module, so a failure names where they grew
         )
 
-    def compare(self, item: pytest.Item, reports: list[Any]) -> Any:
+    def compare(self, item: pytest.Item, reports: list[Any], graph_breaks: list[Any] = ()) -> Any:
         """The test's comparison with its entry (``None`` while updating)."""
-        record = self.record_for(item.nodeid, reports)
+        record = self.record_for(item.nodeid, reports, graph_breaks)
         if self.writer is not None:
             self.writer.add(record)
             return None
@@ -64,16 +92,26 @@ class BaselineSink:
             self.changes.append(f"{item.nodeid}: {comparison.describe()}")
         return comparison
 
-    def check(self, comparison: Any, reports: list[Any]) -> None:
+    def check(self, comparison: Any, reports: list[Any], graph_breaks: list[Any] = ()) -> None:
+        """Fail a regression, leading with its cause: the test's graph breaks and recompiles
+        (reason, ``file:line``), then the kernel diff by module, then the kernel tables."""
+        __tracebackhide__ = True
         if comparison is not None and comparison.new and self.strict:
             raise FusionAssertionError(
                 f"{comparison.describe()}\n(--fusion-baseline-strict: every test needs an entry in {self.path})"
             )
         if comparison is not None and comparison.regressed:
+            cause = []
+            breaks = test_breaks(reports, graph_breaks)
+            if breaks:
+                from ..graph_breaks import format_graph_breaks
+
+                cause.append(format_graph_breaks(breaks))
+            cause += [str(rc) for r in reports for rc in r.recompiles]
             tables = "\n".join(str(r) for r in reports)
             raise FusionAssertionError(
-                f"{comparison.describe()}\n{tables}\n"
-                f"(baseline {self.path}; run with --fusion-update-baseline to accept the change)"
+                "\n".join(cause + [comparison.describe(), tables])
+                + f"\n(baseline {self.path}; run with --fusion-update-baseline to accept the change)"
             )
 
     def worker_output(self) -> dict[str, Any]:
@@ -98,7 +136,7 @@ class BaselineSink:
         """Write the queued records (updating only): the summary line."""
         if self.writer is None:
             return []
-        return ["fusioncheck baseline: " + self.writer.flush().describe()]
+        return [self.writer.flush().describe()]  # "fusioncheck baseline wrote ...": one prefix
 
     def improvement_lines(self) -> list[str]:
         lines = []
