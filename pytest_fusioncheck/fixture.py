@@ -203,7 +203,7 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
         return
     for i, r in enumerate(reports):  # short figures for JUnit XML (it reads the item's properties)
         prefix = "fusioncheck" if len(reports) == 1 else f"fusioncheck[{i}]"
-        item.user_properties += [
+        figures = [
             (f"{prefix}.kernels", r.kernel_count),
             (f"{prefix}.bytes", r.bytes),
             (f"{prefix}.bytes_unmodelled", r.bytes_unmodelled),
@@ -213,6 +213,7 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
             (f"{prefix}.wall_time_s", r.wall_time_s),
             (f"{prefix}.graph_time_s", r.graph_time_s),
         ]
+        item.user_properties += [(name, value) for name, value in figures if value is not None]  # JUnit writes None as 'None'
     rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
     rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
     if rep.failed and state.log.settings.trace_dir:

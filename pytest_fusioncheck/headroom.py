@@ -69,7 +69,8 @@ class Chain:
         span = "kernels " + index_ranges(self.kernels)  # runs, cut after a few: 0-6, 11-17, ... (35 in all)
         names = ", ".join(dict.fromkeys(op.removeprefix("aten::") for op in self.ops))
         where = f"; {self.source}" if self.source else ""
-        text = f"{span} ({names}{where}) move {self.ratio:.1f}x their fused budget: fusing them saves {format_bytes(self.excess)}"
+        ratio = f"{self.ratio:.1f}x their fused budget" if self.fused_bytes else f"{format_bytes(self.bytes)} against a fused budget of 0 B"
+        text = f"{span} ({names}{where}) move {ratio}: fusing them saves {format_bytes(self.excess)}"
         saving = self.saving_s(peak_bandwidth)
         if saving is not None:
             text += f", ~{format_time(saving)}"

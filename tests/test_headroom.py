@@ -183,3 +183,10 @@ def test_cpu(fusion):
     result = run_pytest("--fusion-device=cpu")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*@pytest.mark.max_launch_overhead: fraction must be a number in (0, 1], got 0*"])
+
+
+def test_a_chain_with_a_fused_budget_of_zero_says_so_instead_of_infinity():
+    from pytest_fusioncheck.headroom import Chain
+
+    text = Chain(kernels=[0, 1], ops=["aten::zero_", "aten::fill_"], source=None, bytes=2048, fused_bytes=0).describe()
+    assert "infx" not in text and "2.0 KiB against a fused budget of 0 B" in text

@@ -209,3 +209,11 @@ def test_a_compiled_sequentials_kernels_name_the_users_line_not_torchs_container
     generated = [k for k in report.kernels if k.name.startswith("cpp_")]
     assert generated and all(k.source and k.source.startswith("tests/test_integrations.py:") for k in generated), str(report)
     torch._dynamo.reset()
+
+
+def test_junit_xml_leaves_out_figures_a_report_does_not_have(run_pytest, pytester):
+    pytester.makepyfile(FIVE + "\ndef test_a(fusion):\n    fusion.profile(five, torch.randn(8, 8))\n")
+    run_pytest("--junitxml=out.xml").assert_outcomes(passed=1)
+    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "out.xml").iter("property")}
+    assert "fusioncheck.graph_time_s" not in props  # no replay asked for: absent, not the string 'None'
+    assert "None" not in props.values()
