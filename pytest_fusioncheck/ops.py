@@ -11,7 +11,6 @@ wraps it in a profiler range so CUDA kernels can be attributed to the op that la
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -555,7 +554,7 @@ _MODULE_FRAMES = frozenset({"forward", "_call_impl", "_wrapped_call_impl"})
 
 def module_path(names: dict[int, str], max_depth: int = 200, stop: Any = None) -> str | None:
     """The path of the innermost ``nn.Module`` running on the call stack: the module that
-    launched the op being observed (docs/architecture.md, "Modules").
+    launched the op being observed (docs/architecture.md, "Modules and lines").
 
     Paths are those of ``names`` (the modules the profiled callable captures, by
     ``module_names``); a module outside them is named inside the outermost module on the
