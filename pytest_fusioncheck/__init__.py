@@ -26,6 +26,7 @@ _EXPORTS = {
     "assert_fusion_headroom_within": "api",
     "assert_matches_reference": "api",
     "assert_no_graph_breaks": "api",
+    "assert_no_host_syncs": "api",
     "FusionAssertionError": "verdict",
     "FusionCheckWarning": "verdict",
     "FusionCompatWarning": "_compat",

@@ -163,6 +163,17 @@ def _shapes_first(formula: Callable[..., Any]) -> Callable[..., Any]:
 # --------------------------------------------------------------------------- dynamo
 
 
+def dynamo_frame_counter() -> int | None:
+    """Dynamo's count of frames compiled so far (``convert_frame.FRAME_COUNTER``: the
+    first number of a compile id ``frame/compile``), or ``None``."""
+    try:
+        from torch._dynamo import convert_frame
+
+        return int(convert_frame.FRAME_COUNTER)
+    except Exception:
+        return None
+
+
 def dynamo_utils() -> Any | None:
     """``torch._dynamo.utils`` (graph-break reasons, guard failures), or ``None``."""
     try:
@@ -327,6 +338,36 @@ def triton_launch_hook(on_launch: Callable[..., Any]) -> Iterator[None]:
     finally:
         for cls, original in reversed(patches):
             cls.run = original
+
+
+@contextlib.contextmanager
+def explicit_sync_hook(on_sync: Callable[..., Any]) -> Iterator[None]:
+    """While open, ``torch.cuda.synchronize()`` (through ``torch._C._cuda_synchronize``),
+    ``torch.cuda.Stream.synchronize`` and ``torch.cuda.Event.synchronize`` go through
+    ``on_sync(original, *args)``, which must call ``original``. What is missing in this
+    torch is left alone. Restored on exit (host_syncs.py: the line of an explicit sync)."""
+    import torch
+
+    patches: list[tuple[Any, str, Any]] = []
+    for owner, name in ((torch._C, "_cuda_synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize")):
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+
+        def hooked(*args: Any, _original: Any = original) -> Any:
+            return on_sync(_original, *args)
+
+        hooked.__wrapped__ = original  # type: ignore[attr-defined]
+        try:
+            setattr(owner, name, hooked)
+        except (AttributeError, TypeError):
+            continue
+        patches.append((owner, name, original))
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)
 
 
 # --------------------------------------------------------------------------- CUDA graphs

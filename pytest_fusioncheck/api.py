@@ -12,7 +12,7 @@ from typing import Any, Callable
 from .budget import Budget, parse_bytes
 from .report import FusionReport
 from .state import current_log
-from .verdict import FusionAssertionError, check_bandwidth, check_hbm_bytes, check_headroom, check_max_kernels
+from .verdict import FusionAssertionError, check_bandwidth, check_hbm_bytes, check_headroom, check_max_kernels, check_no_host_syncs
 
 
 def _resolve(report: FusionReport | None) -> FusionReport:
@@ -79,6 +79,16 @@ def assert_fusion_headroom_within(fraction: float, report: FusionReport | None =
         raise ValueError(f"assert_fusion_headroom_within: fraction must be in [0, 1], got {fraction!r}")
     report = _resolve(report)
     check_headroom(report, float(fraction), "assert_fusion_headroom_within")
+    return report
+
+
+def assert_no_host_syncs(report: FusionReport | None = None) -> FusionReport:
+    """No device-to-host synchronisation in the report (``.item()``, ``.cpu()``,
+    ``nonzero``, an explicit synchronize): measured on a GPU, modelled on CPU
+    (docs/host_syncs.md). A failure lists each sync with its op and user line."""
+    __tracebackhide__ = True
+    report = _resolve(report)
+    check_no_host_syncs(report)
     return report
 
 

@@ -29,16 +29,17 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import _compat
+from . import _compat, host_syncs
 from .budget import Budget, default_budget, find_captures, iter_tensors, storage_key
 from .headroom import find_chains
 from .ops import TritonLaunch, make_op_observer, module_names
-from .ranges import TRITON_RANGE_PREFIX, nvtx_range_name
+from .ranges import CALL_RANGE, SYNC_RANGE_PREFIX, TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
 from .sources import kernel_source
 from .sources.bytes_model import (
     bound_launch_args,
     declared_launch_metadata,
+    graph_host_reads,
     inductor_hooks,
     launch_dtype,
     launch_tensors,
@@ -152,6 +153,8 @@ class _Recorders:
         self.seq = 0
         self._t0 = 0.0
         self.wall_s: float | None = None
+        self.explicit_syncs: dict[int, str | None] = {}  # sync range index -> user line (host_syncs.py)
+        self._call_range: Any = None
 
     def triton_launch(self, jitfn, original, args, kwargs, grid, warmup, interpreted):
         """The launcher hook (``_compat.triton_launch_hook``): record, then launch."""
@@ -183,7 +186,20 @@ class _Recorders:
             if paused:
                 self.observer.paused -= 1
 
+    def explicit_sync(self, original: Any, *args: Any) -> Any:
+        """The explicit-sync hook (``_compat.explicit_sync_hook``): inside the profiled
+        call, a range and the user line; the capture's own syncs pass straight through."""
+        import torch
+
+        if self._call_range is None:
+            return original(*args)
+        index = len(self.explicit_syncs)
+        self.explicit_syncs[index] = user_source(3)
+        with torch.profiler.record_function(f"{SYNC_RANGE_PREFIX}{index}"):
+            return original(*args)
+
     def __enter__(self) -> "_Recorders":
+        import torch
         from torch.profiler import ProfilerActivity, profile
 
         if _state.active is not None:
@@ -205,6 +221,10 @@ class _Recorders:
             self.observer.modules = self.modules
             self.observer.stop_frame = self.caller or sys._getframe(1)
             self._stack.enter_context(self.observer)
+            if self.device == "cuda":
+                self._stack.enter_context(_compat.explicit_sync_hook(self.explicit_sync))
+            self._call_range = torch.profiler.record_function(CALL_RANGE)
+            self._call_range.__enter__()
         except BaseException:
             self._close()
             raise
@@ -212,8 +232,14 @@ class _Recorders:
         self._t0 = time.perf_counter()
         return self
 
+    def _end_call(self) -> None:
+        call_range, self._call_range = self._call_range, None
+        if call_range is not None:
+            call_range.__exit__(None, None, None)
+
     def _close(self) -> None:
         try:
+            self._end_call()
             self._stack.close()
         finally:
             if self._nvtx is not None:
@@ -226,6 +252,7 @@ class _Recorders:
         if self.observer is not None:
             self.observer.stop_frame = None  # no frame kept alive past the capture
         try:
+            self._end_call()  # the call's window ends: the capture's own sync is outside it
             synchronize(self.device)
             self.wall_s = time.perf_counter() - self._t0
         finally:
@@ -246,6 +273,7 @@ def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionRepo
         source=source,
     )
     report.wall_time_s = rec.wall_s
+    report.host_syncs = host_syncs.from_profiler(rec.prof, rec.device, ops, rec.explicit_syncs, graph_host_reads)
     if rec.device == "cuda":
         report.time_s = report.device_time_s
         report.time_source = "device time of the profiled call"

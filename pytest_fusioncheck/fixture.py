@@ -114,6 +114,7 @@ def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
     finally:
         item.obj = original
         state.log.graph_breaks = list(getattr(recorder, "breaks", None) or [])
+        state.log.recompiles = list(getattr(recorder, "recompiles", None) or [])
 
 
 class _TorchDebugFilter(logging.Filter):
@@ -172,6 +173,8 @@ def check(item: pytest.Item, state: TestState) -> None:
             raise verdict.FusionAssertionError(
                 f"@pytest.mark.no_graph_breaks: {len(breaks)} graph break(s) during {item.nodeid}\n" + format_graph_breaks(breaks)
             )
+    if limits.max_recompiles is not None:
+        verdict.check_max_recompiles(log.recompiles, limits.max_recompiles, f"@pytest.mark.max_recompiles({limits.max_recompiles})", item.nodeid)
     if limits.profiled and not reports:
         raise verdict.FusionAssertionError(
             f"{item.nodeid}: fusion markers are set but the test profiled nothing; call fusion.profile(...) "
@@ -187,6 +190,8 @@ def check(item: pytest.Item, state: TestState) -> None:
             verdict.check_bandwidth(report, limits.bandwidth_fraction, f"@pytest.mark.bandwidth_bound({limits.bandwidth_fraction:g})", log=log)
         if limits.launch_fraction is not None:
             verdict.check_launch_overhead(report, limits.launch_fraction, f"@pytest.mark.max_launch_overhead({limits.launch_fraction:g})", log=log)
+        if limits.no_host_syncs:
+            verdict.check_no_host_syncs(report, "@pytest.mark.no_host_syncs", log=log)
         if limits.headroom_fraction is not None:
             verdict.check_headroom(report, limits.headroom_fraction, f"@pytest.mark.fusion_headroom({limits.headroom_fraction:g})", log=log)
     if reports:
@@ -352,6 +357,10 @@ class Fusion:
     def assert_no_graph_breaks(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         __tracebackhide__ = True
         return api.assert_no_graph_breaks(fn, *args, **kwargs)
+
+    def assert_no_host_syncs(self, report: FusionReport | None = None) -> FusionReport:
+        __tracebackhide__ = True
+        return api.assert_no_host_syncs(report=report)
 
 
 def state_of(item: pytest.Item) -> TestState | None:

@@ -45,6 +45,7 @@ __all__ = [
 _MAX_REASON = 240
 _RESUME_FN = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+?)_at_\d+$")
 _COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
+_FRAME_ID = re.compile(r"^\[?(\d+)/\d+")
 _LOG_LOCATION = re.compile(
     r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*)", re.S
 )
@@ -102,12 +103,18 @@ class Recompile:
     reason: str
     function: str
     location: str
+    # Dynamo compiled the function before the recording began (an earlier test): entries
+    # from then are in its cache, so this count depends on what ran before.
+    earlier: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        return f"Recompiled {self.function} ({self.location}): {self.reason}"
+        text = f"Recompiled {self.function} ({self.location}): {self.reason}"
+        if self.earlier:
+            text += " [first compiled before this test: its cache holds entries from earlier calls]"
+        return text
 
 
 class GraphBreakRecorder:
@@ -127,6 +134,7 @@ class GraphBreakRecorder:
         self.recompiles: list[Recompile] = []
         self._reasons_before: list[Any] | None = None
         self._failures_before: dict[Any, int] = {}
+        self._first_frame: int | None = None
         self._log_events: list[GraphBreak] = []
 
     def __enter__(self) -> GraphBreakRecorder:
@@ -139,6 +147,7 @@ class GraphBreakRecorder:
         self._failures_before = {
             code: len(reasons) for code, reasons in dynamo_utils.guard_failures.items()
         }
+        self._first_frame = _compat.dynamo_frame_counter()
         self._log_events = []
         _log_tap.subscribe(self._on_log_record)
         return self
@@ -171,7 +180,7 @@ class GraphBreakRecorder:
                 breaks.append(graph_break)
         breaks.extend(e for e in self._log_events if e.frame_skipped)
         self.graph_breaks = _dedupe(breaks)
-        self.recompiles = _recompiles_since(self._failures_before, dynamo_utils.guard_failures)
+        self.recompiles = _recompiles_since(self._failures_before, dynamo_utils.guard_failures, self._first_frame)
         return self
 
     def _on_log_record(self, record: logging.LogRecord) -> None:
@@ -399,8 +408,12 @@ def _dedupe(breaks: Iterable[GraphBreak]) -> list[GraphBreak]:
     return list(seen.values())
 
 
-def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str]]) -> list[Recompile]:
+def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str]], first_frame: int | None = None) -> list[Recompile]:
     """Group new guard-failure strings into recompilations.
+
+    Each string starts with the compile id (``frame/compile``) of the entry whose guard
+    failed; a frame number below ``first_frame`` (Dynamo's frame counter when recording
+    began) marks a function compiled before (``Recompile.earlier``).
 
     One recompilation checks each cache entry of the code once, so a compile id seen
     twice starts the next recompilation. Its reason is the first failure, as Dynamo's
@@ -427,7 +440,9 @@ def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str
         location = f"{relpath(getattr(code, 'co_filename', '?'))}:{getattr(code, 'co_firstlineno', 0)}"
         for event in events:
             reason = _COMPILE_ID.sub("", event[0]).strip().splitlines()[0] if event[0].strip() else "unknown"
-            recompiles.append(Recompile(reason=_trim(reason), function=function, location=location))
+            frame = _FRAME_ID.match(event[0])
+            earlier = first_frame is not None and frame is not None and int(frame.group(1)) < first_frame
+            recompiles.append(Recompile(reason=_trim(reason), function=function, location=location, earlier=earlier))
     return recompiles
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import Touched, bytes_by_storage, distinct_bytes, storage_key
+from .host_syncs import op_sync_reason
 from .ranges import OP_RANGE_PREFIX
 from .where import user_source
 
@@ -82,6 +83,7 @@ class OpRecord:
     flops: int | None = None  # op_flops: None when unknown, never 0 for unknown
     flops_estimated: bool = False  # True: one FLOP per element, not a formula
     dtype: str | None = None  # compute dtype (op_dtype): what the roofline's ceiling is
+    sync: str | None = None  # why it synchronises a GPU with the host (host_syncs.op_sync_reason)
 
     @property
     def bytes(self) -> int | None:
@@ -682,6 +684,7 @@ def _build_observer_class() -> Any:
                 read_b, write_b, storages = None, None, ({}, {})
             record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
             record.flops, record.flops_estimated, record.dtype = flops, estimated, dtype
+            record.sync = op_sync_reason(op, args, kwargs)
             # an extern kernel of a compiled graph: the module its wrapper call ran for; a
             # backward op: its forward op's; else the module running on the stack
             if origin:

@@ -54,8 +54,14 @@ MARKERS = (
     "max_launch_overhead(fraction): (GPU) wall time not covered by device time is at most this fraction (0, 1] "
     "of each report's wall time (reported, not enforced, on CPU)",
     "no_graph_breaks: any TorchDynamo graph break during the test fails it, naming each break's reason and file:line",
+    "no_host_syncs: a device-to-host synchronisation (.item(), .cpu(), nonzero, an explicit synchronize) in a "
+    "profiled region fails the test with its line (measured on GPUs; on CPU the ops that sync on a GPU)",
+    "max_recompiles(n): more than n TorchDynamo recompilations during the test fail it, naming each failed guard and its function's line",
 )
-FUSION_MARKERS = ("max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "max_launch_overhead", "no_graph_breaks")
+FUSION_MARKERS = (
+    "max_kernels", "max_hbm_bytes", "bandwidth_bound", "fusion_headroom", "max_launch_overhead", "no_graph_breaks",
+    "no_host_syncs", "max_recompiles",
+)
 DEVICES = ("cuda", "cpu")
 # Flags whose value may be left out: name -> (the value the flag alone gives, metavar).
 OPTIONAL_VALUE = {"baseline": (DEFAULT_BASELINE, "PATH"), "graph_replay": ("auto", "MODE")}
@@ -180,11 +186,14 @@ class Limits:
     headroom_fraction: float | None = None
     launch_fraction: float | None = None
     no_graph_breaks: bool = False
+    no_host_syncs: bool = False
+    max_recompiles: int | None = None
 
     @property
     def profiled(self) -> bool:
         return (
             self.has_max_kernels
+            or self.no_host_syncs
             or self.max_hbm_bytes is not None
             or self.bandwidth_fraction is not None
             or self.headroom_fraction is not None
@@ -257,4 +266,17 @@ def parse_limits(item: pytest.Item) -> Limits:
         if mark.args or mark.kwargs:
             raise fail("no_graph_breaks", f"takes no arguments, got args={mark.args!r} kwargs={mark.kwargs!r}")
         limits.no_graph_breaks = True
+    mark = item.get_closest_marker("no_host_syncs")
+    if mark is not None:
+        if mark.args or mark.kwargs:
+            raise fail("no_host_syncs", f"takes no arguments, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        limits.no_host_syncs = True
+    mark = item.get_closest_marker("max_recompiles")
+    if mark is not None:
+        if len(mark.args) != 1 or mark.kwargs:
+            raise fail("max_recompiles", f"takes exactly one count, got args={mark.args!r} kwargs={mark.kwargs!r}")
+        try:
+            limits.max_recompiles = _count(mark.args[0], "n")
+        except MarkerError as exc:
+            raise fail("max_recompiles", str(exc)) from None
     return limits

@@ -194,6 +194,8 @@ class FusionReport:
     device_name: str = ""
     graph_breaks: list[Any] = field(default_factory=list)
     recompiles: list[Any] = field(default_factory=list)
+    # Device-to-host synchronisations in the call (host_syncs.py): measured on a GPU, modelled on CPU.
+    host_syncs: list[Any] = field(default_factory=list)
     source: str | None = None
     warnings: list[str] = field(default_factory=list)
     seq: int = 0
@@ -505,6 +507,7 @@ class FusionReport:
             "efficiency": self.known_efficiency(),
             "graph_breaks": [_gb(g) for g in self.graph_breaks],
             "recompiles": [_gb(r) for r in self.recompiles],
+            "host_syncs": [_gb(h) for h in self.host_syncs],
             "source": self.source,
             "warnings": list(self.warnings),
             "headroom": [c.to_dict() for c in self.headroom],

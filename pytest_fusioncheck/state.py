@@ -48,6 +48,7 @@ class ReportLog:
     settings: Settings = field(default_factory=Settings)
     reports: list[Any] = field(default_factory=list)
     graph_breaks: list[Any] = field(default_factory=list)
+    recompiles: list[Any] = field(default_factory=list)  # the whole test call's (graph_breaks.Recompile)
     context: list[Callable[[], str]] = field(default_factory=list)
 
     def latest(self) -> Any:

@@ -242,3 +242,37 @@ def check_launch_overhead(report: FusionReport, fraction: float, where: str, log
                 log=log,
             )
         )
+
+
+def check_no_host_syncs(report: FusionReport, where: str = "assert_no_host_syncs", log: ReportLog | None = None) -> None:
+    """No device-to-host synchronisation in the report: measured on a GPU (the CUDA
+    runtime's synchronising calls), modelled on CPU (ops that sync on a GPU; docs/host_syncs.md)."""
+    __tracebackhide__ = True
+    if not report.host_syncs:
+        return
+    from .host_syncs import format_host_syncs
+
+    how = "measured: CUDA runtime calls" if report.device == "cuda" else "CPU model: ops that synchronise on a GPU"
+    raise FusionAssertionError(
+        failure_message(
+            report,
+            f"{where}: {len(report.host_syncs)} device-to-host synchronisation(s) in {report.label} ({how})",
+            [format_host_syncs(report.host_syncs)],
+            log=log,
+        )
+    )
+
+
+def check_max_recompiles(recompiles: list, n: int, where: str, test_id: str) -> None:
+    """At most ``n`` TorchDynamo recompilations during the test, each named by its guard."""
+    __tracebackhide__ = True
+    if len(recompiles) > n:
+        lines = [f"  {r}" for r in recompiles]
+        earlier = sum(1 for r in recompiles if getattr(r, "earlier", False))
+        if earlier:
+            lines.append(
+                f"note: {earlier} of them recompile a function first compiled before this test, so the count depends on "
+                "what ran before; compile the function inside the test (or call torch._dynamo.reset() in a fixture) "
+                "for a count of this test alone"
+            )
+        raise FusionAssertionError(f"{where}: {len(recompiles)} recompilation(s) during {test_id}, limit {n}\n" + "\n".join(lines))

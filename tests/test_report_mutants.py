@@ -475,7 +475,7 @@ def test_report_to_dict_gives_every_figure():
     report = FusionReport(
         label="L", device="cuda", device_name="G", kernels=kernels, copies=[Kernel(name="c")], budget=Budget(read_bytes=8),
         time_s=1e-6, time_source="events", peak_bandwidth=8e6, graph_breaks=[_Break(), "text break"], recompiles=["r"],
-        source="t.py:1", warnings=["w"], seq=7, wall_time_s=1e-5, headroom=[chain],
+        host_syncs=[_Break()], source="t.py:1", warnings=["w"], seq=7, wall_time_s=1e-5, headroom=[chain],
     )
     assert report.to_dict() == {
         "label": "L",
@@ -501,6 +501,7 @@ def test_report_to_dict_gives_every_figure():
         "efficiency": pytest.approx(1.0),
         "graph_breaks": [{"reason": "print"}, "text break"],
         "recompiles": ["r"],
+        "host_syncs": [{"reason": "print"}],
         "source": "t.py:1",
         "warnings": ["w"],
         "headroom": [{"chain": "c"}],

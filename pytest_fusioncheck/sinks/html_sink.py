@@ -143,6 +143,9 @@ def _breaks(r: dict[str, Any]) -> list[str]:
     for c in r.get("recompiles") or []:
         text = f"recompiled {c.get('function')} ({c.get('location')}): {c.get('reason')}" if isinstance(c, dict) else str(c)
         lines.append(f"<p class='break'>{esc(text)}</p>")
+    for h in r.get("host_syncs") or []:
+        text = f"host sync: {h.get('op')} at {h.get('source') or '?'}: {h.get('reason')}" if isinstance(h, dict) else str(h)
+        lines.append(f"<p class='break'>{esc(text)}</p>")
     return lines
 
 

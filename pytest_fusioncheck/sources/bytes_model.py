@@ -64,6 +64,7 @@ class InductorKernels:
         self._lock = threading.Lock()
         self._by_graph: dict[tuple[Any, str], KernelFigures] = {}
         self._latest: dict[str, KernelFigures] = {}
+        self._host_reads: dict[Any, list[tuple[str, str | None]]] = {}
 
     def get(self, name: str, graph: Any = None) -> KernelFigures | None:
         with self._lock:
@@ -85,7 +86,23 @@ class InductorKernels:
                 self._latest[n] = entry
 
 
+    def record_host_reads(self, graph: Any, reads: list[tuple[str, str | None]]) -> None:
+        """The ops of ``graph`` that read a device value into the host ((op, user line)):
+        a scalar captured in the graph (``capture_scalar_outputs``), which Inductor's GPU
+        wrapper reads with ``.item()`` and its CPU code reads in place (host_syncs.py)."""
+        with self._lock:
+            self._host_reads[graph] = list(reads)
+
+    def host_reads(self, graph: Any) -> list[tuple[str, str | None]]:
+        with self._lock:
+            return list(self._host_reads.get(graph, ()))
+
+
 KERNELS = InductorKernels()
+
+
+def graph_host_reads(graph: Any) -> list[tuple[str, str | None]]:
+    return KERNELS.host_reads(graph)
 
 
 def _figure(name: str, graph: Any, attr: str) -> Any:
@@ -500,9 +517,18 @@ def _on_wrapper_module(graph: Any, module: Any) -> None:
     """After a graph's wrapper is written: its FX nodes' modules and lines, for its extern
     kernels (``ops.wrapper_module``), and its ``call`` marked with the graph's range, so a
     launch is looked up under its own graph (``InductorKernels``)."""
-    _mark_graph_calls(module, _graph_scope(graph))
+    scope = _graph_scope(graph)
+    _mark_graph_calls(module, scope)
     path = getattr(module, "__file__", None)
     gm = getattr(graph, "module", None)
+    if gm is not None and scope is not None:
+        reads = [
+            ("aten::_local_scalar_dense", stack_trace_source((n.meta or {}).get("stack_trace")))
+            for n in gm.graph.nodes
+            if n.op == "call_function" and "_local_scalar_dense" in str(n.target)
+        ]
+        if reads:
+            KERNELS.record_host_reads(scope, reads)
     if not path or gm is None:
         return
     nodes: dict[str, tuple[str | None, str | None]] = {}
