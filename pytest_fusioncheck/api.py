@@ -16,6 +16,7 @@ from .verdict import FusionAssertionError, check_bandwidth, check_hbm_bytes, che
 
 
 def _resolve(report: FusionReport | None) -> FusionReport:
+    __tracebackhide__ = True
     if report is not None:
         if not isinstance(report, FusionReport):
             raise TypeError(f"report= must be a FusionReport, got {type(report).__name__}")

@@ -490,6 +490,7 @@ class WriteResult:
     unchanged: tuple[tuple[str, str], ...] = ()
     stale: tuple[str, ...] = ()
     pruned: bool = False
+    not_run: int = 0  # entries of tests this session did not select (-k, other files): kept, not stale
 
     def describe(self) -> str:
         action = "wrote" if self.written else "left unchanged"
@@ -497,8 +498,10 @@ class WriteResult:
                 f"{len(self.updated)} updated, {len(self.unchanged)} unchanged")
         if self.stale:
             what = "removed" if self.pruned else "kept"
-            line += f"; {len(self.stale)} stale (not run this session, {what}):"
+            line += f"; {len(self.stale)} stale (no longer collected from their files, {what}):"
             line += "".join(f"\n  {test_id}" for test_id in self.stale)
+        if self.not_run:
+            line += f"; {self.not_run} entr{'y' if self.not_run == 1 else 'ies'} of tests not selected this session kept"
         return line
 
 
@@ -516,6 +519,7 @@ class BaselineWriter:
         self.path = Path(path)
         self._records: list[dict[str, Any]] = []
         self._seen: set[str] = set()
+        self._collected: set[str] = set()
         self._workers: dict[str, dict[str, Any]] = {}
 
     def add(self, record: Mapping[str, Any]) -> None:
@@ -528,12 +532,25 @@ class BaselineWriter:
         """A test ran this session without a record: its entries are not stale."""
         self._seen.add(test_id)
 
+    def mark_collected(self, test_ids: Iterable[str]) -> None:
+        """Tests this session collected (selected or deselected): an entry is stale only
+        when its file was collected and its test was not (deleted or renamed)."""
+        self._collected.update(test_ids)
+
     def worker_payload(self) -> dict[str, Any]:
-        return {"records": copy.deepcopy(self._records), "seen": sorted(self._seen)}
+        return {"records": copy.deepcopy(self._records), "seen": sorted(self._seen), "collected": sorted(self._collected)}
 
     def add_worker_payload(self, worker_id: str, payload: Mapping[str, Any]) -> None:
         records = [_check_record(r) for r in payload.get("records", [])]
-        self._workers[worker_id] = {"records": records, "seen": list(payload.get("seen", []))}
+        self._workers[worker_id] = {
+            "records": records, "seen": list(payload.get("seen", [])), "collected": list(payload.get("collected", [])),
+        }
+
+    def collected(self) -> set[str]:
+        collected = set(self._collected)
+        for payload in self._workers.values():
+            collected.update(payload.get("collected", []))
+        return collected
 
     def records(self) -> list[dict[str, Any]]:
         """Every queued record, merged (one per key), this process's first, then workers'."""
@@ -566,7 +583,11 @@ class BaselineWriter:
             (added if old is None else unchanged if old == stored else updated).append(key)
             entries.setdefault(key[0], {})[key[1]] = stored
         seen = self.seen()
-        stale = tuple(sorted(t for t in entries if t not in seen))
+        collected = self.collected()
+        files = {_test_file(t) for t in collected | seen}
+        unseen = [t for t in entries if t not in seen]
+        # stale: its file was collected, the test was not; else it was not selected this session
+        stale = tuple(sorted(t for t in unseen if not collected or (_test_file(t) in files and t not in collected)))
         if prune_stale:
             for test_id in stale:
                 del entries[test_id]
@@ -582,4 +603,9 @@ class BaselineWriter:
             unchanged=tuple(unchanged),
             stale=stale,
             pruned=prune_stale and bool(stale),
+            not_run=len(unseen) - len(stale),
         )
+
+
+def _test_file(test_id: str) -> str:
+    return test_id.split("::", 1)[0]

@@ -324,6 +324,7 @@ def profile_call(
     graph_replay: bool | None = None,
 ) -> FusionReport:
     """The engine behind ``profile`` and ``fusion.profile``."""
+    __tracebackhide__ = True
     if not callable(fn):
         raise TypeError(f"profile() needs a callable first, got {type(fn).__name__}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -449,6 +450,7 @@ def profile(
     pytest. The report is also recorded as the latest report of the running test (or of
     the process, outside pytest) for the ``assert_*`` helpers.
     """
+    __tracebackhide__ = True
     report = profile_call(fn, args, kwargs, warmup=warmup, device=device, budget=budget, graph_replay=graph_replay)
     record_report(report)
     return report
@@ -481,6 +483,7 @@ class Region:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        __tracebackhide__ = True
         self._stack.__exit__(exc_type, exc, tb)
         if exc_type is not None:
             return

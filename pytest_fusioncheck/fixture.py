@@ -43,9 +43,14 @@ def profiling_device(settings: Settings, config: pytest.Config | None = None) ->
     from .capture import FusionCheckError, resolve_device
 
     try:
-        device = resolve_device(settings.device)
+        device = resolve_device(settings.device if settings.device or not settings.require_gpu else "cuda")
     except FusionCheckError:
-        pytest.skip(f"--fusion-device {settings.device}: no CUDA GPU here (torch.cuda.is_available() is False)")
+        import torch
+
+        why = f"--fusion-device {settings.device or 'cuda'}: no CUDA GPU here (torch.cuda.is_available() is False, torch {torch.__version__})"
+        if settings.require_gpu:
+            pytest.fail(f"{why}; --fusion-require-gpu fails the test instead of skipping it", pytrace=False)
+        raise _skip_at_test(f"{why}; --fusion-require-gpu makes this a failure")
     if device == "cuda":
         import torch
 
@@ -55,6 +60,14 @@ def profiling_device(settings: Settings, config: pytest.Config | None = None) ->
         if index is not None and torch.cuda.current_device() != index:
             torch.cuda.set_device(index)  # tensors made with device=fusion.device land here
     return device
+
+
+def _skip_at_test(reason: str) -> BaseException:
+    """A skip whose reported location is the test, not this module's line."""
+    try:
+        return pytest.skip.Exception(reason, _use_item_location=True)
+    except TypeError:  # a pytest without the keyword
+        return pytest.skip.Exception(reason)
 
 
 @dataclass
@@ -314,6 +327,7 @@ class Fusion:
         """``warmup`` unprofiled calls (default ``--fusion-warmup``), then one profiled call;
         ``graph_replay=True`` also times the call replayed from a CUDA graph (default:
         ``--fusion-graph-replay``; docs/launch_bound.md)."""
+        __tracebackhide__ = True
         from .capture import profile_call
 
         report = profile_call(

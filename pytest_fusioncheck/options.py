@@ -39,6 +39,7 @@ OPTIONS: dict[str, tuple[str, str, Any]] = {
         "string",
         "off",
     ),
+    "require_gpu": ("a test that would profile on CUDA (--fusion-device cuda, or a GPU job) fails when no GPU is usable, instead of being skipped; a GPU CI job with a broken driver then goes red, not green with everything skipped", "bool", False),
     "enforce_cpu_timing": ("enforce bandwidth assertions on CPU too (default: reported only)", "bool", False),
     "torch_logs": ("keep torch's DEBUG log records in the captured logs of tests that use a fusion feature (default: dropped, so failures show the kernel table)", "bool", False),
 }
@@ -157,6 +158,7 @@ def settings_from_config(config: pytest.Config) -> Settings:
         trace_dir=get_option(config, "trace_dir") or None,
         torch_logs=bool(get_option(config, "torch_logs")),
         graph_replay=graph_replay,
+        require_gpu=bool(get_option(config, "require_gpu")),
     )
 
 

@@ -16,6 +16,13 @@ import pytest
 from . import options, state
 
 
+TRITON_CPU_HINT = (
+    "Triton found no GPU driver. On a machine without a GPU, Triton kernels run under its interpreter: "
+    "set TRITON_INTERPRET=1 in the environment before triton is imported (e.g. TRITON_INTERPRET=1 pytest ...), "
+    "and pass CPU tensors; or run these tests on a GPU machine."
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
@@ -35,11 +42,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.stash[state.SESSION] = SessionSinks(session.config)
 
 
+def _baseline_writer(config: pytest.Config) -> Any:
+    sinks = config.stash.get(state.SESSION, None)
+    sink = sinks.baseline if sinks is not None else None
+    return sink.writer if sink is not None else None
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Deselected tests (``-k``, ``-m``) are collected: their baseline entries are not stale."""
+    if items:
+        writer = _baseline_writer(items[0].config)
+        if writer is not None:
+            writer.mark_collected(item.nodeid for item in items)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """With ``--fusion-counters=ncu``, measure the selected tests under ncu before they run."""
+    """Tell the baseline writer what was collected; with ``--fusion-counters=ncu``, measure
+    the selected tests under ncu before they run."""
     config = session.config
     settings = config.stash[state.SETTINGS]
     sinks = config.stash.get(state.SESSION, None)
+    writer = _baseline_writer(config)
+    if writer is not None:
+        writer.mark_collected(item.nodeid for item in session.items)
     if settings.counters != "ncu" or sinks is None or sinks.is_worker:
         return
     from .sources.bytes_ncu import collect_for_session
@@ -98,6 +123,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     excinfo = call.excinfo
     if excinfo is not None and getattr(excinfo.value, "fusioncheck_verdict", False) and report.failed:
         report.longrepr = str(excinfo.value)  # the verdict, not the plugin's frames
+    if excinfo is not None and report.failed and isinstance(excinfo.value, RuntimeError) and "active drivers" in str(excinfo.value):
+        report.sections.append(("fusioncheck hint", TRITON_CPU_HINT))
     test_state = item.stash.get(state.ITEM, None)
     if test_state is not None and call.when == "call":
         from .fixture import attach_reports
@@ -123,15 +150,15 @@ def fusion(request: pytest.FixtureRequest):
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     report_tables = options.get_option(config, "report")
     sinks = config.stash.get(state.SESSION, None)
-    if not report_tables and sinks is None:
+    if hasattr(config, "workerinput"):
         return
     from .sinks import terminal
 
     collected = terminal.collected_reports(terminalreporter)
     if report_tables and collected:
         terminal.write_tables(terminalreporter, collected)
-    if sinks is not None:
-        terminal.write_lines(terminalreporter, sinks.summary(terminalreporter, collected))
+    lines = sinks.summary(terminalreporter, collected) if sinks is not None else []
+    terminal.write_lines(terminalreporter, lines + terminal.unenforced_lines(collected))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -37,6 +37,7 @@ class Settings:
     trace_dir: str | None = None
     torch_logs: bool = False  # keep torch's DEBUG records in captured logs
     graph_replay: str = "off"  # "off", "auto" (launch-bound reports) or "all": CUDA-graph replays
+    require_gpu: bool = False  # a cuda device without a GPU fails the test instead of skipping it
     peaks: dict[str, float] = field(default_factory=dict)  # peak bandwidth measured this session
 
 
@@ -52,6 +53,7 @@ class ReportLog:
     context: list[Callable[[], str]] = field(default_factory=list)
 
     def latest(self) -> Any:
+        __tracebackhide__ = True
         if not self.reports:
             where = f"test {self.test_id}" if self.test_id else "this process"
             raise NoReportError(

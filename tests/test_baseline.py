@@ -260,7 +260,7 @@ def test_stale_entries_are_reported_and_kept_unless_pruning_is_asked_for(tmp_pat
     writer.mark_seen("t::skipped")
     result = writer.flush()
     assert result.stale == ("t::gone",)
-    assert "1 stale (not run this session, kept):\n  t::gone" in result.describe()
+    assert "1 stale (no longer collected from their files, kept):\n  t::gone" in result.describe()
     assert load_baseline(path).test_ids() == ["t::gone", "t::new", "t::skipped"]
 
     result = _write(path, [make_record("t::new", "cpu", FUSED)], prune_stale=True)

@@ -294,10 +294,10 @@ def test_the_summary_line_says_when_the_file_was_left_unchanged_and_lists_each_s
                          stale=("t::gone", "t::old"))
     assert result.describe() == (
         f"fusioncheck baseline left unchanged {tmp_path / 'b.json'}: 0 added, 0 updated, 1 unchanged; "
-        "2 stale (not run this session, kept):\n  t::gone\n  t::old"
+        "2 stale (no longer collected from their files, kept):\n  t::gone\n  t::old"
     )
     pruned = WriteResult(path=tmp_path / "b.json", written=True, stale=("t::gone",), pruned=True)
-    assert pruned.describe().endswith("; 1 stale (not run this session, removed):\n  t::gone")
+    assert pruned.describe().endswith("; 1 stale (no longer collected from their files, removed):\n  t::gone")
 
 
 def test_a_worker_payload_is_a_snapshot_of_the_workers_records():

@@ -60,6 +60,8 @@ class BaselineSink:
         self.improvements: list[str] = []
         self.missing: list[str] = []  # test ids with no entry for their device kind
         self.changes: list[str] = []  # same count and bytes, different kernels
+        self.checked = 0  # tests compared with an entry
+        self.regressed = 0
 
     @staticmethod
     def record_for(nodeid: str, reports: list[Any], graph_breaks: list[Any] = ()) -> dict[str, Any]:
@@ -84,6 +86,9 @@ class BaselineSink:
             self.writer.add(record)
             return None
         comparison = baseline.compare(self.entries.get(item.nodeid, record["device_kind"]), record)
+        if not comparison.new:
+            self.checked += 1
+            self.regressed += bool(comparison.regressed)
         if comparison.new:
             self.missing.append(f"{item.nodeid} ({record['device_kind']})")
         elif comparison.improved:  # only figures that went down
@@ -119,6 +124,7 @@ class BaselineSink:
             "fusioncheck_improvements": list(self.improvements),
             "fusioncheck_missing": list(self.missing),
             "fusioncheck_changes": list(self.changes),
+            "fusioncheck_checked": [self.checked, self.regressed],
         }
         if self.writer is not None:
             out["fusioncheck_baseline"] = self.writer.worker_payload()
@@ -131,6 +137,9 @@ class BaselineSink:
         self.improvements += output.get("fusioncheck_improvements", [])
         self.missing += output.get("fusioncheck_missing", [])
         self.changes += output.get("fusioncheck_changes", [])
+        checked, regressed = output.get("fusioncheck_checked", [0, 0])
+        self.checked += checked
+        self.regressed += regressed
 
     def flush(self) -> list[str]:
         """Write the queued records (updating only): the summary line."""
@@ -140,6 +149,11 @@ class BaselineSink:
 
     def improvement_lines(self) -> list[str]:
         lines = []
+        if self.writer is None:
+            lines.append(
+                f"fusioncheck baseline: {self.checked} test(s) checked against {self.path}: {self.regressed} regressed, "
+                f"{len(self.improvements)} improved, {len(self.missing)} without an entry"
+            )
         if self.missing:
             lines.append(
                 f"fusioncheck baseline: {len(self.missing)} test(s) not in the baseline "

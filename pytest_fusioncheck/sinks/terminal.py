@@ -35,3 +35,21 @@ def write_lines(terminalreporter: Any, lines: list[str]) -> None:
         terminalreporter.write_sep("-", "fusioncheck")
     for line in lines:
         terminalreporter.write_line(line)
+
+
+UNENFORCED = "reported, not enforced"
+
+
+def unenforced_lines(collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
+    """One line per CPU timing verdict that fell short but was reported, not enforced
+    (``verdict.check_bandwidth``): shown under ``-q`` too, so a shortfall is never silent."""
+    lines = []
+    for nodeid, _, reports in collected:
+        for r in reports:
+            for warning in r.get("warnings") or []:
+                if UNENFORCED in warning:
+                    lines.append(f"{nodeid}: {warning.split(' [')[0]}")
+    if not lines:
+        return []
+    return [f"fusioncheck: {len(lines)} timing verdict(s) on CPU fell short, reported, not enforced "
+            "(--fusion-enforce-cpu-timing enforces them):"] + [f"  {line}" for line in lines]
