@@ -143,6 +143,22 @@ def ensure_efficiency(report: FusionReport, settings: Settings | None = None) ->
             )
             if msg not in report.warnings:
                 report.warnings.append(msg)
+        over = budget_over_modelled(report.budget.total, report.bytes, report.bytes_unmodelled, l2)
+        if over and over not in report.warnings:
+            report.warnings.append(over)
+
+
+def budget_over_modelled(budget: int, modelled: int, unmodelled: int, l2: int) -> str | None:
+    """A warning when the budget (the least the call must move) exceeds what its kernels
+    were modelled to move by more than the L2 could hold: the budget counts tensors the
+    call does not touch, and an efficiency from it reads high (docs/roofline.md)."""
+    if unmodelled or not l2 or budget - modelled <= l2:
+        return None
+    return (
+        f"budget {budget / 2**20:.1f} MiB is {(budget - modelled) / 2**20:.1f} MiB above the {modelled / 2**20:.1f} MiB "
+        f"the kernels were modelled to move (more than the {l2 / 2**20:.0f} MiB L2): the budget counts what the call "
+        "does not touch, so the efficiency reads high; pass budget= with what the call reads and writes"
+    )
 
 
 # --------------------------------------------------------------------------- the plot's ceilings

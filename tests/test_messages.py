@@ -104,3 +104,15 @@ def test_a_baseline_check_says_how_many_tests_it_checked(run_pytest, pytester):
     result = run_pytest("--fusion-device=cpu", "--fusion-baseline", "-q")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["fusioncheck baseline: 2 test(s) checked against *.fusioncheck-baseline.json: 0 regressed, 0 improved, 0 without an entry"])
+
+
+def test_a_budget_above_the_modelled_bytes_by_more_than_the_l2_warns_naming_both():
+    from pytest_fusioncheck.roofline import budget_over_modelled
+
+    MiB = 2**20
+    text = budget_over_modelled(200 * MiB, 100 * MiB, 0, 60 * MiB)
+    assert "budget 200.0 MiB is 100.0 MiB above the 100.0 MiB the kernels were modelled to move" in text
+    assert "60 MiB L2" in text
+    assert budget_over_modelled(150 * MiB, 100 * MiB, 0, 60 * MiB) is None  # within the L2
+    assert budget_over_modelled(200 * MiB, 100 * MiB, 1, 60 * MiB) is None  # a kernel unmodelled: no figure to compare
+    assert budget_over_modelled(200 * MiB, 100 * MiB, 0, 0) is None  # no L2 known (CPU)
