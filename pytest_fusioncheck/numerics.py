@@ -15,6 +15,7 @@ torch is imported inside the functions: importing this module costs nothing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -432,9 +433,53 @@ def _as_tensor(x: Any) -> Any:
     return None
 
 
-def _compare(fused: Any, ref: Any, path: str, rtol: float | None, atol: float | None,
-             comparisons: list[OutputComparison], problems: list[str]) -> None:
+#: How many records (objects walked by their members) one path may pass through.
+_MAX_RECORD_DEPTH = 8
+
+
+def _members(obj: Any) -> dict[str, Any] | None:
+    """The named members of a record (docs/numerics.md, "Records"), or None for no record.
+
+    A dataclass's fields; otherwise an object's public, non-callable instance attributes,
+    sorted by name.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+    attrs = getattr(obj, "__dict__", None)
+    if not isinstance(attrs, dict):
+        return None
+    return {k: v for k, v in sorted(attrs.items()) if not k.startswith("_") and not callable(v)}
+
+
+def _holds_tensor(obj: Any, depth: int, seen: set[int]) -> bool:
+    """Whether a tensor is reachable from ``obj`` through containers and at most ``depth`` records."""
     import torch
+
+    if isinstance(obj, torch.Tensor):
+        return True
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        values = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        values = obj
+    else:
+        members = _members(obj) if depth > 0 else None
+        if not members:
+            return False
+        values, depth = members.values(), depth - 1
+    return any(_holds_tensor(v, depth, seen) for v in values)
+
+
+def _compare(fused: Any, ref: Any, path: str, rtol: float | None, atol: float | None,
+             comparisons: list[OutputComparison], problems: list[str],
+             walked: tuple[tuple[int, int], ...] = ()) -> None:
+    """Compare ``fused`` with ``ref`` at ``path``; ``walked``: the id pairs of the records on the path."""
+    import torch
+
+    def step(f: Any, r: Any, sub: str, records: tuple[tuple[int, int], ...] = walked) -> None:
+        _compare(f, r, sub, rtol, atol, comparisons, problems, records)
 
     if isinstance(fused, torch.Tensor) or isinstance(ref, torch.Tensor):
         f, r = _as_tensor(fused), _as_tensor(ref)
@@ -448,32 +493,55 @@ def _compare(fused: Any, ref: Any, path: str, rtol: float | None, atol: float | 
         if problem is not None:
             problems.append(problem)
     elif isinstance(fused, dict) and isinstance(ref, dict):
-        missing = [k for k in ref if k not in fused]
-        extra = [k for k in fused if k not in ref]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"keys only in the reference: {', '.join(map(repr, missing))}")
-            if extra:
-                parts.append(f"keys only in the fused output: {', '.join(map(repr, extra))}")
-            problems.append(f"{path}: structure mismatch: {'; '.join(parts)}")
+        # A dataclass that is a mapping (transformers' ModelOutput) is compared by its keys,
+        # which leave out its None fields, and its keys are spelled as attributes.
+        as_fields = dataclasses.is_dataclass(fused) and dataclasses.is_dataclass(ref)
+        _compare_members(fused, ref, path, "keys", problems)
         for k in ref:
             if k in fused:
-                _compare(fused[k], ref[k], f"{path}[{k!r}]", rtol, atol, comparisons, problems)
+                step(fused[k], ref[k], f"{path}.{k}" if as_fields and isinstance(k, str) else f"{path}[{k!r}]")
     elif isinstance(fused, (list, tuple)) and isinstance(ref, (list, tuple)):
         if len(fused) != len(ref):
             problems.append(f"{path}: structure mismatch: fused returned {_type_name(fused)}, "
                             f"the reference returned {_type_name(ref)}")
             return
+        fields = getattr(ref, "_fields", None)
+        names = fields if fields is not None and getattr(fused, "_fields", None) == fields else None
         for i, (f, r) in enumerate(zip(fused, ref)):
-            _compare(f, r, f"{path}[{i}]", rtol, atol, comparisons, problems)
+            step(f, r, f"{path}.{names[i]}" if names else f"{path}[{i}]")
     elif isinstance(fused, (bool, numbers.Number)) and isinstance(ref, (bool, numbers.Number)):
-        _compare(_as_tensor(fused), _as_tensor(ref), path, rtol, atol, comparisons, problems)
+        step(_as_tensor(fused), _as_tensor(ref), path)
     elif fused is None and ref is None:
         return
+    elif isinstance(fused, torch.dtype) and isinstance(ref, torch.dtype):
+        if _kind(fused) != _kind(ref):  # the reference is float64 by design: compare kinds, as for tensors
+            problems.append(f"{path}: dtype mismatch: fused is {fused} ({_kind(fused)}), "
+                            f"the reference returned {ref} ({_kind(ref)})")
+    elif (type(fused) is type(ref) and len(walked) < _MAX_RECORD_DEPTH
+          and _holds_tensor((fused, ref), _MAX_RECORD_DEPTH - len(walked), set())):
+        if (id(fused), id(ref)) in walked:
+            return  # a cycle: this pair is being compared further up the path
+        f_members, r_members = _members(fused), _members(ref)
+        _compare_members(f_members, r_members, path, "attributes", problems)
+        for name, r in r_members.items():
+            if name in f_members:
+                step(f_members[name], r, f"{path}.{name}", walked + ((id(fused), id(ref)),))
     elif not _plain_equal(fused, ref):
         problems.append(f"{path}: structure mismatch: fused returned {_type_name(fused)}, "
                         f"the reference returned {_type_name(ref)}")
+
+
+def _compare_members(fused: dict[Any, Any], ref: dict[Any, Any], path: str, what: str, problems: list[str]) -> None:
+    """Report the keys (or attributes) that only one side has."""
+    missing = [k for k in ref if k not in fused]
+    extra = [k for k in fused if k not in ref]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{what} only in the reference: {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"{what} only in the fused output: {', '.join(map(repr, extra))}")
+        problems.append(f"{path}: structure mismatch: {'; '.join(parts)}")
 
 
 def _plain_equal(a: Any, b: Any) -> bool:
@@ -497,7 +565,8 @@ def assert_matches_reference(
     cloned, ``nn.Module`` arguments deep-copied and ``.double()``'d, through nested
     tuples, lists and dicts); then ``fused_fn`` runs on the original arguments and
     ``reference_fn`` on the copies. Each output (a tensor, or tuples/lists/dicts of
-    them) passes where ``|fused - ref| <= atol + rtol * |ref|``, computed in float64,
+    them; dataclasses, named tuples, model outputs and objects such as KV caches are
+    walked too, docs/numerics.md "Records") passes where ``|fused - ref| <= atol + rtol * |ref|``, computed in float64,
     with ``rtol``/``atol`` from ``TOLERANCES`` by the fused output's dtype unless given.
     A NaN passes only where the reference has a NaN too; an inf only where the
     reference has the same inf.

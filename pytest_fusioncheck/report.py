@@ -437,10 +437,10 @@ class FusionReport:
         generated kernels whose compulsory bytes differ from Inductor's estimate."""
         out = []
         if self.headroom:
-            top = self.headroom[0]
-            out.append("headroom: " + top.describe(self.peak_bandwidth, self.time_s if self.device == "cuda" else None))
-            if len(self.headroom) > 1:
-                out[-1] += f" (+{len(self.headroom) - 1} more chain(s))"
+            chains = [c for c in self.headroom if getattr(c, "leads", True)]  # a repeated layer's copies: one line
+            out.append("headroom: " + chains[0].describe(self.peak_bandwidth, self.time_s if self.device == "cuda" else None))
+            if len(chains) > 1:
+                out[-1] += f" (+{len(chains) - 1} more chain(s))"
         out += self.warnings
         if self.graph_note:
             out.append(f"CUDA graph replay not measured: {self.graph_note}")

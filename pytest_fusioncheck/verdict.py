@@ -196,7 +196,10 @@ def check_headroom(report: FusionReport, fraction: float, where: str, log: Repor
     share, what = headroom_share(report, log.settings)
     if share <= fraction:
         return
-    lines = [c.describe(report.peak_bandwidth, report.time_s if report.device == "cuda" else None) for c in report.headroom]
+    from .headroom import distinct
+
+    lines = [c.describe(report.peak_bandwidth, report.time_s if report.device == "cuda" else None)
+             for c in distinct(report.headroom)]  # a repeated layer's copies: one line that counts them
     raise FusionAssertionError(
         failure_message(
             report,

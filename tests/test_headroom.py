@@ -190,3 +190,70 @@ def test_a_chain_with_a_fused_budget_of_zero_says_so_instead_of_infinity():
 
     text = Chain(kernels=[0, 1], ops=["aten::zero_", "aten::fill_"], source=None, bytes=2048, fused_bytes=0).describe()
     assert "infx" not in text and "2.0 KiB against a fused budget of 0 B" in text
+
+
+# --- chains cut at module boundaries, named by module, copies counted ------------------------
+
+
+def _m(op, module, reads, writes):
+    k = _k(op, reads, writes)
+    k.module = module
+    return k
+
+
+def _decoder_layer(i, x_in, x_out):
+    """A pre-norm layer's norm chain, a GEMM, and the residual add in the layer's own forward."""
+    n = f"model.layers.{i}.input_layernorm"
+    return [
+        _m("pow", n, {x_in: 100}, {f"p{i}": 100}),
+        _m("mean", n, {f"p{i}": 100}, {f"v{i}": 1}),
+        _m("mul", n, {x_in: 100, f"v{i}": 1}, {f"h{i}": 100}),
+        _m("mm", f"model.layers.{i}.mlp.up_proj", {f"h{i}": 100, f"w{i}": 100}, {f"u{i}": 100}),
+        _m("add", f"model.layers.{i}", {x_in: 100, f"u{i}": 100}, {x_out: 100}),
+    ]
+
+
+def test_the_residual_stream_does_not_glue_one_layers_norm_to_the_next_and_copies_are_counted():
+    kernels = _decoder_layer(0, "x0", "x1") + _decoder_layer(1, "x1", "x2")
+    chains = find_chains(kernels, returned={"x2"})
+    assert [c.kernels for c in chains] == [[0, 1, 2], [5, 6, 7]]  # each layer's norm alone; the adds join nothing
+    assert [c.module for c in chains] == ["model.layers.0.input_layernorm", "model.layers.1.input_layernorm"]
+    assert chains[0].pattern == "model.layers.*.input_layernorm" and len(chains[0].copies) == 2
+    text = chains[0].describe()
+    assert text.startswith("model.layers.0.input_layernorm: 3 kernels (0-2: pow, mean, mul) move")
+    assert f"; 2 copies (model.layers.*.input_layernorm) save {chains[0].excess * 2} B in all" in text
+    assert chains[0].to_dict()["module"] == "model.layers.0.input_layernorm" and chains[0].to_dict()["copies"] == 2
+
+
+def test_without_modules_layer_zeros_residual_add_joins_layer_ones_norm():
+    kernels = _decoder_layer(0, "x0", "x1") + _decoder_layer(1, "x1", "x2")
+    for k in kernels:
+        k.module = None
+    chains = find_chains(kernels, returned={"x2"})
+    assert sorted(c.kernels for c in chains) == [[0, 1, 2], [4, 5, 6, 7]]
+    assert all(c.module is None and c.copies == [] for c in chains)
+    assert chains[0].describe().startswith("kernels ")
+
+
+def test_a_module_and_its_direct_child_chain_together_and_the_name_says_so():
+    kernels = [
+        _m("mul", "model.layers.0.mlp", {"g": 10, "u": 10}, {"t": 10}),
+        _m("gelu", "model.layers.0.mlp.act_fn", {"t": 10}, {"a": 10}),
+        _m("add", "model.layers.0.mlp", {"a": 10, "b": 10}, {"y": 10}),
+    ]
+    (chain,) = find_chains(kernels, returned={"y"})
+    assert chain.kernels == [0, 1, 2] and chain.module == "model.layers.0.mlp (with act_fn)"
+    grandchild = [_m("mul", "model.layers.0", {"g": 10}, {"t": 10}), _m("gelu", "model.layers.0.mlp.act_fn", {"t": 10}, {"a": 10})]
+    assert find_chains(grandchild, returned={"a"}) == []
+
+
+def test_a_chain_never_holds_two_kernels_that_a_gemm_between_them_orders():
+    kernels = [
+        _k("add", {"x": 10}, {"t": 10}),
+        _k("mm", {"t": 10, "w": 10}, {"z": 10}),  # waits for add
+        _k("mul", {"t": 10, "z": 10}, {"y": 10}),  # waits for add and for the GEMM
+    ]
+    assert find_chains(kernels, returned={"y"}) == []  # one kernel cannot both feed the GEMM and wait for it
+    independent = [kernels[0], _k("mm", {"w": 10, "v": 10}, {"z": 10}), _k("mul", {"t": 10, "z": 10}, {"y": 10})]
+    (chain,) = find_chains(independent, returned={"y"})
+    assert chain.kernels == [0, 2]

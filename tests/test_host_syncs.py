@@ -347,3 +347,29 @@ def test_on_a_gpu_the_cpu_model_agrees_with_the_measured_syncs():
         measured = [(s.op, s.source) for s in profile(fn, x).host_syncs]
         modelled = [(s.op, s.source) for s in profile(fn, x.cpu(), device="cpu").host_syncs]
         assert measured == modelled, fn.__name__
+
+
+GPU_RECOMPILE_FILE = """
+import pytest, torch
+
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).cuda())
+
+@pytest.mark.max_recompiles(0)
+def test_one_shape(fusion):
+    fusion.profile(model, torch.randn(16, 64, device="cuda"))
+    fusion.profile(model, torch.randn(16, 64, device="cuda"))
+
+@pytest.mark.max_recompiles(0)
+def test_new_batch(fusion):
+    fusion.profile(model, torch.randn(24, 64, device="cuda"))
+"""
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_max_recompiles_fails_an_inductor_models_shape_change_and_passes_its_one_shape(run_pytest, pytester):
+    pytester.makepyfile(test_gpu_recompiles=GPU_RECOMPILE_FILE)
+    result = run_pytest("--fusion-device=cuda", "-p", "no:randomly")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        ["*max_recompiles(0): 1 recompilation(s) during test_gpu_recompiles.py::test_new_batch*", "*size mismatch at index 0*"]
+    )

@@ -82,6 +82,33 @@ def test_headroom_lists_its_kernels_as_runs():
     assert "headroom: kernels 0-3, 7, 9-10 (add, mul) move" in page
 
 
+def test_a_chain_with_modules_is_named_by_its_module_and_counts_its_copies():
+    chain = {"kernels": [4, 5], "ops": ["aten::pow", "aten::mean"], "bytes": 300, "fused_bytes": 100, "excess": 200,
+             "module": "model.layers.0.input_layernorm", "copies": 4}
+    page = render([("t.py::x", "", [_report("x", [("k", 1e-6, 8)], headroom=[chain])])])
+    assert "headroom: model.layers.0.input_layernorm: kernels 4-5 (pow, mean) move" in page
+    assert "(4 copies of this chain in the region)" in page
+
+
+def test_a_failing_test_shows_its_failure_text_escaped_and_a_passing_one_none():
+    text = "E   FusionAssertionError: @pytest.mark.max_kernels(1): 3 kernels > 1\nE   <kernel table>"
+    page = render([("t.py::bad", "", [_report("b", [("k", 1e-6, 8)])]), ("t.py::ok", "", [_report("o", [("k", 1e-6, 8)])])],
+                  failed={"t.py::bad"}, verdicts={"t.py::bad": text})
+    assert page.count("<pre class='why'>") == 1
+    why = page[page.index("<pre class='why'>"):]
+    assert why.index("max_kernels(1): 3 kernels &gt; 1") < why.index("&lt;kernel table&gt;") < why.index("t.py::ok")
+
+
+def test_long_kernel_cells_are_cut_with_their_whole_text_on_hover():
+    name = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(Params<" + "x" * 200 + ">)"
+    report = _report("x", [(name, 1e-6, 8)])
+    report["kernels"][0]["source"] = "/very/long/path/" * 10 + "modeling_llama.py:123"
+    page = render([("t.py::x", "", [report])])
+    assert f"<td class='t name' title='{name.replace('<', '&lt;').replace('>', '&gt;')}'>" in page
+    assert "title='" + "/very/long/path/" * 10 + "modeling_llama.py:123'" in page
+    assert "td.t { max-width:" in page and "text-overflow: ellipsis" in page
+
+
 def test_the_roofline_heads_the_page_inline_or_a_line_says_why_not():
     kernels = [("k", 1e-6, 8)]
     page = render([("t.py::x", "", [_report("x", kernels)])], roofline="<svg xmlns='http://www.w3.org/2000/svg'></svg>")
@@ -166,6 +193,16 @@ def test_the_html_report_renders_in_a_browser_with_every_test_failing_first_and_
     assert sorted(tests) == ["test_h.py::test_compiled_break", "test_h.py::test_demo", "test_h.py::test_ok", "test_h.py::test_split"]
     assert "<span class=\"verdict xfailed\">xfailed</span>" in shown.stdout
     assert "graph break at test_h.py:" in shown.stdout
+    # the failing test's verdict, as the terminal printed it
+    assert "@pytest.mark.max_kernels(1)" in shown.stdout and "kernels" in result.stdout.str()
+    # the page fits a 1400 px window: the browser measures it (a copy of the page with a one-line script)
+    measured = pytester.path / "measured.html"
+    measured.write_text(page.read_text().replace(
+        "</body>", "<script>document.title = 'width ' + document.documentElement.scrollWidth</script></body>"))
+    fit = subprocess.run([*common, "--window-size=1400,900", "--dump-dom", measured.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    width = int(re.search(r"<title>width (\d+)</title>", fit.stdout).group(1))
+    assert width <= 1400, width
     if importlib.util.find_spec("matplotlib"):  # the session's roofline, inline
         roof = shown.stdout[shown.stdout.index("id=\"roofline\""):]
         assert "<svg" in roof[:2000] and "ridge" in roof, roof[:500]

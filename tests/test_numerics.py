@@ -1,6 +1,9 @@
-"""assert_matches_reference: float64 reference, per-dtype tolerances, messages, input safety."""
+"""assert_matches_reference: float64 reference, per-dtype tolerances, messages, input safety, records."""
 
+import copy
+import dataclasses
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -310,3 +313,145 @@ def test_wrong(fusion):
     result = run_pytest()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*max abs error*", "*latest fusion report of this test:*", "*aten::_softmax*", "*aten::mul*"])
+
+
+# --- records: model outputs, dataclasses, named tuples, caches (docs/numerics.md) ---------
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    """A random-weight two-layer Hugging Face LlamaForCausalLM (no download) and token ids."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval(), torch.randint(0, 64, (2, 7))
+
+
+_LLAMA_TENSORS = ["out.logits"] + [f"out.cache.layers[{i}].{kv}" for i in (0, 1) for kv in ("keys", "values")]
+
+
+def test_a_hugging_face_llama_matches_itself_with_its_logits_and_kv_cache_compared(tiny_llama):
+    model, ids = tiny_llama
+    result = assert_matches_reference(model, model, ids, use_cache=True)
+    assert [o.path for o in result.outputs if o.dtype == "float32"] == _LLAMA_TENSORS
+    assert "out.cache.layers[0].is_initialized" in [o.path for o in result.outputs]  # bools compared exactly
+
+
+def test_a_llama_with_one_perturbed_layer_fails_naming_the_logits_and_that_layers_cached_values(tiny_llama):
+    model, ids = tiny_llama
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():
+        perturbed.model.layers[1].self_attn.v_proj.weight.add_(0.1)
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(perturbed, model, ids, use_cache=True)
+    assert [p.split(":")[0] for p in info.value.problems] == ["out.logits", "out.cache.layers[1].values"]
+    assert "worst element:       out.cache.layers[1].values[" in str(info.value)
+
+
+def test_a_compiled_llama_matches_the_eager_one_with_its_kv_cache(tiny_llama):
+    # aot_eager: dynamo rebuilds the output and cache objects as with inductor, whose C++ build
+    # takes some 20 s on a cold CPU cache
+    model, ids = tiny_llama
+    result = assert_matches_reference(torch.compile(model, backend="aot_eager"), model, ids, use_cache=True)
+    assert [o.path for o in result.outputs if o.dtype == "float32"] == _LLAMA_TENSORS
+
+
+@dataclasses.dataclass
+class _Step:
+    hidden: torch.Tensor
+    aux: dict
+    name: str
+
+
+def test_a_dataclass_output_is_compared_field_by_field():
+    x = torch.ones(2, 3)
+    result = assert_matches_reference(lambda x: _Step(x * 2, {"loss": x.sum()}, "fwd"),
+                                      lambda x: _Step(x * 2, {"loss": x.sum()}, "fwd"), x)
+    assert [o.path for o in result.outputs] == ["out.hidden", "out.aux['loss']"]
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: _Step(x * 2, {"loss": x.sum()}, "bwd"),
+                                 lambda x: _Step(x * 2, {"loss": x.sum() + 1}, "fwd"), x)
+    assert [p.split(":")[0] for p in info.value.problems] == ["out.aux['loss']", "out.name"]
+
+
+class _TopK(NamedTuple):
+    values: torch.Tensor
+    indices: torch.Tensor
+
+
+def test_a_namedtuple_output_names_its_fields_in_the_path():
+    x = torch.tensor([[1.0, 5.0, 2.0]])
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: _TopK(*x.topk(2)), lambda x: _TopK(x.topk(2)[0], x.topk(2)[1].flip(-1)), x)
+    assert [p.split(":")[0] for p in info.value.problems] == ["out.indices"]
+    assert "worst element:       out.indices[0, 0]: fused 1, reference 2" in str(info.value)
+
+
+class _LegacyCache:
+    """A cache in the style of older transformers releases: lists of tensors per layer."""
+
+    def __init__(self, keys, values):
+        self.key_cache, self.value_cache = list(keys), list(values)
+        self.dtype = keys[0].dtype
+        self._seen_tokens = object()  # private: not compared
+        self.update = lambda: None  # callable: not compared
+        self.owner = self  # a cycle: compared once
+
+    def __repr__(self):
+        return f"{type(self).__name__}({len(self.key_cache)} layers)"
+
+
+class _OtherCache(_LegacyCache):
+    pass
+
+
+def test_an_object_holding_tensors_is_walked_by_its_public_attributes():
+    x = torch.ones(2, 3)
+    result = assert_matches_reference(lambda x: _LegacyCache([x], [x * 2]), lambda x: _LegacyCache([x], [x * 2]), x)
+    assert [o.path for o in result.outputs] == ["out.key_cache[0]", "out.value_cache[0]"]  # dtype: by kind
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: {"cache": _LegacyCache([x, x], [x, x])},
+                                 lambda x: {"cache": _LegacyCache([x, x], [x, x + 1])}, x)
+    assert [p.split(":")[0] for p in info.value.problems] == ["out['cache'].value_cache[1]"]
+
+
+def test_an_attribute_only_one_side_has_is_a_structure_mismatch_naming_it():
+    x = torch.ones(2)
+    extra = _LegacyCache([x], [x])
+    extra.offset = 3
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: extra, lambda x: _LegacyCache([x], [x]), x)
+    assert info.value.problems == ["out: structure mismatch: attributes only in the fused output: 'offset'"]
+
+
+def test_a_dtype_attribute_is_compared_by_kind_like_the_tensors_it_describes():
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: _LegacyCache([x.long()], [x.long()]), lambda x: _LegacyCache([x], [x]),
+                                 torch.ones(2))
+    assert "out.dtype: dtype mismatch: fused is torch.int64 (integer), the reference returned torch.float64 " \
+           "(floating point)" in info.value.problems
+
+
+def test_objects_of_different_types_are_a_structure_mismatch_naming_both():
+    x = torch.ones(2)
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda x: [_OtherCache([x], [x])], lambda x: [_LegacyCache([x], [x])], x)
+    assert info.value.problems == [
+        "out[0]: structure mismatch: fused returned _OtherCache _OtherCache(1 layers), "
+        "the reference returned _LegacyCache _LegacyCache(1 layers)"
+    ]
+
+
+@dataclasses.dataclass
+class _Meta:
+    name: str
+
+
+def test_objects_without_tensors_are_still_compared_by_equality():
+    assert_matches_reference(lambda: (torch.ones(1), _Meta("a")), lambda: (torch.ones(1), _Meta("a")))
+    with pytest.raises(NumericsMismatch) as info:
+        assert_matches_reference(lambda: (torch.ones(1), _Meta("a")), lambda: (torch.ones(1), _Meta("b")))
+    assert info.value.problems == [
+        "out[1]: structure mismatch: fused returned _Meta _Meta(name='a'), the reference returned _Meta _Meta(name='b')"
+    ]

@@ -281,3 +281,24 @@ def test_the_measured_peak_is_within_two_percent_of_an_independent_copy_in_the_s
 
     peak, independent = measure_copy_bandwidth("cuda"), max(_benchmark("bench_peak").independent_copy())
     assert abs(peak - independent) <= 0.02 * independent, (peak, independent)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_hugging_face_models_headroom_is_cut_per_layer_and_names_each_fusion_once_with_its_copies(hf_models, name):
+    import re
+
+    from pytest_fusioncheck.headroom import distinct
+
+    model = hf_models[name].to("cpu")
+    ids = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        report = profile(lambda t: model(t).logits, ids)
+    layers = model.config.num_hidden_layers
+    for chain in report.headroom:  # no chain joins two layers through the residual stream
+        indices = {m.group(1) for path in chain.modules for m in [re.search(r"\.(?:layers|h)\.(\d+)", path)] if m}
+        assert len(indices) <= 1, chain.describe()
+    repeated = [c for c in distinct(report.headroom) if c.pattern and ".*" in c.pattern]
+    assert repeated and all(len(c.copies) == layers for c in repeated), [c.describe() for c in distinct(report.headroom)]
+    assert len(distinct(report.headroom)) < len(report.headroom)  # the copies are one line each
+    note = report.notes()[0]
+    assert note.startswith(f"headroom: {distinct(report.headroom)[0].module}: ") and f"{layers} copies (" in note

@@ -72,11 +72,16 @@ class SessionSinks:
         failed = {getattr(rep, "nodeid", "") for rep in terminalreporter.stats.get("failed", [])}
         outcomes = {getattr(rep, "nodeid", ""): word for word in ("xfailed", "xpassed", "error", "failed")
                     for rep in terminalreporter.stats.get(word, [])}
+        # Each failing test's failure as the terminal prints it (a call's over a teardown's).
+        verdicts = {getattr(rep, "nodeid", ""): str(rep.longreprtext) for word in ("error", "failed")
+                    for rep in terminalreporter.stats.get(word, []) if getattr(rep, "longrepr", None) is not None}
         for sink in self.files:
             if hasattr(sink, "failed"):
                 sink.failed = failed
             if hasattr(sink, "outcomes"):
                 sink.outcomes = outcomes
+            if hasattr(sink, "verdicts"):
+                sink.verdicts = verdicts
             lines += sink.write(collected)
         if self.baseline is not None:
             lines += self.baseline.improvement_lines()

@@ -2,13 +2,15 @@
 
 No scripts and no external assets: a file a CI job can keep as an artifact and anyone can
 open. The session's roofline (inline SVG, when matplotlib is installed) heads it; failing
-tests come first. Per test: its verdict, each report's summary line, modelled
+tests come first. Per test: its verdict (a failing test's failure as the terminal prints
+it), each report's summary line, modelled
 bytes against the budget as a bar, a strip of its kernels in launch order (widths by time,
 the launch gaps as one hatched share), graph breaks and recompiles with their source lines,
 headroom and notes, a per-module summary (models: repeated layers folded) and the full kernel
 table, which JSON aside is the only place a 165-kernel model's every row is shown. Everything
 is escaped (kernel names hold ``<`` and ``>``). ``tests/test_html_report.py`` loads the page
-in headless Chromium when it is installed.
+in headless Chromium when it is installed, and checks that it fits a 1400 px window: long
+cells (kernel names, ops, modules, sources) are cut with an ellipsis, their full text on hover.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ th { background: #eee; } tr:nth-child(even) td { background: #f8f8f8; } td.n { t
 .strip div { height: 100%; border-right: 1px solid #fff; min-width: 1px; }
 .strip .gap { background: repeating-linear-gradient(45deg, #ddd, #ddd 4px, #f4f4f4 4px, #f4f4f4 8px); }
 .break { font-family: monospace; color: #8a4b00; }
+pre.why { white-space: pre-wrap; overflow-wrap: anywhere; background: #fdf3f3; border-left: 3px solid #b00;
+  padding: .5em 1em; font-size: 12px; max-width: 110em; }
+td.t { max-width: 16em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+td.t.name { max-width: 22em; } td.t.op { max-width: 10em; }
 """
 # Kernel colours in the strip, by kind: copies grey, kernels cycling through a few hues.
 _HUES = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f")
@@ -53,10 +59,12 @@ def _time(s: Any) -> str:
 
 
 def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[str] | None = None,
-           outcomes: dict[str, str] | None = None, roofline: str | None = None) -> str:
+           outcomes: dict[str, str] | None = None, roofline: str | None = None,
+           verdicts: dict[str, str] | None = None) -> str:
     """The page for ``[(test id, kernel tables as text, [report dict, ...])]``; ``failed`` the
     test ids that failed, ``outcomes`` other verdicts by test id (``xfailed``, ``error``, ...),
-    ``roofline`` the session's roofline as SVG markup (``roofline_svg``) or a line saying why none."""
+    ``roofline`` the session's roofline as SVG markup (``roofline_svg``) or a line saying why none,
+    ``verdicts`` the failure text of failing tests by test id (pytest's ``longreprtext``)."""
     failed = set(failed or ()) | {n for n, word in (outcomes or {}).items() if word in ("failed", "error")}
     words = {n: (outcomes or {}).get(n) or ("failed" if n in failed else "passed") for n, _, _ in collected}
     esc = html.escape
@@ -86,6 +94,8 @@ def render(collected: list[tuple[str, str, list[dict[str, Any]]]], failed: set[s
     for i, (nodeid, _, reports) in enumerate(collected):
         out.append(f"<h2 id='t{i}'{' class=failed' if nodeid in failed else ''}>{esc(nodeid)}</h2>")
         out.append(f"<p>{_verdict(words[nodeid], 'span')}</p>")
+        if (verdicts or {}).get(nodeid):
+            out.append(f"<pre class='why'>{esc(verdicts[nodeid])}</pre>")
         for r in reports:
             out.append(_report_section(r))
     out.append("</body></html>")
@@ -180,11 +190,13 @@ def _report_section(r: dict[str, Any]) -> str:
     ]
     parts.extend(_launch_lines(r))
     for chain in r.get("headroom") or []:
+        where = f"{chain['module']}: " if chain.get("module") else ""
+        copies = f" ({chain['copies']} copies of this chain in the region)" if (chain.get("copies") or 1) > 1 else ""
         parts.append(
-            f"<p class='note'>headroom: kernels {esc(index_ranges(chain['kernels']))} "
+            f"<p class='note'>headroom: {esc(where)}kernels {esc(index_ranges(chain['kernels']))} "
             f"({esc(', '.join(dict.fromkeys(op.removeprefix('aten::') for op in chain['ops'])))}) move "
             f"{esc(_bytes(chain['bytes']))} for a fused budget of {esc(_bytes(chain['fused_bytes']))}: "
-            f"fusing saves {esc(_bytes(chain['excess']))}</p>"
+            f"fusing saves {esc(_bytes(chain['excess']))}{copies}</p>"
         )
     for note in r.get("warnings") or []:
         parts.append(f"<p class='note'>note: {esc(str(note))}</p>")
@@ -207,14 +219,20 @@ def _report_section(r: dict[str, Any]) -> str:
     for i, k in [(str(i), k) for i, k in enumerate(kernels)] + [("copy", k) for k in r.get("copies") or []]:
         cls = " class='n unmodelled'" if k.get("bytes") is None else " class='n'"
         parts.append(
-            f"<tr><td class='n'>{i}</td><td title='{esc(str(k.get('name')))}'>{esc(_short(str(k.get('name'))))}</td>"
+            f"<tr><td class='n'>{i}</td>{_cell(str(k.get('name')), 'name', _short(str(k.get('name'))))}"
             f"<td class='n'>{esc(_time(k.get('time_s')))}</td><td{cls}>{esc(_bytes(k.get('bytes')))}</td>"
             + (f"<td class='n'>{esc(_bytes(k.get('bytes_measured')))}</td>" if show_measured else "")
-            + f"<td>{esc(str(k.get('op') or '-'))}</td><td>{esc(str(k.get('module') or '-'))}</td>"
-            f"<td>{esc(str(k.get('source') or '-'))}</td></tr>"
+            + _cell(str(k.get("op") or "-"), "op") + _cell(str(k.get("module") or "-"))
+            + _cell(str(k.get("source") or "-")) + "</tr>"
         )
     parts.append("</table>")
     return "\n".join(parts)
+
+
+def _cell(text: str, kind: str = "", shown: str | None = None) -> str:
+    """A table cell cut to its column's width with an ellipsis (CSS), the whole text on hover."""
+    esc = html.escape
+    return f"<td class='t{(' ' + kind) if kind else ''}' title='{esc(text)}'>{esc(text if shown is None else shown)}</td>"
 
 
 def _short(name: str) -> str:
@@ -247,10 +265,11 @@ class HtmlSink:
         self.settings = settings  # for the roofline's ceilings (measured peak bandwidth)
         self.failed: set[str] = set()  # test ids the session summary marks red
         self.outcomes: dict[str, str] = {}  # other verdicts by test id: xfailed, xpassed, error
+        self.verdicts: dict[str, str] = {}  # failing tests' failure text, as the terminal prints it
 
     def write(self, collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(render(collected, self.failed, self.outcomes, roofline_svg(collected, self.settings)))
+            fh.write(render(collected, self.failed, self.outcomes, roofline_svg(collected, self.settings), self.verdicts))
         os.replace(tmp, self.path)
         return [f"fusioncheck: HTML report of {len(collected)} test(s) written to {self.path}"]

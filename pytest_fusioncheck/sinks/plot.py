@@ -4,8 +4,9 @@ One point per kernel whose FLOPs, bytes and time are known: x = arithmetic inten
 (FLOP per HBM byte: measured bytes where counters ran, else modelled), y = achieved
 FLOP/s (FLOPs over the kernel's time), colour by test, size by time; filled where the
 FLOPs are exact (matmul-class ops, declared Triton FLOPs), hollow where they are the
-one-per-element estimate. Ceilings: the bandwidth slope (``roofline.known_peak_bandwidth``)
-and the peak FLOP/s of each dtype the points compute in (``roofline.peak_flops``), their
+one-per-element estimate. Ceilings: the bandwidth slope (``bandwidth_slope``: the peak
+the reports were measured against, else ``roofline.known_peak_bandwidth``; the legend says
+which) and the peak FLOP/s of each dtype the points compute in (``roofline.peak_flops``), their
 ridge points marked. The top kernels by time are numbered and listed under the plot; a
 footnote counts the kernels left out and why (docs/roofline.md). Needs matplotlib.
 """
@@ -102,7 +103,7 @@ def kernel_points(collected: list[tuple[str, str, list[dict[str, Any]]]]) -> tup
                             time_s=float(seconds),
                             estimated=bool(k.get("flops_estimated")),
                             dtype=k.get("dtype"),
-                            device_kind=str(r.get("device_kind") or r.get("device") or "cpu"),
+                            device_kind=_device_kind(r),
                         )
                     )
     return points, left
@@ -121,9 +122,37 @@ class Ceilings:
         return self.compute[dtype][0] / self.bandwidth[0]
 
 
-def ceilings(device_kind: str, dtypes: list[str], settings: Any = None, reported: float | None = None) -> Ceilings:
-    """The bandwidth slope and the compute ceilings of ``dtypes`` on ``device_kind``."""
-    from ..roofline import known_peak_bandwidth, peak_flops
+def _device_kind(report: dict[str, Any]) -> str:
+    return str(report.get("device_kind") or report.get("device") or "cpu")
+
+
+def bandwidth_slope(collected: list[tuple[str, str, list[dict[str, Any]]]], device_kind: str, settings: Any = None) -> tuple[float, str] | None:
+    """``(bytes/s, where from)`` of ``device_kind``'s slope: the peak its reports' verdicts
+    were measured against (their ``peak_bandwidth``; the largest where they differ), else
+    what ``roofline.known_peak_bandwidth`` knows: the override, the cache, a datasheet
+    default (docs/roofline.md, "The ceilings")."""
+    from ..roofline import known_peak_bandwidth
+
+    measured = [float(r["peak_bandwidth"]) for _, _, reports in collected for r in reports
+                if r.get("peak_bandwidth") and _device_kind(r) == device_kind]
+    return known_peak_bandwidth(device_kind, settings, max(measured, default=None))
+
+
+def slope_label(bandwidth: tuple[float, str]) -> str:
+    """The legend's words for the slope: which figure it is ("measured peak 4.25 TB/s",
+    "datasheet 4.8 TB/s (no measured peak)")."""
+    value, where = bandwidth
+    figure = _si(value, "B/s")
+    if where.startswith("measured"):
+        return f"measured peak {figure}{where.removeprefix('measured')}"  # "(cached)" from an earlier session
+    if where.endswith("not measured"):  # "datasheet default, ...", "nominal default, ..." (CPU)
+        return f"{where.split()[0]} {figure} (no measured peak)"
+    return f"peak {figure} ({where})"
+
+
+def ceilings(device_kind: str, dtypes: list[str], settings: Any = None, bandwidth: tuple[float, str] | None = None) -> Ceilings:
+    """The bandwidth slope (``bandwidth_slope``) and the compute ceilings of ``dtypes`` on ``device_kind``."""
+    from ..roofline import peak_flops
 
     compute, missing = {}, []
     for dtype in dtypes:
@@ -132,7 +161,7 @@ def ceilings(device_kind: str, dtypes: list[str], settings: Any = None, reported
             missing.append(dtype)
         else:
             compute[dtype] = peak
-    return Ceilings(device_kind, known_peak_bandwidth(device_kind, settings, reported), compute, missing)
+    return Ceilings(device_kind, bandwidth, compute, missing)
 
 
 def _si(value: float, unit: str) -> str:
@@ -218,13 +247,8 @@ def roofline_plot(collected: list[tuple[str, str, list[dict[str, Any]]]], path: 
 
     points, left = kernel_points(collected)
     devices = sorted({p.device_kind for p in points}) or sorted(
-        {str(r.get("device_kind") or "cpu") for _, _, reports in collected for r in reports}
+        {_device_kind(r) for _, _, reports in collected for r in reports}
     ) or ["cpu"]
-    reported: dict[str, float] = {}
-    for _, _, reports in collected:
-        for r in reports:
-            if r.get("peak_bandwidth"):
-                reported[str(r.get("device_kind"))] = float(r["peak_bandwidth"])
     roofs: list[Ceilings] = []
     for device in devices:
         mine = [p for p in points if p.device_kind == device]
@@ -232,7 +256,7 @@ def roofline_plot(collected: list[tuple[str, str, list[dict[str, Any]]]], path: 
         for p in mine:
             by_time[p.dtype or "float32"] = by_time.get(p.dtype or "float32", 0.0) + p.time_s
         dtypes = sorted(by_time, key=lambda d: -by_time[d])[:MAX_DTYPES] or ["float32"]
-        roofs.append(ceilings(device, dtypes, settings, reported.get(device)))
+        roofs.append(ceilings(device, dtypes, settings, bandwidth_slope(collected, device, settings)))
 
     # Axis ranges: every point, every ridge, a decade of margin.
     xs = [p.intensity for p in points]
@@ -377,6 +401,11 @@ def roofline_plot(collected: list[tuple[str, str, list[dict[str, Any]]]], path: 
     ]
     if len(tests) > MAX_LEGEND_TESTS:
         handles.append(Line2D([], [], linestyle="", label=f"... {len(tests) - MAX_LEGEND_TESTS} more tests"))
+    handles += [  # the slope says which bandwidth it is: measured, or a datasheet's
+        Line2D([], [], color="black", linewidth=1.4, linestyle=styles[ci % len(styles)],
+               label=(f"{c.device_kind}: " if len(roofs) > 1 else "") + slope_label(c.bandwidth))
+        for ci, c in enumerate(roofs) if c.bandwidth is not None
+    ]
     handles += [
         Line2D([], [], marker="o", linestyle="", color="gray", markersize=6, label="exact FLOPs"),
         Line2D([], [], marker="o", linestyle="", markerfacecolor="none", markeredgecolor="gray", markersize=6, label="estimated (1 FLOP/element)"),
