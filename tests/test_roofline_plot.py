@@ -122,6 +122,22 @@ def test_ceilings_come_from_the_override_else_a_documented_table():
     assert peak_flops("cpu", "float32")[0] > 0
 
 
+def test_the_slope_is_the_peak_the_reports_verdicts_used_and_its_label_says_which():
+    from pytest_fusioncheck.sinks.plot import bandwidth_slope, slope_label
+    from pytest_fusioncheck.state import Settings
+
+    h200 = {"device_kind": "cuda:NVIDIA H200", "peak_bandwidth": 4.25e12}
+    other = {"device_kind": "cuda:NVIDIA H100", "peak_bandwidth": 3.1e12}
+    collected = [("t.py::a", "", [h200, other]), ("t.py::b", "", [dict(h200, peak_bandwidth=4.2e12)])]
+    slope = bandwidth_slope(collected, "cuda:NVIDIA H200", Settings())
+    assert slope == (4.25e12, "measured")  # not the datasheet's 4.8 TB/s, not the H100's figure
+    assert slope_label(slope) == "measured peak 4.25 TB/s"
+    unmeasured = bandwidth_slope([("t.py::a", "", [{"device_kind": "cuda:NVIDIA H200"}])], "cuda:NVIDIA H200", Settings())
+    assert unmeasured == (4.8e12, "datasheet default, not measured")
+    assert slope_label(unmeasured) == "datasheet 4.8 TB/s (no measured peak)"
+    assert slope_label((4e12, "--fusion-peak-bandwidth")) == "peak 4 TB/s (--fusion-peak-bandwidth)"
+
+
 ROOFLINE = """
 import torch
 
