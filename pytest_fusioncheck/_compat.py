@@ -435,3 +435,57 @@ def torch_c_autograd() -> Any:
     import torch
 
     return torch._C._autograd
+
+
+# --------------------------------------------------------------------------- objects' private members
+
+# torch.compile's wrappers and what they wrap: an ``OptimizedModule`` keeps the model in
+# ``_orig_mod`` (and puts it in its submodule paths); a compiled function keeps the
+# function in ``_torchdynamo_orig_callable``.
+COMPILED_MODULE_ATTR = "_orig_mod"
+COMPILED_WRAPPER_ATTRS = ("_torchdynamo_orig_callable", COMPILED_MODULE_ATTR)
+
+
+def compiled_inner(obj: Any) -> Any | None:
+    """What ``obj`` wraps when it is a ``torch.compile`` wrapper (a compiled function's
+    original callable, an ``OptimizedModule``'s model), else None."""
+    for attr in COMPILED_WRAPPER_ATTRS:
+        try:
+            inner = getattr(obj, attr, None)
+        except Exception:
+            inner = None
+        if inner is not None:
+            return inner
+    return None
+
+
+def tensor_version(t: Any) -> int:
+    """A tensor's version counter: bumped by every in-place write (autograd's ``_version``)."""
+    return int(t._version)
+
+
+def op_schema(func: Any) -> Any | None:
+    """An ``OpOverload``'s schema (``func._schema``), or None for other callables."""
+    return getattr(func, "_schema", None)
+
+
+def codegen_graph() -> Any | None:
+    """The graph Inductor is generating code for (``V.graph``), or None outside codegen."""
+    try:
+        from torch._inductor.virtualized import V
+
+        return V.graph
+    except Exception:
+        return None
+
+
+def inductor_dtype_size(dtype: Any) -> int:
+    from torch._inductor.utils import get_dtype_size
+
+    return get_dtype_size(dtype)
+
+
+def inductor_sympy_product(values: Any) -> Any:
+    from torch._inductor.utils import sympy_product
+
+    return sympy_product(values)

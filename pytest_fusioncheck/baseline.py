@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from .budget import format_bytes
+from .report import device_kind  # noqa: F401  (the baseline key: a report's device, named)
 
 __all__ = [
     "DEFAULT_PATH",
@@ -77,18 +78,6 @@ def normalize_kernel_name(name: str) -> str:
     """``triton_poi_fused_add_gelu_0`` -> ``triton_poi_fused_add_gelu``; other names as they are."""
     match = _INDUCTOR_SUFFIX.match(name)
     return match.group(1) if match else name
-
-
-def device_kind(device_type: str, device_name: str | None = None) -> str:
-    """The baseline key for a device: ``"cpu"``, or ``"cuda:NVIDIA H200"`` with a name.
-
-    Kernel counts depend on the GPU model (Inductor picks different kernels per
-    architecture), so GPU entries carry the device name; CPU entries do not.
-    """
-    device_type = device_type.split(":", 1)[0]
-    if device_type == "cpu" or not device_name:
-        return device_type
-    return f"{device_type}:{device_name}"
 
 
 def _is_count(value: Any) -> bool:

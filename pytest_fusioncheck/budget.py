@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from . import _compat
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -247,7 +249,7 @@ class Budget:
 # budget"), and how many objects it looks at in all.
 _CAPTURE_DEPTH = 6
 _CAPTURE_OBJECTS = 20000
-_WRAPPER_ATTRS = ("_orig_mod", "_torchdynamo_orig_callable", "__wrapped__", "__self__", "__func__")
+_WRAPPER_ATTRS = ("__wrapped__", "__self__", "__func__")  # and torch.compile's (_compat.compiled_inner)
 
 
 @dataclass
@@ -284,9 +286,9 @@ class Captures:
         tensors = list(iter_tensors([args, self.modules, self.tensors])) + self.optimizer_state()
         params = self.parameters()
         tensors += params
-        grads = {id(p): (p.grad, p.grad._version) for p in params if p.grad is not None}
+        grads = {id(p): (p.grad, _compat.tensor_version(p.grad)) for p in params if p.grad is not None}
         arg_ids = {id(t) for t in iter_tensors(args)}
-        return TensorSnapshot({id(t): (t, t._version) for t in tensors}, params, grads, self, arg_ids)
+        return TensorSnapshot({id(t): (t, _compat.tensor_version(t)) for t in tensors}, params, grads, self, arg_ids)
 
 
 @dataclass
@@ -318,13 +320,13 @@ class TensorSnapshot:
         """What the call wrote: tensors whose version moved or whose storage is in ``written``
         (the storage keys the observed ops wrote: a foreach op under a dispatch mode leaves
         the version counter alone), new or moved gradients, and optimizer state it made."""
-        moved = [t for t, version in self.versions.values() if t._version != version or storage_key(t) in written]
+        moved = [t for t, version in self.versions.values() if _compat.tensor_version(t) != version or storage_key(t) in written]
         for p in self.params:
             grad = p.grad
             if grad is None:
                 continue
             before = self.grads.get(id(p))
-            if before is None or before[0] is not grad or before[1] != grad._version or storage_key(grad) in written:
+            if before is None or before[0] is not grad or before[1] != _compat.tensor_version(grad) or storage_key(grad) in written:
                 moved.append(grad)
         known = {id(t) for t, _ in self.versions.values()}
         moved += [t for t in self.captures.optimizer_state() if id(t) not in known]  # state made by this call
@@ -407,6 +409,9 @@ def find_captures(fn: Any, extra: Any = ()) -> Captures:
                 continue
             if inner is not None and not isinstance(inner, type):
                 stack.append((inner, nxt))
+        inner = _compat.compiled_inner(obj)
+        if inner is not None and not isinstance(inner, type):
+            stack.append((inner, nxt))
         if isinstance(obj, types.FunctionType):
             from .where import is_internal
 

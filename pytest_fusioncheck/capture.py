@@ -299,7 +299,7 @@ def _definition_site(fn: Any) -> str | None:
 
     import torch
 
-    target = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "_orig_mod", None) or fn
+    target = _compat.compiled_inner(fn) or fn
     if isinstance(target, torch.nn.Module):
         target = type(target).forward
     try:

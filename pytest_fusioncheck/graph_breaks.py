@@ -268,9 +268,7 @@ class _GraphCounter:
 
 def _original_callable(fn: Callable[..., Any]) -> Callable[..., Any]:
     for _ in range(8):
-        inner = getattr(fn, "_torchdynamo_orig_callable", None)
-        if inner is None:
-            inner = getattr(fn, "_orig_mod", None)  # torch._dynamo OptimizedModule
+        inner = _compat.compiled_inner(fn)
         if inner is None or inner is fn:
             return fn
         fn = inner

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _compat
 from .budget import Touched, bytes_by_storage, distinct_bytes, storage_key
 from .host_syncs import op_sync_reason
 from .ranges import OP_RANGE_PREFIX
@@ -103,7 +104,7 @@ def _static_kind(func: Any) -> tuple[str, str | None]:
         pass
     packet = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
     name = packet.split("::")[-1]
-    schema = getattr(func, "_schema", None)
+    schema = _compat.op_schema(func)
     if getattr(func, "is_view", False) or name in _NO_KERNEL_OPS:
         kind = "none"
     elif schema is not None and schema.returns and all(
@@ -229,7 +230,7 @@ def _schema_arguments(func: Any) -> list[tuple[str, bool, bool]] | None:
         return _SCHEMAS[func]
     except (KeyError, TypeError):
         pass
-    schema = getattr(func, "_schema", None)
+    schema = _compat.op_schema(func)
     arguments = None
     if schema is not None:
         written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
@@ -454,7 +455,7 @@ def _flop_rule(func: Any) -> tuple[str, Any]:
     from ._compat import flop_formulas
 
     name = _static_kind(func)[0]
-    qualified = getattr(getattr(func, "_schema", None), "name", None) or f"aten::{name}"
+    qualified = getattr(_compat.op_schema(func), "name", None) or f"aten::{name}"
     if not qualified.startswith("aten::"):
         name = ""  # another namespace's op: only torch's registry may know it
     formulas = flop_formulas()
@@ -535,14 +536,14 @@ def module_names(roots: list[Any], names: dict[int, str] | None = None) -> dict[
     its module's path too. A root that is a submodule
     of another root is named by its path in that one: roots are taken largest first."""
     names = {} if names is None else names
-    unwrapped = [getattr(root, "_orig_mod", root) for root in roots]  # torch.compile's wrapper: the model it wraps
+    unwrapped = [getattr(root, _compat.COMPILED_MODULE_ATTR, root) for root in roots]  # torch.compile's wrapper: its model
     sized = sorted(unwrapped, key=lambda m: -sum(1 for _ in m.modules()))
     for root in sized:
         if id(root) in names:
             continue  # already named inside a larger root
         for name, module in root.named_modules():
             # a compiled submodule's wrapper and the module it wraps share one path
-            path = ".".join(part for part in name.split(".") if part != "_orig_mod") if name else ""
+            path = ".".join(part for part in name.split(".") if part != _compat.COMPILED_MODULE_ATTR) if name else ""
             names.setdefault(id(module), path or type(root).__name__)
             for param in module.parameters(recurse=False):  # whose gradient a backward accumulates
                 names.setdefault(id(param), path or type(root).__name__)

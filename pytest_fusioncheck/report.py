@@ -22,6 +22,16 @@ LONG_REPORT = 30
 TOP_KERNELS = 10
 
 
+def device_kind(device_type: str, device_name: str | None = None) -> str:
+    """The key of a device in baselines and reports: ``"cpu"``, or ``"cuda:NVIDIA H200"``
+    with a name. Kernel counts depend on the GPU model (Inductor picks different kernels
+    per architecture), so GPU entries carry the device name; CPU entries do not."""
+    device_type = device_type.split(":", 1)[0]
+    if device_type == "cpu" or not device_name:
+        return device_type
+    return f"{device_type}:{device_name}"
+
+
 @dataclass
 class Kernel:
     """One launch in a profiled region.
@@ -317,9 +327,7 @@ class FusionReport:
 
     @property
     def device_kind(self) -> str:
-        """Baseline key: ``"cpu"`` or ``"cuda:<device name>"`` (``baseline.device_kind``)."""
-        from .baseline import device_kind
-
+        """Baseline key: ``"cpu"`` or ``"cuda:<device name>"`` (``device_kind``)."""
         return device_kind(self.device, self.device_name)
 
     def _entries(self) -> list[tuple[str, Kernel]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -177,19 +178,17 @@ def kernel_arg_buffers(args: Any, nodes: Any = ()) -> list[tuple[str, int]]:
     iteration space (a gathered embedding table, a sliced input) counts only what the
     kernel's distinct access patterns can reach (``touched_elements``).
     """
-    from torch._inductor.utils import get_dtype_size
-    from torch._inductor.virtualized import V
-
-    hint = V.graph.sizevars.optimization_hint
+    graph = _compat.codegen_graph()
+    hint = graph.sizevars.optimization_hint
     accesses, points = _access_patterns(nodes, hint)
     produced = {dep.name for node in nodes or () for dep in getattr(getattr(node, "read_writes", None), "writes", ())}
     internal = _internal_buffers(args, nodes)
 
     def size(name: str) -> int:
-        numel = int(hint(V.graph.get_numel(name), fallback=0))
+        numel = int(hint(graph.get_numel(name), fallback=0))
         patterns = accesses.get(name, ())
         count = 0 if _WHOLE in patterns else len(patterns)
-        return touched_elements(numel, count, points) * get_dtype_size(V.graph.get_dtype(name))
+        return touched_elements(numel, count, points) * _compat.inductor_dtype_size(graph.get_dtype(name))
 
     return buffer_accesses(args, size, produced, internal)
 
@@ -200,15 +199,14 @@ def _internal_buffers(args: Any, nodes: Any) -> set[str]:
     softmax) as an argument where the Triton backend removes it; it never leaves the
     kernel's working set, so it is not compulsory traffic. Unknown: none are internal."""
     try:
-        from torch._inductor.virtualized import V
-
+        graph = _compat.codegen_graph()
         members: set[str] = set()
         for node in nodes or ():
             for part in getattr(node, "get_nodes", lambda: [node])():
                 if hasattr(part, "get_name"):
                     members.add(part.get_name())
-        outputs = set(V.graph.get_output_names())
-        name_to_buf = V.graph.scheduler.name_to_buf
+        outputs = set(graph.get_output_names())
+        name_to_buf = graph.scheduler.name_to_buf
         internal = set()
         for name in getattr(args, "output_buffers", {}) or {}:
             buf = name_to_buf.get(name)
@@ -415,9 +413,7 @@ def generated_flops(nodes: Any) -> tuple[int, bool] | None:
     a floating-point buffer counts one FLOP per element of its iteration space (its
     pointwise and reduction ranges), the convention of the eager estimate (docs/roofline.md).
     """
-    from torch._inductor.utils import sympy_product
-    from torch._inductor.virtualized import V
-
+    graph = _compat.codegen_graph()
     exact = estimated = 0
     known = False
     for node in nodes:
@@ -434,7 +430,7 @@ def generated_flops(nodes: Any) -> tuple[int, bool] | None:
         if dtype is None or not dtype.is_floating_point:
             continue
         sizes, reduction = node.get_ranges()
-        count = V.graph.sizevars.optimization_hint(sympy_product([*sizes, *reduction]), fallback=0)
+        count = graph.sizevars.optimization_hint(_compat.inductor_sympy_product([*sizes, *reduction]), fallback=0)
         if count:
             estimated += int(count)
             known = True
@@ -443,12 +439,10 @@ def generated_flops(nodes: Any) -> tuple[int, bool] | None:
 
 def _cpp_kernel_bytes(scheduled_nodes: list[Any]) -> int:
     """Bytes of the fused scheduler nodes whose parts make up one C++ kernel."""
-    from torch._inductor.virtualized import V
-
     members = {id(n) for n in scheduled_nodes}
     total = 0
     counted: set[int] = set()
-    scheduler = getattr(V.graph, "scheduler", None)
+    scheduler = getattr(_compat.codegen_graph(), "scheduler", None)
     for fused in getattr(scheduler, "nodes", []) or []:
         parts = fused.get_nodes()
         if parts and all(id(p) in members for p in parts):
@@ -461,12 +455,10 @@ def _cpp_kernel_bytes(scheduled_nodes: list[Any]) -> int:
 
 
 def _on_cpp_kernel(scheduling: Any, name: str, src_code: str, nodes: Any, args: tuple, kwargs: dict) -> None:
-    from torch._inductor.virtualized import V
-
     kernel_args = args[0] if args else kwargs.get("kernel_args")
     if kernel_args is None:
         kernel_args = getattr(getattr(scheduling, "kernel_group", None), "args", None)
-    graph_id = getattr(V.graph, "graph_id", None)
+    graph_id = getattr(_compat.codegen_graph(), "graph_id", None)
     names = [name] + ([f"graph_{graph_id}_{name}"] if graph_id is not None else [])
     _record(
         names,
@@ -494,20 +486,20 @@ def _on_triton_kernel(name: str, node_schedule: Any, kernel: Any) -> None:
 
 
 _scopes = iter(range(1, 1 << 62))
+_scope_of: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # graph -> its token
 
 
 def _graph_scope(graph: Any = None) -> Any:
-    """A token for the graph Inductor is generating code for (``graph``, else ``V.graph``;
-    never reused, unlike ``id``), or None outside codegen."""
+    """A token for the graph Inductor is generating code for (``graph``, else the codegen
+    graph; never reused, unlike ``id``), or None outside codegen. Kept beside the graph
+    (a weak map), not on it."""
     try:
+        graph = graph if graph is not None else _compat.codegen_graph()
         if graph is None:
-            from torch._inductor.virtualized import V
-
-            graph = V.graph
-        token = getattr(graph, "_fusioncheck_scope", None)
+            return None
+        token = _scope_of.get(graph)
         if token is None:
-            token = next(_scopes)
-            graph._fusioncheck_scope = token
+            token = _scope_of[graph] = next(_scopes)
         return token
     except Exception:
         return None
