@@ -21,7 +21,7 @@ from . import api, verdict
 from .budget import Budget
 from .options import Limits, MarkerError, parse_limits
 from .report import FusionReport
-from .state import ITEM, SESSION, SETTINGS, ReportLog, Settings, record_report
+from .state import BREAKS, ITEM, SESSION, SETTINGS, ReportLog, Settings, record_report
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -104,7 +104,7 @@ class TestState:
 def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
     """Around the test call: Inductor's byte hooks (the test compiles here), a graph-break
     recorder and, in marker-only mode, the profiler around the test body."""
-    from .graph_breaks import GraphBreakRecorder
+    from .graph_breaks import GraphBreakRecorder, carried_over
     from .sources.bytes_model import inductor_hooks
 
     original = item.obj
@@ -126,7 +126,11 @@ def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
             yield
     finally:
         item.obj = original
-        state.log.graph_breaks = list(getattr(recorder, "breaks", None) or [])
+        recorded = list(getattr(recorder, "breaks", None) or [])
+        seen = item.config.stash.setdefault(BREAKS, [])
+        earlier = carried_over(seen, state.log.reports, item.nodeid, recorded)
+        seen += [(b, item.nodeid) for b in recorded]
+        state.log.graph_breaks = recorded + earlier
         state.log.recompiles = list(getattr(recorder, "recompiles", None) or [])
 
 

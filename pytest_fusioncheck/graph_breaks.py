@@ -25,6 +25,7 @@ torch is imported inside functions only: the plugin imports this module lazily, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import types
@@ -43,6 +44,7 @@ __all__ = [
 ]
 
 _MAX_REASON = 240
+_BROKEN_VALUE = "___stack"  # a guard on a value that crossed a graph break (Dynamo's name for it)
 _RESUME_FN = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+?)_at_\d+$")
 _COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
 _FRAME_ID = re.compile(r"^\[?(\d+)/\d+")
@@ -75,6 +77,9 @@ class GraphBreak:
     function: str = ""
     frame_skipped: bool = False
     detail: str = dataclasses.field(default="", repr=False, compare=False)
+    # Recorded when the code was first compiled, in this other test (``carried_over``):
+    # Dynamo's cache keeps the broken graphs, so a later test that runs them records nothing.
+    first_seen: str = dataclasses.field(default="", compare=False)
 
     @property
     def location(self) -> str:
@@ -90,6 +95,7 @@ class GraphBreak:
             "code": self.code,
             "function": self.function,
             "frame_skipped": self.frame_skipped,
+            **({"first_seen": self.first_seen} if self.first_seen else {}),
         }
 
     def __str__(self) -> str:
@@ -106,12 +112,19 @@ class Recompile:
     # Dynamo compiled the function before the recording began (an earlier test): entries
     # from then are in its cache, so this count depends on what ran before.
     earlier: bool = False
+    # The code recompiled is the rest of ``function`` after a graph break (Dynamo's resume
+    # function); ``location`` is then the break's line.
+    resumed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def __str__(self) -> str:
-        text = f"Recompiled {self.function} ({self.location}): {self.reason}"
+        what = f"the rest of {self.function} after its graph break" if self.resumed else self.function
+        text = f"Recompiled {what} ({self.location}): {self.reason}"
+        if _BROKEN_VALUE in self.reason:
+            text += (" [a value computed before the graph break reached the rest of the function as a "
+                     "Python constant: each new value recompiles]")
         if self.earlier:
             text += " [first compiled before this test: its cache holds entries from earlier calls]"
         return text
@@ -241,7 +254,64 @@ def _format_one(graph_break: GraphBreak) -> str:
     if graph_break.frame_skipped:
         function = graph_break.function or "the function"
         line += f"\n    (Dynamo could not resume after it and ran all of {function} eagerly)"
+    if graph_break.first_seen:
+        line += f"\n    (recorded when this code was first compiled, in {graph_break.first_seen}; its broken graphs ran here)"
     return line
+
+
+def carried_over(seen: Iterable[tuple[GraphBreak, str]], reports: Iterable[Any], test_id: str,
+                 recorded: Iterable[GraphBreak] = ()) -> list[GraphBreak]:
+    """The graph breaks that other tests recorded, earlier in the session, in functions whose
+    compiled code ran in ``reports``: Dynamo compiles a function once a process, so only the
+    first test that calls it records its breaks; a later test runs the same broken graphs from
+    Dynamo's cache. ``seen`` holds ``(break, test id)`` in the order recorded. A break counts
+    when a generated kernel of the reports has its source in the function that holds the
+    break's line (found by parsing the file); eager kernels alone do not, so calling the
+    function uncompiled carries nothing over. Breaks ``recorded`` by this test are left out."""
+    mine = {(b.reason, b.location) for b in recorded}
+    lines: dict[str, set[int]] = {}
+    for report in reports:
+        for k in getattr(report, "kernels", ()):
+            if k.source and _generated(k):
+                path, _, line = k.source.rpartition(":")
+                if line.isdigit():
+                    lines.setdefault(path, set()).add(int(line))
+    found: dict[tuple[str, str], GraphBreak] = {}
+    for graph_break, first_test in seen:
+        key = (graph_break.reason, graph_break.location)
+        if first_test == test_id or key in mine or key in found:
+            continue
+        span = _function_span(graph_break.filename, graph_break.lineno)
+        ran = lines.get(relpath(graph_break.filename), ())
+        if span is not None and any(span[0] <= n <= span[1] for n in ran):
+            found[key] = dataclasses.replace(graph_break, first_seen=first_test)
+    return list(found.values())
+
+
+def _generated(kernel: Any) -> bool:
+    """An Inductor kernel (C++ or Triton): its op names the ops it fused."""
+    return str(kernel.op).startswith("fused") or str(kernel.name).startswith(("triton_", "cpp_fused"))
+
+
+@functools.lru_cache(maxsize=256)
+def _function_span(filename: str, lineno: int) -> tuple[int, int] | None:
+    """``(first, last)`` line of the innermost function or method defined in ``filename``
+    that holds ``lineno``; None when the file cannot be parsed or no function holds it."""
+    import ast
+
+    try:
+        with open(filename, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            last = getattr(node, "end_lineno", None) or node.lineno
+            if first <= lineno <= last and (best is None or last - first < best[1] - best[0]):
+                best = (first, last)
+    return best
 
 
 def _analyse(fn: Callable[..., Any], args: tuple, kwargs: dict) -> _Analysis:
@@ -434,13 +504,15 @@ def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str
             events[-1].append(reason)
         name = getattr(code, "co_name", "<unknown>")
         match = _RESUME_FN.match(name)
-        function = match["name"] if match else name
+        function = match["name"] if match else name  # a resume function starts at its break's line
         location = f"{relpath(getattr(code, 'co_filename', '?'))}:{getattr(code, 'co_firstlineno', 0)}"
         for event in events:
             reason = _COMPILE_ID.sub("", event[0]).strip().splitlines()[0] if event[0].strip() else "unknown"
             frame = _FRAME_ID.match(event[0])
             earlier = first_frame is not None and frame is not None and int(frame.group(1)) < first_frame
-            recompiles.append(Recompile(reason=_trim(reason), function=function, location=location, earlier=earlier))
+            reason = re.sub(r"\s{2,}", "  ", reason)  # Dynamo pads a guard to align the source it quotes
+            recompiles.append(Recompile(reason=_trim(reason), function=function, location=location, earlier=earlier,
+                                        resumed=match is not None))
     return recompiles
 
 

@@ -108,4 +108,7 @@ def record_report(report: Any, log: ReportLog | None = None) -> None:
 SETTINGS = pytest.StashKey[Settings]()
 SESSION = pytest.StashKey[Any]()
 LOG = pytest.StashKey["tuple[ReportLog, contextvars.Token]"]()
+# The session's graph breaks, ``(GraphBreak, test id)`` in the order recorded: a later test
+# that runs the same broken graphs from Dynamo's cache reports them too (graph_breaks.carried_over).
+BREAKS = pytest.StashKey["list[tuple[Any, str]]"]()
 ITEM = pytest.StashKey[Any]()

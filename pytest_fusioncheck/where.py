@@ -6,7 +6,9 @@ pytest or pluggy, to Inductor's generated-code cache, or is one of a few standar
 wrappers. Everything else is the user's: a test file, a model's own code, a model library
 installed in site-packages (a ``transformers`` line is the answer, a torch line is not).
 Frames with pseudo-files (``<string>``, ``<frozen ...>``) are used only when no real file
-qualifies. Paths are shown relative to the working directory when under it.
+qualifies. Paths are shown relative to the working directory when under it; a file of an
+installed package from the package's own name (``transformers/models/llama/modeling_llama.py``,
+wherever the environment lives), so a table reads the same on every machine.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def _is_internal_path(absolute: str) -> bool:
 
 
 def relpath(filename: str) -> str:
-    """``filename`` relative to the working directory when under it, else unchanged."""
+    """``filename`` from its installed package's name (``transformers/...``), else relative
+    to the working directory when under it, else unchanged."""
     try:
         cwd = os.getcwd()
     except (OSError, ValueError):
@@ -63,6 +66,10 @@ def _relpath(filename: str, cwd: str) -> str:
         path = os.path.normpath(os.path.join(cwd, filename))
     except (OSError, ValueError):
         return filename
+    parts = path.replace("\\", "/").split("/")
+    installed = [i for i, p in enumerate(parts[:-1]) if p in ("site-packages", "dist-packages")]
+    if installed:
+        return "/".join(parts[installed[-1] + 1:])
     if path.startswith(cwd + os.sep):
         return os.path.relpath(path, cwd)
     return filename

@@ -314,3 +314,81 @@ def test_a_skip_logged_with_its_exception_is_located_from_the_exceptions_user_st
     assert (graph_break.filename, graph_break.lineno) == ("/work/m.py", 9)
     assert graph_break.frame_skipped and graph_break.function == "loop"
     assert graph_break.reason == "Failed to trace builtin operator: No `print`."
+
+
+# --- a break seen in one test, run again by a later one from Dynamo's cache -----------------
+
+BLOCK_MODULE = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 16)
+        self.fc2 = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.fc1(x))
+        print("between")
+        return x + self.fc2(h) * 2
+"""
+
+ORDER_TESTS = """
+import pytest, torch
+from blockmod import Block
+
+torch.manual_seed(0)
+block = torch.compile(Block())
+
+@pytest.mark.no_graph_breaks
+def test_first(fusion):
+    fusion.profile(block, torch.randn(8, 16))
+
+@pytest.mark.no_graph_breaks
+def test_second(fusion):
+    fusion.profile(block, torch.randn(8, 16))
+
+@pytest.mark.no_graph_breaks
+def test_uncompiled(fusion):
+    fusion.profile(Block(), torch.randn(8, 16))
+"""
+
+
+@pytest.mark.parametrize("order", ["first then second", "second then first"])
+def test_every_test_that_runs_a_broken_compiled_function_reports_its_break_in_either_order(run_pytest, pytester, order):
+    pytester.makepyfile(blockmod=BLOCK_MODULE, test_order=ORDER_TESTS)
+    pytester.syspathinsert()
+    ids = ["test_order.py::test_first", "test_order.py::test_second"]
+    if order != "first then second":
+        ids.reverse()
+    result = run_pytest("-p", "no:randomly", *ids, "test_order.py::test_uncompiled")
+    result.assert_outcomes(failed=2, passed=1)  # the uncompiled call carries nothing over
+    name = ids[0].split("::")[1]
+    result.stdout.fnmatch_lines([
+        "*Graph break at blockmod.py:12: *print*",
+        f"*(recorded when this code was first compiled, in test_order.py::{name}; its broken graphs ran here)",
+    ])
+
+
+def test_carried_over_needs_a_generated_kernel_inside_the_broken_function(tmp_path):
+    from pytest_fusioncheck.graph_breaks import GraphBreak, carried_over
+    from pytest_fusioncheck.report import FusionReport, Kernel
+
+    source = tmp_path / "m.py"
+    source.write_text("def f(x):\n    y = x + 1\n    print(y)\n    return y * 2\n\n\ndef g(x):\n    return x\n")
+    brk = GraphBreak(reason="print", filename=str(source), lineno=3)
+    seen = [(brk, "t.py::a")]
+    where = gb.relpath(str(source))
+
+    def report(*kernels):
+        return FusionReport(label="r", kernels=list(kernels), device="cpu")
+
+    compiled = Kernel(name="cpp_fused_mul_0", op="fused: mul", source=f"{where}:4")
+    assert [b.first_seen for b in carried_over(seen, [report(compiled)], "t.py::b")] == ["t.py::a"]
+    assert carried_over(seen, [report(compiled)], "t.py::a") == []  # the test that recorded it
+    assert carried_over(seen, [report(compiled)], "t.py::b", recorded=[brk]) == []  # recorded again: once
+    eager = Kernel(name="aten::mul", op="aten::mul", source=f"{where}:4")
+    assert carried_over(seen, [report(eager)], "t.py::b") == []
+    elsewhere = Kernel(name="cpp_fused_0", op="fused: add", source=f"{where}:8")  # in g, not in f
+    assert carried_over(seen, [report(elsewhere)], "t.py::b") == []

@@ -373,3 +373,24 @@ def test_on_a_gpu_max_recompiles_fails_an_inductor_models_shape_change_and_passe
     result.stdout.fnmatch_lines(
         ["*max_recompiles(0): 1 recompilation(s) during test_gpu_recompiles.py::test_new_batch*", "*size mismatch at index 0*"]
     )
+
+
+def _scaled_after_item(x):
+    scale = x.abs().max().item()
+    return x / scale
+
+
+def test_a_recompile_of_the_code_after_a_graph_break_names_the_break_and_why_each_value_recompiles():
+    from pytest_fusioncheck.graph_breaks import GraphBreakRecorder
+
+    torch._dynamo.reset()
+    fn = torch.compile(_scaled_after_item, backend="eager")
+    with GraphBreakRecorder() as rec:
+        fn(torch.ones(4))
+        fn(torch.ones(4) * 3)  # a new .item() value: the code after the break recompiles
+    (recompile,) = rec.recompiles
+    assert recompile.resumed and recompile.function == "_scaled_after_item"
+    assert recompile.location.endswith(f"test_host_syncs.py:{_line(_scaled_after_item, '.item()')}")
+    text = str(recompile)
+    assert text.startswith("Recompiled the rest of _scaled_after_item after its graph break (")
+    assert "   " not in recompile.reason and "as a Python constant: each new value recompiles" in text

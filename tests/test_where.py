@@ -36,3 +36,22 @@ def test_the_innermost_user_frame_skips_library_frames_and_prefers_real_files():
         ("<string>", 1),
     ]
     assert user_frame(frames) == frames[1]
+
+
+@pytest.mark.parametrize(
+    "path, shown",
+    [
+        ("/opt/torch/.venv/lib/python3.12/site-packages/transformers/models/gpt2/modeling_gpt2.py",
+         "transformers/models/gpt2/modeling_gpt2.py"),
+        ("{cwd}/.venv/lib/python3.11/site-packages/transformers/activations.py", "transformers/activations.py"),
+        ("/usr/lib/python3/dist-packages/mylib/block.py", "mylib/block.py"),
+        ("{cwd}/mymodels/block.py", "mymodels/block.py"),
+        ("/somewhere/else/block.py", "/somewhere/else/block.py"),
+    ],
+)
+def test_an_installed_packages_file_is_shown_from_its_package_name_and_a_project_file_from_the_working_directory(path, shown):
+    import os
+
+    from pytest_fusioncheck.where import relpath
+
+    assert relpath(path.format(cwd=os.getcwd())) == shown
