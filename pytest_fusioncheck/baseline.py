@@ -326,7 +326,7 @@ class Comparison:
             return (f"fusion baseline: no entry for {where} "
                     "(run with --fusion-update-baseline to record it)")
         if self.regressed:
-            head = f"fusion baseline regression for {where}"
+            head = f"fusion baseline regression for {where} (run with --fusion-update-baseline to accept it)"
         elif self.improved:
             head = (f"fusion baseline improvement for {where} "
                     "(run with --fusion-update-baseline to record it)")

@@ -67,7 +67,7 @@ def test_more_kernels_regress_and_the_message_lists_the_added_kernels():
     assert comparison.added == ("triton_poi_fused_add", "triton_poi_fused_gelu")
     assert comparison.removed == ("triton_poi_fused_add_gelu",)
     message = comparison.describe()
-    assert message.splitlines()[0] == "fusion baseline regression for t::a on cpu"
+    assert message.splitlines()[0] == "fusion baseline regression for t::a on cpu (run with --fusion-update-baseline to accept it)"
     assert "  kernels: 1 -> 2 (+1)" in message
     assert "    + triton_poi_fused_add\n    + triton_poi_fused_gelu" in message
     assert "    - triton_poi_fused_add_gelu" in message

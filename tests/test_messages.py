@@ -98,6 +98,24 @@ def test_slow(fusion):
     )
 
 
+def test_a_launch_overhead_verdict_a_cpu_cannot_check_prints_one_line_under_quiet(run_pytest, pytester):
+    pytester.makepyfile(test_launch="""
+import pytest, torch
+
+@pytest.mark.max_launch_overhead(0.1)
+def test_launches(fusion):
+    fusion.profile(lambda x: x * 2, torch.randn(64))
+""")
+    result = run_pytest("--fusion-device=cpu", "-q")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "fusioncheck: 1 timing verdict(s) need a GPU and were not checked:",
+            "  test_launch.py::test_launches: @pytest.mark.max_launch_overhead(0.1): launch overhead is a GPU figure; not checked on cpu",
+        ]
+    )
+
+
 def test_a_baseline_check_says_how_many_tests_it_checked(run_pytest, pytester):
     pytester.makepyfile(test_two=TWO_TESTS)
     run_pytest("--fusion-device=cpu", "--fusion-update-baseline").assert_outcomes(passed=2)

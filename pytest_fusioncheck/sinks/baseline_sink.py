@@ -116,7 +116,7 @@ class BaselineSink:
             tables = "\n".join(str(r) for r in reports)
             raise FusionAssertionError(
                 "\n".join(cause + [comparison.describe(), tables])
-                + f"\n(baseline {self.path}; run with --fusion-update-baseline to accept the change)"
+                + f"\n(baseline {self.path})"
             )
 
     def worker_output(self) -> dict[str, Any]:

@@ -38,18 +38,25 @@ def write_lines(terminalreporter: Any, lines: list[str]) -> None:
 
 
 UNENFORCED = "reported, not enforced"
+UNCHECKED = "not checked on "  # verdict.check_launch_overhead off a GPU
 
 
 def unenforced_lines(collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
     """One line per CPU timing verdict that fell short but was reported, not enforced
-    (``verdict.check_bandwidth``): shown under ``-q`` too, so a shortfall is never silent."""
-    lines = []
+    (``verdict.check_bandwidth``), and one per timing verdict a CPU cannot check (launch
+    overhead): shown under ``-q`` too, so a shortfall or a skipped check is never silent."""
+    short, unchecked = [], []
     for nodeid, _, reports in collected:
         for r in reports:
             for warning in r.get("warnings") or []:
                 if UNENFORCED in warning:
-                    lines.append(f"{nodeid}: {warning.split(' [')[0]}")
-    if not lines:
-        return []
-    return [f"fusioncheck: {len(lines)} timing verdict(s) on CPU fell short, reported, not enforced "
-            "(--fusion-enforce-cpu-timing enforces them):"] + [f"  {line}" for line in lines]
+                    short.append(f"{nodeid}: {warning.split(' [')[0]}")
+                elif UNCHECKED in warning:
+                    unchecked.append(f"{nodeid}: {warning}")
+    lines = []
+    if short:
+        lines += [f"fusioncheck: {len(short)} timing verdict(s) on CPU fell short, reported, not enforced "
+                  "(--fusion-enforce-cpu-timing enforces them):"] + [f"  {line}" for line in short]
+    if unchecked:
+        lines += [f"fusioncheck: {len(unchecked)} timing verdict(s) need a GPU and were not checked:"] + [f"  {line}" for line in unchecked]
+    return lines
