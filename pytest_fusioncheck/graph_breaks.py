@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 _MAX_REASON = 240
+_GUARD_WHERE = re.compile(r"\s+#\s+\S+:\d+ in \S+\s*$")  # "  # ...roj/m.py:14 in torch_dynamo_resume_in_f_at_13"
 _BROKEN_VALUE = "___stack"  # a guard on a value that crossed a graph break (Dynamo's name for it)
 _RESUME_FN = re.compile(r"^torch_dynamo_resume_in_(?P<name>.+?)_at_\d+$")
 _COMPILE_ID = re.compile(r"^\[?\d+/\d+\]?:\s*")
@@ -511,6 +512,7 @@ def _recompiles_since(before: dict[Any, int], guard_failures: dict[Any, list[str
             frame = _FRAME_ID.match(event[0])
             earlier = first_frame is not None and frame is not None and int(frame.group(1)) < first_frame
             reason = re.sub(r"\s{2,}", "  ", reason)  # Dynamo pads a guard to align the source it quotes
+            reason = _GUARD_WHERE.sub("", reason)  # and ends it with a cut path: the location says where
             recompiles.append(Recompile(reason=_trim(reason), function=function, location=location, earlier=earlier,
                                         resumed=match is not None))
     return recompiles

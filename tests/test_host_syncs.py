@@ -394,3 +394,4 @@ def test_a_recompile_of_the_code_after_a_graph_break_names_the_break_and_why_eac
     text = str(recompile)
     assert text.startswith("Recompiled the rest of _scaled_after_item after its graph break (")
     assert "   " not in recompile.reason and "as a Python constant: each new value recompiles" in text
+    assert " in torch_dynamo_resume" not in recompile.reason, recompile.reason
