@@ -127,11 +127,12 @@ def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
     finally:
         item.obj = original
         recorded = list(getattr(recorder, "breaks", None) or [])
+        recompiles = list(getattr(recorder, "recompiles", None) or [])
         seen = item.config.stash.setdefault(BREAKS, [])
-        earlier = carried_over(seen, state.log.reports, item.nodeid, recorded)
+        earlier = carried_over(seen, state.log.reports, item.nodeid, recorded, recompiles)
         seen += [(b, item.nodeid) for b in recorded]
         state.log.graph_breaks = recorded + earlier
-        state.log.recompiles = list(getattr(recorder, "recompiles", None) or [])
+        state.log.recompiles = recompiles
 
 
 class _TorchDebugFilter(logging.Filter):

@@ -261,15 +261,18 @@ def _format_one(graph_break: GraphBreak) -> str:
 
 
 def carried_over(seen: Iterable[tuple[GraphBreak, str]], reports: Iterable[Any], test_id: str,
-                 recorded: Iterable[GraphBreak] = ()) -> list[GraphBreak]:
+                 recorded: Iterable[GraphBreak] = (), recompiled: Iterable[Recompile] = ()) -> list[GraphBreak]:
     """The graph breaks that other tests recorded, earlier in the session, in functions whose
     compiled code ran in ``reports``: Dynamo compiles a function once a process, so only the
     first test that calls it records its breaks; a later test runs the same broken graphs from
     Dynamo's cache. ``seen`` holds ``(break, test id)`` in the order recorded. A break counts
     when a generated kernel of the reports has its source in the function that holds the
     break's line (found by parsing the file); eager kernels alone do not, so calling the
-    function uncompiled carries nothing over. Breaks ``recorded`` by this test are left out."""
+    function uncompiled carries nothing over. Breaks ``recorded`` by this test are left out,
+    and so are breaks in a function this test ``recompiled``: its new graphs were traced
+    here, and any break in them was recorded here."""
     mine = {(b.reason, b.location) for b in recorded}
+    fresh = [tuple(r.location.rsplit(":", 1)) for r in recompiled if not r.resumed]  # the frame itself retraced
     lines: dict[str, set[int]] = {}
     for report in reports:
         for k in getattr(report, "kernels", ()):
@@ -283,8 +286,11 @@ def carried_over(seen: Iterable[tuple[GraphBreak, str]], reports: Iterable[Any],
         if first_test == test_id or key in mine or key in found:
             continue
         span = _function_span(graph_break.filename, graph_break.lineno)
-        ran = lines.get(relpath(graph_break.filename), ())
-        if span is not None and any(span[0] <= n <= span[1] for n in ran):
+        path = relpath(graph_break.filename)
+        ran = lines.get(path, ())
+        if span is None or any(f == path and n.isdigit() and span[0] <= int(n) <= span[1] for f, n in fresh):
+            continue
+        if any(span[0] <= n <= span[1] for n in ran):
             found[key] = dataclasses.replace(graph_break, first_seen=first_test)
     return list(found.values())
 

@@ -392,3 +392,7 @@ def test_carried_over_needs_a_generated_kernel_inside_the_broken_function(tmp_pa
     assert carried_over(seen, [report(eager)], "t.py::b") == []
     elsewhere = Kernel(name="cpp_fused_0", op="fused: add", source=f"{where}:8")  # in g, not in f
     assert carried_over(seen, [report(elsewhere)], "t.py::b") == []
+    from pytest_fusioncheck.graph_breaks import Recompile
+
+    own_graphs = [Recompile(reason="size mismatch", function="f", location=f"{where}:1")]  # b traced f anew
+    assert carried_over(seen, [report(compiled)], "t.py::b", recompiled=own_graphs) == []
