@@ -257,6 +257,9 @@ def test_a_cpu_bandwidth_shortfall_is_reported_and_fails_only_where_cpu_timing_i
         ("max_hbm_bytes('12 parsecs')", "cannot read '12 parsecs' as a byte count"),
         ("bandwidth_bound(0)", "fraction must be a number in (0, 1]*got 0"),
         ("no_graph_breaks(1)", "takes no arguments, got args=(1,)"),
+        ("no_host_syncs(1)", "takes no arguments, got args=(1,)"),
+        ("max_recompiles", "takes exactly one count, got args=()"),
+        ("max_recompiles(-1)", "n must be a non-negative int, got -1"),
     ],
 )
 def test_a_bad_marker_argument_on_a_test_without_the_fixture_errors_at_setup_naming_test_and_marker(run_pytest, pytester, marker, problem):

@@ -269,30 +269,6 @@ def test_max_recompiles_fails_a_shape_change_naming_the_guard_and_passes_otherwi
     )
 
 
-@pytest.mark.parametrize(
-    "marker, problem",
-    [
-        ("no_host_syncs(1)", "takes no arguments, got args=(1,)"),
-        ("max_recompiles", "takes exactly one count, got args=()"),
-        ("max_recompiles(-1)", "n must be a non-negative int, got -1"),
-    ],
-)
-def test_bad_arguments_of_the_new_markers_error_at_setup(run_pytest, pytester, marker, problem):
-    pytester.makepyfile(
-        test_bad=f"""
-import pytest
-
-@pytest.mark.{marker}
-def test_bad():
-    raise AssertionError("the body must not run")
-"""
-    )
-    result = run_pytest()
-    result.assert_outcomes(errors=1)
-    name = marker.split("(")[0]
-    result.stdout.fnmatch_lines([f"test_bad.py::test_bad: @pytest.mark.{name}: {problem}*"])
-
-
 # --------------------------------------------------------------------------- on a GPU (the device tool)
 
 
