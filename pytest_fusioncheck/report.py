@@ -124,8 +124,11 @@ def format_time(seconds: float | None) -> str:
 
 
 def format_bandwidth(bytes_per_s: float | None) -> str:
+    """GB/s to the unit; under 1 GB/s in MB/s (a CPU's slow region never reads "0 GB/s")."""
     if not bytes_per_s:
         return "-"
+    if bytes_per_s < 1e9:
+        return f"{bytes_per_s / 1e6:.0f} MB/s"
     return f"{bytes_per_s / 1e9:.0f} GB/s"
 
 

@@ -42,7 +42,8 @@ def test_format_time_picks_the_unit_at_its_boundaries(seconds, text):
     assert format_time(seconds) == text
 
 
-@pytest.mark.parametrize("rate, text", [(None, "-"), (0.0, "-"), (1.5e12, "1500 GB/s"), (2.4e9, "2 GB/s"), (3.5e9, "4 GB/s")])
+@pytest.mark.parametrize("rate, text", [(None, "-"), (0.0, "-"), (1.5e12, "1500 GB/s"), (2.4e9, "2 GB/s"), (3.5e9, "4 GB/s"),
+                                        (2.7e8, "270 MB/s"), (4e5, "0 MB/s")])
 def test_format_bandwidth_is_in_gb_per_second_and_a_dash_when_unknown(rate, text):
     """Catches decimal GB turned into another unit, or an unknown or zero rate printed as a number."""
     assert format_bandwidth(rate) == text
@@ -286,7 +287,7 @@ def test_the_summary_gives_measured_bytes_budget_wall_time_and_efficiency():
     )
     assert report.summary() == (
         "[made] on cuda:H: 1 kernel, 2.0 KiB modelled, 4.0 KiB measured, budget 1.0 KiB, time 500.00 ms, "
-        "wall 600.00 ms, 50% of 0 GB/s"
+        "wall 600.00 ms, 50% of 0 MB/s"
     )
     cpu = _report(kernels, time_s=0.5, wall_time_s=0.6)
     assert "wall" not in cpu.summary()
