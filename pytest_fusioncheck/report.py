@@ -438,8 +438,14 @@ class FusionReport:
         if self.known_efficiency() is not None:
             parts.append(f"{self.known_efficiency():.0%} of {format_bandwidth(self.peak_bandwidth)}")
         lo, hi = self.cuda_kernel_range
+        more = ""
+        if self.device == "cpu" and any(k.name.startswith("cpp_fused") for k in self.kernels):
+            # not a bound: Triton fuses less than C++ (docs/bytes.md, "Known misses")
+            more = "; more where Inductor's CUDA backend splits a C++ kernel"
         if hi > lo:
-            parts.append(f"on CUDA {lo}-{hi} kernels ({hi - lo} GEMM(s) may add a split-K reduce)")
+            parts.append(f"on CUDA {lo}-{hi} kernels ({hi - lo} GEMM(s) may add a split-K reduce{more})")
+        elif more:
+            parts.append(f"on CUDA {lo} kernel{'s' if lo != 1 else ''} ({more.removeprefix('; ')})")
         where = f"{self.device_kind}"
         return f"[{self.label}] on {where}: " + ", ".join(parts)
 

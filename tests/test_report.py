@@ -301,6 +301,15 @@ def test_the_summary_says_launch_bound_with_the_idle_share():
     assert "launch-bound" not in _tiny(4, 1e-6, 8e-6).summary()
 
 
+def test_a_cpu_report_with_generated_kernels_says_cuda_may_launch_more():
+    gemm = Kernel(name="aten::mm", op="aten::mm")
+    fused = Kernel(name="cpp_fused_add_0", op="fused: add")
+    assert _report([gemm, fused]).summary().endswith(
+        "on CUDA 2-3 kernels (1 GEMM(s) may add a split-K reduce; more where Inductor's CUDA backend splits a C++ kernel)")
+    assert _report([fused]).summary().endswith("on CUDA 1 kernel (more where Inductor's CUDA backend splits a C++ kernel)")
+    assert "Inductor's CUDA backend" not in _report([fused], device="cuda").summary()
+
+
 def test_the_summary_of_a_cpu_report_with_gemms_gives_the_cuda_kernel_range():
     """Catches the split-K range left out, shown with no GEMM, or with the wrong figures."""
     report = _report([Kernel(name="a", op="aten::mm"), Kernel(name="b", op="aten::addmm"), Kernel(name="c", op="aten::add")])
