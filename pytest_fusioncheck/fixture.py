@@ -237,8 +237,10 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
             (f"{prefix}.graph_time_s", r.graph_time_s),
         ]
         item.user_properties += [(name, value) for name, value in figures if value is not None]  # JUnit writes None as 'None'
-    rep.user_properties.append(("fusioncheck", [r.to_dict() for r in reports]))
-    rep.user_properties.append(("fusioncheck_text", "\n".join(str(r) for r in reports)))
+    log = state.log
+    rep.user_properties.append(("fusioncheck", [{**r.to_dict(), "verdict_notes": log.notes_for(r)} for r in reports]))
+    rep.user_properties.append(("fusioncheck_text", "\n".join(
+        str(r) + "".join(f"\nnote: {note}" for note in log.notes_for(r)) for r in reports)))
     if rep.failed and state.log.settings.trace_dir:
         from .sinks.traces import export_traces
 

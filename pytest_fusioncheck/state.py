@@ -51,6 +51,18 @@ class ReportLog:
     graph_breaks: list[Any] = field(default_factory=list)
     recompiles: list[Any] = field(default_factory=list)  # the whole test call's (graph_breaks.Recompile)
     context: list[Callable[[], str]] = field(default_factory=list)
+    # What verdicts reported without failing (a CPU timing shortfall, a check a CPU cannot
+    # make), by the report they judged: verdicts leave reports as capture made them.
+    verdict_notes: dict[int, list[str]] = field(default_factory=dict)
+
+    def note(self, report: Any, text: str) -> None:
+        """Record ``text`` against ``report`` (once)."""
+        notes = self.verdict_notes.setdefault(id(report), [])
+        if text not in notes:
+            notes.append(text)
+
+    def notes_for(self, report: Any) -> list[str]:
+        return list(self.verdict_notes.get(id(report), ()))
 
     def latest(self) -> Any:
         __tracebackhide__ = True

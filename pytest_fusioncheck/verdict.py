@@ -51,9 +51,18 @@ def failure_message(report: FusionReport, headline: str, details: list[str] | No
     parts = _what_changed(report, log if log is not None else current_log()) + [headline] + (details or [])
     parts.append(report.summary())
     parts += report.details()  # a long report: per-module summary and the top kernels (report.py)
-    for note in report.notes():
+    log = log if log is not None else current_log()
+    for note in report.notes() + log.notes_for(report):
         parts.append(f"note: {note}")
     return "\n".join(parts)
+
+
+def _report_without_failing(report: FusionReport, text: str, log: ReportLog) -> None:
+    """A verdict that is reported, not enforced: on the log, against ``report`` (pytest's
+    summary and the report's outputs show it); outside pytest also a Python warning."""
+    log.note(report, text)
+    if log.test_id is None:
+        warnings.warn(f"fusioncheck: {text}", stacklevel=3)
 
 
 def check_max_kernels(report: FusionReport, n: int, where: str = "assert_max_kernels", log: ReportLog | None = None) -> None:
@@ -149,7 +158,7 @@ def check_bandwidth(report: FusionReport, fraction: float, where: str, log: Repo
         f"against peak {format_bandwidth(report.peak_bandwidth)}"
     )
     if report.device == "cpu" and not log.settings.enforce_cpu_timing:
-        report.warnings.append(headline + " [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]")
+        _report_without_failing(report, headline + " [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]", log)
         return
     raise FusionAssertionError(failure_message(report, headline, log=log))
 
@@ -171,8 +180,7 @@ def _above_the_roof(report: FusionReport, eff: float, where: str, log: ReportLog
     )
     cached = any("under 4x the" in w for w in report.warnings)
     if report.device == "cpu" or cached:
-        if headline not in report.warnings:
-            report.warnings.append(headline)
+        _report_without_failing(report, headline, log)
         return
     raise FusionAssertionError(failure_message(report, headline, log=log))
 
@@ -218,7 +226,7 @@ def check_launch_overhead(report: FusionReport, fraction: float, where: str, log
 
     log = log if log is not None else current_log()
     if report.device != "cuda":
-        report.warnings.append(f"{where}: launch overhead is a GPU figure; not checked on {report.device}")
+        _report_without_failing(report, f"{where}: launch overhead is a GPU figure; not checked on {report.device}", log)
         return
     roofline.ensure_efficiency(report, log.settings)
     share = report.launch_overhead_share

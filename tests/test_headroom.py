@@ -161,9 +161,11 @@ def test_the_launch_overhead_verdict_fails_on_a_gpu_and_is_reported_on_cpu():
     with pytest.raises(FusionAssertionError, match=r"90% of the wall time is launch overhead > allowed 50%.*50 launches"):
         check_launch_overhead(_timed("cuda", 100e-6, 1e-3), 0.5, "@pytest.mark.max_launch_overhead(0.5)")
     check_launch_overhead(_timed("cuda", 100e-6, 1e-3), 0.95, "w")
-    cpu = _timed("cpu", 1e-3, 1e-3)
-    check_launch_overhead(cpu, 0.01, "w")
-    assert any("launch overhead is a GPU figure" in w for w in cpu.warnings)
+    from pytest_fusioncheck.state import ReportLog
+
+    cpu, log = _timed("cpu", 1e-3, 1e-3), ReportLog(test_id="t.py::x")
+    check_launch_overhead(cpu, 0.01, "w", log=log)
+    assert any("launch overhead is a GPU figure" in w for w in log.notes_for(cpu))
 
 
 def test_the_launch_overhead_marker_validates_its_fraction(run_pytest, pytester):

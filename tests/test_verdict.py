@@ -333,26 +333,35 @@ def test_an_efficiency_above_the_copy_roofline_fails_on_a_gpu_naming_the_budget_
 
 
 def test_an_efficiency_above_the_roofline_is_a_warning_on_cpu_and_where_the_budget_fits_in_cache(gpu_without_l2):
-    cpu = _bandwidth_report("cpu", efficiency=3.0)
-    check_bandwidth(cpu, 0.9, "w", log=_log())
-    assert len(cpu.warnings) == 1 and "above the copy roofline" in cpu.warnings[0]
-    cached = _bandwidth_report("cuda", efficiency=3.0)
+    cpu, log = _bandwidth_report("cpu", efficiency=3.0), _log()
+    check_bandwidth(cpu, 0.9, "w", log=log)
+    assert cpu.warnings == [] and len(log.notes_for(cpu)) == 1 and "above the copy roofline" in log.notes_for(cpu)[0]
+    cached, log = _bandwidth_report("cuda", efficiency=3.0), _log()
     cached.warnings.append("budget 3.8 MiB is under 4x the 60 MiB L2: timings may measure the cache, not HBM; use larger inputs")
-    check_bandwidth(cached, 0.9, "w", log=_log())
-    assert "above the copy roofline" in cached.warnings[-1]
+    check_bandwidth(cached, 0.9, "w", log=log)
+    assert "above the copy roofline" in log.notes_for(cached)[-1]
 
 
 def test_a_cpu_bandwidth_shortfall_is_a_note_unless_cpu_timing_is_enforced():
     """Catches a CPU shortfall failing by default, lost, or not failing when enforced."""
-    report = _bandwidth_report("cpu", efficiency=0.25)
-    check_bandwidth(report, 0.5, "w", log=_log())
-    assert report.warnings == [
+    report, log = _bandwidth_report("cpu", efficiency=0.25), _log()
+    check_bandwidth(report, 0.5, "w", log=log)
+    assert log.notes_for(report) == [
         "w: 25.0% of peak bandwidth < required 50% (made): budget 3.8 MiB in 1.00 ms (median of 5 runs) = 4 GB/s "
         "against peak 16 GB/s [CPU timing: reported, not enforced; --fusion-enforce-cpu-timing enforces it]"
     ]
-    enforced = _bandwidth_report("cpu", efficiency=0.25)
-    assert _fails(check_bandwidth, enforced, 0.5, "w", log=_log(enforce_cpu_timing=True)).startswith("w: 25.0% of peak")
-    assert enforced.warnings == []
+    assert report.warnings == []  # verdicts leave the report as capture made it
+    enforced, log = _bandwidth_report("cpu", efficiency=0.25), _log(enforce_cpu_timing=True)
+    assert _fails(check_bandwidth, enforced, 0.5, "w", log=log).startswith("w: 25.0% of peak")
+    assert log.notes_for(enforced) == []
+
+
+def test_outside_pytest_a_reported_verdict_is_also_a_python_warning():
+    from pytest_fusioncheck.state import ReportLog
+
+    report = _bandwidth_report("cpu", efficiency=0.25)
+    with pytest.warns(UserWarning, match="fusioncheck: w: 25.0% of peak bandwidth < required 50%"):
+        check_bandwidth(report, 0.5, "w", log=ReportLog())
 
 
 def test_a_bandwidth_check_without_a_log_reads_the_current_tests_settings(current):
@@ -483,9 +492,9 @@ def test_a_launch_overhead_failure_gives_the_measured_graph_time_or_why_there_is
 
 def test_launch_overhead_on_cpu_is_a_note_naming_the_device():
     """Catches a CPU report checked (and failed) on a GPU-only figure, or the note lost."""
-    report = _launch_report(device="cpu")
-    check_launch_overhead(report, 0.01, "w", log=_log())
-    assert report.warnings == ["w: launch overhead is a GPU figure; not checked on cpu"]
+    report, log = _launch_report(device="cpu"), _log()
+    check_launch_overhead(report, 0.01, "w", log=log)
+    assert log.notes_for(report) == ["w: launch overhead is a GPU figure; not checked on cpu"] and report.warnings == []
 
 
 def test_launch_overhead_without_a_wall_time_fails_saying_it_is_unknown():

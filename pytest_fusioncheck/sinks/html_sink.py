@@ -198,7 +198,7 @@ def _report_section(r: dict[str, Any]) -> str:
             f"{esc(_bytes(chain['bytes']))} for a fused budget of {esc(_bytes(chain['fused_bytes']))}: "
             f"fusing saves {esc(_bytes(chain['excess']))}{copies}</p>"
         )
-    for note in r.get("warnings") or []:
+    for note in (r.get("warnings") or []) + (r.get("verdict_notes") or []):
         parts.append(f"<p class='note'>note: {esc(str(note))}</p>")
     kernels = r.get("kernels") or []
     if any(k.get("module") for k in kernels):

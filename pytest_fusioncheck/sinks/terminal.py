@@ -44,11 +44,12 @@ UNCHECKED = "not checked on "  # verdict.check_launch_overhead off a GPU
 def unenforced_lines(collected: list[tuple[str, str, list[dict[str, Any]]]]) -> list[str]:
     """One line per CPU timing verdict that fell short but was reported, not enforced
     (``verdict.check_bandwidth``), and one per timing verdict a CPU cannot check (launch
-    overhead): shown under ``-q`` too, so a shortfall or a skipped check is never silent."""
+    overhead), from the reports' ``verdict_notes``: shown under ``-q`` too, so a shortfall
+    or a skipped check is never silent."""
     short, unchecked = [], []
     for nodeid, _, reports in collected:
         for r in reports:
-            for warning in r.get("warnings") or []:
+            for warning in r.get("verdict_notes") or []:
                 if UNENFORCED in warning:
                     short.append(f"{nodeid}: {warning.split(' [')[0]}")
                 elif UNCHECKED in warning:
