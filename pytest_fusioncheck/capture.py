@@ -312,6 +312,39 @@ def _definition_site(fn: Any) -> str | None:
     return f"{relpath(code.co_filename)}:{code.co_firstlineno}"
 
 
+def _name_root_kernels(report: FusionReport, modules: list[Any]) -> None:
+    """Name the generated kernels of a compiled model's own ``forward`` by the model, as its
+    eager ops are (by class: ``Block``). Dynamo compiles that forward as the frame itself, so
+    its ops carry no ``nn_module_stack`` entry; a kernel with no module whose source line lies
+    in a captured root module's ``forward`` gets that root's name (ops.module_names)."""
+    import inspect
+
+    names = module_names(modules)
+    spans = []
+    for module in modules:
+        module = getattr(module, _compat.COMPILED_MODULE_ATTR, module)
+        if names.get(id(module)) != type(module).__name__:
+            continue  # not a root: its kernels carry their path from the stack
+        try:
+            forward = inspect.unwrap(type(module).forward)
+            lines, first = inspect.getsourcelines(forward)
+            filename = inspect.getsourcefile(forward)
+        except (OSError, TypeError, ValueError):
+            continue
+        if filename and not is_internal(filename):
+            spans.append((relpath(filename), first, first + len(lines) - 1, names[id(module)]))
+    if not spans:
+        return
+    for k in report.kernels:
+        if k.module is not None or not k.source or not (k.op.startswith("fused") or k.op == "generated"):
+            continue
+        path, _, line = k.source.rpartition(":")
+        for span_path, first, last, name in spans:
+            if line.isdigit() and path == span_path and first <= int(line) <= last:
+                k.module = name
+                break
+
+
 def profile_call(
     fn: Callable[..., Any],
     args: tuple,
@@ -352,6 +385,7 @@ def profile_call(
         with _Recorders(dev, label, module_names(captures.modules)) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
+    _name_root_kernels(report, captures.modules)
     origin = _definition_site(fn) or source  # else the user line that profiled it
     for k in report.kernels:
         if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):

@@ -64,6 +64,31 @@ def test_a_compiled_models_generated_kernels_name_their_module(model):
     assert generated and all(k.module and k.module.startswith("layers.") for k in generated), str(report)
 
 
+class Residual(torch.nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.fc(x)) * 2  # ops of the root's own forward
+
+
+@pytest.mark.parametrize("form", ["eager", "compiled"])
+def test_the_kernels_of_a_models_own_forward_name_the_model_eager_and_compiled(form):
+    torch._dynamo.reset()
+    model = Residual().eval()
+    report = profile(model if form == "eager" else torch.compile(model), torch.randn(8, 32))
+    assert [k.module for k in report.kernels if not k.op.endswith("addmm")] and all(
+        k.module == ("fc" if k.op.endswith("addmm") else "Residual") for k in report.kernels), str(report)
+
+    def outside(x):  # reaches the model, runs none of its forward: its kernel is in no module
+        return (x.exp() * 3).sum() + model.fc.bias.sum()
+
+    report = profile(torch.compile(outside), torch.randn(8, 32))
+    generated = [k for k in report.kernels if k.op.startswith("fused")]
+    assert generated and all(k.module is None for k in generated), str(report)
+
+
 def test_a_compiled_models_extern_kernels_name_the_module_their_wrapper_call_ran_for(model):
     """GEMMs stay ATen/cuBLAS calls in the compiled graph's wrapper: no module forward runs,
     so they took the root's name; the wrapper's comment names their source nodes."""
