@@ -302,3 +302,18 @@ def test_a_hugging_face_models_headroom_is_cut_per_layer_and_names_each_fusion_o
     assert len(distinct(report.headroom)) < len(report.headroom)  # the copies are one line each
     note = report.notes()[0]
     assert note.startswith(f"headroom: {distinct(report.headroom)[0].module}: ") and f"{layers} copies (" in note
+
+
+@pytest.mark.parametrize("name, norms", [("gpt2", ("ln_1", "ln_2", "ln_f")),
+                                          ("llama", ("input_layernorm", "post_attention_layernorm", "norm"))])
+def test_a_compiled_models_norm_kernels_name_their_norm_even_when_they_recompute_the_embedding(hf_models, name, norms):
+    model = hf_models[name].to("cpu")
+    fn = _benchmark("model_counts").callable_for(model, "compiled lambda")
+    with torch.no_grad():
+        report = profile(fn, torch.randint(0, 256, (2, 16)))
+    fused_norms = [k for k in report.kernels if k.op.startswith("fused") and ("native_layer_norm" in k.op or "rsqrt" in k.op)]
+    assert fused_norms, str(report)
+    for k in fused_norms:  # the module of the buffers it writes (a norm, or its layer when the kernel also
+        # writes the layer's residual sum), not of the ops it recomputes inline (GPT-2's embedding sum)
+        leaf = (k.module or "").rsplit(".", 1)[-1]
+        assert leaf in norms or leaf.isdigit(), f"{k.name}: {k.module}\n{report.table()}"

@@ -374,12 +374,15 @@ def merge_module_paths(old: str | None, new: str) -> str | None:
 
 
 def _module_stacks(nodes: Any) -> tuple:
-    """The ``stack_entries`` most of a kernel's ops came from (Dynamo's ``nn_module_stack``),
-    chosen by the path each reads as; ``()`` when none has one."""
-    counts: dict[str, int] = {}
-    stacks: dict[str, tuple] = {}
-    for node in nodes:
-        for origin in getattr(getattr(node, "node", None), "origins", None) or ():
+    """The ``stack_entries`` of the module a kernel works for (Dynamo's ``nn_module_stack``):
+    where most of the buffers it writes were made (each scheduler node's ``origin_node``),
+    else where most of its ops came from; ``()`` when none has one. The buffers decide
+    first because a kernel recomputes cheap upstream ops inline: GPT-2's ``ln_1`` kernel
+    recomputes the embedding sum, and counted by ops it read as ``transformer``."""
+    def majority(origins: Any) -> tuple:
+        counts: dict[str, int] = {}
+        stacks: dict[str, tuple] = {}
+        for origin in origins:
             stack = (getattr(origin, "meta", {}) or {}).get("nn_module_stack") or {}
             if stack:
                 entries = stack_entries(stack)
@@ -387,7 +390,11 @@ def _module_stacks(nodes: Any) -> tuple:
                 if path:
                     counts[path] = counts.get(path, 0) + 1
                     stacks.setdefault(path, entries)
-    return stacks[max(counts, key=counts.get)] if counts else ()
+        return stacks[max(counts, key=counts.get)] if counts else ()
+
+    buffers = [getattr(getattr(node, "node", None), "origin_node", None) for node in nodes]
+    return majority(b for b in buffers if b is not None) or majority(
+        origin for node in nodes for origin in getattr(getattr(node, "node", None), "origins", None) or ())
 
 
 def _origins(nodes: Any) -> list[str]:
