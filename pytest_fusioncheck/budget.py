@@ -252,6 +252,13 @@ _CAPTURE_OBJECTS = 20000
 _WRAPPER_ATTRS = ("__wrapped__", "__self__", "__func__")  # and torch.compile's (_compat.compiled_inner)
 
 
+def _wrapped(obj: Any, attr: str) -> Any:
+    try:
+        return getattr(obj, attr, None)
+    except Exception:  # a property that raises
+        return None
+
+
 @dataclass
 class Captures:
     """What a profiled callable uses besides its arguments: the ``nn.Module`` objects, the
@@ -402,16 +409,9 @@ def find_captures(fn: Any, extra: Any = ()) -> Captures:
         if isinstance(obj, (list, tuple, set, frozenset)):
             stack += [(v, nxt) for v in obj]
             continue
-        for attr in _WRAPPER_ATTRS:
-            try:
-                inner = getattr(obj, attr, None)
-            except Exception:
-                continue
+        for inner in [_wrapped(obj, attr) for attr in _WRAPPER_ATTRS] + [_compat.compiled_inner(obj)]:
             if inner is not None and not isinstance(inner, type):
                 stack.append((inner, nxt))
-        inner = _compat.compiled_inner(obj)
-        if inner is not None and not isinstance(inner, type):
-            stack.append((inner, nxt))
         if isinstance(obj, types.FunctionType):
             from .where import is_internal
 

@@ -47,7 +47,7 @@ from .sources.bytes_model import (
     triton_launch_flops,
 )
 from .state import current_log, record_report
-from .where import is_internal, relpath, user_source
+from .where import is_internal, relpath, split_source, user_source
 
 
 def _nvtx_start(name: str) -> int:
@@ -312,14 +312,13 @@ def _definition_site(fn: Any) -> str | None:
     return f"{relpath(code.co_filename)}:{code.co_firstlineno}"
 
 
-def _name_root_kernels(report: FusionReport, modules: list[Any]) -> None:
+def _name_root_kernels(report: FusionReport, modules: list[Any], names: dict[int, str]) -> None:
     """Name the generated kernels of a compiled model's own ``forward`` by the model, as its
     eager ops are (by class: ``Block``). Dynamo compiles that forward as the frame itself, so
     its ops carry no ``nn_module_stack`` entry; a kernel with no module whose source line lies
-    in a captured root module's ``forward`` gets that root's name (ops.module_names)."""
+    in a captured root module's ``forward`` gets that root's name (``names``: ops.module_names)."""
     import inspect
 
-    names = module_names(modules)
     spans = []
     for module in modules:
         module = getattr(module, _compat.COMPILED_MODULE_ATTR, module)
@@ -336,11 +335,11 @@ def _name_root_kernels(report: FusionReport, modules: list[Any]) -> None:
     if not spans:
         return
     for k in report.kernels:
-        if k.module is not None or not k.source or not (k.op.startswith("fused") or k.op == "generated"):
+        where = split_source(k.source) if k.module is None and k.generated else None
+        if where is None:
             continue
-        path, _, line = k.source.rpartition(":")
         for span_path, first, last, name in spans:
-            if line.isdigit() and path == span_path and first <= int(line) <= last:
+            if where[0] == span_path and first <= where[1] <= last:
                 k.module = name
                 break
 
@@ -382,13 +381,14 @@ def profile_call(
         # after the warm-up: an optimizer's state exists from its first step
         captures = find_captures(fn, (args, kwargs))
         before = captures.snapshot((args, kwargs)) if budget is None else None
-        with _Recorders(dev, label, module_names(captures.modules)) as rec:
+        names = module_names(captures.modules)
+        with _Recorders(dev, label, names) as rec:
             output = fn(*args, **kwargs)
     report = _build_report(rec, label, source)
-    _name_root_kernels(report, captures.modules)
+    _name_root_kernels(report, captures.modules, names)
     origin = _definition_site(fn) or source  # else the user line that profiled it
     for k in report.kernels:
-        if k.source is None and origin and (k.op.startswith("fused") or k.op == "generated"):
+        if k.source is None and origin and k.generated:
             k.source = origin  # a generated kernel: where the compiled code is defined
     report.output = output
     report.budget = budget if budget is not None else default_budget(args, kwargs, output, fn, before, _written_storages(rec), _read_storages(rec, report))

@@ -237,10 +237,10 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
             (f"{prefix}.graph_time_s", r.graph_time_s),
         ]
         item.user_properties += [(name, value) for name, value in figures if value is not None]  # JUnit writes None as 'None'
-    log = state.log
-    rep.user_properties.append(("fusioncheck", [{**r.to_dict(), "verdict_notes": log.notes_for(r)} for r in reports]))
+    notes = [state.log.notes_for(r) for r in reports]  # what verdicts reported without failing
+    rep.user_properties.append(("fusioncheck", [{**r.to_dict(), "verdict_notes": n} for r, n in zip(reports, notes)]))
     rep.user_properties.append(("fusioncheck_text", "\n".join(
-        str(r) + "".join(f"\nnote: {note}" for note in log.notes_for(r)) for r in reports)))
+        str(r) + "".join(f"\nnote: {note}" for note in n) for r, n in zip(reports, notes))))
     if rep.failed and state.log.settings.trace_dir:
         from .sinks.traces import export_traces
 

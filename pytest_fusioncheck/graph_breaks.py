@@ -32,7 +32,7 @@ import types
 from typing import Any, Callable, Iterable
 
 from . import _compat
-from .where import relpath, user_frame
+from .where import relpath, split_source, user_frame
 
 __all__ = [
     "GraphBreak",
@@ -272,14 +272,13 @@ def carried_over(seen: Iterable[tuple[GraphBreak, str]], reports: Iterable[Any],
     and so are breaks in a function this test ``recompiled``: its new graphs were traced
     here, and any break in them was recorded here."""
     mine = {(b.reason, b.location) for b in recorded}
-    fresh = [tuple(r.location.rsplit(":", 1)) for r in recompiled if not r.resumed]  # the frame itself retraced
+    fresh = [w for r in recompiled if not r.resumed and (w := split_source(r.location))]  # the frame itself retraced
     lines: dict[str, set[int]] = {}
     for report in reports:
         for k in getattr(report, "kernels", ()):
-            if k.source and _generated(k):
-                path, _, line = k.source.rpartition(":")
-                if line.isdigit():
-                    lines.setdefault(path, set()).add(int(line))
+            where = split_source(k.source) if k.generated else None
+            if where is not None:
+                lines.setdefault(where[0], set()).add(where[1])
     found: dict[tuple[str, str], GraphBreak] = {}
     for graph_break, first_test in seen:
         key = (graph_break.reason, graph_break.location)
@@ -288,16 +287,11 @@ def carried_over(seen: Iterable[tuple[GraphBreak, str]], reports: Iterable[Any],
         span = _function_span(graph_break.filename, graph_break.lineno)
         path = relpath(graph_break.filename)
         ran = lines.get(path, ())
-        if span is None or any(f == path and n.isdigit() and span[0] <= int(n) <= span[1] for f, n in fresh):
+        if span is None or any(f == path and span[0] <= n <= span[1] for f, n in fresh):
             continue
         if any(span[0] <= n <= span[1] for n in ran):
             found[key] = dataclasses.replace(graph_break, first_seen=first_test)
     return list(found.values())
-
-
-def _generated(kernel: Any) -> bool:
-    """An Inductor kernel (C++ or Triton): its op names the ops it fused."""
-    return str(kernel.op).startswith("fused") or str(kernel.name).startswith(("triton_", "cpp_fused"))
 
 
 @functools.lru_cache(maxsize=256)

@@ -70,6 +70,12 @@ class Kernel:
     def short_name(self) -> str:
         return shorten_kernel_name(self.name)
 
+    @property
+    def generated(self) -> bool:
+        """An Inductor-generated kernel (C++ or Triton): its op names the ops it fused
+        (``sources.bytes_model.generated_origin``)."""
+        return self.op.startswith("fused") or self.op == "generated"
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for private in ("start_ns", "reads", "writes"):

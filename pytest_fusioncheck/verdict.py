@@ -48,10 +48,10 @@ def _what_changed(report: FusionReport, log: ReportLog) -> list[str]:
 def failure_message(report: FusionReport, headline: str, details: list[str] | None = None, log: ReportLog | None = None) -> str:
     """What changed, the headline figure against its limit, details, the kernel table (of
     a long report: its per-module summary and top kernels), notes."""
-    parts = _what_changed(report, log if log is not None else current_log()) + [headline] + (details or [])
+    log = log if log is not None else current_log()
+    parts = _what_changed(report, log) + [headline] + (details or [])
     parts.append(report.summary())
     parts += report.details()  # a long report: per-module summary and the top kernels (report.py)
-    log = log if log is not None else current_log()
     for note in report.notes() + log.notes_for(report):
         parts.append(f"note: {note}")
     return "\n".join(parts)

@@ -75,6 +75,12 @@ def _relpath(filename: str, cwd: str) -> str:
     return filename
 
 
+def split_source(source: str | None) -> tuple[str, int] | None:
+    """``("path", line)`` of a ``path:line`` location, or None when it is not one."""
+    path, _, line = (source or "").rpartition(":")
+    return (path, int(line)) if path and line.isdigit() else None
+
+
 def user_frame(frames: Iterable[tuple[str, int]]) -> tuple[str, int] | None:
     """The innermost user ``(filename, line)`` of ``frames`` (innermost last)."""
     frames = list(frames)

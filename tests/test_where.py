@@ -55,3 +55,11 @@ def test_an_installed_packages_file_is_shown_from_its_package_name_and_a_project
     from pytest_fusioncheck.where import relpath
 
     assert relpath(path.format(cwd=os.getcwd())) == shown
+
+
+@pytest.mark.parametrize("source, parts", [("m.py:12", ("m.py", 12)), ("C:/x/m.py:3", ("C:/x/m.py", 3)),
+                                           ("m.py", None), ("<string>:x", None), (None, None), (":4", None)])
+def test_a_source_location_splits_into_its_path_and_line_or_none(source, parts):
+    from pytest_fusioncheck.where import split_source
+
+    assert split_source(source) == parts
