@@ -68,13 +68,53 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
     bias = torch.randn(3072, device="cuda").bfloat16()
     out.append((f"bias + GELU + dropout {rows}x3072 bfloat16", lambda: bias_gelu_dropout.fused(x, bias, 0.1),
                 lambda: torch.nn.functional.dropout(torch.nn.functional.gelu(x + bias), 0.1)))
+    from reference_kernels import attention, gemm_epilogue
+
+    for m, k, n in ((rows, 4096, 4096), (rows, 1000, 1000)):
+        a = torch.randn(m, k, device="cuda").bfloat16()
+        w = torch.randn(n, k, device="cuda").bfloat16()
+        b = torch.randn(n, device="cuda").bfloat16()
+        out.append((f"GEMM + bias + GELU {m}x{k}x{n} bfloat16", lambda a=a, w=w, b=b: gemm_epilogue.fused(a, w.T, b),
+                    lambda a=a, w=w, b=b: torch._addmm_activation(b, a, w.T, use_gelu=True)))
+    q, k, v = (torch.randn(1, 8, 128, 64, device="cuda").bfloat16() for _ in range(3))
+    out.append(("attention 1x8x128x64 bfloat16", lambda: attention.fused(q, k, v),
+                lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)))
     return out
+
+
+def replayed(fn: Callable[[], object]) -> str:
+    """What ``fn``'s last reference-kernel call did: "replayed", "recorded" or "planned: <why>" (reference_kernels/_launch.py)."""
+    from reference_kernels._launch import Calls
+
+    fn()  # the first call of a key records it
+    fn()
+    torch.cuda.synchronize()
+    return "; ".join(sorted({c.last for c in Calls.tables if c.last})) or "?"
+
+
+def profile_calls(name: str, fn: Callable[[], object], calls: int) -> None:
+    """cProfile ``calls`` calls of ``fn`` (after it has run): the 12 functions of most own time, printed."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+    print(f"## {name}: {calls} calls profiled\n" + "\n".join(text.getvalue().splitlines()[4:]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="calls timed a case (default 300)")
     parser.add_argument("--rows", type=int, default=8, help="rows of each input: few, so the host is what is timed")
+    parser.add_argument("--profile", action="store_true",
+                        help="also cProfile each case's replayed calls: the top functions by own time, per case")
     add_out_option(parser)
     args = parser.parse_args()
     if args.calls < 1 or args.rows < 1:
@@ -82,11 +122,27 @@ def main() -> None:
     require_cuda(__file__)
     write_output_to(args.out, __file__)
     print(header())
-    rows = []
+    from reference_kernels import _launch
+
+    rows, records = [], []
     for name, ours, theirs in cases(args.rows):
+        for c in _launch.Calls.tables:
+            c.last = ""
+        how = replayed(ours)
+        _launch.ENABLED = False
+        planned = host_us(ours, args.calls)
+        _launch.ENABLED = True
         a, b = host_us(ours, args.calls), host_us(theirs, args.calls)
-        rows.append([name, f"{a:.1f}", f"{b:.1f}", f"{a / b:.1f}x"])
-    print(markdown_table(["case", "ours, us a call", "torch, us a call", "ours / torch"], rows))
+        rows.append([name, f"{a:.1f}", f"{planned:.1f}", f"{b:.1f}", f"{a / b:.2f}x", how])
+        if args.profile:
+            profile_calls(name, ours, args.calls)
+        records.append({"case": name, "ours_us": a, "ours_planned_us": planned, "torch_us": b, "ours_call": how})
+    print(markdown_table(["case", "ours, us a call", "ours planned each call", "torch", "ours / torch", "ours' call"],
+                         rows))
+    if args.out:
+        import json
+
+        Path(args.out, "bench_host.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
 
 
 if __name__ == "__main__":

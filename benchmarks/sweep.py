@@ -260,6 +260,9 @@ def apply_settings(items: list[str]) -> list[str]:
             raise SystemExit(f"--set {item!r}: {attr} holds {type(old).__name__}, not {type(parsed).__name__}")
         setattr(module, attr, parsed)
         done.append(f"{module_name}.{attr}={parsed!r}")
+    from reference_kernels._launch import forget
+
+    forget()  # calls recorded under the old value replay its plan
     return done
 
 

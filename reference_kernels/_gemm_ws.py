@@ -38,6 +38,7 @@ import torch
 import triton
 
 from ._common import cdiv, disable_after_compile_failure, interpreting, sm_count
+from ._launch import launch as launch_kernel
 
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
     from triton.experimental import gluon
@@ -375,7 +376,7 @@ def launch(a, b, out, bias, residual, activation_code, gelu_degree=None, config=
     tiles = cdiv(M, BM) * cdiv(N, BN)
     programs = per_sm * sm_count(a.device)
     rs = residual.stride() if residual is not None else (0, 0)
-    compiled = _gemm_ws_kernel[(min(programs, tiles),)](
+    compiled = launch_kernel(_gemm_ws_kernel, (min(programs, tiles),),
         a_desc, b_desc, c_desc, bias if bias is not None else out, residual if residual is not None else out,
         M, N, K, rs[0], rs[1],
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, STAGES=stages, NUM_PROGRAMS=programs,

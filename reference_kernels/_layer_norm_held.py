@@ -30,6 +30,7 @@ from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED,
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start, segments,
                     tuned_triton, widen)
+from ._launch import launch as launch_kernel
 
 if gluon is not None:
     from ._held import _async_load
@@ -536,7 +537,7 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
         grid = vec * cdiv(cdiv(n_rows, vec), FWD_ROWS)
     else:  # a multiple of VEC: one phase a program
         grid = phase_grid(n_rows, es, fit, sm_count)
-    _layer_norm_fwd_held_kernel[(grid,)](
+    launch_kernel(_layer_norm_fwd_held_kernel, (grid,),
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
         WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
 
@@ -648,7 +649,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     vec = 16 // es
     shape = stream_shape(n_cols, es, wb_bytes(weight, bias))
     grid = phase_grid(n_rows, es, shape.per_sm, sm_count)
-    _layer_norm_fwd_stream_kernel[(grid,)](
+    launch_kernel(_layer_norm_fwd_stream_kernel, (grid,),
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
         WIDEN=FWD_WIDEN, num_warps=shape.warps, RECENTRE=stream_recentre(es), maxnreg=shape.max_regs)
 
@@ -757,7 +758,7 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     shape = _bwd_shape(x2, weight)
     dw_part = torch.empty((progs, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
-    _layer_norm_bwd_held_kernel[(progs,)](
+    launch_kernel(_layer_norm_bwd_held_kernel, (progs,),
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
         VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,
         WIDEN=bwd_widen(shape, n_cols), num_warps=shape.warps,

@@ -26,6 +26,7 @@ from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, availa
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
 from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
+from ._launch import launch as launch_kernel
 
 if gluon is not None:
 
@@ -278,7 +279,7 @@ def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
     n_rows, n_cols = x2.shape
     es = x2.element_size()
     grid = n_rows if ONE_ROW else max(1, min(n_rows, per_sm(n_cols, es) * sm_count))
-    _softmax_held_kernel[(grid,)](
+    launch_kernel(_softmax_held_kernel, (grid,),
         x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
         WIDEN=widen_rows(), WALK=not ONE_ROW, num_warps=WARPS, maxnreg=MAX_REGS)
 
@@ -312,7 +313,7 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     progs = per_sm(slice_cols, es)
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
     grid = n_rows * group if SPLIT_ONE_TILE else max(1, min(n_rows * group, progs * sm_count))
-    _softmax_held_split_kernel[(grid,)](
+    launch_kernel(_softmax_held_split_kernel, (grid,),
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
         SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)

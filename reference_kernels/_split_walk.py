@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, interpreting, sm_count
+from ._launch import launch as launch_kernel
 
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
 # do not queue behind those spinning on the next (docs/kernels.md, "The split walk").
@@ -165,7 +166,7 @@ def resident_per_sm(n_regs: int, num_warps: int, shared_bytes: int, *, regs_per_
 
 
 def split_run(kernel, make_args, n_rows: int, group: int, per_sm: int, device: torch.device,
-              unused: torch.Tensor, planes: int = 1, **launch) -> int:
+              unused: torch.Tensor, planes: int = 1, **options) -> int:
     """Launch ``kernel`` on a split-walk grid of ``per_sm`` programs an SM, or of as many as the
     compiled kernel keeps resident when that is fewer, so that the planned programs run at
     once (docs/kernels.md, "The split walk"). ``make_args(part, sync, n_programs)`` gives the
@@ -173,11 +174,11 @@ def split_run(kernel, make_args, n_rows: int, group: int, per_sm: int, device: t
     n_programs, part, sync = split_launch(n_rows, group, per_sm, device, unused, planes)
     args = make_args(part, sync, n_programs)
     if per_sm > 1 and not interpreting() and device.type == "cuda":
-        resident = _resident(kernel, args, launch, device)
+        resident = _resident(kernel, args, options, device)
         if resident is not None and 0 < resident < per_sm:
             n_programs = _programs(n_rows, group, resident, device)
             args = make_args(part, sync, n_programs)
-    kernel[(n_programs,)](*args, **launch)
+    launch_kernel(kernel, (n_programs,), *args, **options)
     return n_programs
 
 

@@ -38,6 +38,7 @@ from pytest_fusioncheck.budget import Budget
 
 from ._common import cdiv, check_tensor, interpreting, next_power_of_2
 from ._math import exp2
+from ._launch import Calls, launch as launch_kernel
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (64, 128)
@@ -237,7 +238,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     if batch * heads > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
     grid = (cdiv(seq_len, plan.block_m), batch * heads)
-    _attention_fwd_kernel[grid](
+    launch_kernel(_attention_fwd_kernel, grid,
         q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
         heads, seq_len, scale * _LOG2E,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
@@ -281,6 +282,9 @@ def _unit_head_dim_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+CALLS = Calls("attention.fused")  # plan and launches recorded per problem, replayed after (_launch.py)
+
+
 def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,
           plan: _Plan | None = None) -> torch.Tensor:
     """``softmax(q @ k^T * scale) @ v`` in one Triton kernel (the module docstring), optionally causal.
@@ -297,7 +301,8 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     if q.numel() == 0:
         return out
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
-    _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2]))
+    CALLS((causal, scale, plan), (q, k, v, out),
+          lambda: _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2])))
     return out
 
 

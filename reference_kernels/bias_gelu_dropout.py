@@ -28,6 +28,7 @@ from pytest_fusioncheck.budget import Budget
 
 from ._common import cdiv, check_tensor, interpreting, next_power_of_2, sm_count
 from ._math import gelu, phi_scaled, widen
+from ._launch import Calls, launch as launch_kernel
 
 RNG_BITS = 16  # bits of randomness per element: 8 elements per Philox call
 PHILOX_ROUNDS = 10  # Philox-4x32-10, as cuRAND and tl.rand use
@@ -383,7 +384,7 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
     grid = (cdiv(M, block_m), cdiv(N, block_n))
-    _bias_gelu_dropout_kernel[grid](
+    launch_kernel(_bias_gelu_dropout_kernel, grid,
         x2, bias, y, M, N, x2.stride(0), seed, threshold, _scale(p),
         BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits, HAS_DROPOUT=threshold > 0,
         GELU_MODE=_gelu_mode(approximate) if gelu_mode is None else gelu_mode,
@@ -405,7 +406,7 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
     col_tiles = cdiv(N, block_n)
     grid = (programs or _lean_programs(M, block_m, col_tiles, x2.device), col_tiles)
     thr16 = (threshold << 16) & 0xFFFFFFFF
-    _bias_gelu_dropout_lean_kernel[grid](
+    launch_kernel(_bias_gelu_dropout_lean_kernel, grid,
         x2, bias, y, M, N, x2.stride(0), seed, thr16 - (1 << 32) if thr16 >= 1 << 31 else thr16, scale,
         math.log2(scale) if scale > 0 else -math.inf,
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_DROPOUT=0 < threshold < 1 << RNG_BITS, FAST=not interpreting(),
@@ -437,7 +438,7 @@ def dropout_mask(shape, p: float, seed: int, device="cuda", rng_bits: int = RNG_
     if mask.numel():
         block_m, block_n, warps = _launch_config(M, N, rng_bits)
         grid = (cdiv(M, block_m), cdiv(N, block_n))
-        _dropout_mask_kernel[grid](
+        launch_kernel(_dropout_mask_kernel, grid,
             mask, M, N, seed, _threshold(p, rng_bits),
             BLOCK_M=block_m, BLOCK_N=block_n, RNG_BITS=rng_bits,
             WIDE=M * cdiv(N, 128 // rng_bits) >= 2**31, N_ROUNDS=PHILOX_ROUNDS, num_warps=warps,
@@ -457,6 +458,9 @@ def _check(x, bias, p, seed, approximate) -> None:
     _check_p_seed(p, seed)
 
 
+CALLS = Calls("bias_gelu_dropout.fused")  # plan and launches recorded per problem, replayed after (_launch.py)
+
+
 def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out=None) -> torch.Tensor:
     """``dropout(gelu(x + bias), p)`` (training mode, kept values scaled by 1/(1-p)) in one kernel.
 
@@ -469,7 +473,11 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
         check_tensor(out, "out", dtypes=(x.dtype,))
         if out.shape != x.shape or not out.is_contiguous() or out.device != x.device:
             raise ValueError(f"out must be a contiguous {tuple(x.shape)} tensor on {x.device}")
-    return _launch(x, bias, float(p), seed, approximate, out)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
+    if x.numel():
+        p = float(p)
+        CALLS((p, approximate), (x, bias, y), lambda: _launch(x, bias, p, seed, approximate, y), {"seed": seed})
+    return y
 
 
 def unfused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none") -> torch.Tensor:

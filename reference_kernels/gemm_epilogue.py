@@ -42,6 +42,7 @@ from pytest_fusioncheck.budget import Budget
 from . import _gemm_ws
 from ._common import cdiv, check_tensor, graph_device_ms, interpreting, sm_count
 from ._math import gelu
+from ._launch import Calls, decline, launch as launch_kernel, unrecorded
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh"); 4 / 5: 3 / 2 in PTX fast-math
@@ -579,26 +580,26 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
         # docs/kernels.md, "gemm_epilogue": two launches, fp32 partials (4 * split_k * M * N bytes
         # written, then read) between them.
         ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
-        _gemm_splitk_kernel[(tiles * split_k,)](
+        launch_kernel(_gemm_splitk_kernel, (tiles * split_k,),
             a_arg, b_arg, ws, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, SPLIT_K=split_k, USE_TMA=path == "tma",
             B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags,
         )
         EM, EN = (16, 128) if not interpreting() else (16, 32)
-        _splitk_epilogue_kernel[(cdiv(M, EM), cdiv(N, EN))](
+        launch_kernel(_splitk_epilogue_kernel, (cdiv(M, EM), cdiv(N, EN)),
             ws, out, bias, residual, M, N, out.stride(0), rs[0], rs[1],
             SPLIT_K=split_k, BLOCK_M=EM, BLOCK_N=EN, num_warps=4, **epi_flags,
         )
     elif path == "tma":
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
         programs = per_sm * sm_count(a.device)
-        _gemm_epilogue_tma_kernel[(min(programs, tiles),)](
+        launch_kernel(_gemm_epilogue_tma_kernel, (min(programs, tiles),),
             a_arg, b_arg, c_desc, bias, residual, M, N, K, rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, EPILOGUE_SPLIT=SPLIT,
             NUM_PROGRAMS=programs, B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags, **epi_flags,
         )
     else:
-        _gemm_epilogue_kernel[(tiles,)](
+        launch_kernel(_gemm_epilogue_kernel, (tiles,),
             a, b, out, bias, residual, M, N, K,
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps,
@@ -643,37 +644,40 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
                activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree, ws_ok)
         if key in _tuned:
             configs = [_tuned[key]]
-        elif not _capturing(a.device):
-            kept, launches = [], []
-            # The candidates write a scratch output: ``out`` may be the residual itself (an
-            # in-place residual add), which a second launch would then add twice.
-            scratch = torch.empty_like(out)
-            for c in configs:  # compile them all first, so no timing follows an idle compile
-                def launch(s, c=c):
-                    _launch(path, c, s[0], s[1], scratch, bias, residual, activation_code, gelu_degree)
+        elif _capturing(a.device):
+            decline("an untuned GEMM captured in a CUDA graph takes the first candidate, untimed")
+        else:
+            with unrecorded():  # timed once a bucket: a replay launches the chosen config only
+                kept, launches = [], []
+                # The candidates write a scratch output: ``out`` may be the residual itself (an
+                # in-place residual add), which a second launch would then add twice.
+                scratch = torch.empty_like(out)
+                for c in configs:  # compile them all first, so no timing follows an idle compile
+                    def launch(s, c=c):
+                        _launch(path, c, s[0], s[1], scratch, bias, residual, activation_code, gelu_degree)
 
-                try:
-                    launch((a, b))
-                except triton.runtime.errors.OutOfResources:  # a tile this GPU's shared memory cannot hold
-                    continue
-                except CompilationError as error:  # the Gluon kernel on a Triton whose Gluon moved on
-                    if not isinstance(c, _gemm_ws.WsConfig):
-                        raise
-                    _gemm_ws.disable(error)
-                    continue
-                kept.append(c)
-                launches.append(launch)
-            if not launches:
-                raise RuntimeError(f"no candidate config of a {M}x{K} @ {K}x{N} GEMM fits this GPU: {configs}")
-            configs = kept
-            sets = _timing_sets(a, b)
-            times = [graph_device_ms(launch, sets) for launch in launches]
-            for _ in range(1, _TUNING_ROUNDS if len(launches) > 1 else 1):  # again, in reverse: the best of each
-                again = [graph_device_ms(launch, sets) for launch in reversed(launches)][::-1]
-                times = [min(t, u) for t, u in zip(times, again)]
-            del sets, scratch
-            _timings[key] = list(zip(configs, times))
-            _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
+                    try:
+                        launch((a, b))
+                    except triton.runtime.errors.OutOfResources:  # a tile this GPU's shared memory cannot hold
+                        continue
+                    except CompilationError as error:  # the Gluon kernel on a Triton whose Gluon moved on
+                        if not isinstance(c, _gemm_ws.WsConfig):
+                            raise
+                        _gemm_ws.disable(error)
+                        continue
+                    kept.append(c)
+                    launches.append(launch)
+                if not launches:
+                    raise RuntimeError(f"no candidate config of a {M}x{K} @ {K}x{N} GEMM fits this GPU: {configs}")
+                configs = kept
+                sets = _timing_sets(a, b)
+                times = [graph_device_ms(launch, sets) for launch in launches]
+                for _ in range(1, _TUNING_ROUNDS if len(launches) > 1 else 1):  # again, in reverse: the best of each
+                    again = [graph_device_ms(launch, sets) for launch in reversed(launches)][::-1]
+                    times = [min(t, u) for t, u in zip(times, again)]
+                del sets, scratch
+                _timings[key] = list(zip(configs, times))
+                _tuned[key] = configs[min(range(len(configs)), key=times.__getitem__)]
             configs = [_tuned[key]]
     _launch(path, configs[0], a, b, out, bias, residual, activation_code, gelu_degree)
     return path, configs[0]
@@ -718,6 +722,9 @@ def _activation_code(activation, approximate="none") -> int:
     return _ACTIVATION_CODES[activation]
 
 
+CALLS = Calls("gemm_epilogue.fused")  # plan and launches recorded per problem, replayed after (_launch.py)
+
+
 def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):
     """``act(a @ b + bias) + residual`` in one Triton kernel (two on the split-K path that small-M,
     long-K problems take); fp32 accumulation, output in a's dtype.
@@ -738,7 +745,7 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
         if tuple(out.shape) != (M, N) or not out.is_contiguous() or out.device != a.device:
             raise ValueError(f"out must be a contiguous ({M}, {N}) tensor on {a.device}")
     if M and N:
-        _run(a, b, out, bias, residual, code)
+        CALLS((code, _input_precision(a.dtype)), (a, b, bias, residual, out), lambda: _run(a, b, out, bias, residual, code))
     return out
 
 

@@ -81,6 +81,7 @@ from ._split_walk import (
     split_run,
     tile_start,
 )
+from ._launch import Calls, launch as launch_kernel
 
 # The backward kernels' MODE: whole rows, or a row in chunks (one_pass: partials exchanged while the
 # chunks stay in registers; two_pass: a launch for the partials, then one that combines them).
@@ -2243,7 +2244,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         if pieces[1] and not _block_warps(pieces, r.vec, joint):
             # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
-        _layer_norm_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
+        launch_kernel(_layer_norm_fwd_kernel, (cdiv(n_rows, plan.block_m),),
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             JOINT=joint, PACKED=packed, NARROW=narrow,
@@ -2254,7 +2255,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
         return
     elif plan.mode == "looped":  # a program a row, or (per_sm) a persistent grid of n_groups programs
-        _layer_norm_fwd_looped_kernel[(plan.n_groups if plan.per_sm else n_rows,)](
+        launch_kernel(_layer_norm_fwd_looped_kernel, (plan.n_groups if plan.per_sm else n_rows,),
             x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps, n_rows,
             BLOCK_N=plan.block_n, STAGES=plan.stages, num_warps=plan.num_warps,
         )
@@ -2314,7 +2315,7 @@ def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Pl
         tail = plan.tail if words else 0
     if r.vec > 1:  # every row of a program at one phase (as the phased backward)
         plan = plan._replace(n_groups=max(r.vec, plan.n_groups // r.vec * r.vec))
-    _layer_norm_fwd_walk_kernel[(plan.n_groups,)](
+    launch_kernel(_layer_norm_fwd_walk_kernel, (plan.n_groups,),
         *r.reads, weight, bias, *r.writes, mean, rstd, r.phase, n_rows, n_cols, *r.read_strides, *r.write_strides,
         eps, plan.n_groups, BLOCK_N=plan.block_n, BLOCK_T=plan.block_t, BLOCK_U=plan.block_u, VEC=r.vec,
         STAGES=plan.stages, TAIL=tail, num_warps=plan.num_warps, **_reg_cap(plan),
@@ -2366,16 +2367,16 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
             common["PREFETCH"] = plan.prefetch
             common["NARROW"] = _packed_width(x2, dy2, dx2)
     if plan.mode == "rows":
-        kernel[grid](*tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
+        launch_kernel(kernel, grid, *tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
         part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
         block_c = next_power_of_2(n_chunks)
         if plan.mode == "one_pass":
             count = torch.zeros((n_row_blocks + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-            kernel[grid](*tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
+            launch_kernel(kernel, grid, *tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
         else:
-            kernel[grid](*tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
-            kernel[grid](*tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+            launch_kernel(kernel, grid, *tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
+            launch_kernel(kernel, grid, *tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
     _sum_shares(dw_part, db_part, dw, db)
 
 
@@ -2396,7 +2397,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     ahead = _phased_ahead(block_u, plan.num_warps, x2.element_size())
     dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
-    _layer_norm_bwd_phased_kernel[(n_groups,)](
+    launch_kernel(_layer_norm_bwd_phased_kernel, (n_groups,),
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
@@ -2455,7 +2456,7 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
         raise ValueError(f"the flat backward's segments of {seg} lanes do not divide rows of {n_cols}")
     dw_part = torch.empty((_share_rows(plan), n_cols), dtype=torch.float32, device=x2.device)
     db_part = torch.empty_like(dw_part)
-    _layer_norm_bwd_flat_kernel[(plan.n_groups,)](
+    launch_kernel(_layer_norm_bwd_flat_kernel, (plan.n_groups,),
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
         N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, n_cols, x2.dtype),
         num_warps=plan.num_warps,
@@ -2492,12 +2493,12 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
         n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
         dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
         db_mid = torch.empty_like(dw_mid)
-        _layer_norm_dwdb_kernel[(col_blocks, n_splits)](
+        launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, n_splits),
             dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
             BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
         )
         dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
-    _layer_norm_dwdb_kernel[(col_blocks, 1)](
+    launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, 1),
         dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
     )
 
@@ -2613,6 +2614,11 @@ def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
 
 
+# plans and launches recorded per problem, replayed after (_launch.py)
+FORWARD_CALLS = Calls("layer_norm.forward")
+BACKWARD_CALLS = Calls("layer_norm.backward")
+
+
 def forward(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -2637,27 +2643,33 @@ def forward(
         return y, mean, rstd
     x2 = as_rows(x)
     y2 = y.view(x2.shape)
+    mean1, rstd1 = mean.view(-1), rstd.view(-1)
+    FORWARD_CALLS((float(eps), max_row), (x2, weight, bias, y2),
+                  lambda: _forward_any(x2, weight, bias, y2, mean1, rstd1, float(eps), max_row), fresh=(mean1, rstd1))
+    return y, mean, rstd
+
+
+def _forward_any(x2, weight, bias, y2, mean, rstd, eps: float, max_row: int | None) -> None:
+    """The forward's plan, then its launches: the held or streamed Gluon kernels where they take these rows, else the
+    Triton plan (``_layer_norm_settings``)."""
+    device = x2.device
     band = max_row is None and _stream_band(x2.shape[1], x2.element_size())  # asked once: it builds the stream's shape
     streamed = max_row is None and _stream_forward(x2, weight, bias, y2, band)
     if max_row is None and not (band and streamed) and _held_forward(x2, weight, bias, y2):
         try:
-            _layer_norm_held.launch(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps), sm_count(x.device))
-            return y, mean, rstd
+            _layer_norm_held.launch(x2, weight, bias, y2, mean, rstd, eps, sm_count(device))
+            return
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
             _layer_norm_held.disable(exc)
     if streamed and _layer_norm_held.available():  # available: not if the held plan's compile just failed
         try:
-            _layer_norm_held.launch_stream(x2, weight, bias, y2, mean.view(-1), rstd.view(-1), float(eps),
-                                           sm_count(x.device))
-            return y, mean, rstd
+            _layer_norm_held.launch_stream(x2, weight, bias, y2, mean, rstd, eps, sm_count(device))
+            return
         except _layer_norm_held.CompilationError as exc:
             _layer_norm_held.disable(exc)
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), max_row=max_row, sm_count=sm_count(x.device),
+    plan = _layer_norm_settings(*x2.shape, x2.element_size(), max_row=max_row, sm_count=sm_count(device),
                                 packed=_packed_width(x2, y2) > 0)
-    _forward_launch(
-        x2, weight.contiguous(), bias.contiguous(), y2, mean.view(-1), rstd.view(-1), float(eps), plan
-    )
-    return y, mean, rstd
+    _forward_launch(x2, weight.contiguous(), bias.contiguous(), y2, mean, rstd, eps, plan)
 
 
 def backward(
@@ -2689,28 +2701,35 @@ def backward(
     x2, dy2 = as_rows(x), as_rows(dy)
     dx2 = dx.view(x2.shape)
     weight = weight.contiguous()
+    mean1, rstd1 = mean.reshape(-1), rstd.reshape(-1)
+    BACKWARD_CALLS((max_row, one_pass, variant), (dy2, x2, weight, mean1, rstd1),
+                   lambda: _backward_any(dy2, x2, weight, mean1, rstd1, dx2, dw, db, max_row, one_pass, variant),
+                   fresh=(dx2, dw, db))
+    return dx, dw, db
+
+
+def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, variant) -> None:
+    """The backward's plan, then its launches: the held Gluon kernel where it takes these rows, else the Triton plan."""
     if max_row is None and one_pass is None and variant is None and _held_backward(dy2, x2, weight, dx2):
         try:
-            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2,
-                                                      sm_count(x.device))
+            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count(x2.device))
             _sum_shares(*shares, dw, db)
-            return dx, dw, db
+            return
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
             _layer_norm_held.disable(exc)
     plan = _layer_norm_settings(
         *x2.shape,
-        x.element_size(),
+        x2.element_size(),
         backward=True,
-        sm_count=sm_count(x.device),
+        sm_count=sm_count(x2.device),
         max_row=max_row,
         one_pass=one_pass,
         variant=variant,
-        phased_ok=dy.dtype == x.dtype,
+        phased_ok=dy2.dtype == x2.dtype,
         flat_ok=_flat_layout(x2, dy2),
         packed=_packed_width(x2, dy2, dx2) > 0,
     )
-    _backward_launch(dy2, x2, weight, mean.reshape(-1), rstd.reshape(-1), dx2, dw, db, plan)
-    return dx, dw, db
+    _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan)
 
 
 class _LayerNormFunction(torch.autograd.Function):

@@ -54,6 +54,7 @@ from ._ragged import (Phased, body_bounds, edge_words, edges, in_row, launch_wid
                       row_pieces, vec_end)
 from ._split_walk import (exchange_partials, first_tile, gather_partials, next_ticket, prefetch_target, split_group, split_run,
                           tile_start)
+from ._launch import Calls, launch as launch_kernel
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
@@ -816,7 +817,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
         plan = _staged_plan(n_cols, x2.element_size(), r.vec)
         persistent = _STAGED_PERSISTENT[4 if x2.element_size() >= 4 else 2]
         grid = max(1, min(n_rows, sm_count(x2.device) * plan.per_sm)) if persistent else n_rows
-        _softmax_fwd_kernel[(grid,)](
+        launch_kernel(_softmax_fwd_kernel, (grid,),
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
             FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, EDGE_WORDS=_EDGE_WORDS,
@@ -834,7 +835,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
                   else (block_n, 0, 0))
         warps = plan.num_warps if pieces[1] == 0 else _piece_warps(plan.block_m * sum(pieces))
         plan = plan._replace(max_regs=_rows_regs(pieces, r.vec, x2.element_size(), plan.max_regs))
-        _softmax_fwd_kernel[(cdiv(n_rows, plan.block_m),)](
+        launch_kernel(_softmax_fwd_kernel, (cdiv(n_rows, plan.block_m),),
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
@@ -965,6 +966,9 @@ def _reg_cap(plan: _Plan) -> dict:
 # --------------------------------------------------------------------------- public functions
 
 
+CALLS = Calls("softmax.fused")  # plan and launches recorded per problem, replayed after (_launch.py)
+
+
 def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | None = None) -> torch.Tensor:
     """Softmax of ``x`` over its last dimension by the fused kernel (plans: the module docstring).
 
@@ -980,8 +984,8 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
         return y
     x2 = as_rows(x)
     y2 = y.view(-1, x.shape[-1])
-    plan = _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row)
-    _launch(x2, y2, plan)
+    CALLS((max_row,), (x2, y2),
+          lambda: _launch(x2, y2, _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row)))
     return y
 
 

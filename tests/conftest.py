@@ -56,6 +56,46 @@ def run_pytest(pytester):
     return run
 
 
+class _ForgettingMonkeyPatch(pytest.MonkeyPatch):
+    """pytest's ``monkeypatch``, and each change forgets the reference kernels' recorded calls (a record replays the
+    plan made under the constants of its first call: reference_kernels/_launch.py)."""
+
+    def _forget(self):
+        import sys as _sys
+
+        launch = _sys.modules.get("reference_kernels._launch")
+        if launch is not None:
+            launch.forget()
+
+    def setattr(self, *args, **kwargs):
+        super().setattr(*args, **kwargs)
+        self._forget()
+
+    def delattr(self, *args, **kwargs):
+        super().delattr(*args, **kwargs)
+        self._forget()
+
+    def setitem(self, *args, **kwargs):
+        super().setitem(*args, **kwargs)
+        self._forget()
+
+    def delitem(self, *args, **kwargs):
+        super().delitem(*args, **kwargs)
+        self._forget()
+
+    def undo(self):
+        super().undo()
+        self._forget()
+
+
+@pytest.fixture
+def monkeypatch():
+    """``monkeypatch`` for this suite: ``_ForgettingMonkeyPatch``."""
+    patch = _ForgettingMonkeyPatch()
+    yield patch
+    patch.undo()
+
+
 @pytest.fixture
 def unwritten_reads_nan(monkeypatch):
     """During the test, ``torch.empty`` and ``torch.empty_like`` hand out NaN-filled float tensors.

@@ -1,0 +1,413 @@
+"""The reference kernels' launch path: a call's launches recorded once per problem, replayed after.
+
+A fused call costs its launch plan (each subject's rules) and Triton's ``JITFunction.run``
+(argument binding, specialisation key, cache lookup) before the driver's launch: 50-200 us
+of Python a call on the H200 machine, where torch's own kernels take 7-23
+(docs/kernels.md, "Host time a call"). Neither depends on the tensors' contents, only on
+what a ``Calls`` table keys a call by: each tensor's shape, strides, dtype and 16-byte
+alignment (what Triton specialises on), which tensors are the same, the device and the
+function's other arguments. The first call of a key plans and launches through Triton,
+recorded; later calls replay the record: the scratch tensors it allocated, allocated again,
+and each launch through the compiled kernel's own launcher (``CompiledKernel.run``, what
+``JITFunction.run`` calls last) with the new data pointers.
+
+A record is kept only where replaying it does the same work. Every tensor a launch takes is
+one of the call's tensors, a view of one at a fixed offset, or one the call allocated
+(``torch.empty`` / ``zeros`` and their ``_like`` / ``new_`` forms); nothing else ran on the
+device (a copy, a fill, a reduction: the torch function mode below sees every torch call);
+every other argument is a number fixed by the key, or a ``do_not_specialize`` argument the
+caller names per call (a dropout seed). Otherwise the key keeps planning each call
+(``Calls.last`` says why): a copy of misaligned rows, a TMA descriptor, a GEMM's tuning.
+
+Every call plans and launches through Triton while Triton's launcher is hooked (a
+profiler's capture, fusioncheck's included, must see the launch), while a launch hook is
+set, and under torch.compile's tracing. A record holds the plan of the module constants it was
+made under: whoever sets one calls ``forget()`` (the tests' ``monkeypatch``, ``sweep.py --set``).
+Under ``TRITON_INTERPRET=1`` a replay relaunches through the interpreter with views of the
+new tensors: CI runs the same records, keys and checks; only the last call differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import os
+from typing import Any, Callable, Iterator
+
+import torch
+import triton
+
+try:
+    from triton.runtime.jit import JITFunction
+except ImportError:  # pragma: no cover - every supported Triton has it
+    JITFunction = None
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+_ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
+_MAX_KEYS = 1024  # a table that grows past this starts again
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _launcher_class():
+    if _INTERPRETED:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction
+    return JITFunction
+
+
+_LAUNCHER = _launcher_class()
+_TRITON_RUN = inspect.unwrap(_LAUNCHER.run) if _LAUNCHER is not None else None
+_KNOBS = getattr(triton, "knobs", None)
+
+
+def _hooks_set() -> bool:
+    if _KNOBS is None:
+        return True
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(_KNOBS.runtime, name, None)
+        if hook is not None and getattr(hook, "calls", True):  # a HookChain with nothing in it is none
+            return True
+    return False
+
+
+ENABLED = True  # False: every call plans and launches through Triton (benchmarks/bench_host.py times both)
+
+
+def replays_allowed() -> bool:
+    """Whether a recorded call may replay now: Triton's launcher is its own, no launch hook, not tracing."""
+    return (ENABLED and _LAUNCHER is not None and _LAUNCHER.run is _TRITON_RUN and not _hooks_set()
+            and not torch.compiler.is_compiling())
+
+
+# --------------------------------------------------------------------------- recording
+
+# what a recorded call may do besides launching: read metadata, take views (checked to share storage), allocate
+_METADATA = frozenset((
+    "__get__", "size", "stride", "storage_offset", "data_ptr", "element_size", "dim", "ndimension", "numel",
+    "nelement", "is_contiguous", "untyped_storage", "get_device", "__len__", "is_floating_point",
+))
+_VIEWS = frozenset((
+    "view", "view_as", "reshape", "as_strided", "__getitem__", "t", "transpose", "permute", "unsqueeze", "squeeze",
+    "flatten", "unflatten", "expand", "expand_as", "contiguous", "narrow", "select", "movedim", "detach",
+))
+_ALLOCATORS = {torch.empty: False, torch.zeros: True, torch.empty_like: False, torch.zeros_like: True,
+               torch.empty_strided: False, torch.Tensor.new_empty: False, torch.Tensor.new_zeros: True}
+
+
+class _Recorder(torch.overrides.TorchFunctionMode):
+    """Sees every torch call of a recorded call: keeps its allocations, and the first call that does device work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.launches: list[tuple] = []  # (kernel, grid, args, kwargs, compiled)
+        self.allocs: list[tuple[torch.Tensor, bool]] = []  # (tensor, zeroed)
+        self.unsafe: str | None = None
+        self.paused = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.paused or self.unsafe:
+            return out
+        name = getattr(func, "__name__", repr(func))
+        if func in _ALLOCATORS:
+            self.allocs.append((out, _ALLOCATORS[func]))
+        elif name in _VIEWS:
+            if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)
+                    and out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()):
+                self.unsafe = f"{name} copied a tensor"
+        elif name not in _METADATA:
+            self.unsafe = f"torch's {name} ran"
+        return out
+
+
+_recording: list[_Recorder] = []
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
+    """``kernel[grid](*args, **kwargs)``: how the subjects launch, so that a recorded call sees its launches."""
+    rec = _recording[-1] if _recording else None
+    if rec is None:
+        return kernel[grid](*args, **kwargs)
+    rec.paused += 1  # Triton's own torch calls (the interpreter's copies) are not the call's
+    try:
+        compiled = kernel[grid](*args, **kwargs)
+    finally:
+        rec.paused -= 1
+    rec.launches.append((kernel, grid, args, kwargs, compiled))
+    return compiled
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Work of a recorded call that its replays skip (a GEMM timing its candidate configs on the first call)."""
+    rec = _recording[-1] if _recording else None
+    if rec is None:
+        yield
+        return
+    rec.paused += 1
+    saved = len(rec.launches)
+    try:
+        yield
+    finally:
+        rec.paused -= 1
+        del rec.launches[saved:]
+
+
+# --------------------------------------------------------------------------- replays
+
+
+class _Relaunch:
+    """One recorded launch, through ``kernel[grid]`` (the interpreter, or a Triton without ``knobs``)."""
+
+    def __init__(self, kernel, grid, values, options, tensors, named, descriptors):
+        self.kernel, self.grid, self.values, self.options = kernel, grid, values, options
+        self.tensors, self.named, self.descriptors = tensors, named, descriptors
+
+    def __call__(self, sources: list, scalars: dict) -> None:
+        values = self.values.copy()
+        for i, src, delta, size, stride, dtype in self.tensors:
+            values[i] = _view(sources[src], delta, size, stride, dtype)
+        for i, src, delta, desc in self.descriptors:
+            base = desc.base
+            values[i] = _rebased(desc, _view(sources[src], delta, tuple(base.shape), tuple(base.stride()), base.dtype))
+        for i, name in self.named:
+            values[i] = scalars[name]
+        self.kernel[self.grid](*values, **self.options)
+
+
+class _Bound:
+    """One recorded launch through the compiled kernel's launcher: new data pointers, nothing else re-derived."""
+
+    def __init__(self, compiled, grid, values, tensors, named, descriptors):
+        self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
+        self.grid = (tuple(grid) + (1, 1))[:3]
+        self.values, self.named, self.tensors, self.descriptors = values, named, tensors, descriptors
+        self.pointers = [(i, src, delta) for i, src, delta, *_ in tensors]
+        from triton.runtime import driver
+
+        self.device, self.stream = driver.active.get_current_device, driver.active.get_current_stream
+
+    def __call__(self, sources: list, scalars: dict) -> None:
+        values = self.values.copy()
+        for i, src, delta in self.pointers:
+            values[i] = sources[src].data_ptr() + delta
+        for i, src, delta, desc in self.descriptors:
+            values[i] = _rebased(desc, _Address(sources[src].data_ptr() + delta, desc.base.dtype))
+        for i, name in self.named:
+            values[i] = scalars[name]
+        g0, g1, g2 = self.grid
+        self.run(g0, g1, g2, self.stream(self.device()), self.function, self.metadata, None, None, None, *values)
+
+
+class _Replay:
+    __slots__ = ("allocs", "launches")
+
+    def __init__(self, allocs: list, launches: list) -> None:
+        self.allocs, self.launches = allocs, launches
+
+    def __call__(self, slots: tuple, scalars: dict) -> None:
+        sources = list(slots)
+        for alloc in self.allocs:  # None: an allocation no launch takes, not made again (indices stay the record's)
+            if alloc is None:
+                sources.append(None)
+                continue
+            shape, stride, dtype, device, zero = alloc
+            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            sources.append(t.zero_() if zero else t)
+        for one in self.launches:
+            one(sources, scalars)
+
+
+class _Planned:
+    """A key whose calls plan each time, and why."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _source(t: torch.Tensor, sources: list) -> tuple[int, int] | str:
+    """(index in ``sources``, byte offset) of the source ``t`` views, or why none is certain."""
+    storage = t.untyped_storage().data_ptr()
+    found = sorted((abs(t.data_ptr() - s.data_ptr()), i) for i, s in enumerate(sources)
+                   if s is not None and s.untyped_storage().data_ptr() == storage)
+    if not found:
+        return "a launch takes a tensor the call did not get or allocate"
+    (near, i), rest = found[0], found[1:]
+    if any(d - near < 256 and sources[j].data_ptr() != sources[i].data_ptr() for d, j in rest):
+        return "a launch takes a view that two of the call's tensors could give"
+    return i, t.data_ptr() - sources[i].data_ptr()
+
+
+def _is_descriptor(value: Any) -> bool:
+    """A Triton or Gluon ``TensorDescriptor``: a dataclass over a tensor (``base``) that the launcher encodes."""
+    return dataclasses.is_dataclass(value) and isinstance(getattr(value, "base", None), torch.Tensor)
+
+
+class _Address:
+    """What a replayed descriptor has for a base: the new address, and the dtype the launcher may ask."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype) -> None:
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+
+def _rebased(desc: Any, base: Any) -> Any:
+    """``desc`` with another base, its other fields as they are (no re-validation: the key fixed them)."""
+    new = object.__new__(type(desc))
+    new.__dict__.update(desc.__dict__)
+    new.base = base
+    return new
+
+
+def _view(base: torch.Tensor, delta: int, size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    storage = base.untyped_storage()
+    offset = base.data_ptr() + delta - storage.data_ptr()
+    return torch.empty(0, dtype=dtype, device=base.device).set_(storage, offset // dtype.itemsize, size, stride)
+
+
+def _bind(launch_record: tuple, sources: list, scalars: dict) -> Any:
+    kernel, grid, args, kwargs, compiled = launch_record
+    if callable(grid) or not isinstance(kernel, _LAUNCHER):
+        return f"{getattr(kernel, '__name__', kernel)} is not a plain Triton launch"
+    sig = inspect.signature(kernel.fn)
+    params = {k: v for k, v in kwargs.items() if k in sig.parameters}
+    options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
+    bound = sig.bind(*args, **params)
+    bound.apply_defaults()
+    values = list(bound.arguments.values())
+    raw = getattr(kernel, "do_not_specialize", None) or getattr(kernel, "kwargs", {}).get("do_not_specialize") or ()
+    no_spec = {kernel.arg_names[i] if isinstance(i, int) else i for i in raw}
+    tensors, named, descriptors = [], [], []
+    for i, (name, value) in enumerate(bound.arguments.items()):
+        if isinstance(value, torch.Tensor):
+            where = _source(value, sources)
+            if isinstance(where, str):
+                return where
+            tensors.append((i, *where, tuple(value.shape), tuple(value.stride()), value.dtype))
+            values[i] = None
+        elif _is_descriptor(value):  # a host-side TMA descriptor: the launcher encodes it from its base's address
+            where = _source(value.base, sources)
+            if isinstance(where, str):
+                return where
+            descriptors.append((i, *where, value))
+            values[i] = None
+        elif name in scalars and value == scalars[name]:
+            if name not in no_spec:
+                return f"per-call argument {name!r} is specialised on"
+            named.append((i, name))
+        elif not isinstance(value, _PLAIN) and not isinstance(value, (triton.language.constexpr, triton.language.dtype)):
+            return f"argument {name!r} is a {type(value).__name__}"
+    if (not _INTERPRETED and _KNOBS is not None and not options.get("launch_cooperative_grid")
+            and all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata"))):
+        return _Bound(compiled, grid, values, tensors, named, descriptors)
+    return _Relaunch(kernel, grid, values, options, tensors, named, descriptors)
+
+
+def _replay_of(rec: _Recorder, slots: tuple, scalars: dict) -> _Replay | _Planned:
+    if rec.unsafe:
+        return _Planned(rec.unsafe)
+    sources = list(slots) + [t for t, _ in rec.allocs]
+    launches = []
+    for one in rec.launches:
+        bound = _bind(one, sources, scalars)
+        if isinstance(bound, str):
+            return _Planned(bound)
+        launches.append(bound)
+    for name in scalars:
+        if not any(name == n for one in launches for _, n in one.named):
+            return _Planned(f"per-call argument {name!r} reaches no launch as itself")
+    used = {src for one in launches for _, src, *_ in (*one.tensors, *one.descriptors)}
+    allocs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero) for t, zero in rec.allocs]
+    return _Replay([a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches)
+
+
+def _slot_key(slots: tuple) -> tuple:
+    key = []
+    ptrs = []
+    for t in slots:
+        if t is None:
+            key.append(None)
+            continue
+        p = t.data_ptr()
+        key.append((t.shape, t.stride(), t.dtype, p & _ALIGN, ptrs.index(p) if p in ptrs else -1))
+        ptrs.append(p)
+    return tuple(key)
+
+
+class Calls:
+    """One public function's records, by key: ``calls(params, slots, run)`` runs ``run()`` (plan and launch
+    through ``launch``) recorded the first time a key is seen, and replays the record after.
+
+    ``params``: the function's non-tensor arguments that the plan reads (hashable); ``slots``: the tensors (or
+    None) its launches take, or views of; ``scalars``: per-call values of ``do_not_specialize`` kernel arguments,
+    by name; ``fresh``: more tensors the launches take that the caller allocated for this call, contiguous, their
+    shapes and dtypes set by the slots' (outputs: not keyed, which saves a few microseconds a tensor). ``run``'s result is dropped: what the caller returns is among ``slots``. ``last`` says what the last
+    call did: "replayed", "recorded", "planned: <why>" or "planned: replays off".
+    """
+
+    tables: list["Calls"] = []
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.table: dict = {}
+        self.last = ""
+        Calls.tables.append(self)
+
+    def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None,
+                 fresh: tuple = ()) -> None:
+        if not replays_allowed():
+            self.last = "planned: replays off"
+            run()
+            return
+        first = next(t for t in slots if t is not None)
+        key = (params, first.device, _slot_key(slots))
+        if fresh:
+            slots = slots + fresh
+        entry = self.table.get(key)
+        if entry is None:
+            self._record(key, slots, run, scalars or {})
+        elif entry.__class__ is _Replay:
+            entry(slots, scalars or {})
+            self.last = "replayed"
+        else:
+            run()
+            self.last = f"planned: {entry.why}"
+
+    def _record(self, key: tuple, slots: tuple, run: Callable[[], Any], scalars: dict) -> None:
+        rec = _Recorder()
+        _recording.append(rec)
+        try:
+            with rec:
+                run()
+        finally:
+            _recording.pop()
+        entry = _replay_of(rec, slots, scalars)
+        if len(self.table) >= _MAX_KEYS:
+            self.table.clear()
+        self.table[key] = entry
+        self.last = "recorded" if isinstance(entry, _Replay) else f"planned: {entry.why}"
+
+
+def forget() -> None:
+    """Drop every record: the next call of each key plans again. Call it after setting a module constant or function
+    that a plan reads (the tests' ``monkeypatch`` does, tests/conftest.py; so does ``benchmarks/sweep.py --set``)."""
+    for calls in Calls.tables:
+        calls.table.clear()
+
+
+def decline(why: str) -> None:
+    """The call being recorded must plan each time (``why``): its plan holds for this call only."""
+    rec = _recording[-1] if _recording else None
+    if rec is not None and rec.unsafe is None:
+        rec.unsafe = why

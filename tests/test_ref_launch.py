@@ -1,0 +1,268 @@
+"""reference_kernels/_launch.py: a call's launches recorded once per problem and replayed after.
+
+On CPU the replays relaunch through Triton's interpreter (the same records, keys and checks as on a GPU); the
+``gpu`` tests check the launcher-bound replays against calls that plan each time, bit for bit.
+"""
+
+import pytest
+import torch
+
+from reference_kernels import _launch, attention, bias_gelu_dropout, gemm_epilogue, layer_norm, softmax
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"
+
+
+def _planned(fn):
+    """``fn()`` with replays off: it plans and launches through Triton."""
+    _launch.ENABLED = False
+    try:
+        return fn()
+    finally:
+        _launch.ENABLED = True
+
+
+def _calls(dtype, rows=6, cols=100):
+    """(name, Calls table, call(seed)) of each subject at a small problem; ``call(i)`` takes fresh inputs from seed i."""
+    def rand(i, *shape, dt=dtype):
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(*shape, generator=g).to(dt).to(DEVICE)
+
+    w, b = rand(100, cols), rand(101, cols)
+    mean_rstd = {}
+
+    def ln_forward(i):
+        y, mean, rstd = layer_norm.forward(rand(i, rows, cols), w, b)
+        mean_rstd[i] = (mean, rstd)
+        return y, mean, rstd
+
+    def ln_backward(i):
+        x = rand(i, rows, cols)
+        _, mean, rstd = _planned(lambda: layer_norm.forward(x, w, b))
+        return layer_norm.backward(rand(i + 50, rows, cols), x, w, mean, rstd)
+
+    return [
+        ("softmax", softmax.CALLS, lambda i: softmax.fused(rand(i, rows, cols))),
+        ("layer_norm forward", layer_norm.FORWARD_CALLS, ln_forward),
+        ("layer_norm backward", layer_norm.BACKWARD_CALLS, ln_backward),
+        ("bias_gelu_dropout", bias_gelu_dropout.CALLS,
+         lambda i: bias_gelu_dropout.fused(rand(i, rows, cols), b, 0.25, seed=i)),
+        ("gemm_epilogue", gemm_epilogue.CALLS,
+         lambda i: gemm_epilogue.fused(rand(i, 16, 32), rand(i + 1, 32, 48), rand(i + 2, 48))),
+        ("attention", attention.CALLS,
+         lambda i: attention.fused(*(rand(i + j, 1, 2, 16, 64) for j in range(3)))),
+    ]
+
+
+def _as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("case", range(6), ids=["softmax", "ln_fwd", "ln_bwd", "bias_gelu_dropout", "gemm", "attention"])
+def test_a_second_call_of_a_problem_replays_its_record_on_the_new_tensors(case):
+    name, calls, call = _calls(torch.float32)[case]
+    _launch.forget()
+    call(1)
+    assert calls.last == "recorded", f"{name}: {calls.last}"
+    for i in (2, 3):
+        got = _as_tuple(call(i))
+        assert calls.last == "replayed", f"{name}: {calls.last}"
+        want = _as_tuple(_planned(lambda: call(i)))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}, call {i}: {m}")
+
+
+def test_a_problem_of_another_shape_dtype_alignment_or_aliasing_is_recorded_apart():
+    _launch.forget()
+    x = torch.randn(8, 128, device=DEVICE)
+    softmax.fused(x)
+    for other in (torch.randn(8, 96, device=DEVICE),  # shape
+                  torch.randn(8, 128, device=DEVICE).half(),  # dtype
+                  torch.randn(8 * 128 + 1, device=DEVICE)[1:].view(8, 128),  # 4 bytes past an aligned address
+                  torch.randn(8, 256, device=DEVICE)[:, :128]):  # row stride
+        want = torch.softmax(other.float(), -1).to(other.dtype)
+        got = softmax.fused(other)
+        assert softmax.CALLS.last != "replayed"
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=0)
+    # the same tensor in and out (in place) is another problem than two tensors: its record must not write x
+    y = torch.randn(8, 128, device=DEVICE)
+    softmax.fused(y, out=torch.empty_like(y))
+    softmax.fused(y, out=torch.empty_like(y))
+    assert softmax.CALLS.last == "replayed"
+    want = torch.softmax(y, -1)
+    softmax.fused(y, out=y)
+    assert softmax.CALLS.last == "recorded"
+    torch.testing.assert_close(y, want, atol=1e-6, rtol=0)
+
+
+def test_each_call_gets_its_own_dropout_seed():
+    _launch.forget()
+    x = torch.randn(4, 64, device=DEVICE)
+    bias = torch.zeros(64, device=DEVICE)
+    for seed in (7, 8, 9):
+        y = bias_gelu_dropout.fused(x, bias, 0.5, seed=seed)
+        mask = bias_gelu_dropout.dropout_mask(x.shape, 0.5, seed, device=DEVICE)
+        assert torch.equal(y != 0, mask & (torch.nn.functional.gelu(x) != 0))
+    assert bias_gelu_dropout.CALLS.last == "replayed"
+
+
+def test_setting_a_module_constant_through_monkeypatch_forgets_the_records(monkeypatch):
+    x = torch.randn(4, 64, device=DEVICE)
+    softmax.fused(x)
+    softmax.fused(x)
+    assert softmax.CALLS.last == "replayed"
+    planned = []
+    settings = softmax._softmax_settings
+    monkeypatch.setattr(softmax, "_softmax_settings", lambda *a, **k: planned.append(a) or settings(*a, **k))
+    softmax.fused(x)
+    assert softmax.CALLS.last == "recorded" and planned
+
+
+def test_a_call_that_copies_its_input_plans_each_time_and_says_why():
+    x = torch.randn(6, 101, device=DEVICE)[:, :100]  # rows 404 bytes apart: the plan runs on an aligned copy
+    for _ in range(2):
+        got = softmax.fused(x)
+        assert softmax.CALLS.last.startswith("planned: "), softmax.CALLS.last
+        assert "clone" in softmax.CALLS.last
+        torch.testing.assert_close(got, torch.softmax(x, -1), atol=1e-6, rtol=0)
+
+
+def test_replays_are_off_while_a_profiler_hooks_tritons_launcher():
+    from pytest_fusioncheck import _compat
+
+    x = torch.randn(4, 64, device=DEVICE)
+    softmax.fused(x)
+    softmax.fused(x)
+    assert softmax.CALLS.last == "replayed"
+    seen = []
+
+    def on_launch(jitfn, original, args, kwargs, grid, warmup, interpreted):
+        seen.append(jitfn)
+        return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
+
+    with _compat.triton_launch_hook(on_launch):
+        softmax.fused(x)
+    assert softmax.CALLS.last == "planned: replays off" and len(seen) == 1
+    softmax.fused(x)
+    assert softmax.CALLS.last == "replayed"
+
+
+# --------------------------------------------------------------------------- the recorder, on a kernel of its own
+
+triton = pytest.importorskip("triton")
+tl = triton.language
+
+
+@triton.jit(do_not_specialize=["k"])
+def _add_into_kernel(x_ptr, acc_ptr, out_ptr, n, k, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.atomic_add(acc_ptr + offs, tl.load(x_ptr + offs, mask=ok) + k, mask=ok)
+    tl.store(out_ptr + offs, tl.load(acc_ptr + offs, mask=ok), mask=ok)
+
+
+@triton.jit
+def _scaled_kernel(x_ptr, out_ptr, n, k, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * k, mask=offs < n)
+
+
+def test_a_replay_allocates_its_scratch_again_zeroed_where_the_record_zeroed_it():
+    calls = _launch.Calls("test.add_into")
+
+    def call(x, out, k):
+        def run():
+            acc = torch.zeros(x.shape, device=x.device)  # a scratch the launch accumulates into
+            _launch.launch(_add_into_kernel, (1,), x, acc, out, x.numel(), k, BLOCK=64)
+        calls((), (x, out), run, {"k": k})
+        return out
+
+    x = torch.arange(40, dtype=torch.float32, device=DEVICE)
+    for k, how in ((1.0, "recorded"), (2.0, "replayed"), (3.0, "replayed")):
+        out = call(x, torch.empty_like(x), k)
+        assert calls.last == how
+        torch.testing.assert_close(out, x + k)
+
+
+def test_a_per_call_argument_that_the_kernel_specialises_on_is_not_replayed():
+    calls = _launch.Calls("test.scaled")
+    x = torch.arange(8, dtype=torch.float32, device=DEVICE)
+    for k in (2, 3):
+        out = torch.empty_like(x)
+        calls((), (x, out), lambda: _launch.launch(_scaled_kernel, (1,), x, out, 8, k, BLOCK=8), {"k": k})
+        assert calls.last == "planned: per-call argument 'k' is specialised on"
+        torch.testing.assert_close(out, x * k)
+
+
+def test_a_launch_on_a_tensor_the_call_was_not_given_plans_each_time():
+    calls = _launch.Calls("test.elsewhere")
+    x, elsewhere = torch.ones(8, device=DEVICE), torch.zeros(8, device=DEVICE)
+    calls((), (x,), lambda: _launch.launch(_scaled_kernel, (1,), x, elsewhere, 8, 2, BLOCK=8))
+    assert calls.last == "planned: a launch takes a tensor the call did not get or allocate"
+
+
+def test_work_done_unrecorded_is_not_replayed():
+    calls = _launch.Calls("test.unrecorded")
+    x = torch.ones(8, device=DEVICE)
+    side = torch.zeros(8, device=DEVICE)
+    out = torch.empty_like(x)
+
+    def run():
+        with _launch.unrecorded():  # e.g. a first call's tuning
+            _launch.launch(_scaled_kernel, (1,), x, side, 8, 5, BLOCK=8)
+            side.add_(1)
+        _launch.launch(_scaled_kernel, (1,), x, out, 8, 2, BLOCK=8)
+
+    calls((), (x, out), run)
+    calls((), (x, out), run)
+    assert calls.last == "replayed"
+    assert torch.equal(side, torch.full((8,), 6.0, device=DEVICE))  # the unrecorded part ran once
+
+
+def test_a_torch_op_in_a_recorded_call_makes_it_plan_each_time():
+    calls = _launch.Calls("test.torch_op")
+    x = torch.ones(8, device=DEVICE)
+    out = torch.empty_like(x)
+
+    def run():
+        out.fill_(0)
+        _launch.launch(_scaled_kernel, (1,), x, out, 8, 2, BLOCK=8)
+
+    calls((), (x, out), run)
+    assert calls.last == "planned: torch's fill_ ran"
+
+
+# --------------------------------------------------------------------------- on a GPU: the bound launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(6, 100), (300, 4096), (64, 30522)], ids=["narrow", "4096", "vocab"])
+def test_on_a_gpu_replays_launch_through_the_compiled_kernels_and_match_planned_calls_bit_for_bit(dtype, shape):
+    rows, cols = shape
+    for name, calls, call in _calls(dtype, rows, cols):
+        _launch.forget()
+        call(1)
+        for i in (2, 3):
+            got = _as_tuple(call(i))
+            assert calls.last == "replayed", f"{name}: {calls.last}"
+            want = _as_tuple(_planned(lambda: call(i)))
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}, call {i}: {m}")
+        entry = next(iter(calls.table.values()))
+        assert entry.launches and all(isinstance(one, _launch._Bound) for one in entry.launches), name
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_replay_captured_in_a_cuda_graph_replays_with_the_graph():
+    x = torch.randn(64, 4096, device="cuda")
+    softmax.fused(x)
+    y = softmax.fused(x)
+    assert softmax.CALLS.last == "replayed"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = softmax.fused(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, torch.softmax(x, -1), atol=1e-6, rtol=0)
