@@ -49,7 +49,7 @@ def check_tensor(t: object, name: str, *, dtypes=FLOAT_DTYPES, ndim: int | None 
         raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
     if min_ndim is not None and t.dim() < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
-    if t.device.type != "cuda" and not interpreting():
+    if not t.is_cuda and not interpreting():
         raise ValueError(
             f"{name} is on {t.device}; the fused kernels run on CUDA tensors "
             "(or on CPU tensors under TRITON_INTERPRET=1)"
@@ -85,6 +85,8 @@ def sm_count(device: torch.device) -> int:
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` as an (M, N) view with unit column stride; copies only when no such view exists."""
+    if x.dim() == 2 and x.stride(1) == 1:  # already rows (the common call: no view to make)
+        return x
     n_cols = x.shape[-1]
     if x.stride(-1) != 1 and n_cols > 1:
         x = x.contiguous()

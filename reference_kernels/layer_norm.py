@@ -2610,7 +2610,7 @@ def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         check_tensor(p, name, ndim=1)
         if p.shape[0] != x.shape[-1]:
             raise ValueError(f"{name} has shape {tuple(p.shape)}; x's last dimension needs ({x.shape[-1]},)")
-        if p.device != x.device:
+        if p.get_device() != x.get_device():  # device indices: cheaper than comparing torch.device objects
             raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
 
 
@@ -2637,13 +2637,15 @@ def forward(
     """
     _check_params(x, weight, bias)
     y = output_like(x, out)
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    device = x.device
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=device)
     if x.numel() == 0:
         return y, mean, rstd
     x2 = as_rows(x)
-    y2 = y.view(x2.shape)
-    mean1, rstd1 = mean.view(-1), rstd.view(-1)
+    rows = x.dim() == 2  # already rows: no views to make
+    y2 = y if rows else y.view(x2.shape)
+    mean1, rstd1 = (mean, rstd) if rows else (mean.view(-1), rstd.view(-1))
     FORWARD_CALLS((float(eps), max_row), (x2, weight, bias, y2),
                   lambda: _forward_any(x2, weight, bias, y2, mean1, rstd1, float(eps), max_row), fresh=(mean1, rstd1))
     return y, mean, rstd
@@ -2692,16 +2694,18 @@ def backward(
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
     n_cols = x.shape[-1]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    device = x.device
+    dx = torch.empty(x.shape, dtype=x.dtype, device=device)
     if x.numel() == 0:  # no rows: zero gradients for the parameters
-        dw = torch.zeros(n_cols, dtype=weight.dtype, device=x.device)
-        return dx, dw, torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
-    dw = torch.empty(n_cols, dtype=weight.dtype, device=x.device)  # every column is written
-    db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device)
+        dw = torch.zeros(n_cols, dtype=weight.dtype, device=device)
+        return dx, dw, torch.zeros(n_cols, dtype=bias_dtype or weight.dtype, device=device)
+    dw = torch.empty(n_cols, dtype=weight.dtype, device=device)  # every column is written
+    db = torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=device)
     x2, dy2 = as_rows(x), as_rows(dy)
-    dx2 = dx.view(x2.shape)
+    rows = x.dim() == 2  # already rows: no views to make
+    dx2 = dx if rows else dx.view(x2.shape)
     weight = weight.contiguous()
-    mean1, rstd1 = mean.reshape(-1), rstd.reshape(-1)
+    mean1, rstd1 = (mean, rstd) if rows and mean.dim() == 1 else (mean.reshape(-1), rstd.reshape(-1))
     BACKWARD_CALLS((max_row, one_pass, variant), (dy2, x2, weight, mean1, rstd1),
                    lambda: _backward_any(dy2, x2, weight, mean1, rstd1, dx2, dw, db, max_row, one_pass, variant),
                    fresh=(dx2, dw, db))

@@ -983,7 +983,7 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     if x.numel() == 0:
         return y
     x2 = as_rows(x)
-    y2 = y.view(-1, x.shape[-1])
+    y2 = y if x.dim() == 2 else y.view(-1, x.shape[-1])
     CALLS((max_row,), (x2, y2),
           lambda: _launch(x2, y2, _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row)))
     return y

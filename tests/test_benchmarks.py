@@ -376,7 +376,7 @@ def _run_script(monkeypatch, name, *argv):
 @pytest.mark.parametrize("name, argv", [("sweep", ["--widths", "1024"]), ("bench_softmax", ["--quick"]),
                                         ("bench_layer_norm", ["--quick"]), ("bench_bias_gelu_dropout", ["--quick"]),
                                         ("bench_gemm_epilogue", ["--quick"]), ("ncu_kernels", ["ln_fwd_fp32_333"]),
-                                        ("bench_attention", ["--quick"]), ("bench_host", []),
+                                        ("bench_attention", ["--quick"]), ("bench_host", []), ("bench_eager", ["--quick"]),
                                         ("bench_peak", []), ("model_counts", [])])
 def test_a_gpu_benchmark_on_a_machine_without_a_gpu_says_so_and_nothing_else(monkeypatch, name, argv):
     # without the check torch failed in its first CUDA call with a message about its own build
@@ -402,3 +402,51 @@ def test_every_option_the_gpu_check_script_passes_a_benchmark_is_one_it_takes(mo
         usage = capsys.readouterr().out
         missing = [flag for flag in flags if not re.search(re.escape(flag) + r"\b", usage)]
         assert not missing, f"benchmarks/{name}.py does not take {missing}"
+
+
+def _eager_record(subject, unit, eager, graph=None, host=None):
+    """A bench_eager record with these eager milliseconds per implementation (None: the implementation failed)."""
+    impls = {k: None if ms is None else {"eager_ms": ms, "graph_ms": (graph or {}).get(k, ms), "graph_timer": "graph",
+                                         "host_us": (host or {}).get(k, 10.0)} for k, ms in eager.items()}
+    rec = {"subject": subject, "shape": [4, 1024], "dtype": "bfloat16", "work": 4e9 if unit == "B" else 2e12,
+           "unit": unit, "impls": impls}
+    if unit == "B":
+        rec["copy_gbps"] = 4000.0
+    return rec
+
+
+def test_the_eager_bench_compares_ours_with_the_best_other_eager_figure_and_shows_graph_and_host_beside():
+    import benchmarks.bench_eager as be
+
+    rec = _eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0, "compile": 4.0, "liger": None},
+                        graph={"ours": 1.0}, host={"ours": 12.0, "torch": 6.0})
+    text = be.table([rec], "softmax")
+    row = text.splitlines()[-1]
+    # 4e9 bytes in 2 ms = 2000 GB/s = 50% of a 4000 GB/s copy; torch's 1 ms is the best other: ours at 0.50x of it
+    assert row.split("|")[3:11] == [" 50% ", " 100% ", " 25% ", " n/a ", " 0.50x torch ", " 100% ", " 12 ", " 6 "]
+    gemm = _eager_record("gemm", "FLOP", {"ours": 1.0, "torch": 2.0, "compile": None})
+    assert "| 2000 | 1000 | n/a | n/a | 2.00x torch |" in be.table([gemm], "gemm")  # TFLOPS; liger has no GEMM
+
+
+def test_the_eager_bench_prints_its_tables_from_a_recorded_file_and_refuses_unknown_subjects(tmp_path, capsys):
+    import json
+
+    import benchmarks.bench_eager as be
+
+    path = tmp_path / "bench_eager.json"
+    path.write_text(json.dumps({"header": "H200, torch 2.11", "records": [
+        _eager_record("softmax", "B", {"ours": 1.0, "torch": 1.0})]}))
+    assert be.main(["--tables", str(path), "--subjects", "softmax"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("H200, torch 2.11") and "### softmax" in out and "1.00x torch" in out
+    with pytest.raises(SystemExit):
+        be.main(["--subjects", "nope"])
+    assert "unknown subject(s) nope" in capsys.readouterr().err
+
+
+def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
+    import benchmarks.bench_eager as be
+
+    assert set(be.SUBJECTS) == {"softmax", "layer_norm_fwd", "layer_norm_bwd", "gemm", "attention"}
+    for subject, shapes in be.SHAPES.items():
+        assert shapes and all(len(s) == 3 and hasattr(torch, s[1]) for s in shapes), subject
