@@ -93,7 +93,11 @@ def user_frame(frames: Iterable[tuple[str, int]]) -> tuple[str, int] | None:
 
 
 def user_source(start_depth: int = 1, max_depth: int = 200) -> str | None:
-    """The innermost user frame's ``file:line`` on the current call stack."""
+    """The innermost user frame's ``file:line`` on the current call stack.
+
+    A function that sets pytest's ``__tracebackhide__`` hides its frames from tracebacks; it is
+    a wrapper (a launch helper, an assertion helper) here too, and its caller's line is the one
+    shown (reference_kernels' ``_launch.launch`` is one)."""
     try:
         frame = sys._getframe(start_depth)
     except ValueError:
@@ -102,7 +106,7 @@ def user_source(start_depth: int = 1, max_depth: int = 200) -> str | None:
     depth = 0
     while frame is not None and depth < max_depth:
         filename = frame.f_code.co_filename
-        if not is_internal(filename):
+        if not is_internal(filename) and "__tracebackhide__" not in frame.f_code.co_varnames:
             if not filename.startswith("<"):
                 return f"{relpath(filename)}:{frame.f_lineno}"
             first_pseudo = first_pseudo or f"{filename}:{frame.f_lineno}"

@@ -65,8 +65,8 @@ _KNOBS = getattr(triton, "knobs", None)
 def _hooks_set() -> bool:
     if _KNOBS is None:
         return True
-    for name in ("launch_enter_hook", "launch_exit_hook"):
-        hook = getattr(_KNOBS.runtime, name, None)
+    runtime = _KNOBS.runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
         if hook is not None and getattr(hook, "calls", True):  # a HookChain with nothing in it is none
             return True
     return False
@@ -127,6 +127,7 @@ _recording: list[_Recorder] = []
 
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)``: how the subjects launch, so that a recorded call sees its launches."""
+    __tracebackhide__ = True  # a launch's line is its caller's (pytest's tracebacks, fusioncheck's kernel sources)
     rec = _recording[-1] if _recording else None
     if rec is None:
         return kernel[grid](*args, **kwargs)
@@ -231,6 +232,10 @@ class _Planned:
 
 def _source(t: torch.Tensor, sources: list) -> tuple[int, int] | str:
     """(index in ``sources``, byte offset) of the source ``t`` views, or why none is certain."""
+    ptr = t.data_ptr()
+    for i, s in enumerate(sources):  # the tensor itself (the usual case), however near others lie
+        if s is not None and s.data_ptr() == ptr and s.shape == t.shape and s.stride() == t.stride():
+            return i, 0
     storage = t.untyped_storage().data_ptr()
     found = sorted((abs(t.data_ptr() - s.data_ptr()), i) for i, s in enumerate(sources)
                    if s is not None and s.untyped_storage().data_ptr() == storage)

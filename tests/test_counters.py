@@ -57,6 +57,21 @@ def test_kernels_launched_by_autograds_thread_are_read_from_the_start_end_range_
     assert [(k.name, k.seq, k.label, k.bytes) for k in kernels] == [("gemm", 7, "train_step", 30), ("reduce_kernel", 7, "train_step", 70)]
 
 
+# As ncu 2025.3 writes a range the nvtx package opened (H100, 2026-12-06): the range's name again as a registered
+# message after a colour, in both columns.
+NVTX_PACKAGE_SAMPLE = '''"ID","Process ID","Process Name","Host Name","thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg","Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg","Kernel Name","dram__bytes_read.sum","dram__bytes_write.sum"
+"","","","","","","","byte","byte"
+"0","1176","python3.12","h",""," ""0:<default domain>:fusioncheck:1:lambda_over_a_compiled_gpt2_mlp:none:none:RGB:0xff:REGISTERED:fusioncheck:1:lambda_over_a_compiled_gpt2_mlp"" ","nvjet_gemm","10","20"
+"1","1176","python3.12","h","1176  ""<default domain>:fusioncheck:4:tests/t.py::test_b[x:y]:none:none:RGB:0xff:REGISTERED:fusioncheck:4:tests/t.py::test_b[x:y]"" ","","k2","30","40"
+'''
+
+
+def test_ranges_the_nvtx_package_opened_read_their_label_past_the_registered_message():
+    kernels = parse_ncu_csv(NVTX_PACKAGE_SAMPLE)
+    assert [(k.seq, k.label, k.bytes) for k in kernels] == [(1, "lambda_over_a_compiled_gpt2_mlp", 30),
+                                                            (4, "tests/t.py::test_b[x:y]", 70)]
+
+
 def test_reports_get_the_kernels_of_their_own_range_and_orphans_are_reported():
     kernels = parse_ncu_csv(SAMPLE) + [NcuKernel(9, "stray", 1, 1, "fusioncheck:99:elsewhere")]
     child = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fusioncheck.where import is_internal, user_frame
+from pytest_fusioncheck.where import is_internal, user_frame, user_source
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,20 @@ def test_the_innermost_user_frame_skips_library_frames_and_prefers_real_files():
         ("<string>", 1),
     ]
     assert user_frame(frames) == frames[1]
+
+
+def _launch_helper():
+    __tracebackhide__ = True  # a wrapper: its caller's line is the one to show
+    return user_source(1)
+
+
+def _caller_of_the_helper():
+    return _launch_helper(), _caller_of_the_helper.__code__.co_firstlineno + 1
+
+
+def test_a_frame_that_hides_itself_from_tracebacks_gives_its_callers_line():
+    source, line = _caller_of_the_helper()
+    assert source.endswith(f"test_where.py:{line}")
 
 
 @pytest.mark.parametrize(

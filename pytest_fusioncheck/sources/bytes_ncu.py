@@ -92,15 +92,22 @@ def _push_pop_range(cell: str) -> str:
     A push/pop cell reads ``<tid>  "<default domain>:fusioncheck:3:label:none:none:none:none:none:none"``,
     a start/stop cell ``"<id>:<default domain>:fusioncheck:3:label:none:..."``: (id,) domain,
     range name, then six payload/colour/message fields, which are split off the right so a
-    label may hold colons (test ids do).
+    label may hold colons (test ids do). A range the ``nvtx`` package opened carries its name
+    as a registered message, which holds colons too
+    (``...:fusioncheck:1:label:none:none:RGB:0xff:REGISTERED:fusioncheck:1:label``): the fields
+    are then split off the right of what precedes the message.
     """
     found = ""
     for chunk in cell.split('"'):
         chunk = chunk.strip()
-        if NVTX_PREFIX not in chunk:
+        start = chunk.find(NVTX_PREFIX)
+        if start < 0:
             continue
-        head = chunk.rsplit(":", 6)[0] if chunk.count(":") >= 7 else chunk
-        start = head.find(NVTX_PREFIX)
+        message = chunk.find(":" + NVTX_PREFIX, start + 1)
+        if message > 0:  # the name again, as the message: the five fields before it end the name
+            head = chunk[:message].rsplit(":", 5)[0]
+        else:
+            head = chunk.rsplit(":", 6)[0] if chunk.count(":") >= 7 else chunk
         found = head[start:]
     return found
 
