@@ -4,7 +4,11 @@ Every other script times the device (CUDA-graph replays); this one times the Pyt
 ``--calls`` back-to-back calls at 8 rows, no synchronisation inside the loop, so the device keeps up and the host is
 what is measured. A call's planning (the launch-plan rules) and Triton's launcher are most of it. Prints one table:
 
-    PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--out DIR]
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--profile] [--out DIR]
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h100.json   # no GPU
+
+Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
+(replays off) and torch's own op.
 """
 
 from __future__ import annotations
@@ -109,22 +113,37 @@ def profile_calls(name: str, fn: Callable[[], object], calls: int) -> None:
     print(f"## {name}: {calls} calls profiled\n" + "\n".join(text.getvalue().splitlines()[4:]))
 
 
-def main() -> None:
+HEADERS = ["case", "ours, us a call", "ours planned each call", "torch", "ours / torch", "ours' call"]
+
+
+def table_row(rec: dict) -> list[str]:
+    return [rec["case"], f"{rec['ours_us']:.1f}", f"{rec['ours_planned_us']:.1f}", f"{rec['torch_us']:.1f}",
+            f"{rec['ours_us'] / rec['torch_us']:.2f}x", rec["ours_call"]]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="calls timed a case (default 300)")
     parser.add_argument("--rows", type=int, default=8, help="rows of each input: few, so the host is what is timed")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile each case's replayed calls: the top functions by own time, per case")
+    parser.add_argument("--tables", metavar="FILE", help="print the table of a recorded bench_host.json (no GPU)")
     add_out_option(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.calls < 1 or args.rows < 1:
         parser.error("--calls and --rows must be >= 1")
+    import json
+
+    if args.tables:
+        data = json.loads(Path(args.tables).read_text())
+        print(data["header"] + "\n\n" + markdown_table(HEADERS, [table_row(r) for r in data["rows"]]))
+        return
     require_cuda(__file__)
     write_output_to(args.out, __file__)
     print(header())
     from reference_kernels import _launch
 
-    rows, records = [], []
+    records = []
     for name, ours, theirs in cases(args.rows):
         for c in _launch.Calls.tables:
             c.last = ""
@@ -133,15 +152,11 @@ def main() -> None:
         planned = host_us(ours, args.calls)
         _launch.ENABLED = True
         a, b = host_us(ours, args.calls), host_us(theirs, args.calls)
-        rows.append([name, f"{a:.1f}", f"{planned:.1f}", f"{b:.1f}", f"{a / b:.2f}x", how])
         if args.profile:
             profile_calls(name, ours, args.calls)
         records.append({"case": name, "ours_us": a, "ours_planned_us": planned, "torch_us": b, "ours_call": how})
-    print(markdown_table(["case", "ours, us a call", "ours planned each call", "torch", "ours / torch", "ours' call"],
-                         rows))
+    print(markdown_table(HEADERS, [table_row(r) for r in records]))
     if args.out:
-        import json
-
         Path(args.out, "bench_host.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
 
 

@@ -450,3 +450,24 @@ def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
     assert set(be.SUBJECTS) == {"softmax", "layer_norm_fwd", "layer_norm_bwd", "gemm", "attention"}
     for subject, shapes in be.SHAPES.items():
         assert shapes and all(len(s) == 3 and hasattr(torch, s[1]) for s in shapes), subject
+
+
+def test_the_host_bench_prints_its_table_from_a_recorded_file(capsys):
+    import benchmarks.bench_host as bh
+
+    bh.main(["--tables", str(_ROOT / "benchmarks" / "data" / "bench_host_h100.json")])
+    out = capsys.readouterr().out
+    assert out.startswith("NVIDIA H100") and "| softmax 8x4096 bfloat16 |" in out
+    assert all(row.endswith("| replayed |") for row in out.splitlines() if row.startswith("| softmax"))
+
+
+def test_the_committed_eager_figures_cover_every_subject_and_implementation_they_name():
+    import json
+
+    import benchmarks.bench_eager as be
+
+    data = json.loads((_ROOT / "benchmarks" / "data" / "bench_eager_h100.json").read_text())
+    assert {r["subject"] for r in data["records"]} == set(be.SUBJECTS)
+    for rec in data["records"]:
+        assert rec["impls"].get("ours"), rec  # ours ran at every shape
+        assert set(rec["impls"]) <= set(be.IMPLS)
