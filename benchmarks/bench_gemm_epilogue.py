@@ -18,7 +18,7 @@ Times are device times: calls replayed from a CUDA graph, rotating over enough i
 tuning took (``gemm_epilogue._timings``). docs/kernels.md, "gemm_epilogue".
 
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--dtypes bfloat16,float16] [--ms 64,128]
-        [--quick] [--budget-s 150] [--variants] [--set gemm_epilogue._TANH_FAST=False]
+        [--quick] [--budget-s 150] [--variants] [--set _gemm_common.TANH_FAST=False]
         [--configs "(64,128,64,8,1,4,4,1,2)"]
         [--out DIR]
 
@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("--configs", default="", help='";"-separated config tuples to time at each shape, forced')
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="set a reference_kernels constant first (as benchmarks/sweep.py), e.g. "
-                             "gemm_epilogue._TANH_FAST=False")
+                             "_gemm_common.TANH_FAST=False")
     add_out_option(parser)
     args = parser.parse_args()
     settings = apply_settings(args.set)

@@ -19,11 +19,10 @@ other finished its previous tile's, so the MMA phases alternate strictly. This i
 parities safe: a consumer that waited on a stage's ``ready`` barrier while that stage's previous use (the other
 consumer's tile) was still unloaded would see the previous phase complete and read the wrong step.
 
-The epilogue is ``gemm_epilogue._epilogue`` itself and the tile order ``gemm_epilogue._tile_coords``: Triton
-``@triton.jit`` functions compile inside a Gluon kernel (the callee inherits the caller's Gluon code generator;
-checked with Triton 3.6 and 3.9), so the semantics are the other kernels' by construction. ``gemm_epilogue`` is
-imported as a module (``_ge``), at the end of this one, and nothing of it is read at import time: ``gemm_epilogue``
-imports this module at its top, and either may be imported first.
+The epilogue is ``_gemm_common._epilogue`` and the tile order ``_gemm_common._tile_coords``, the ones
+``gemm_epilogue``'s kernels call: Triton ``@triton.jit`` functions compile inside a Gluon kernel (the callee inherits
+the caller's Gluon code generator; checked with Triton 3.6 and 3.9), so the semantics are the other kernels' by
+construction.
 
 Gluon's names move between releases; like ``_held``, every Gluon import is guarded and ``available()`` is False
 where it failed, under the interpreter, and off a GPU of compute capability 9.x.
@@ -37,6 +36,7 @@ from typing import NamedTuple
 import torch
 import triton
 
+from . import _gemm_common
 from ._common import cdiv, disable_after_compile_failure, interpreting, sm_count
 from ._launch import launch as launch_kernel
 
@@ -69,7 +69,7 @@ class WsConfig(NamedTuple):
     block_m: int  # a consumer's tile rows: 64 or 128 (one warpgroup's wgmma)
     block_n: int  # its columns, at most 256
     block_k: int
-    group_m: int  # grouped tile order (gemm_epilogue._tile_coords)
+    group_m: int  # grouped tile order (_gemm_common._tile_coords)
     stages: int  # (A, B) stages of the loader's ring
     per_sm: int  # programs an SM: 1 (12 warps at 168 registers fill the register file; launch refuses more)
     epilogue_split: int = 2  # 1, or 2: store a tile in two column halves (half the output tiles' shared memory)
@@ -121,7 +121,7 @@ if gluon is not None:
         nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
         step = 0
         for tile_id in range(pid, num_tiles, NUM_PROGRAMS):
-            pid_m, pid_n = _ge._tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = _gemm_common._tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             for k in range(k_tiles):
@@ -144,7 +144,7 @@ if gluon is not None:
         # columns [col0, col0 + WIDTH) of the tile: epilogue in registers, then through c_buf by one TMA store
         layout: gl.constexpr = acc.type.layout
         cols = off_n + col0 + gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
-        out = _ge._epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
+        out = _gemm_common._epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
                             HAS_BIAS, ACTIVATION, HAS_RESIDUAL, GELU_DEGREE)
         tma.store_wait(0)  # this consumer's previous store has finished reading c_buf
         c_buf.store(out.to(c_desc.dtype))
@@ -168,7 +168,7 @@ if gluon is not None:
         j = CONSUMER  # the tile's index among the program's tiles: this consumer takes every other one
         n = 0  # tiles this consumer has done (its turn barrier's parity)
         for tile_id in range(pid + CONSUMER * NUM_PROGRAMS, num_tiles, 2 * NUM_PROGRAMS):
-            pid_m, pid_n = _ge._tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = _gemm_common._tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
             # the other consumer has finished its previous tile's MMAs (so every earlier ring step is loaded and
@@ -215,7 +215,7 @@ if gluon is not None:
     # M and K unspecialised: their divisibility changes nothing here (TMA clips the edges) but would multiply the
     # compiled variants. N's and stride_rm's do matter: with both multiples of 16 the bias and residual loads pair
     # up (32-bit) and the residual epilogue does not spill (otherwise 11 spilled registers at 240 a thread)
-    @gluon.jit(launch_metadata=lambda grid, kernel, args: _ge._launch_metadata(grid, kernel, args),
+    @gluon.jit(launch_metadata=lambda grid, kernel, args: _gemm_common._launch_metadata(grid, kernel, args),
                do_not_specialize=["M", "K"])
     def _gemm_ws_kernel(
         a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
@@ -295,11 +295,11 @@ def _why_not(a, b, out, bias, residual) -> str | None:
         return "empty problem (M, N or K is 0)"
     if not all(t.is_cuda and t.device == a.device for t in (b, out)):
         return "a, b and out must be CUDA tensors on one device"
-    if not _ge._tma_ok(a):
+    if not _gemm_common._tma_ok(a):
         return "a breaks TMA's rules (unit column stride, 16-byte row stride and base address)"
-    if not (_ge._tma_ok(b) or _ge._tma_ok(b.T)):
+    if not (_gemm_common._tma_ok(b) or _gemm_common._tma_ok(b.T)):
         return "b breaks TMA's rules row-major and as the transpose of an (N, K) tensor"
-    if not _ge._tma_ok(out):
+    if not _gemm_common._tma_ok(out):
         return "out breaks TMA's rules"
     N = b.shape[1]
     for name, t, shape in (("bias", bias, (N,)), ("residual", residual, (M, N))):
@@ -323,7 +323,7 @@ def _descriptors(a, b, out, BM, BN, BK, split):
     N = b.shape[1]
     layout = lambda block: gl.NVMMASharedLayout.get_default_for(block, gdt)  # noqa: E731
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [BM, BK], layout([BM, BK]))
-    b_kmajor = not _ge._tma_ok(b)
+    b_kmajor = not _gemm_common._tma_ok(b)
     if b_kmajor:
         bt = b.T
         b_desc = TensorDescriptor(bt, [N, K], [bt.stride(0), 1], [BN, BK], layout([BN, BK]))
@@ -339,7 +339,7 @@ def launch(a, b, out, bias, residual, activation_code, gelu_degree=None, config=
     """``out = act(a @ b + bias) + residual`` by the warp-specialised kernel.
 
     ``activation_code``: ``gemm_epilogue``'s kernel codes (0 none, 1 relu, 2 exact GELU, 3 tanh GELU, 4 / 5 the
-    tanh / exact GELU in PTX fast-math; 2 and 3 are mapped to 5 and 4 where ``gemm_epilogue._fast_activation``
+    tanh / exact GELU in PTX fast-math; 2 and 3 are mapped to 5 and 4 where ``_gemm_common.fast_activation``
     maps them). ``config``: (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, programs an SM), default
     ``DEFAULT_CONFIG``. Raises ValueError on tensors it cannot take (``fits``) or a config whose shared memory
     exceeds an SM's. ``epilogue_split``, ``consumer_regs`` and ``loader_regs`` override the module's
@@ -367,7 +367,7 @@ def launch(a, b, out, bias, residual, activation_code, gelu_degree=None, config=
     if need > SMEM_PER_BLOCK:
         raise ValueError(f"_gemm_ws.launch: config {config} takes {need} bytes of shared memory, more than "
                          f"{SMEM_PER_BLOCK}")
-    degree = _ge._GELU_DEGREE if gelu_degree is None else gelu_degree
+    degree = _gemm_common.GELU_DEGREE if gelu_degree is None else gelu_degree
     if degree not in (5, 7, 9):
         raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
     M, K = a.shape
@@ -381,15 +381,10 @@ def launch(a, b, out, bias, residual, activation_code, gelu_degree=None, config=
         M, N, K, rs[0], rs[1],
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, STAGES=stages, NUM_PROGRAMS=programs,
         B_KMAJOR=b_kmajor, EPILOGUE_SPLIT=split,
-        HAS_BIAS=bias is not None, ACTIVATION=_ge._fast_activation(activation_code),
+        HAS_BIAS=bias is not None, ACTIVATION=_gemm_common.fast_activation(activation_code),
         HAS_RESIDUAL=residual is not None, GELU_DEGREE=degree,
         CONSUMER_REGS=consumer_regs or CONSUMER_REGS, LOADER_REGS=loader_regs or LOADER_REGS,
         num_warps=4,
     )
     return (out, compiled) if return_compiled else out
 
-
-# gemm_epilogue (the epilogue, the tile order, the launch metadata, the activation codes) is read only when a kernel
-# compiles or launches; imported last, so that either module may be imported first (gemm_epilogue imports this one
-# at its top and reads WsConfig then)
-from . import gemm_epilogue as _ge  # noqa: E402

@@ -39,9 +39,9 @@ from triton.compiler.errors import CompilationError
 
 from pytest_fusioncheck.budget import Budget
 
-from . import _gemm_ws
+from . import _gemm_common, _gemm_ws
+from ._gemm_common import _epilogue, _launch_metadata, _tile_coords, _tma_ok
 from ._common import cdiv, check_tensor, graph_device_ms, interpreting, sm_count
-from ._math import gelu
 from ._launch import Calls, decline, launch as launch_kernel, unrecorded
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -50,73 +50,6 @@ _APPROXIMATIONS = ("none", "tanh")
 
 
 # --------------------------------------------------------------------------- kernels
-
-
-def _launch_metadata(grid, kernel, args):
-    """What profilers (and pytest-fusioncheck's byte model) read off a launch."""
-    M, N, K = args["M"], args["N"], args["K"]
-    out = args["c_ptr"] if "c_ptr" in args else args["c_desc"].base
-    elt = out.element_size()
-    nbytes = elt * (M * K + K * N + M * N)
-    if args["HAS_BIAS"]:
-        nbytes += elt * N
-    if args["HAS_RESIDUAL"]:
-        nbytes += elt * M * N
-    return {"name": f"{kernel.name} [M={M}, N={N}, K={K}]", "bytes": nbytes, "flops": 2 * M * N * K}
-
-
-@triton.jit
-def _activation(x, ACTIVATION: tl.constexpr, GELU_DEGREE: tl.constexpr):
-    if ACTIVATION == 1:
-        x = tl.where(x < 0.0, 0.0, x)  # relu; NaN stays NaN like torch.relu
-    elif ACTIVATION == 2:
-        x = gelu(x, 0, GELU_DEGREE)
-    elif ACTIVATION == 3:
-        x = gelu(x, 1)
-    elif ACTIVATION == 4:  # the tanh form with rcp.approx / ex2.approx (CUDA only; _TANH_FAST)
-        x = gelu(x, 3)
-    elif ACTIVATION == 5:  # the exact form with rcp.approx / ex2.approx (CUDA only; _EXACT_FAST)
-        x = gelu(x, 2, GELU_DEGREE)
-    return x
-
-
-@triton.jit
-def _epilogue(
-    acc,  # (BLOCK_M, BLOCK_N) fp32 accumulator tile
-    rows,  # (BLOCK_M,) output row indices
-    cols,  # (BLOCK_N,) output column indices
-    M,  # rows of the output
-    N,  # columns of the output
-    bias_ptr,  # (N,)
-    res_ptr,  # (M, N)
-    stride_rm,  # residual row stride
-    stride_rn,  # residual column stride
-    HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
-    GELU_DEGREE: tl.constexpr,  # the exact GELU's fit: 9, 7 or (16-bit outputs) 5; see _math.gelu
-):
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + cols, mask=cols < N, other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
-    acc = _activation(acc, ACTIVATION, GELU_DEGREE)
-    if HAS_RESIDUAL:
-        res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :] * stride_rn
-        res = tl.load(res_ptrs, mask=(rows[:, None] < M) & (cols[None, :] < N), other=0.0)
-        acc = acc + res.to(tl.float32)
-    return acc
-
-
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped ordering: GROUP_M row-tiles share each column of B while it is in L2."""
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = tile_id // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (tile_id % group_size_m)
-    pid_n = (tile_id % num_pid_in_group) // group_size_m
-    return pid_m, pid_n
 
 
 @triton.jit(launch_metadata=_launch_metadata)
@@ -424,29 +357,8 @@ _WS_SMALL_WAVES = 2
 # large shapes one config read 537 and 643 TF at M 8192 and 16384 of the same K and N, and a config of 579 TF in one
 # sweep was passed over for one of 534 in the next (docs/kernels.md, "gemm_epilogue": the tuning).
 _TUNING_ROUNDS = 2
-# The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
-# (within one 16-bit ulp). Timed on the H200 in two runs (docs/kernels.md, "gemm_epilogue"): at
-# 4096^3 degree 7 led degree 9 by 8% in the first and trailed it by 6% in the second, the same
-# configs; no degree wins beyond this GEMM's run-to-run spread. 7: the fewer instructions at
-# degree 9's accuracy.
-_GELU_DEGREE = 7
-# The GELUs on CUDA with PTX fast-math (rcp.approx, ex2.approx: ~2^-22 relative each) instead of an
-# IEEE division and tl.exp2's range fix-ups: the tanh form (cuBLASLt's epilogue's function) and the
-# exact one (docs/kernels.md, "gemm_epilogue").
-_TANH_FAST = True
-_EXACT_FAST = True
 _tuned: dict = {}  # shape bucket -> the config its timing picked
 _timings: dict = {}  # shape bucket -> [(config, ms)] of its tuning, for benchmarks/bench_gemm_epilogue.py
-
-
-def _tma_ok(t: torch.Tensor) -> bool:
-    """TMA needs a unit inner stride, a 16-byte-aligned outer stride and base address."""
-    return (
-        t.dim() == 2
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-    )
 
 
 def _gemm_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
@@ -553,13 +465,13 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm, split_k = cfg
-    degree = _GELU_DEGREE if gelu_degree is None else gelu_degree
+    degree = _gemm_common.GELU_DEGREE if gelu_degree is None else gelu_degree
     if degree not in (5, 7, 9):
         raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
     split_k = max(1, min(split_k, cdiv(K, BK)))  # K = 0 or a short K: one range
     dot_flags = dict(DOT_IN_FP32=interpreting(), INPUT_PRECISION=_input_precision(a.dtype))
     if not interpreting():
-        activation_code = _fast_activation(activation_code)
+        activation_code = _gemm_common.fast_activation(activation_code)
     epi_flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
                      GELU_DEGREE=degree)
     rs = residual.stride() if residual is not None else (0, 0)
@@ -605,15 +517,6 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps,
             **dot_flags, **epi_flags,
         )
-
-
-def _fast_activation(code: int) -> int:
-    """The kernels' code for a GELU in PTX fast-math where ``_TANH_FAST`` / ``_EXACT_FAST`` ask for it (CUDA)."""
-    if code == 3 and _TANH_FAST:
-        return 4
-    if code == 2 and _EXACT_FAST:
-        return 5
-    return code
 
 
 def _capturing(device: torch.device) -> bool:

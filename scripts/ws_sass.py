@@ -4,7 +4,7 @@ or not, and say what came out.
     python scripts/ws_sass.py bf16:gelu fp16:gelu:residual:kmajor bf16:tanh:64x128 [--json] [--sass DIR]
 
 A case is ``DTYPE[:ACTIVATION][:FLAG...][:BMxBN][:sSTAGES][:splitN]``: DTYPE bf16 or fp16; ACTIVATION none, relu,
-gelu (the exact one) or tanh (the tanh GELU), as the kernel gets them on CUDA (``gemm_epilogue._fast_activation``:
+gelu (the exact one) or tanh (the tanh GELU), as the kernel gets them on CUDA (``_gemm_common.fast_activation``:
 gelu 5, tanh 4), default none; flags ``residual`` (a contiguous residual), ``kmajor`` (b the transpose of a
 contiguous (N, K) weight), ``nobias``, ``ragged`` (N = 744, so N and the residual's row stride are not multiples of
 16 and their loads do not pair up; else N = 768); ``BMxBN`` a consumer's tile, with the stages, BLOCK_K, GROUP_M and
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _sass  # noqa: E402
 
-ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "tanh": 3}  # gemm_epilogue's codes before _fast_activation
+ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2, "tanh": 3}  # gemm_epilogue's codes before _gemm_common.fast_activation
 FLAGS = ("residual", "kmajor", "nobias", "ragged")
 PROGRAMS = 132  # an H200's SMs: launch's NUM_PROGRAMS at one program an SM
 M, K = 1024, 3072  # M and K are not specialised (do_not_specialize): any values compile the same kernel
@@ -41,7 +41,7 @@ M, K = 1024, 3072  # M and K are not specialised (do_not_specialize): any values
 
 def parse(case: str) -> dict:
     """A case's dtype, activation code (as the kernel gets it), flags and config (a 7-tuple with the split)."""
-    from reference_kernels import _gemm_ws
+    from reference_kernels import _gemm_common, _gemm_ws
     from reference_kernels import gemm_epilogue as ge
 
     dtype, *rest = case.split(":")
@@ -72,7 +72,7 @@ def parse(case: str) -> dict:
         config += (_gemm_ws.EPILOGUE_SPLIT,)
     if split:
         config = config[:6] + (split,)
-    return {"dtype": dtype, "activation": ge._fast_activation(ACTIVATIONS[activation]), "flags": flags,
+    return {"dtype": dtype, "activation": _gemm_common.fast_activation(ACTIVATIONS[activation]), "flags": flags,
             "config": config[:7]}
 
 
@@ -83,7 +83,7 @@ def compile_case(case: str) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import mangle_type
 
-    from reference_kernels import _gemm_ws
+    from reference_kernels import _gemm_common, _gemm_ws
     from reference_kernels import gemm_epilogue as ge
 
     spec = parse(case)
@@ -104,7 +104,7 @@ def compile_case(case: str) -> dict:
     constexprs = {"BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "GROUP_M": group_m, "STAGES": stages,
                   "NUM_PROGRAMS": PROGRAMS, "B_KMAJOR": b_kmajor, "EPILOGUE_SPLIT": split,
                   "HAS_BIAS": "nobias" not in flags, "ACTIVATION": spec["activation"], "HAS_RESIDUAL": residual,
-                  "GELU_DEGREE": ge._GELU_DEGREE, "CONSUMER_REGS": _gemm_ws.CONSUMER_REGS,
+                  "GELU_DEGREE": _gemm_common.GELU_DEGREE, "CONSUMER_REGS": _gemm_ws.CONSUMER_REGS,
                   "LOADER_REGS": _gemm_ws.LOADER_REGS}
     # the JIT's specialisation of launch's arguments: a contiguous residual's stride_rn == 1 is a constant; without a
     # residual both strides are 0 (divisible by 16); N and stride_rm (= N) divisible by 16 unless ragged

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reference_kernels import _gemm_ws
+from reference_kernels import _gemm_common, _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 
@@ -192,13 +192,13 @@ def test_gelu_of_plus_inf_is_inf_and_of_minus_inf_is_nan_as_torch_cuda_gives():
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_each_gelu_code_rounds_as_float64_gelu_from_tail_to_tail(monkeypatch, dtype, approximate, fast):
-    """Both GELUs with and without PTX fast-math (``_TANH_FAST``, ``_EXACT_FAST``: codes 4 and 5 on
+    """Both GELUs with and without PTX fast-math (``_gemm_common.TANH_FAST``, ``EXACT_FAST``: codes 4 and 5 on
     CUDA): a @ I + bias is a + bias exactly, so each output is the epilogue's GELU of one input,
     checked against torch's float64 GELU rounded to the dtype (torch's float32 tanh form loses
     1 + tanh(u) to cancellation in the tail) over [-12, 12], where the tail underflows, and at
     +-inf and NaN."""
-    monkeypatch.setattr(ge, "_TANH_FAST", fast)
-    monkeypatch.setattr(ge, "_EXACT_FAST", fast)
+    monkeypatch.setattr(_gemm_common, "TANH_FAST", fast)
+    monkeypatch.setattr(_gemm_common, "EXACT_FAST", fast)
     n = 256
     x = torch.linspace(-12, 12, 64 * n, device=DEVICE).reshape(64, n)
     x[:, :3] = 0.0  # columns 0-2 take +inf, -inf and NaN from the bias (in a, inf * 0 would spread NaN)
@@ -215,12 +215,12 @@ def test_each_gelu_code_rounds_as_float64_gelu_from_tail_to_tail(monkeypatch, dt
 
 def test_fast_math_gelu_codes_are_chosen_by_their_flags(monkeypatch):
     for tanh_fast, exact_fast in [(True, True), (True, False), (False, True), (False, False)]:
-        monkeypatch.setattr(ge, "_TANH_FAST", tanh_fast)
-        monkeypatch.setattr(ge, "_EXACT_FAST", exact_fast)
-        assert ge._fast_activation(ge._activation_code("gelu", "tanh")) == (4 if tanh_fast else 3)
-        assert ge._fast_activation(ge._activation_code("gelu")) == (5 if exact_fast else 2)
-        assert ge._fast_activation(ge._activation_code("relu")) == 1
-        assert ge._fast_activation(ge._activation_code(None)) == 0
+        monkeypatch.setattr(_gemm_common, "TANH_FAST", tanh_fast)
+        monkeypatch.setattr(_gemm_common, "EXACT_FAST", exact_fast)
+        assert _gemm_common.fast_activation(ge._activation_code("gelu", "tanh")) == (4 if tanh_fast else 3)
+        assert _gemm_common.fast_activation(ge._activation_code("gelu")) == (5 if exact_fast else 2)
+        assert _gemm_common.fast_activation(ge._activation_code("relu")) == 1
+        assert _gemm_common.fast_activation(ge._activation_code(None)) == 0
 
 
 @pytest.mark.gpu

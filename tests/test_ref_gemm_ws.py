@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_kernels import _gemm_ws
+from reference_kernels import _gemm_common, _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 from test_ref_gemm_epilogue import TOLERANCES
@@ -63,8 +63,8 @@ def _script():
 
 def test_the_scripts_cases_name_the_kernels_activation_codes_and_configs(monkeypatch):
     ws_sass = _script()
-    monkeypatch.setattr(ge, "_TANH_FAST", True)
-    monkeypatch.setattr(ge, "_EXACT_FAST", True)
+    monkeypatch.setattr(_gemm_common, "TANH_FAST", True)
+    monkeypatch.setattr(_gemm_common, "EXACT_FAST", True)
     default = tuple(_gemm_ws.DEFAULT_CONFIG)[:6] + (_gemm_ws.DEFAULT_CONFIG[6:] or (_gemm_ws.EPILOGUE_SPLIT,))
     spec = ws_sass.parse("bf16:gelu")
     assert (spec["activation"], spec["flags"], spec["config"]) == (5, set(), default)
