@@ -203,14 +203,14 @@ class _Bound:
 
 
 class _Replay:
-    __slots__ = ("allocs", "launches")
+    __slots__ = ("allocs", "launches", "result")
 
-    def __init__(self, allocs: list, launches: list) -> None:
-        self.allocs, self.launches = allocs, launches
+    def __init__(self, allocs: list, launches: list, result: Any) -> None:
+        self.allocs, self.launches, self.result = allocs, launches, result
 
-    def __call__(self, slots: tuple, scalars: dict) -> None:
+    def __call__(self, slots: tuple, scalars: dict) -> Any:
         sources = list(slots)
-        for alloc in self.allocs:  # None: an allocation no launch takes, not made again (indices stay the record's)
+        for alloc in self.allocs:  # None: an allocation nothing takes, not made again (indices stay the record's)
             if alloc is None:
                 sources.append(None)
                 continue
@@ -219,6 +219,7 @@ class _Replay:
             sources.append(t.zero_() if zero else t)
         for one in self.launches:
             one(sources, scalars)
+        return _rebuild(self.result, sources)
 
 
 class _Planned:
@@ -233,8 +234,8 @@ class _Planned:
 def _source(t: torch.Tensor, sources: list) -> tuple[int, int] | str:
     """(index in ``sources``, byte offset) of the source ``t`` views, or why none is certain."""
     ptr = t.data_ptr()
-    for i, s in enumerate(sources):  # the tensor itself (the usual case), however near others lie
-        if s is not None and s.data_ptr() == ptr and s.shape == t.shape and s.stride() == t.stride():
+    for i, s in enumerate(sources):  # a view from a source's first element (the usual case), however near others lie
+        if s is not None and s.data_ptr() == ptr:
             return i, 0
     storage = t.untyped_storage().data_ptr()
     found = sorted((abs(t.data_ptr() - s.data_ptr()), i) for i, s in enumerate(sources)
@@ -319,7 +320,44 @@ def _bind(launch_record: tuple, sources: list, scalars: dict) -> Any:
     return _Relaunch(kernel, grid, values, options, tensors, named, descriptors)
 
 
-def _replay_of(rec: _Recorder, slots: tuple, scalars: dict) -> _Replay | _Planned:
+class _Out:
+    """A returned tensor: a source itself, or a view of one (``view``: byte offset, shape, strides, dtype)."""
+
+    __slots__ = ("src", "view")
+
+    def __init__(self, src: int, view: tuple | None) -> None:
+        self.src, self.view = src, view
+
+
+def _result_of(value: Any, sources: list) -> Any:
+    """What a replay returns in place of the recorded call's ``value``: tensors as ``_Out``, tuples element by
+    element, anything else (a number, None) as it was; a string says why it cannot be."""
+    if isinstance(value, torch.Tensor):
+        for i, s in enumerate(sources):
+            if s is value:
+                return _Out(i, None)
+        where = _source(value, sources)
+        if isinstance(where, str):
+            return "the call returns a tensor it did not get or allocate"
+        return _Out(where[0], (where[1], tuple(value.shape), tuple(value.stride()), value.dtype))
+    if type(value) is tuple:
+        parts = [_result_of(v, sources) for v in value]
+        return next((p for p in parts if isinstance(p, str)), tuple(parts))
+    if isinstance(value, _PLAIN):
+        return value
+    return f"the call returns a {type(value).__name__}"
+
+
+def _rebuild(result: Any, sources: list) -> Any:
+    if result.__class__ is _Out:
+        base = sources[result.src]
+        return base if result.view is None else _view(base, *result.view)
+    if result.__class__ is tuple:
+        return tuple(_rebuild(r, sources) for r in result)
+    return result
+
+
+def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Replay | _Planned:
     if rec.unsafe:
         return _Planned(rec.unsafe)
     sources = list(slots) + [t for t, _ in rec.allocs]
@@ -332,12 +370,33 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict) -> _Replay | _Planne
     for name in scalars:
         if not any(name == n for one in launches for _, n in one.named):
             return _Planned(f"per-call argument {name!r} reaches no launch as itself")
+    result = _result_of(value, sources)
+    if isinstance(result, str):
+        return _Planned(result)
     used = {src for one in launches for _, src, *_ in (*one.tensors, *one.descriptors)}
+    used |= {r.src for r in _outs(result)}
     allocs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero) for t, zero in rec.allocs]
-    return _Replay([a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches)
+    return _Replay([a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches, result)
+
+
+def _outs(result: Any) -> list:
+    if result.__class__ is _Out:
+        return [result]
+    if result.__class__ is tuple:
+        return [o for r in result for o in _outs(r)]
+    return []
+
+
+def _keyable(p: Any) -> bool:
+    """A plain value a key may hold (a tensor or other object would key by identity, never to be seen again)."""
+    return p.__class__ in _KEYABLE or (isinstance(p, tuple) and all(_keyable(v) for v in p))
+
+
+_KEYABLE = frozenset((bool, int, float, str, type(None), torch.dtype))
 
 
 def _slot_key(slots: tuple) -> tuple:
+    """Each tensor's shape, strides, dtype, device and 16-byte alignment, and which earlier tensor it is (-1: none)."""
     key = []
     ptrs = []
     for t in slots:
@@ -345,20 +404,20 @@ def _slot_key(slots: tuple) -> tuple:
             key.append(None)
             continue
         p = t.data_ptr()
-        key.append((t.shape, t.stride(), t.dtype, p & _ALIGN, ptrs.index(p) if p in ptrs else -1))
+        key.append((t.shape, t.stride(), t.dtype, t.get_device(), p & _ALIGN, ptrs.index(p) if p in ptrs else -1))
         ptrs.append(p)
     return tuple(key)
 
 
 class Calls:
-    """One public function's records, by key: ``calls(params, slots, run)`` runs ``run()`` (plan and launch
-    through ``launch``) recorded the first time a key is seen, and replays the record after.
+    """One public function's records, by key: ``calls(params, slots, run)`` returns ``run()`` (checks, outputs,
+    plan and launches through ``launch``), recorded the first time a key is seen, and replays the record after:
+    the same allocations made again, the launches on the new pointers, and what ``run`` returned rebuilt from them.
 
-    ``params``: the function's non-tensor arguments that the plan reads (hashable); ``slots``: the tensors (or
-    None) its launches take, or views of; ``scalars``: per-call values of ``do_not_specialize`` kernel arguments,
-    by name; ``fresh``: more tensors the launches take that the caller allocated for this call, contiguous, their
-    shapes and dtypes set by the slots' (outputs: not keyed, which saves a few microseconds a tensor). ``run``'s result is dropped: what the caller returns is among ``slots``. ``last`` says what the last
-    call did: "replayed", "recorded", "planned: <why>" or "planned: replays off".
+    ``params``: the function's non-tensor arguments (hashable); ``slots``: its tensor arguments (or None), whose
+    shapes, strides, dtypes, devices and alignment are the rest of the key. A call of a recorded key passed its
+    checks once: everything they read is in the key. ``scalars``: per-call values of ``do_not_specialize`` kernel
+    arguments, by name. ``last`` says what the last call did: "replayed", "recorded", "planned: <why>".
     """
 
     tables: list["Calls"] = []
@@ -369,39 +428,40 @@ class Calls:
         self.last = ""
         Calls.tables.append(self)
 
-    def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None,
-                 fresh: tuple = ()) -> None:
+    def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None) -> Any:
         if not replays_allowed():
             self.last = "planned: replays off"
-            run()
-            return
-        first = next(t for t in slots if t is not None)
-        key = (params, first.device, _slot_key(slots))
-        if fresh:
-            slots = slots + fresh
+            return run()
+        try:
+            if not all(_keyable(p) for p in params):
+                raise TypeError
+            key = (params, _slot_key(slots))
+        except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
+            self.last = "planned: no key"
+            return run()
         entry = self.table.get(key)
         if entry is None:
-            self._record(key, slots, run, scalars or {})
-        elif entry.__class__ is _Replay:
-            entry(slots, scalars or {})
+            return self._record(key, slots, run, scalars or {})
+        if entry.__class__ is _Replay:
             self.last = "replayed"
-        else:
-            run()
-            self.last = f"planned: {entry.why}"
+            return entry(slots, scalars or {})
+        self.last = f"planned: {entry.why}"
+        return run()
 
-    def _record(self, key: tuple, slots: tuple, run: Callable[[], Any], scalars: dict) -> None:
+    def _record(self, key: tuple, slots: tuple, run: Callable[[], Any], scalars: dict) -> Any:
         rec = _Recorder()
         _recording.append(rec)
         try:
             with rec:
-                run()
+                value = run()
         finally:
             _recording.pop()
-        entry = _replay_of(rec, slots, scalars)
+        entry = _replay_of(rec, slots, scalars, value)
         if len(self.table) >= _MAX_KEYS:
             self.table.clear()
         self.table[key] = entry
         self.last = "recorded" if isinstance(entry, _Replay) else f"planned: {entry.why}"
+        return value
 
 
 def forget() -> None:

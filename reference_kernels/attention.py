@@ -295,14 +295,17 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     float32; returns a contiguous tensor of q's shape and dtype. ``plan`` overrides the
     launch heuristic (``_attention_settings``), for tests and benchmarks.
     """
+    return CALLS((causal, scale, plan), (q, k, v), lambda: _fused(q, k, v, causal, scale, plan))
+
+
+def _fused(q, k, v, causal, scale, plan):
     _check(q, k, v)
     scale = _scale(q, scale)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0:
         return out
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
-    CALLS((causal, scale, plan), (q, k, v, out),
-          lambda: _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2])))
+    _launch(q, k, v, out, causal, scale, plan or _attention_settings(q.shape[-1], q.dtype, q.shape[2]))
     return out
 
 

@@ -468,6 +468,11 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
     result has x's shape and dtype (written into ``out`` when given, a contiguous tensor
     like x); its mask is ``dropout_mask(x.shape, p, seed)``.
     """
+    _check_p_seed(p, seed)  # the seed is not in the key: checked each call
+    return CALLS((p, approximate), (x, bias, out), lambda: _fused(x, bias, p, seed, approximate, out), {"seed": seed})
+
+
+def _fused(x, bias, p, seed, approximate, out):
     _check(x, bias, p, seed, approximate)
     if out is not None:
         check_tensor(out, "out", dtypes=(x.dtype,))
@@ -475,8 +480,7 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
             raise ValueError(f"out must be a contiguous {tuple(x.shape)} tensor on {x.device}")
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype) if out is None else out
     if x.numel():
-        p = float(p)
-        CALLS((p, approximate), (x, bias, y), lambda: _launch(x, bias, p, seed, approximate, y), {"seed": seed})
+        _launch(x, bias, float(p), seed, approximate, y)
     return y
 
 

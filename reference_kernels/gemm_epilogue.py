@@ -639,6 +639,12 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
     erf form unless ``approximate="tanh"``), "relu" or None. ``out``, when given, is a
     contiguous (M, N) tensor of a's dtype to write into.
     """
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # fp32 inputs' precision (_input_precision)
+    return CALLS((activation, approximate, tf32), (a, b, bias, residual, out),
+                 lambda: _fused(a, b, bias, activation, residual, approximate, out))
+
+
+def _fused(a, b, bias, activation, residual, approximate, out):
     code = _check(a, b, bias, activation, residual, approximate)
     M, N = a.shape[0], b.shape[1]
     if out is None:
@@ -648,7 +654,7 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
         if tuple(out.shape) != (M, N) or not out.is_contiguous() or out.device != a.device:
             raise ValueError(f"out must be a contiguous ({M}, {N}) tensor on {a.device}")
     if M and N:
-        CALLS((code, _input_precision(a.dtype)), (a, b, bias, residual, out), lambda: _run(a, b, out, bias, residual, code))
+        _run(a, b, out, bias, residual, code)
     return out
 
 

@@ -2635,6 +2635,10 @@ def forward(
     ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row`` overrides the
     launch plan, for tests.
     """
+    return FORWARD_CALLS((eps, max_row), (x, weight, bias, out), lambda: _forward(x, weight, bias, eps, out, max_row))
+
+
+def _forward(x, weight, bias, eps, out, max_row):
     _check_params(x, weight, bias)
     y = output_like(x, out)
     stats = torch.empty((2, *x.shape[:-1]), dtype=torch.float32, device=x.device)  # one allocation: host time
@@ -2645,8 +2649,7 @@ def forward(
     rows = x.dim() == 2  # already rows: no views to make
     y2 = y if rows else y.view(x2.shape)
     mean1, rstd1 = (mean, rstd) if rows else (mean.view(-1), rstd.view(-1))
-    FORWARD_CALLS((float(eps), max_row), (x2, weight, bias, y2),
-                  lambda: _forward_any(x2, weight, bias, y2, mean1, rstd1, float(eps), max_row), fresh=(stats,))
+    _forward_any(x2, weight, bias, y2, mean1, rstd1, float(eps), max_row)
     return y, mean, rstd
 
 
@@ -2689,6 +2692,11 @@ def backward(
 
     ``max_row``/``one_pass``/``variant`` override the launch plan (``_layer_norm_settings``).
     """
+    return BACKWARD_CALLS((bias_dtype, max_row, one_pass, variant), (dy, x, weight, mean, rstd),
+                          lambda: _backward(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant))
+
+
+def _backward(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant):
     check_tensor(dy, "dy", min_ndim=1)
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)} but x has {tuple(x.shape)}")
@@ -2705,9 +2713,7 @@ def backward(
     dx2 = dx if rows else dx.view(x2.shape)
     weight = weight.contiguous()
     mean1, rstd1 = (mean, rstd) if rows and mean.dim() == 1 else (mean.reshape(-1), rstd.reshape(-1))
-    BACKWARD_CALLS((max_row, one_pass, variant), (dy2, x2, weight, mean1, rstd1),
-                   lambda: _backward_any(dy2, x2, weight, mean1, rstd1, dx2, dw, db, max_row, one_pass, variant),
-                   fresh=(dx2, dw, db))
+    _backward_any(dy2, x2, weight, mean1, rstd1, dx2, dw, db, max_row, one_pass, variant)
     return dx, dw, db
 
 

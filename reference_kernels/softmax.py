@@ -978,14 +978,17 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     when given (contiguous, same shape, dtype and device). ``max_row`` overrides the
     launch heuristic (``_softmax_settings``), for tests.
     """
+    return CALLS((max_row,), (x, out), lambda: _fused(x, out, max_row))
+
+
+def _fused(x: torch.Tensor, out: torch.Tensor | None, max_row: int | None) -> torch.Tensor:
     check_tensor(x, "x", min_ndim=1)
     y = output_like(x, out)
     if x.numel() == 0:
         return y
     x2 = as_rows(x)
     y2 = y if x.dim() == 2 else y.view(-1, x.shape[-1])
-    CALLS((max_row,), (x2, y2),
-          lambda: _launch(x2, y2, _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row)))
+    _launch(x2, y2, _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row))
     return y
 
 

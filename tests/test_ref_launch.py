@@ -95,6 +95,41 @@ def test_a_problem_of_another_shape_dtype_alignment_or_aliasing_is_recorded_apar
     torch.testing.assert_close(y, want, atol=1e-6, rtol=0)
 
 
+def test_a_replay_returns_new_outputs_rebuilt_as_the_record_returned_them():
+    _launch.forget()
+    w, b = torch.randn(64, device=DEVICE), torch.randn(64, device=DEVICE)
+    xs = [torch.randn(2, 3, 64, device=DEVICE) for _ in range(3)]  # 3-D: mean and rstd are (2, 3) views
+    outs = [layer_norm.forward(x, w, b) for x in xs]
+    assert layer_norm.FORWARD_CALLS.last == "replayed"
+    ptrs = {t.data_ptr() for out in outs for t in out}
+    assert len(ptrs) == 9  # every call its own y, mean and rstd, though all three calls' results are alive
+    for x, (y, mean, rstd) in zip(xs, outs):
+        assert mean.shape == rstd.shape == (2, 3) and y.shape == x.shape
+        torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (64,), w, b), atol=1e-5, rtol=0)
+        torch.testing.assert_close(mean, x.mean(-1), atol=1e-5, rtol=0)
+    given = torch.empty(4, 64, device=DEVICE)
+    x = torch.randn(4, 64, device=DEVICE)
+    for _ in range(2):
+        assert softmax.fused(x, out=given) is given  # the caller's out comes back as itself
+
+
+def test_bad_arguments_are_refused_as_before_once_a_call_is_recorded():
+    x = torch.randn(4, 64, device=DEVICE)
+    softmax.fused(x)
+    softmax.fused(x)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        softmax.fused(x.tolist())
+    assert softmax.CALLS.last == "planned: no key"
+    with pytest.raises(ValueError, match="out must be a tensor of x's shape"):
+        softmax.fused(x, out=torch.empty(4, 65, device=DEVICE))
+    bias = torch.zeros(64, device=DEVICE)
+    bias_gelu_dropout.fused(x, bias, 0.5, seed=1)
+    bias_gelu_dropout.fused(x, bias, 0.5, seed=2)
+    assert bias_gelu_dropout.CALLS.last == "replayed"
+    with pytest.raises(ValueError, match="seed must be an int"):
+        bias_gelu_dropout.fused(x, bias, 0.5, seed=-1)
+
+
 def test_each_call_gets_its_own_dropout_seed():
     _launch.forget()
     x = torch.randn(4, 64, device=DEVICE)
