@@ -277,6 +277,9 @@ def _rebased(desc: Any, base: Any) -> Any:
 
 
 def _view(base: torch.Tensor, delta: int, size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor ``delta`` bytes from ``base``'s first element, of this size, strides and dtype."""
+    if dtype == base.dtype and delta % dtype.itemsize == 0:  # one call: what a returned mean or rstd costs
+        return base.as_strided(size, stride, base.storage_offset() + delta // dtype.itemsize)
     storage = base.untyped_storage()
     offset = base.data_ptr() + delta - storage.data_ptr()
     return torch.empty(0, dtype=dtype, device=base.device).set_(storage, offset // dtype.itemsize, size, stride)
