@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import inspect
 import os
+import threading
 from typing import Any, Callable, Iterator
 
 import torch
@@ -122,13 +123,25 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         return out
 
 
-_recording: list[_Recorder] = []
+class _Recording(threading.local):
+    """The calls being recorded on this thread (innermost last): a launch on another thread is not theirs."""
+
+    def __init__(self) -> None:
+        self.stack: list[_Recorder] = []
+
+
+_recording = _Recording()
+
+
+def _current() -> _Recorder | None:
+    stack = _recording.stack
+    return stack[-1] if stack else None
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)``: how the subjects launch, so that a recorded call sees its launches."""
     __tracebackhide__ = True  # a launch's line is its caller's (pytest's tracebacks, fusioncheck's kernel sources)
-    rec = _recording[-1] if _recording else None
+    rec = _current()
     if rec is None:
         return kernel[grid](*args, **kwargs)
     rec.paused += 1  # Triton's own torch calls (the interpreter's copies) are not the call's
@@ -143,7 +156,7 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
 @contextlib.contextmanager
 def unrecorded() -> Iterator[None]:
     """Work of a recorded call that its replays skip (a GEMM timing its candidate configs on the first call)."""
-    rec = _recording[-1] if _recording else None
+    rec = _current()
     if rec is None:
         yield
         return
@@ -453,12 +466,12 @@ class Calls:
 
     def _record(self, key: tuple, slots: tuple, run: Callable[[], Any], scalars: dict) -> Any:
         rec = _Recorder()
-        _recording.append(rec)
+        _recording.stack.append(rec)
         try:
             with rec:
                 value = run()
         finally:
-            _recording.pop()
+            _recording.stack.pop()
         entry = _replay_of(rec, slots, scalars, value)
         if len(self.table) >= _MAX_KEYS:
             self.table.clear()
@@ -476,6 +489,6 @@ def forget() -> None:
 
 def decline(why: str) -> None:
     """The call being recorded must plan each time (``why``): its plan holds for this call only."""
-    rec = _recording[-1] if _recording else None
+    rec = _current()
     if rec is not None and rec.unsafe is None:
         rec.unsafe = why

@@ -301,3 +301,30 @@ def test_on_a_gpu_a_replay_captured_in_a_cuda_graph_replays_with_the_graph():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, torch.softmax(x, -1), atol=1e-6, rtol=0)
+
+
+def test_calls_recorded_on_two_threads_at_once_keep_their_own_launches():
+    import threading
+
+    calls = _launch.Calls("test.threads")
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def call(k):
+        x = torch.full((8,), float(k), device=DEVICE)
+        out = torch.empty_like(x)
+
+        def run():
+            barrier.wait()  # both calls are recording before either launches
+            _launch.launch(_scaled_kernel, (1,), x, out, 8, 2, BLOCK=8)
+            barrier.wait()
+
+        calls((k,), (x, out), run)
+        results[k] = calls.table[((k,), _launch._slot_key((x, out)))]
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(results[k].launches) == 1 for k in (1, 2))  # each record holds its own thread's launch
