@@ -78,8 +78,9 @@ ENABLED = True  # False: every call plans and launches through Triton (benchmark
 
 def replays_allowed() -> bool:
     """Whether a recorded call may replay now: Triton's launcher is its own, no launch hook, not tracing."""
-    return (ENABLED and _LAUNCHER is not None and _LAUNCHER.run is _TRITON_RUN and not _hooks_set()
-            and not torch.compiler.is_compiling())
+    # torch.compile's tracing first: under it this is all the tracer reads
+    return (not torch.compiler.is_compiling() and ENABLED and _LAUNCHER is not None and _LAUNCHER.run is _TRITON_RUN
+            and not _hooks_set())
 
 
 # --------------------------------------------------------------------------- recording
@@ -141,7 +142,7 @@ def _current() -> _Recorder | None:
 def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     """``kernel[grid](*args, **kwargs)``: how the subjects launch, so that a recorded call sees its launches."""
     __tracebackhide__ = True  # a launch's line is its caller's (pytest's tracebacks, fusioncheck's kernel sources)
-    rec = _current()
+    rec = None if torch.compiler.is_compiling() else _current()  # traced by torch.compile: a plain launch
     if rec is None:
         return kernel[grid](*args, **kwargs)
     rec.paused += 1  # Triton's own torch calls (the interpreter's copies) are not the call's
