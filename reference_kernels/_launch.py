@@ -1,15 +1,16 @@
-"""The reference kernels' launch path: a call's launches recorded once per problem, replayed after.
+"""The reference kernels' launch path: a public call recorded once per problem, replayed after.
 
-A fused call costs its launch plan (each subject's rules) and Triton's ``JITFunction.run``
-(argument binding, specialisation key, cache lookup) before the driver's launch: 50-200 us
-of Python a call on the H200 machine, where torch's own kernels take 7-23
-(docs/kernels.md, "Host time a call"). Neither depends on the tensors' contents, only on
-what a ``Calls`` table keys a call by: each tensor's shape, strides, dtype and 16-byte
-alignment (what Triton specialises on), which tensors are the same, the device and the
-function's other arguments. The first call of a key plans and launches through Triton,
-recorded; later calls replay the record: the scratch tensors it allocated, allocated again,
-and each launch through the compiled kernel's own launcher (``CompiledKernel.run``, what
-``JITFunction.run`` calls last) with the new data pointers.
+A fused call costs its checks, its launch plan (each subject's rules) and Triton's ``JITFunction.run``
+(argument binding, specialisation key, cache lookup) before the driver's launch: 55-380 us of
+Python a call on the H100 machine, where torch's own ops take 7-25 (docs/kernels.md, "Host
+time a call"). None of it depends on the tensors' contents, only on what a ``Calls`` table keys
+a call by: each tensor argument's shape, strides, dtype, device and 16-byte alignment (what
+Triton specialises on), which arguments are the same tensor, and the other arguments. The
+first call of a key runs the public call's body recorded; later calls replay the record: the
+tensors it allocated (outputs and scratch) allocated again, each launch through the compiled
+kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last) with the
+new data pointers, and what the body returned rebuilt from the new tensors. The checks are not
+run again: a key is recorded only by a call that passed them, and all they read is in the key.
 
 A record is kept only where replaying it does the same work. Every tensor a launch takes is
 one of the call's tensors, a view of one at a fixed offset, or one the call allocated
