@@ -966,7 +966,7 @@ def _reg_cap(plan: _Plan) -> dict:
 # --------------------------------------------------------------------------- public functions
 
 
-CALLS = Calls("softmax.fused")  # plan and launches recorded per problem, replayed after (_launch.py)
+CALLS = Calls("softmax.fused")  # each problem's first call recorded, replayed after (_launch.py)
 
 
 def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | None = None) -> torch.Tensor:
