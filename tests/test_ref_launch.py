@@ -328,3 +328,38 @@ def test_calls_recorded_on_two_threads_at_once_keep_their_own_launches():
     for t in threads:
         t.join()
     assert all(len(results[k].launches) == 1 for k in (1, 2))  # each record holds its own thread's launch
+
+
+def _layouts(dtype):
+    """Inputs of one (4, 6, 40) problem in the layouts users pass: (name, make(seed) -> tensor, replays). Leading
+    dims that do not flatten cost the kernels a copy (``as_rows``), so those calls plan each time."""
+    def rand(i, *shape):
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(i)).to(dtype).to(DEVICE)
+
+    return [
+        ("3-D", lambda i: rand(i, 4, 6, 40), True),
+        ("rows of a wider tensor", lambda i: rand(i, 24, 48)[:, :40], True),
+        ("transposed leading dims", lambda i: rand(i, 6, 4, 40).transpose(0, 1), False),
+        ("one element past an aligned address", lambda i: rand(i, 24 * 40 + 1)[1:].view(24, 40), True),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("layout", range(4), ids=["3d", "row_slice", "transposed", "misaligned"])
+def test_replays_match_planned_calls_bit_for_bit_in_every_layout_users_pass(dtype, layout):
+    _, make, replays = _layouts(dtype)[layout]
+    n = make(0).shape[-1]
+    w, b = torch.randn(n, device=DEVICE).to(dtype), torch.randn(n, device=DEVICE).to(dtype)
+    subjects = [(softmax.CALLS, lambda x: (softmax.fused(x),), replays),
+                (layer_norm.FORWARD_CALLS, lambda x: layer_norm.forward(x, w, b), replays),
+                (bias_gelu_dropout.CALLS, lambda x: (bias_gelu_dropout.fused(x.contiguous(), b, 0.2, seed=5),), True)]
+    for calls, call, replayed in subjects:
+        _launch.forget()
+        call(make(1))
+        for i in (2, 3):
+            x = make(i)
+            got = call(x)
+            assert calls.last == ("replayed" if replayed else "planned: contiguous copied a tensor"), calls.last
+            want = _planned(lambda: call(x))
+            for g, ref in zip(got, want):
+                torch.testing.assert_close(g, ref, rtol=0, atol=0, msg=lambda m: f"{calls.name}: {m}")
