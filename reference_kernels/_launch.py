@@ -14,11 +14,12 @@ run again: a key is recorded only by a call that passed them, and all they read 
 
 A record is kept only where replaying it does the same work. Every tensor a launch takes is
 one of the call's tensors, a view of one at a fixed offset, or one the call allocated
-(``torch.empty`` / ``zeros`` and their ``_like`` / ``new_`` forms); nothing else ran on the
-device (a copy, a fill, a reduction: the torch function mode below sees every torch call);
+(``torch.empty`` / ``zeros`` and their ``_like`` / ``new_`` forms, or a copy: ``clone``,
+``contiguous``, ``copy_``, replayed in their place between the launches); nothing else ran on the
+device (a fill, a reduction: the torch function mode below sees every torch call);
 every other argument is a number fixed by the key, or a ``do_not_specialize`` argument the
 caller names per call (a dropout seed). Otherwise the key keeps planning each call
-(``Calls.last`` says why): a copy of misaligned rows, a TMA descriptor, a GEMM's tuning.
+(``Calls.last`` says why).
 
 Every call plans and launches through Triton while Triton's launcher is hooked (a
 profiler's capture, fusioncheck's included, must see the launch), while a launch hook is
@@ -104,7 +105,7 @@ class _Recorder(torch.overrides.TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.launches: list[tuple] = []  # (kernel, grid, args, kwargs, compiled)
+        self.launches: list[tuple] = []  # in order: ("launch", kernel, grid, args, kwargs, compiled), ("copy", dst, src)
         self.allocs: list[tuple[torch.Tensor, bool]] = []  # (tensor, zeroed)
         self.unsafe: str | None = None
         self.paused = 0
@@ -116,10 +117,14 @@ class _Recorder(torch.overrides.TorchFunctionMode):
         name = getattr(func, "__name__", repr(func))
         if func in _ALLOCATORS:
             self.allocs.append((out, _ALLOCATORS[func]))
-        elif name in _VIEWS:
-            if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)
-                    and out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()):
-                self.unsafe = f"{name} copied a tensor"
+        elif name in _VIEWS or name == "clone":
+            if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
+                self.unsafe = f"torch's {name} ran"
+            elif out.untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr():  # a copy into a new tensor
+                self.allocs.append((out, False))
+                self.launches.append(("copy", out, args[0]))
+        elif name == "copy_" and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args) and not kwargs:
+            self.launches.append(("copy", args[0], args[1]))
         elif name not in _METADATA:
             self.unsafe = f"torch's {name} ran"
         return out
@@ -151,7 +156,7 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
         compiled = kernel[grid](*args, **kwargs)
     finally:
         rec.paused -= 1
-    rec.launches.append((kernel, grid, args, kwargs, compiled))
+    rec.launches.append(("launch", kernel, grid, args, kwargs, compiled))
     return compiled
 
 
@@ -181,6 +186,9 @@ class _Relaunch:
         self.kernel, self.grid, self.values, self.options = kernel, grid, values, options
         self.tensors, self.named, self.descriptors = tensors, named, descriptors
 
+    def used(self) -> list[int]:
+        return [src for _, src, *_ in (*self.tensors, *self.descriptors)]
+
     def __call__(self, sources: list, scalars: dict) -> None:
         values = self.values.copy()
         for i, src, delta, size, stride, dtype in self.tensors:
@@ -205,6 +213,9 @@ class _Bound:
 
         self.device, self.stream = driver.active.get_current_device, driver.active.get_current_stream
 
+    def used(self) -> list[int]:
+        return [src for _, src, *_ in (*self.tensors, *self.descriptors)]
+
     def __call__(self, sources: list, scalars: dict) -> None:
         values = self.values.copy()
         for i, src, delta in self.pointers:
@@ -215,6 +226,22 @@ class _Bound:
             values[i] = scalars[name]
         g0, g1, g2 = self.grid
         self.run(g0, g1, g2, self.stream(self.device()), self.function, self.metadata, None, None, None, *values)
+
+
+class _Copy:
+    """A recorded copy (``clone``, ``contiguous``, ``copy_``: rows made to agree before a launch, or copied out
+    after it), replayed between the same views of the new tensors."""
+
+    def __init__(self, dst: tuple, src: tuple) -> None:
+        self.dst, self.src = dst, src  # (source index, byte offset, size, stride, dtype)
+        self.named = ()
+
+    def used(self) -> list[int]:
+        return [self.dst[0], self.src[0]]
+
+    def __call__(self, sources: list, scalars: dict) -> None:
+        (i, di, *dv), (j, dj, *sv) = self.dst, self.src
+        _view(sources[i], di, *dv).copy_(_view(sources[j], dj, *sv))
 
 
 class _Replay:
@@ -300,6 +327,16 @@ def _view(base: torch.Tensor, delta: int, size: tuple, stride: tuple, dtype: tor
     return torch.empty(0, dtype=dtype, device=base.device).set_(storage, offset // dtype.itemsize, size, stride)
 
 
+def _copy(dst: torch.Tensor, src: torch.Tensor, sources: list) -> Any:
+    refs = []
+    for t in (dst, src):
+        where = _source(t, sources)
+        if isinstance(where, str):
+            return where.replace("a launch takes", "a copy touches")
+        refs.append((*where, tuple(t.shape), tuple(t.stride()), t.dtype))
+    return _Copy(*refs)
+
+
 def _bind(launch_record: tuple, sources: list, scalars: dict) -> Any:
     kernel, grid, args, kwargs, compiled = launch_record
     if callable(grid) or not isinstance(kernel, _LAUNCHER):
@@ -380,8 +417,8 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Repl
         return _Planned(rec.unsafe)
     sources = list(slots) + [t for t, _ in rec.allocs]
     launches = []
-    for one in rec.launches:
-        bound = _bind(one, sources, scalars)
+    for kind, *step in rec.launches:
+        bound = _bind(step, sources, scalars) if kind == "launch" else _copy(*step, sources)
         if isinstance(bound, str):
             return _Planned(bound)
         launches.append(bound)
@@ -391,7 +428,7 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Repl
     result = _result_of(value, sources)
     if isinstance(result, str):
         return _Planned(result)
-    used = {src for one in launches for _, src, *_ in (*one.tensors, *one.descriptors)}
+    used = {i for one in launches for i in one.used()}
     used |= {r.src for r in _outs(result)}
     allocs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero) for t, zero in rec.allocs]
     return _Replay([a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches, result)
