@@ -121,6 +121,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
             if not (isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor)):
                 self.unsafe = f"torch's {name} ran"
             elif out.untyped_storage().data_ptr() != args[0].untyped_storage().data_ptr():  # a copy into a new tensor
+                if out.shape != args[0].shape:  # a reshape that copied: not a plain copy
+                    self.unsafe = f"{name} copied a tensor into another shape"
                 self.allocs.append((out, False))
                 self.launches.append(("copy", out, args[0]))
         elif name == "copy_" and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args) and not kwargs:

@@ -243,6 +243,15 @@ def test_a_copy_out_after_a_launch_is_replayed_after_it():
     assert [type(s).__name__ for s in steps] == ["_Relaunch" if not ON_GPU else "_Bound", "_Copy"]
 
 
+def test_a_reshape_that_copies_makes_the_call_plan_each_time():
+    calls = _launch.Calls("test.reshape")
+    x = torch.randn(4, 2, device=DEVICE).t()  # (2, 4), not viewable as 8 elements
+    out = torch.empty(8, device=DEVICE)
+    calls((), (x, out), lambda: _launch.launch(_scaled_kernel, (1,), x.reshape(8), out, 8, 2, BLOCK=8))
+    assert calls.last == "planned: reshape copied a tensor into another shape"
+    torch.testing.assert_close(out, 2 * x.reshape(8))
+
+
 def test_a_per_call_argument_that_the_kernel_specialises_on_is_not_replayed():
     calls = _launch.Calls("test.scaled")
     x = torch.arange(8, dtype=torch.float32, device=DEVICE)
