@@ -148,9 +148,8 @@ def main(argv: list[str] | None = None) -> None:
         for c in _launch.Calls.tables:
             c.last = ""
         how = replayed(ours)
-        _launch.ENABLED = False
-        planned = host_us(ours, args.calls)
-        _launch.ENABLED = True
+        with _launch.replays_off():
+            planned = host_us(ours, args.calls)
         a, b = host_us(ours, args.calls), host_us(theirs, args.calls)
         if args.profile:
             profile_calls(name, ours, args.calls)

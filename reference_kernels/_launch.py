@@ -75,7 +75,18 @@ def _hooks_set() -> bool:
     return False
 
 
-ENABLED = True  # False: every call plans and launches through Triton (benchmarks/bench_host.py times both)
+ENABLED = True  # False: every call plans and launches through Triton (``replays_off``)
+
+
+@contextlib.contextmanager
+def replays_off() -> Iterator[None]:
+    """Every call inside plans and launches through Triton, as before records (benchmarks/bench_host.py times both)."""
+    global ENABLED
+    saved, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = saved
 
 
 def replays_allowed() -> bool:
@@ -181,15 +192,22 @@ def unrecorded() -> Iterator[None]:
 # --------------------------------------------------------------------------- replays
 
 
-class _Relaunch:
+class _Launch:
+    """What both kinds of recorded launch hold: the tensor and descriptor arguments' sources, by argument index."""
+
+    tensors: list
+    descriptors: list
+
+    def used(self) -> list[int]:
+        return [src for _, src, *_ in (*self.tensors, *self.descriptors)]
+
+
+class _Relaunch(_Launch):
     """One recorded launch, through ``kernel[grid]`` (the interpreter, or a Triton without ``knobs``)."""
 
     def __init__(self, kernel, grid, values, options, tensors, named, descriptors):
         self.kernel, self.grid, self.values, self.options = kernel, grid, values, options
         self.tensors, self.named, self.descriptors = tensors, named, descriptors
-
-    def used(self) -> list[int]:
-        return [src for _, src, *_ in (*self.tensors, *self.descriptors)]
 
     def __call__(self, sources: list, scalars: dict) -> None:
         values = self.values.copy()
@@ -203,7 +221,7 @@ class _Relaunch:
         self.kernel[self.grid](*values, **self.options)
 
 
-class _Bound:
+class _Bound(_Launch):
     """One recorded launch through the compiled kernel's launcher: new data pointers, nothing else re-derived."""
 
     def __init__(self, compiled, grid, values, tensors, named, descriptors):
@@ -214,9 +232,6 @@ class _Bound:
         from triton.runtime import driver
 
         self.device, self.stream = driver.active.get_current_device, driver.active.get_current_stream
-
-    def used(self) -> list[int]:
-        return [src for _, src, *_ in (*self.tensors, *self.descriptors)]
 
     def __call__(self, sources: list, scalars: dict) -> None:
         values = self.values.copy()

@@ -15,11 +15,22 @@ DEVICE = "cuda" if ON_GPU else "cpu"
 
 def _planned(fn):
     """``fn()`` with replays off: it plans and launches through Triton."""
-    _launch.ENABLED = False
-    try:
+    with _launch.replays_off():
         return fn()
-    finally:
-        _launch.ENABLED = True
+
+
+def _assert_replays_match_planned_calls(name, calls, call):
+    """``call(1)`` records, ``call(2)`` and ``call(3)`` (fresh inputs from those seeds) replay, each bit for bit what
+    the same call planned through Triton returns."""
+    _launch.forget()
+    call(1)
+    assert calls.last == "recorded", f"{name}: {calls.last}"
+    for i in (2, 3):
+        got = _as_tuple(call(i))
+        assert calls.last == "replayed", f"{name}: {calls.last}"
+        want = _as_tuple(_planned(lambda: call(i)))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}, call {i}: {m}")
 
 
 def _calls(dtype, rows=6, cols=100):
@@ -60,16 +71,7 @@ def _as_tuple(out):
 
 @pytest.mark.parametrize("case", range(6), ids=["softmax", "ln_fwd", "ln_bwd", "bias_gelu_dropout", "gemm", "attention"])
 def test_a_second_call_of_a_problem_replays_its_record_on_the_new_tensors(case):
-    name, calls, call = _calls(torch.float32)[case]
-    _launch.forget()
-    call(1)
-    assert calls.last == "recorded", f"{name}: {calls.last}"
-    for i in (2, 3):
-        got = _as_tuple(call(i))
-        assert calls.last == "replayed", f"{name}: {calls.last}"
-        want = _as_tuple(_planned(lambda: call(i)))
-        for g, w in zip(got, want):
-            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}, call {i}: {m}")
+    _assert_replays_match_planned_calls(*_calls(torch.float32)[case])
 
 
 def test_a_problem_of_another_shape_dtype_alignment_or_aliasing_is_recorded_apart():
@@ -309,14 +311,7 @@ def test_a_torch_op_in_a_recorded_call_makes_it_plan_each_time():
 def test_on_a_gpu_replays_launch_through_the_compiled_kernels_and_match_planned_calls_bit_for_bit(dtype, shape):
     rows, cols = shape
     for name, calls, call in _calls(dtype, rows, cols):
-        _launch.forget()
-        call(1)
-        for i in (2, 3):
-            got = _as_tuple(call(i))
-            assert calls.last == "replayed", f"{name}: {calls.last}"
-            want = _as_tuple(_planned(lambda: call(i)))
-            for g, w in zip(got, want):
-                torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda m: f"{name}, call {i}: {m}")
+        _assert_replays_match_planned_calls(name, calls, call)
         entry = next(iter(calls.table.values()))
         assert entry.launches and all(isinstance(one, _launch._Bound) for one in entry.launches), name
 
@@ -386,13 +381,5 @@ def test_replays_match_planned_calls_bit_for_bit_in_every_layout_users_pass(dtyp
     subjects = [(softmax.CALLS, lambda x: (softmax.fused(x),)),
                 (layer_norm.FORWARD_CALLS, lambda x: layer_norm.forward(x, w, b)),
                 (bias_gelu_dropout.CALLS, lambda x: (bias_gelu_dropout.fused(x.contiguous(), b, 0.2, seed=5),))]
-    for calls, call in subjects:
-        _launch.forget()
-        call(make(1))
-        for i in (2, 3):
-            x = make(i)
-            got = call(x)
-            assert calls.last == "replayed", calls.last
-            want = _planned(lambda: call(x))
-            for g, ref in zip(got, want):
-                torch.testing.assert_close(g, ref, rtol=0, atol=0, msg=lambda m: f"{calls.name}: {m}")
+    for calls, call in subjects:  # make(i) is the same tensor for the same seed: the planned call sees it again
+        _assert_replays_match_planned_calls(calls.name, calls, lambda i, call=call: call(make(i)))
