@@ -91,7 +91,7 @@ def main() -> None:
             p.events()
 
         def ours():
-            profile_call(fn, args, {}, warmup=0, device=device)
+            profile_call(fn, args, {}, warmup=0, device=device, timing=False)
 
         # Interleaved (bare, profiler, ours, bare, ...), so that a drift of the machine's speed
         # during the run weighs on the three alike. As inside a test: fixture.test_call keeps

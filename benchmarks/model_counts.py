@@ -59,7 +59,7 @@ def callable_for(model: torch.nn.Module, form: str):
 def profile_model(model: torch.nn.Module, form: str, device: str):
     ids = torch.randint(0, 256, (2, 16), device=device)
     with torch.no_grad():
-        return profile_call(callable_for(model, form), (ids,), {}, warmup=1, device=device, label=form)
+        return profile_call(callable_for(model, form), (ids,), {}, warmup=1, device=device, label=form, timing=False)
 
 
 def main() -> int:

@@ -354,8 +354,15 @@ def profile_call(
     label: str | None = None,
     budget: Budget | None = None,
     graph_replay: bool | None = None,
+    timing: bool | None = None,
+    source: str | None = None,
 ) -> FusionReport:
-    """The engine behind ``profile`` and ``fusion.profile``."""
+    """The engine behind ``profile`` and ``fusion.profile``: the report, complete.
+
+    ``timing`` times the call again without the profiler (``median_time_s``, the peak
+    bandwidth, the L2 notes); ``None`` takes the current log's choice (a test's: what its
+    markers and code ask for; outside pytest: on). A CUDA-graph replay times it too.
+    ``source`` is the report's ``file:line`` when no user frame called this."""
     __tracebackhide__ = True
     if not callable(fn):
         raise TypeError(f"profile() needs a callable first, got {type(fn).__name__}")
@@ -371,7 +378,7 @@ def profile_call(
         )
     dev = resolve_device(device, (args, kwargs))
     label = label or getattr(fn, "__qualname__", None) or getattr(type(fn), "__name__", "call")
-    source = user_source(2)
+    source = user_source(2) or source
     recorder = _graph_break_recorder()
     # Inductor's hooks before the warm-up, which is where torch.compile compiles.
     with inductor_hooks(), recorder as breaks:
@@ -403,14 +410,48 @@ def profile_call(
             f"profiled on {dev} but the tensor arguments are on {', '.join(sorted(arg_devices))}: "
             f"work on other devices is not counted (move the inputs to {dev}, e.g. fusion.device)"
         )
-    from .roofline import attach_timer
-
-    attach_timer(report, fn, args, kwargs)
     if breaks is not None:
         report.graph_breaks = list(getattr(breaks, "breaks", []))
         report.recompiles = list(getattr(breaks, "recompiles", []))
-    _replay_in_graph(report, graph_replay, rec.prof, fn, args, kwargs)
+    log = current_log()
+    _time_and_replay(report, log, timing, graph_replay, rec.prof, (fn, args, kwargs))
+    _fill_bytes(report, log)
     return report
+
+
+def _time_and_replay(report: FusionReport, log: Any, timing: bool | None, replay: bool | None, prof: Any, call: tuple) -> None:
+    """Time the call when ``timing`` (None: the log's choice) or a CUDA-graph replay asks
+    for it, then replay it: the graph's time is compared with the median wall time."""
+    replay = _replay_wanted(report, replay, call[0])
+    _time(report, log, call if (log.timing if timing is None else timing) or replay else None)
+    if replay:
+        _replay_in_graph(report, prof, *call)
+
+
+def _time(report: FusionReport, log: Any, call: tuple | None) -> None:
+    """The call timed again without the profiler (``call``: ``(fn, args, kwargs)``, or
+    None when the caller did not ask), the peak bandwidth and what a timed GPU report says
+    about the L2. Untimed, the peak is taken only where known without measuring."""
+    from . import roofline
+
+    settings = log.settings
+    if call is None:
+        known = roofline.known_peak_bandwidth(report.device_kind, settings)
+        report.peak_bandwidth = known[0] if known and known[1].startswith(("measured", "--")) else None
+        return
+    report.peak_bandwidth = roofline.peak_bandwidth(report.device, report.device_name, settings)
+    report.median_time_s, _, report.median_wall_time_s, report.median_source = roofline.median_time(*call, report.device)
+    if report.device == "cuda":
+        report.warnings += [w for w in roofline.l2_warnings(report, roofline.l2_cache_size()) if w not in report.warnings]
+
+
+def _fill_bytes(report: FusionReport, log: Any) -> None:
+    """Measured bytes (``--fusion-counters=ncu``) for a report of a running test, by the
+    index it will be recorded at."""
+    if log.test_id is not None:
+        from .sources import byte_source
+
+        byte_source(log.settings).fill(report, log.test_id, len(log.reports))
 
 
 def _written_storages(rec: _Recorders) -> set:
@@ -445,24 +486,26 @@ def _budget_misses_parameters(rec: _Recorders, before: Any) -> str | None:
     )
 
 
-def _replay_in_graph(report: FusionReport, asked: bool | None, prof: Any, fn: Callable[..., Any] | None = None, args: tuple = (), kwargs: dict | None = None) -> None:
-    """Fill ``graph_time_s`` (or ``graph_note``) when a replay is asked for: per call, else
-    by the session's ``--fusion-graph-replay`` (docs/launch_bound.md). The graph time is
-    compared with the call's median unprofiled wall time, so the lazy timer runs first (for
-    a call that already replays graphs too: its timed wall time is then the graph's)."""
+def _replay_wanted(report: FusionReport, asked: bool | None, fn: Callable[..., Any] | None) -> bool:
+    """Whether to replay the call from a CUDA graph: per call, else by the session's
+    ``--fusion-graph-replay`` (docs/launch_bound.md); where it cannot, ``graph_note`` says why."""
     from . import graph_replay
 
     if not graph_replay.wanted(asked, current_log().settings.graph_replay, report.launch_bound):
-        return
+        return False
     if report.device != "cuda":
         report.graph_note = f"CUDA graphs need a GPU; this report is on {report.device}"
-        return
-    if fn is None:
+    elif fn is None:
         report.graph_note = graph_replay.NO_CALLABLE
-        return
-    timer, report.timer = report.timer, None
-    if timer is not None:
-        report.time_s, _, report.wall_time_s, report.time_source = timer()
+    return report.graph_note is None
+
+
+def _replay_in_graph(report: FusionReport, prof: Any, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    """Fill ``graph_time_s`` (or ``graph_note``). It is compared with the call's median
+    unprofiled wall time, timed before (for a call that already replays graphs too, that
+    wall time is the graph's)."""
+    from . import graph_replay
+
     if _compat.graph_launches(prof):  # reduce-overhead: its timed wall time is the graph's
         report.graph_note = graph_replay.ALREADY_A_GRAPH
         return
@@ -526,7 +569,10 @@ class Region:
         if self._breaks is not None:
             report.graph_breaks = list(getattr(self._breaks, "breaks", []))
             report.recompiles = list(getattr(self._breaks, "recompiles", []))
-        _replay_in_graph(report, None, self._rec.prof)  # a block cannot be replayed: the note says so
+        _replay_wanted(report, None, None)  # a block cannot be replayed: the note says so
+        log = current_log()
+        _time(report, log, None)  # a block cannot be re-run: its time is its kernels'
+        _fill_bytes(report, log)
         self.report = report
         if self._on_report is not None:
             self._on_report(report)

@@ -19,7 +19,7 @@ import pytest
 
 from . import api, verdict
 from .budget import Budget
-from .options import Limits, MarkerError, parse_limits
+from .options import Limits, MarkerError, names_timing, parse_limits
 from .report import FusionReport
 from .state import BREAKS, ITEM, SESSION, SETTINGS, ReportLog, Settings, record_report
 
@@ -96,7 +96,8 @@ class TestState:
         settings = _settings(item.config)
         device = profiling_device(settings, item.config)
         uses_fixture = "fusion" in getattr(item, "fixturenames", ())
-        log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings)
+        log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings, timing=names_timing(item))
+        log.timing = log.timing or limits.needs_timing(device)  # what the markers judge is timed at capture
         return cls(item, limits, device, settings.warmup, limits.profiled and not uses_fixture, log)
 
 
@@ -114,8 +115,7 @@ def test_call(item: pytest.Function, state: TestState) -> Iterator[None]:
         def profiled_test(*args: Any, **kwargs: Any) -> Any:
             for _ in range(state.warmup):
                 original(*args, **kwargs)
-            report = profile_call(original, args, kwargs, warmup=0, device=state.device, label=item.nodeid)
-            report.source = report.source or _item_location(item)
+            report = profile_call(original, args, kwargs, warmup=0, device=state.device, label=item.nodeid, source=_item_location(item))
             record_report(report, state.log)
             return None
 
@@ -231,9 +231,11 @@ def attach_reports(item: pytest.Item, state: TestState, rep: pytest.TestReport) 
             (f"{prefix}.bytes", r.bytes),
             (f"{prefix}.bytes_unmodelled", r.bytes_unmodelled),
             (f"{prefix}.budget", r.budget.total if r.budget else None),
-            (f"{prefix}.efficiency", None if r.known_efficiency() is None else round(r.known_efficiency(), 4)),
+            (f"{prefix}.efficiency", None if r.efficiency is None else round(r.efficiency, 4)),
             (f"{prefix}.time_s", r.time_s),
             (f"{prefix}.wall_time_s", r.wall_time_s),
+            (f"{prefix}.median_time_s", r.median_time_s),
+            (f"{prefix}.median_wall_time_s", r.median_wall_time_s),
             (f"{prefix}.graph_time_s", r.graph_time_s),
         ]
         item.user_properties += [(name, value) for name, value in figures if value is not None]  # JUnit writes None as 'None'
@@ -259,10 +261,13 @@ def benchmark_extra_info(reports: list[FusionReport]) -> dict[str, Any]:
         "fusioncheck.bytes_unmodelled": r.bytes_unmodelled,
         "fusioncheck.bytes_measured": r.bytes_measured,
         "fusioncheck.budget": r.budget.total if r.budget else None,
-        "fusioncheck.efficiency": r.known_efficiency(),
+        "fusioncheck.efficiency": r.efficiency,
         "fusioncheck.time_s": r.time_s,
         "fusioncheck.time_source": r.time_source,
         "fusioncheck.wall_time_s": r.wall_time_s,
+        "fusioncheck.median_time_s": r.median_time_s,
+        "fusioncheck.median_wall_time_s": r.median_wall_time_s,
+        "fusioncheck.median_source": r.median_source,
         "fusioncheck.launch_overhead_s": r.launch_overhead_s,
         "fusioncheck.graph_time_s": r.graph_time_s,
     }
@@ -299,10 +304,7 @@ class Fusion:
             raise FusionCheckError(
                 "fusion.benchmark needs the pytest-benchmark plugin: pip install 'pytest-fusioncheck[benchmark]'"
             )
-        report = self.profile(fn, *args, warmup=warmup, budget=budget, **kwargs)
-        from .roofline import ensure_efficiency
-
-        ensure_efficiency(report, self._state.log.settings)  # device time and efficiency, before the timings
+        report = self._profile(fn, args, kwargs, warmup, budget, None, timing=True)  # device time and efficiency too
         device = self.device
 
         def synchronised() -> Any:
@@ -335,6 +337,13 @@ class Fusion:
         ``graph_replay=True`` also times the call replayed from a CUDA graph (default:
         ``--fusion-graph-replay``; docs/launch_bound.md)."""
         __tracebackhide__ = True
+        return self._profile(fn, args, kwargs, warmup, budget, graph_replay)
+
+    def _profile(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict, warmup: int | None, budget: Budget | None,
+        graph_replay: bool | None, timing: bool | None = None,
+    ) -> FusionReport:
+        __tracebackhide__ = True
         from .capture import profile_call
 
         report = profile_call(
@@ -344,6 +353,7 @@ class Fusion:
             label=self._label(),
             budget=budget,
             graph_replay=graph_replay,
+            timing=timing,
         )
         record_report(report, self._state.log)
         return report

@@ -205,6 +205,55 @@ class Limits:
     def kernel_limit(self, device: str) -> int | None:
         return self.max_kernels_by_device.get(device, self.max_kernels)
 
+    def needs_timing(self, device: str) -> bool:
+        """Whether a marker judges a time on ``device`` (headroom is a byte share on CPU)."""
+        return (
+            self.bandwidth_fraction is not None
+            or self.launch_fraction is not None
+            or (self.headroom_fraction is not None and device == "cuda")
+        )
+
+
+# Names that read or judge a timed figure: a test whose code (or a function of its module it
+# calls) names one has its calls timed (docs/bytes.md, "Time").
+TIMING_NAMES = frozenset({
+    "assert_bandwidth_bound_within", "assert_fusion_headroom_within", "efficiency", "benchmark",
+    "median_time_s", "median_wall_time_s", "launch_overhead_s", "launch_overhead_share", "launch_bound",
+    "graph_recovered_share",
+})
+
+
+def _code_names(code: Any) -> set[str]:
+    """The names a code object and the code nested in it (lambdas, inner functions) use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def names_timing(item: pytest.Item, depth: int = 2) -> bool:
+    """Whether the test function's code, or a function of its module it calls (to
+    ``depth`` calls down), names a timed figure or a timing assertion (``TIMING_NAMES``)."""
+    import inspect
+
+    fn = getattr(item, "obj", None)
+    scope = getattr(getattr(item, "module", None), "__dict__", {})
+    seen: set[int] = set()
+    todo = [(fn, 0)]
+    while todo:
+        fn, level = todo.pop()
+        code = getattr(inspect.unwrap(getattr(fn, "__func__", fn)), "__code__", None) if callable(fn) else None
+        if code is None or id(code) in seen:
+            continue
+        seen.add(id(code))
+        names = _code_names(code)
+        if names & TIMING_NAMES:
+            return True
+        if level < depth:
+            todo += [(scope[n], level + 1) for n in names if inspect.isfunction(scope.get(n))]
+    return False
+
 
 def _count(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

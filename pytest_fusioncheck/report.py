@@ -193,11 +193,6 @@ def _modelled(nbytes: int | None) -> str:
     return "?" if nbytes is None else format_bytes(nbytes)
 
 
-# What measures a report's peak bandwidth and time on first read of ``efficiency``:
-# ``roofline.ensure_efficiency``, registered by roofline.py (which imports this module).
-_MEASURE: list = []
-
-
 @dataclass
 class FusionReport:
     """One profiled call or region (README.md, "What you get")."""
@@ -207,6 +202,8 @@ class FusionReport:
     kernels: list[Kernel] = field(default_factory=list)
     copies: list[Kernel] = field(default_factory=list)
     budget: Budget | None = None
+    # The profiled call's own figures (docs/bytes.md, "Time"): device time (GPU) or its
+    # kernels' wall time (CPU), and its wall time under the profiler.
     time_s: float | None = None
     time_source: str = "kernels"
     peak_bandwidth: float | None = None
@@ -219,11 +216,15 @@ class FusionReport:
     warnings: list[str] = field(default_factory=list)
     seq: int = 0
     wall_time_s: float | None = None
+    # The call timed again without the profiler when the caller asked for timing: the median
+    # device time (GPU; L2 flushed) or wall time (CPU) and the median synchronised wall time,
+    # with what the median is; None when the call was not timed (a region, or timing off).
+    median_time_s: float | None = None
+    median_wall_time_s: float | None = None
+    median_source: str | None = None
     output: Any = field(default=None, repr=False, compare=False)
     # Chains of memory-bound kernels and what fusing each would save (headroom.py).
     headroom: list[Any] = field(default_factory=list)
-    # Re-times the profiled call when an efficiency is asked for (closes over its inputs).
-    timer: Any = field(default=None, repr=False, compare=False)
     # The profiler session, kept only to export Chrome traces (--fusion-trace-dir).
     trace: Any = field(default=None, repr=False, compare=False)
     # The call replayed from a CUDA graph (graph_replay.py, docs/launch_bound.md): seconds
@@ -234,7 +235,6 @@ class FusionReport:
     def release(self) -> None:
         """Drop what keeps tensors or profiler events alive; every figure stays."""
         self.output = None
-        self.timer = None
         self.trace = None
 
     @property
@@ -269,19 +269,29 @@ class FusionReport:
         return sum(k.time_s for k in self.kernels) + sum(k.time_s for k in self.copies)
 
     @property
+    def timed(self) -> tuple[float | None, float | None, str]:
+        """``(time, wall time, what they are)`` that efficiency and the timing verdicts use:
+        the medians when the call was timed, else the profiled call's own figures."""
+        if self.median_time_s is not None:
+            return self.median_time_s, self.median_wall_time_s, self.median_source or "median"
+        return self.time_s, self.wall_time_s, self.time_source
+
+    @property
     def launch_overhead_s(self) -> float | None:
         """Wall time not covered by device time (GPU only; ``None`` when unknown)."""
-        if self.device != "cuda" or self.wall_time_s is None or self.time_s is None:
+        time_s, wall_s, _ = self.timed
+        if self.device != "cuda" or wall_s is None or time_s is None:
             return None
-        return max(0.0, self.wall_time_s - self.time_s)
+        return max(0.0, wall_s - time_s)
 
     @property
     def launch_overhead_share(self) -> float | None:
         """Launch overhead over the wall time (GPU only; ``None`` when unknown)."""
         overhead = self.launch_overhead_s
-        if overhead is None or not self.wall_time_s:
+        wall_s = self.timed[1]
+        if overhead is None or not wall_s:
             return None
-        return overhead / self.wall_time_s
+        return overhead / wall_s
 
     @property
     def launch_bound(self) -> bool:
@@ -297,10 +307,10 @@ class FusionReport:
         """The share of the launch overhead (wall - device time) that replaying the call
         from a CUDA graph recovers: ``(wall - graph) / (wall - device)``, in [0, 1]; ``None``
         without a graph time or an overhead."""
-        overhead = self.launch_overhead_s
-        if self.graph_time_s is None or not overhead or self.wall_time_s is None:
+        overhead, wall_s = self.launch_overhead_s, self.timed[1]
+        if self.graph_time_s is None or not overhead or wall_s is None:
             return None
-        return min(1.0, max(0.0, (self.wall_time_s - self.graph_time_s) / overhead))
+        return min(1.0, max(0.0, (wall_s - self.graph_time_s) / overhead))
 
     @property
     def cuda_kernel_range(self) -> tuple[int, int]:
@@ -320,19 +330,13 @@ class FusionReport:
     def efficiency(self) -> float | None:
         """(budget bytes / peak bandwidth) / time: 1.0 is a kernel at the copy roofline.
 
-        Computed on first read: the peak bandwidth is measured (once per session) and a
-        profiled call re-timed (``roofline.ensure_efficiency``) if no verdict has done so.
-        ``None`` without a budget or a time."""
-        if self.budget and (self.peak_bandwidth is None or self.timer is not None) and _MEASURE:
-            _MEASURE[0](self)
-        return self.known_efficiency()
-
-    def known_efficiency(self) -> float | None:
-        """The efficiency from the figures the report holds now (never measures anything:
-        what the table, JSON and summaries print)."""
-        if not self.budget or not self.time_s or not self.peak_bandwidth:
+        Computed when read from the figures capture left: the median time when the call
+        was timed, else the profiled call's (``timed``); ``None`` without a budget, a time
+        or a peak bandwidth. Reading it never measures anything."""
+        time_s = self.timed[0]
+        if not self.budget or not time_s or not self.peak_bandwidth:
             return None
-        return (self.budget.total / self.peak_bandwidth) / self.time_s
+        return (self.budget.total / self.peak_bandwidth) / time_s
 
     @property
     def device_kind(self) -> str:
@@ -431,18 +435,19 @@ class FusionReport:
             parts.append(f"{format_bytes(self.bytes_measured)} measured")
         if self.budget is not None:
             parts.append(f"budget {format_bytes(self.budget.total)}")
-        parts.append(f"time {format_time(self.time_s)}")
-        if self.device == "cuda" and self.wall_time_s is not None:
-            parts.append(f"wall {format_time(self.wall_time_s)}")
+        time_s, wall_s, _ = self.timed
+        parts.append(f"time {format_time(time_s)}" + (" (median)" if self.median_time_s is not None else ""))
+        if self.device == "cuda" and wall_s is not None:
+            parts.append(f"wall {format_time(wall_s)}")
             graph = None
             if self.graph_time_s is not None:
-                graph = format_graph_replay(self.graph_time_s, self.wall_time_s, self.graph_recovered_share)
+                graph = format_graph_replay(self.graph_time_s, wall_s, self.graph_recovered_share)
             if self.launch_bound:
                 parts.append(f"launch-bound ({self.launch_overhead_share:.0%} of the wall time idle)" + (f"; {graph}" if graph else ""))
             elif graph:
                 parts.append(graph)
-        if self.known_efficiency() is not None:
-            parts.append(f"{self.known_efficiency():.0%} of {format_bandwidth(self.peak_bandwidth)}")
+        if self.efficiency is not None:
+            parts.append(f"{self.efficiency:.0%} of {format_bandwidth(self.peak_bandwidth)}")
         lo, hi = self.cuda_kernel_range
         more = ""
         if self.device == "cpu" and any(k.name.startswith("cpp_fused") for k in self.kernels):
@@ -461,7 +466,7 @@ class FusionReport:
         out = []
         if self.headroom:
             chains = [c for c in self.headroom if getattr(c, "leads", True)]  # a repeated layer's copies: one line
-            out.append("headroom: " + chains[0].describe(self.peak_bandwidth, self.time_s if self.device == "cuda" else None))
+            out.append("headroom: " + chains[0].describe(self.peak_bandwidth, self.timed[0] if self.device == "cuda" else None))
             if len(chains) > 1:
                 out[-1] += f" (+{len(chains) - 1} more chain(s))"
         out += self.warnings
@@ -520,6 +525,9 @@ class FusionReport:
             "time_s": self.time_s,
             "time_source": self.time_source,
             "wall_time_s": self.wall_time_s,
+            "median_time_s": self.median_time_s,
+            "median_wall_time_s": self.median_wall_time_s,
+            "median_source": self.median_source,
             "launch_overhead_s": self.launch_overhead_s,
             "cuda_kernel_range": list(self.cuda_kernel_range),
             "launch_bound": self.launch_bound,
@@ -527,7 +535,7 @@ class FusionReport:
             "graph_recovered_share": self.graph_recovered_share,
             "graph_note": self.graph_note,
             "peak_bandwidth": self.peak_bandwidth,
-            "efficiency": self.known_efficiency(),
+            "efficiency": self.efficiency,
             "graph_breaks": [_gb(g) for g in self.graph_breaks],
             "recompiles": [_gb(r) for r in self.recompiles],
             "host_syncs": [_gb(h) for h in self.host_syncs],

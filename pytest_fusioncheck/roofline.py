@@ -9,8 +9,8 @@
   median over repeats with the L2 flushed between; never an event pair around the
   Python call, which adds the launcher's host time. The median unprofiled wall time is
   kept beside it (their gap is launch overhead). On CPU both are the median wall time.
-  A region's time is its kernels' device time in its one run. Timing is lazy: it runs
-  when an efficiency is asked for.
+  A region's time is its kernels' device time in its one run. Capture times a call when
+  its caller asks (``capture.profile_call(timing=)``: docs/bytes.md, "Time").
 * Efficiency = (budget bytes / peak bandwidth) / time.
 * The roofline plot's ceilings (``--fusion-roofline``, docs/roofline.md): the peak
   bandwidth above when it is known without measuring (override, this session, pytest's
@@ -24,7 +24,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-from . import report as _report_module
 from .report import FusionReport
 from .sources import time_source
 from .state import Settings
@@ -116,36 +115,28 @@ def median_time(fn: Callable[..., Any], args: tuple, kwargs: dict, device: str) 
     return time_source(device).time(fn, args, kwargs)
 
 
-def attach_timer(report: FusionReport, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
-    """Let ``ensure_efficiency`` re-time this call later (lazily, only when asked)."""
-    report.timer = lambda: median_time(fn, args, kwargs, report.device)
+def l2_cache_size() -> int:
+    """Bytes of L2 on the current CUDA device (0 when torch does not say)."""
+    import torch
+
+    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
 
 
-def ensure_efficiency(report: FusionReport, settings: Settings | None = None) -> None:
-    """Fill ``peak_bandwidth`` and, for a profiled call, the median time; add L2 warnings."""
-    if settings is None:
-        from .state import current_log
-
-        settings = current_log().settings
-    if report.peak_bandwidth is None:
-        report.peak_bandwidth = peak_bandwidth(report.device, report.device_name, settings)
-    timer, report.timer = report.timer, None
-    if timer is not None:
-        report.time_s, _, report.wall_time_s, report.time_source = timer()
-    if report.device == "cuda" and report.budget is not None:
-        import torch
-
-        l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
-        if l2 and report.budget.total < 4 * l2:
-            msg = (
-                f"budget {report.budget.total / 2**20:.1f} MiB is under 4x the {l2 / 2**20:.0f} MiB L2: "
-                "timings may measure the cache, not HBM; use larger inputs"
-            )
-            if msg not in report.warnings:
-                report.warnings.append(msg)
-        over = budget_over_modelled(report.budget.total, report.bytes, report.bytes_unmodelled, l2)
-        if over and over not in report.warnings:
-            report.warnings.append(over)
+def l2_warnings(report: FusionReport, l2: int) -> list[str]:
+    """What a timed GPU report says about its budget and the ``l2``-byte cache: a budget
+    under 4x the L2 may time the cache, and one far above the modelled bytes reads high."""
+    if report.budget is None:
+        return []
+    out = []
+    if l2 and report.budget.total < 4 * l2:
+        out.append(
+            f"budget {report.budget.total / 2**20:.1f} MiB is under 4x the {l2 / 2**20:.0f} MiB L2: "
+            "timings may measure the cache, not HBM; use larger inputs"
+        )
+    over = budget_over_modelled(report.budget.total, report.bytes, report.bytes_unmodelled, l2)
+    if over:
+        out.append(over)
+    return out
 
 
 def budget_over_modelled(budget: int, modelled: int, unmodelled: int, l2: int) -> str | None:
@@ -184,9 +175,6 @@ PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
     ("H100", {"float64": 67e12, "float32": 67e12, "tf32": 495e12, "bfloat16": 989e12, "float16": 989e12, "float8": 1979e12}),
     ("A100", {"float64": 19.5e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
 ]
-
-
-_report_module._MEASURE[:] = [ensure_efficiency]  # report.efficiency measures on first read
 
 
 

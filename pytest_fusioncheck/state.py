@@ -54,6 +54,9 @@ class ReportLog:
     # What verdicts reported without failing (a CPU timing shortfall, a check a CPU cannot
     # make), by the report they judged: verdicts leave reports as capture made them.
     verdict_notes: dict[int, list[str]] = field(default_factory=dict)
+    # Whether capture times calls again without the profiler (``capture.profile_call``):
+    # outside pytest always; a test's log says what its markers and code ask for.
+    timing: bool = True
 
     def note(self, report: Any, text: str) -> None:
         """Record ``text`` against ``report`` (once)."""
@@ -75,8 +78,8 @@ class ReportLog:
         return self.reports[-1]
 
     def release(self) -> None:
-        """Drop what keeps tensors alive (outputs, timers that close over inputs, profiler
-        events); the figures stay. Called at the test's teardown."""
+        """Drop what keeps tensors alive (outputs, profiler events); the figures stay.
+        Called at the test's teardown."""
         for report in self.reports:
             report.release()
 
@@ -101,13 +104,8 @@ def deactivate(token: contextvars.Token) -> None:
 
 
 def record_report(report: Any, log: ReportLog | None = None) -> None:
-    """Append ``report`` to ``log`` (default: the current one), with measured bytes filled
-    in when counters are on."""
+    """Append ``report`` (complete: capture filled it) to ``log`` (default: the current one)."""
     log = log if log is not None else current_log()
-    if log.test_id is not None:
-        from .sources import byte_source
-
-        byte_source(log.settings).fill(report, log.test_id, len(log.reports))
     log.reports.append(report)
     if log is _process_log and len(log.reports) > 1000:  # a long-lived process: keep the tail
         for old in log.reports[:-100]:

@@ -135,26 +135,40 @@ def check_hbm_bytes(report: FusionReport, limit: int, what: str, where: str, log
         )
 
 
+# Said by a timing verdict that judged a report capture did not time (docs/bytes.md, "Time").
+UNTIMED = (
+    "not timed again (a region never is; a profiled call is when the test's markers or code name a timing "
+    "assertion or figure: docs/bytes.md, \"Time\")"
+)
+
+
+def _untimed(report: FusionReport, where: str, log: ReportLog) -> None:
+    """Say so when a timing verdict judges a report that has no median time."""
+    if report.median_time_s is None and report.time_s is not None:
+        log.note(report, f"{where} judged the {report.time_source}: {UNTIMED}")
+
+
 def check_bandwidth(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
     __tracebackhide__ = True
-    from . import roofline
-
     log = log if log is not None else current_log()
-    roofline.ensure_efficiency(report, log.settings)
     eff = report.efficiency
     if eff is None:
+        missing = [what for what, value in (("budget", report.budget), ("time", report.timed[0]), ("peak bandwidth", report.peak_bandwidth)) if not value]
+        untimed = f"; {UNTIMED}" if report.median_time_s is None else ""
         raise FusionAssertionError(
-            failure_message(report, f"{where}: efficiency unknown for {report.label} (no budget, time or peak bandwidth)", log=log)
+            failure_message(report, f"{where}: efficiency unknown for {report.label} (no {', no '.join(missing)}{untimed})", log=log)
         )
+    _untimed(report, where, log)
     if eff > ABOVE_ROOF:
         _above_the_roof(report, eff, where, log)
         return
     if eff >= fraction:
         return
+    time_s, _, what = report.timed
     headline = (
         f"{where}: {eff:.1%} of peak bandwidth < required {fraction:.0%} ({report.label}): "
-        f"budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(report.time_s)} "
-        f"({report.time_source}) = {format_bandwidth((report.budget.total / report.time_s) if report.budget and report.time_s else None)} "
+        f"budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(time_s)} "
+        f"({what}) = {format_bandwidth((report.budget.total / time_s) if report.budget and time_s else None)} "
         f"against peak {format_bandwidth(report.peak_bandwidth)}"
     )
     if report.device == "cpu" and not log.settings.enforce_cpu_timing:
@@ -170,12 +184,12 @@ ABOVE_ROOF = 1.02
 
 def _above_the_roof(report: FusionReport, eff: float, where: str, log: ReportLog) -> None:
     """Fail an efficiency above ``ABOVE_ROOF`` on a GPU (an impossible figure must not
-    pass), unless the budget fits in cache (then the warning ``ensure_efficiency`` added
+    pass), unless the budget fits in cache (then the warning capture added to a timed report
     explains it) or the device is a CPU (timing reported, not enforced)."""
     __tracebackhide__ = True
     headline = (
         f"{where}: {eff:.1%} of peak bandwidth is above the copy roofline ({report.label}): the budget or the peak "
-        f"is wrong: budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(report.time_s)} "
+        f"is wrong: budget {format_bytes(report.budget.total if report.budget else None)} in {format_time(report.timed[0])} "
         f"against peak {format_bandwidth(report.peak_bandwidth)} (pass the call's own budget=, or --fusion-peak-bandwidth)"
     )
     cached = any("under 4x the" in w for w in report.warnings)
@@ -185,23 +199,22 @@ def _above_the_roof(report: FusionReport, eff: float, where: str, log: ReportLog
     raise FusionAssertionError(failure_message(report, headline, log=log))
 
 
-def headroom_share(report: FusionReport, settings: Settings) -> tuple[float, str]:
+def headroom_share(report: FusionReport) -> tuple[float, str]:
     """The avoidable share of the region: on a GPU the time fusing its chains would save
     over its device time; on CPU (deterministic) their excess bytes over its bytes."""
     excess = sum(c.excess for c in report.headroom)
-    if report.device == "cuda":
-        from . import roofline
-
-        roofline.ensure_efficiency(report, settings)
-        if report.peak_bandwidth and report.time_s:
-            return sum(c.saving_s(report.peak_bandwidth) for c in report.headroom) / report.time_s, "of its device time"
+    time_s = report.timed[0]
+    if report.device == "cuda" and report.peak_bandwidth and time_s:
+        return sum(c.saving_s(report.peak_bandwidth) for c in report.headroom) / time_s, "of its device time"
     return (excess / report.bytes if report.bytes else 0.0), "of its modelled bytes"
 
 
 def check_headroom(report: FusionReport, fraction: float, where: str, log: ReportLog | None = None) -> None:
     __tracebackhide__ = True
     log = log if log is not None else current_log()
-    share, what = headroom_share(report, log.settings)
+    share, what = headroom_share(report)
+    if report.device == "cuda":
+        _untimed(report, where, log)
     if share <= fraction:
         return
     from .headroom import distinct
@@ -222,13 +235,11 @@ def check_launch_overhead(report: FusionReport, fraction: float, where: str, log
     """Wall time not covered by device time, over the wall time, at most ``fraction``
     (GPU; on CPU there is no device time apart from the wall time: reported, not enforced)."""
     __tracebackhide__ = True
-    from . import roofline
-
     log = log if log is not None else current_log()
     if report.device != "cuda":
         _report_without_failing(report, f"{where}: launch overhead is a GPU figure; not checked on {report.device}", log)
         return
-    roofline.ensure_efficiency(report, log.settings)
+    _untimed(report, where, log)
     share = report.launch_overhead_share
     if share is None:
         raise FusionAssertionError(failure_message(report, f"{where}: launch overhead unknown for {report.label} (no wall or device time)", log=log))
@@ -248,7 +259,7 @@ def check_launch_overhead(report: FusionReport, fraction: float, where: str, log
             failure_message(
                 report,
                 f"{where}: {share:.0%} of the wall time is launch overhead > allowed {fraction:.0%} ({report.label}): "
-                f"wall {format_time(report.wall_time_s)}, device {format_time(report.time_s)}, {report.kernel_count} launches",
+                f"wall {format_time(report.timed[1])}, device {format_time(report.timed[0])}, {report.kernel_count} launches",
                 [graph],
                 log=log,
             )

@@ -24,7 +24,7 @@ for form in ("direct", "lambda"):
     kernels_cuda.cuda_kernels = spy
     fn = mlp if form == "direct" else (lambda: mlp(x))
     args = (x,) if form == "direct" else ()
-    r = profile_call(fn, args, {}, warmup=1, device="cuda")
+    r = profile_call(fn, args, {}, warmup=1, device="cuda", timing=False)
     kernels_cuda.cuda_kernels = orig
     print("==", form); print(r.table())
     print("ops:", [(o.index, o.op, o.kind) for o in captured["ops"]])

@@ -127,7 +127,7 @@ def test_bandwidth_on_cpu_is_reported_not_enforced(square):
     from pytest_fusioncheck.state import current_log
 
     assert any("reported, not enforced" in note for note in current_log().notes_for(report))
-    assert "median wall time of" in report.time_source
+    assert "median wall time of" in report.median_source and report.time_source == "wall time of the profiled call's kernels"
 
 
 MARKED = """

@@ -75,24 +75,22 @@ def test_the_five_op_softmax_headroom_predicts_what_fusing_saves_within_ten_perc
     # at the measured copy peak, docs/headroom.md) within 10% of the measured gap between
     # the five kernels and the fused reference softmax. torch's softmax is printed beside:
     # it runs this shape below copy speed, so its gap is smaller.
-    from pytest_fusioncheck.roofline import ensure_efficiency
     from reference_kernels import softmax
 
     x = torch.randn(4096, 4096, device="cuda")
     unfused = profile(five_op_softmax, x)
     fused = profile(softmax.fused, x)
     torch_fused = profile(lambda t: torch.softmax(t, -1), x)
-    for report in (unfused, fused, torch_fused):
-        ensure_efficiency(report)
+    assert all(r.median_time_s is not None for r in (unfused, fused, torch_fused))  # timed: this test names a median
     assert len(unfused.headroom) == 1 and fused.headroom == [], str(unfused)
     chain = unfused.headroom[0]
     assert abs(chain.bytes - 512 * MiB) / (512 * MiB) < 0.01 and chain.fused_bytes == 128 * MiB
     assert abs(chain.excess - 384 * MiB) / (384 * MiB) < 0.01
     saving = chain.saving_s(unfused.peak_bandwidth)
-    measured = unfused.time_s - fused.time_s
+    measured = unfused.median_time_s - fused.median_time_s
     print(f"headroom saving {saving * 1e6:.1f} us, measured gap {measured * 1e6:.1f} us "
-          f"(five ops {unfused.time_s * 1e6:.1f} us, reference fused {fused.time_s * 1e6:.1f} us, "
-          f"torch.softmax {torch_fused.time_s * 1e6:.1f} us; excess at the peak {chain.excess / unfused.peak_bandwidth * 1e6:.1f} us)")
+          f"(five ops {unfused.median_time_s * 1e6:.1f} us, reference fused {fused.median_time_s * 1e6:.1f} us, "
+          f"torch.softmax {torch_fused.median_time_s * 1e6:.1f} us; excess at the peak {chain.excess / unfused.peak_bandwidth * 1e6:.1f} us)")
     assert abs(saving - measured) <= 0.10 * measured, str(unfused)
 
 
@@ -166,16 +164,15 @@ def test_softmax_bytes(fusion):
 def test_device_time_is_the_kernels_durations_not_the_launchers_host_time():
     x = torch.randn(8192, 8192, device="cuda")  # 256 MiB
     report = profile(lambda t: torch.softmax(t, -1), x)
-    from pytest_fusioncheck.roofline import ensure_efficiency
-
-    ensure_efficiency(report)  # what a bandwidth verdict runs
-    assert "median device time" in report.time_source
+    assert "median device time" in report.median_source  # timed at capture: this test names a timed figure
+    assert report.time_source == "device time of the profiled call"
     kernel = report.kernels[0].time_s
-    assert 0.7 * kernel < report.time_s < 1.5 * kernel, str(report)
-    assert report.wall_time_s is not None and report.wall_time_s >= report.time_s
+    assert report.time_s == pytest.approx(kernel)
+    assert 0.7 * kernel < report.median_time_s < 1.5 * kernel, str(report)
+    assert report.median_wall_time_s is not None and report.median_wall_time_s >= report.median_time_s
     assert report.launch_overhead_s is not None and report.launch_overhead_s >= 0
     d = report.to_dict()
-    assert d["wall_time_s"] == report.wall_time_s and d["launch_overhead_s"] is not None
+    assert d["median_wall_time_s"] == report.median_wall_time_s and d["launch_overhead_s"] is not None
 
 
 def test_a_launch_bound_chain_has_device_time_far_below_its_wall_time():
@@ -186,14 +183,9 @@ def test_a_launch_bound_chain_has_device_time_far_below_its_wall_time():
             t = t * 1.0001
         return t
 
-    report = profile(many_small, x)
-    report.budget = Budget(read_bytes=256, write_bytes=256)
-    report.peak_bandwidth = 4e12
-    from pytest_fusioncheck.roofline import ensure_efficiency
-
-    ensure_efficiency(report)
+    report = profile(many_small, x)  # timed (the test names launch_bound): the L2 warning comes with the timing
     assert report.kernel_count == 50
-    assert report.time_s < 0.5 * report.wall_time_s, str(report)
+    assert report.median_time_s < 0.5 * report.median_wall_time_s, str(report)
     assert report.launch_bound and "launch-bound" in report.summary(), str(report)
     assert any("under 4x" in w for w in report.warnings), report.warnings  # the L2 warning
 

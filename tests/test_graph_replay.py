@@ -16,7 +16,8 @@ import torch
 from conftest import PLUGIN_ARGS
 
 from pytest_fusioncheck import FusionReport, Kernel, profile
-from pytest_fusioncheck import capture, graph_replay, state
+from pytest_fusioncheck import capture, graph_replay, roofline, state
+from pytest_fusioncheck.state import ReportLog
 from pytest_fusioncheck.graph_replay import ALREADY_A_GRAPH, NO_CALLABLE, capture_failure, wanted
 
 INNER = ("-p", "no:cacheprovider", "-p", "no:unraisableexception", *PLUGIN_ARGS)
@@ -194,32 +195,41 @@ def test_the_json_carries_the_graph_time_its_recovered_share_and_note():
     assert json.loads(json.dumps(d))["graph_time_s"] == 1.1e-3
 
 
-def test_a_profiled_call_gets_its_timed_wall_time_and_the_replays_time(monkeypatch):
-    """On a GPU the graph time is compared with the median unprofiled wall time: the lazy
-    timer runs first, then the replay (faked here: no GPU)."""
+def test_a_replayed_call_is_timed_first_then_replayed_and_compared_with_the_timed_wall_time(monkeypatch):
+    """On a GPU the graph time is compared with the median unprofiled wall time: a replay
+    times the call even where the test asked for no timing, before replaying it (faked
+    here: no GPU); `time_s` and `wall_time_s` stay the profiled call's."""
     calls = []
     monkeypatch.setattr(capture._compat, "graph_launches", lambda prof: 0)
+    monkeypatch.setattr(roofline, "peak_bandwidth", lambda *a: 1e12)
+    monkeypatch.setattr(roofline, "l2_cache_size", lambda: 0)
+    monkeypatch.setattr(roofline, "median_time", lambda fn, args, kwargs, device: calls.append("timer") or (100e-6, 10, 2e-3, "median device time"))
     monkeypatch.setattr(graph_replay, "replay_time", lambda fn, args, kwargs: calls.append(("replay", fn, args)) or (40e-6, None))
-    report = _decode(wall_s=9e-3, timer=lambda: calls.append("timer") or (100e-6, 10, 2e-3, "median device time"))
+    report = _decode(wall_s=9e-3)
     fn = object()
-    capture._replay_in_graph(report, True, None, fn, (1,), {})
+    capture._time_and_replay(report, ReportLog(timing=False), None, True, None, (fn, (1,), {}))
     assert calls == ["timer", ("replay", fn, (1,))]
-    assert (report.wall_time_s, report.graph_time_s, report.graph_note, report.timer) == (2e-3, 40e-6, None, None)
+    assert (report.median_wall_time_s, report.graph_time_s, report.graph_note, report.wall_time_s) == (2e-3, 40e-6, None, 9e-3)
+    calls.clear()
+    untimed = _decode(wall_s=9e-3)
+    capture._time_and_replay(untimed, ReportLog(timing=False), None, False, None, (fn, (1,), {}))
+    assert calls == [] and untimed.median_time_s is None
 
 
 def test_a_call_that_already_replays_a_graph_or_a_with_region_gets_the_reason_not_a_capture(monkeypatch):
     monkeypatch.setattr(graph_replay, "replay_time", lambda *a: pytest.fail("no capture expected"))
     monkeypatch.setattr(capture._compat, "graph_launches", lambda prof: 3)
-    compiled = _decode(timer=lambda: (90e-6, 10, 120e-6, "median device time"))
-    capture._replay_in_graph(compiled, True, None, object())
+    monkeypatch.setattr(roofline, "peak_bandwidth", lambda *a: 1e12)
+    monkeypatch.setattr(roofline, "l2_cache_size", lambda: 0)
+    monkeypatch.setattr(roofline, "median_time", lambda *a: (90e-6, 10, 120e-6, "median device time"))
+    compiled = _decode()
+    capture._time_and_replay(compiled, ReportLog(timing=False), None, True, None, (object(), (), {}))
     assert compiled.graph_note == ALREADY_A_GRAPH and compiled.graph_time_s is None
-    assert compiled.wall_time_s == 120e-6  # timed: the wall time of its own graph replays
+    assert compiled.median_wall_time_s == 120e-6  # timed: the wall time of its own graph replays
     region = _decode()
-    capture._replay_in_graph(region, True, None)
-    assert region.graph_note == NO_CALLABLE
+    assert not capture._replay_wanted(region, True, None) and region.graph_note == NO_CALLABLE
     skipped = _decode()
-    capture._replay_in_graph(skipped, False, None, object())
-    assert skipped.graph_note is None
+    assert not capture._replay_wanted(skipped, False, object()) and skipped.graph_note is None
 
 
 @pytest.mark.parametrize(

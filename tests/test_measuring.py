@@ -436,3 +436,85 @@ def test_device_activities_are_classified_in_one_place_for_kernels_and_device_ti
     assert device_activity_kind(_Event("my_range", "gpu_user_annotation")) is None
     assert device_activity_kind(_Event("my_range", annotation=True)) is None
     assert device_activity_kind(_Event("cudaDeviceSynchronize", "cuda_sync")) is None
+
+
+# --- when capture times a call (docs/bytes.md, "Time") ----------------------------------------
+
+TIMING = """
+import pytest, torch
+from pytest_fusioncheck import assert_bandwidth_bound_within
+
+X = torch.randn(256, 256)
+TIMED = {}
+
+
+def double(x):
+    return x * 2
+
+
+def judge(fusion):
+    fusion.assert_bandwidth_bound_within(0.01)
+
+
+def test_counts_only(fusion):
+    report = fusion.profile(double, X)
+    TIMED["counts_only"] = getattr(report, "median" + "_time_s") is None  # spelled out, the name would ask for timing
+
+
+def test_asserts_in_its_body(fusion):
+    report = fusion.profile(double, X)
+    assert_bandwidth_bound_within(0.01)
+    TIMED["asserts_in_its_body"] = getattr(report, "median" + "_time_s")
+
+
+def test_asserts_through_a_helper(fusion):
+    report = fusion.profile(double, X)
+    judge(fusion)
+    TIMED["asserts_through_a_helper"] = getattr(report, "median" + "_time_s")
+
+
+def test_reads_a_figure_in_a_lambda(fusion):
+    report = fusion.profile(double, X)
+    TIMED["reads_a_figure_in_a_lambda"] = (lambda r: r.efficiency)(report) and getattr(report, "median" + "_time_s")
+
+
+@pytest.mark.bandwidth_bound(0.01)
+def test_marked(fusion):
+    TIMED["marked"] = fusion.profile(double, X).peak_bandwidth
+
+
+@pytest.mark.fusion_headroom(0.99)
+def test_headroom_on_cpu(fusion):
+    TIMED["headroom_on_cpu"] = getattr(fusion.profile(double, X), "median" + "_time_s") is None
+
+
+def test_the_figures():
+    assert TIMED.pop("counts_only") is True and TIMED.pop("headroom_on_cpu") is True  # untimed: the profiled call's own
+    assert all(TIMED.values()) and len(TIMED) == 4, TIMED
+"""
+
+
+def test_capture_times_a_call_where_the_test_judges_or_reads_a_timed_figure_and_only_there(run_pytest, pytester):
+    """Catches timing skipped where a marker, an assertion in the body or a helper of the
+    module, or a figure read in a lambda needs it (the verdict would judge one profiled
+    call), and timing run for a test that only counts (CPU headroom is bytes: untimed)."""
+    pytester.makepyfile(test_timing=TIMING)
+    result = run_pytest("--fusion-device=cpu", "-p", "no:randomly")
+    result.assert_outcomes(passed=7)
+
+
+def test_outside_pytest_and_in_a_benchmark_a_call_is_always_timed():
+    """Catches the process-wide log (outside pytest) left untimed: `profile(...).efficiency`
+    there has no test code to say it is needed."""
+    from pytest_fusioncheck.state import ReportLog
+
+    assert ReportLog().timing is True
+
+
+def test_a_region_is_never_timed_again_and_takes_only_a_peak_known_without_measuring():
+    """Catches a region re-run (it cannot be), or a peak bandwidth measured for it."""
+    from pytest_fusioncheck.capture import Region
+
+    with Region("block", device="cpu") as region:
+        torch.randn(64) * 2
+    assert region.report.median_time_s is None and region.report.time_s is not None

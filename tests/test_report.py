@@ -5,6 +5,8 @@ notes, the per-module summary and the JSON fields. Reports are built by hand (no
 profiling), so every figure is known in advance.
 """
 
+import dataclasses
+
 import pytest
 
 from pytest_fusioncheck import Budget, FusionReport, Kernel
@@ -159,12 +161,20 @@ def test_byte_and_time_figures_sum_kernels_and_count_the_unmodelled():
     assert partly.bytes_measured is None
 
 
-def test_release_drops_the_output_timer_and_trace_and_keeps_the_figures():
-    """Catches one of the three references kept alive after release."""
-    report = _report([Kernel(name="a", bytes=4)], output=object(), timer=object(), trace=object())
+def test_release_drops_the_output_and_trace_and_keeps_the_figures():
+    """Catches one of the two references kept alive after release."""
+    report = _report([Kernel(name="a", bytes=4)], output=object(), trace=object())
     report.release()
-    assert (report.output, report.timer, report.trace) == (None, None, None)
+    assert (report.output, report.trace) == (None, None)
     assert report.bytes == 4
+
+
+def test_a_report_holds_no_callable_that_could_time_it_later():
+    """Catches a timer closure (over the call's inputs) back on the report: capture times a
+    call or does not; nothing measures after it returns (docs/bytes.md, "Time")."""
+    report = _report([Kernel(name="a", bytes=4)], budget=Budget(read_bytes=4), time_s=1.0, peak_bandwidth=4.0)
+    assert not any(callable(getattr(report, f.name)) for f in dataclasses.fields(report))
+    assert "timer" not in {f.name for f in dataclasses.fields(report)}
 
 
 def test_launch_overhead_is_wall_time_less_device_time_on_cuda_only():
@@ -177,6 +187,21 @@ def test_launch_overhead_is_wall_time_less_device_time_on_cuda_only():
     assert _report(device="cuda", time_s=1.0, wall_time_s=4.0).launch_overhead_share == 0.75
     assert _report(device="cuda", time_s=0.0, wall_time_s=0.0).launch_overhead_share is None
     assert _report(device="cpu", time_s=1.0, wall_time_s=4.0).launch_overhead_share is None
+
+
+def test_timed_figures_are_the_medians_when_the_call_was_timed_else_the_profiled_calls():
+    """Catches efficiency or the launch overhead taken from the profiled call when a median
+    exists, `time_s` overwritten by the median, or the medians used without a median time."""
+    budget = Budget(read_bytes=600, write_bytes=400)
+    timed = _report(device="cuda", budget=budget, time_s=8.0, wall_time_s=40.0, peak_bandwidth=1000.0,
+                    median_time_s=4.0, median_wall_time_s=5.0, median_source="median device time of 10 runs, L2 flushed")
+    assert timed.timed == (4.0, 5.0, "median device time of 10 runs, L2 flushed")
+    assert (timed.efficiency, timed.launch_overhead_s, timed.launch_overhead_share) == (0.25, 1.0, 0.2)
+    assert (timed.time_s, timed.wall_time_s) == (8.0, 40.0)
+    untimed = _report(device="cuda", budget=budget, time_s=8.0, wall_time_s=40.0, peak_bandwidth=1000.0, time_source="p")
+    assert untimed.timed == (8.0, 40.0, "p")
+    assert (untimed.efficiency, untimed.launch_overhead_s) == (0.125, 32.0)
+    assert "time 4.00 s (median)" in timed.summary() and "time 8.00 s," in untimed.summary()
 
 
 def _tiny(n, each, wall, device="cuda"):
@@ -213,8 +238,7 @@ def test_efficiency_is_the_budget_at_peak_over_the_time_and_none_when_a_figure_i
     assert _report(budget=budget, time_s=4.0, peak_bandwidth=1000.0).efficiency == 0.25
     assert _report(budget=None, time_s=4.0, peak_bandwidth=1000.0).efficiency is None
     assert _report(budget=budget, time_s=None, peak_bandwidth=1000.0).efficiency is None
-    # .efficiency would measure the peak here (tests/test_user_code.py); the figure known now:
-    assert _report(budget=budget, time_s=4.0, peak_bandwidth=None).known_efficiency() is None
+    assert _report(budget=budget, time_s=4.0, peak_bandwidth=None).efficiency is None
 
 
 def test_the_device_kind_carries_the_gpu_name_only_on_cuda():
@@ -501,6 +525,9 @@ def test_report_to_dict_gives_every_figure():
         "time_s": 1e-6,
         "time_source": "events",
         "wall_time_s": 1e-5,
+        "median_time_s": None,
+        "median_wall_time_s": None,
+        "median_source": None,
         "launch_overhead_s": pytest.approx(9e-6),
         "cuda_kernel_range": [1, 1],
         "launch_bound": True,

@@ -163,25 +163,36 @@ def _launch_lines(r: dict[str, Any]) -> list[str]:
     """The launch-bound verdict and the CUDA-graph replay figure (or why there is none)."""
     esc = html.escape
     lines = []
+    wall = _timed(r)[1]
     if r.get("launch_bound"):
-        share = (r.get("launch_overhead_s") or 0) / r["wall_time_s"] if r.get("wall_time_s") else 0.0
+        share = (r.get("launch_overhead_s") or 0) / wall if wall else 0.0
         lines.append(f"<p class='note launch'>launch-bound: {share:.0%} of the wall time the GPU was idle</p>")
     if r.get("graph_time_s") is not None:
-        text = format_graph_replay(r["graph_time_s"], r.get("wall_time_s"), r.get("graph_recovered_share"))
+        text = format_graph_replay(r["graph_time_s"], wall, r.get("graph_recovered_share"))
         lines.append(f"<p class='note launch'>{esc(text)}</p>")
     elif r.get("graph_note"):
         lines.append(f"<p class='note launch'>no CUDA-graph replay: {esc(str(r['graph_note']))}</p>")
     return lines
 
 
+def _timed(r: dict[str, Any]) -> tuple[Any, Any]:
+    """``(time, wall time)`` the verdicts used: the medians when the call was timed
+    (``FusionReport.timed``), else the profiled call's."""
+    if r.get("median_time_s") is not None:
+        return r["median_time_s"], r.get("median_wall_time_s")
+    return r.get("time_s"), r.get("wall_time_s")
+
+
 def _report_section(r: dict[str, Any]) -> str:
     esc = html.escape
+    time_s, wall = _timed(r)
     parts = [
         f"<p class='summary'>[{esc(str(r.get('label')))}] on {esc(str(r.get('device_kind')))}: "
         f"{r.get('kernel_count')} kernels, {esc(_bytes(r.get('bytes')))} modelled"
         + (f" (<span class='unmodelled'>+{r['bytes_unmodelled']} unmodelled</span>)" if r.get("bytes_unmodelled") else "")
-        + f", budget {esc(_bytes((r.get('budget') or {}).get('total')))}, time {esc(_time(r.get('time_s')))}"
-        + (f", wall {esc(_time(r.get('wall_time_s')))}" if r.get("device") == "cuda" and r.get("wall_time_s") else "")
+        + f", budget {esc(_bytes((r.get('budget') or {}).get('total')))}, time {esc(_time(time_s))}"
+        + (" (median)" if r.get("median_time_s") is not None else "")
+        + (f", wall {esc(_time(wall))}" if r.get("device") == "cuda" and wall else "")
         + (f", {r['efficiency']:.0%} of peak" if r.get("efficiency") else "")
         + "</p>",
         _bytes_bar(r),
