@@ -431,13 +431,13 @@ def _time_and_replay(report: FusionReport, log: Any, timing: bool | None, replay
 def _time(report: FusionReport, log: Any, call: tuple | None) -> None:
     """The call timed again without the profiler (``call``: ``(fn, args, kwargs)``, or
     None when the caller did not ask), the peak bandwidth and what a timed GPU report says
-    about the L2. Untimed, the peak is taken only where known without measuring."""
+    about the L2. Untimed, the peak is the session's ``--fusion-peak-bandwidth`` or None: a
+    figure measured by an earlier test would make the report depend on test order."""
     from . import roofline
 
     settings = log.settings
     if call is None:
-        known = roofline.known_peak_bandwidth(report.device_kind, settings)
-        report.peak_bandwidth = known[0] if known and known[1].startswith(("measured", "--")) else None
+        report.peak_bandwidth = settings.peak_bandwidth
         return
     report.peak_bandwidth = roofline.peak_bandwidth(report.device, report.device_name, settings)
     report.median_time_s, _, report.median_wall_time_s, report.median_source = roofline.median_time(*call, report.device)
