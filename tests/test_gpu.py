@@ -70,22 +70,24 @@ def test_modelled_bytes_of_a_4096_square_softmax_are_512_mib_unfused_and_128_mib
 
 
 def test_the_five_op_softmax_headroom_predicts_what_fusing_saves_within_ten_percent():
-    # Issue 14's check of the headroom rule against the GPU: one chain, 512 MiB moved for a
-    # 128 MiB fused budget, and its saving (the chain's device time less one fused kernel's
+    # Issue 14's check of the headroom rule against the GPU: one chain, 2 GiB moved for a
+    # 512 MiB fused budget, and its saving (the chain's device time less one fused kernel's
     # at the measured copy peak, docs/headroom.md) within 10% of the measured gap between
     # the five kernels and the fused reference softmax. torch's softmax is printed beside:
-    # it runs this shape below copy speed, so its gap is smaller.
+    # it runs this shape below copy speed, so its gap is smaller. The input is 4x the
+    # largest L2 (an H100's 50 MB held most of a 4096x4096 input in the profiled call, whose
+    # kernel times the chain's saving adds up, and the rule read 14% low).
     from reference_kernels import softmax
 
-    x = torch.randn(4096, 4096, device="cuda")
+    x = torch.randn(8192, 8192, device="cuda")
     unfused = profile(five_op_softmax, x)
     fused = profile(softmax.fused, x)
     torch_fused = profile(lambda t: torch.softmax(t, -1), x)
     assert all(r.median_time_s is not None for r in (unfused, fused, torch_fused))  # timed: this test names a median
     assert len(unfused.headroom) == 1 and fused.headroom == [], str(unfused)
     chain = unfused.headroom[0]
-    assert abs(chain.bytes - 512 * MiB) / (512 * MiB) < 0.01 and chain.fused_bytes == 128 * MiB
-    assert abs(chain.excess - 384 * MiB) / (384 * MiB) < 0.01
+    assert abs(chain.bytes - 2048 * MiB) / (2048 * MiB) < 0.01 and chain.fused_bytes == 512 * MiB
+    assert abs(chain.excess - 1536 * MiB) / (1536 * MiB) < 0.01
     saving = chain.saving_s(unfused.peak_bandwidth)
     measured = unfused.median_time_s - fused.median_time_s
     print(f"headroom saving {saving * 1e6:.1f} us, measured gap {measured * 1e6:.1f} us "
@@ -94,12 +96,19 @@ def test_the_five_op_softmax_headroom_predicts_what_fusing_saves_within_ten_perc
     assert abs(saving - measured) <= 0.10 * measured, str(unfused)
 
 
+def datasheet(name: str) -> float:
+    """The GPU's datasheet HBM bandwidth (``roofline.DEFAULT_BANDWIDTH``, first match)."""
+    from pytest_fusioncheck.roofline import DEFAULT_BANDWIDTH
+
+    return next(value for pattern, value in DEFAULT_BANDWIDTH if pattern in name)
+
+
 def test_a_large_copy_is_bandwidth_bound_against_an_independently_set_peak_and_the_five_op_softmax_is_not():
     x = torch.randn(64 * MiB, device="cuda")  # 256 MiB, several times the L2
     y = torch.empty_like(x)
     report = profile(torch.Tensor.copy_, y, x)
     report.budget = Budget.from_tensors(reads=[x], writes=[y])
-    report.peak_bandwidth = 4.8e12  # the H200 datasheet's HBM3e figure, not the plugin's own copy
+    report.peak_bandwidth = datasheet(torch.cuda.get_device_name())  # not the plugin's own copy
     assert_bandwidth_bound_within(0.8, report=report)
     assert 0.8 <= report.efficiency < 1.0, str(report)
 
