@@ -54,6 +54,19 @@ def kineto_events(prof: Any) -> list[Any]:
         return []
 
 
+def fast_range(name: str) -> Any:
+    """A profiler range (context manager) named ``name``: torch's C++ ``_RecordFunctionFast``
+    (~1 us) where it exists, else ``record_function`` (~8 us: an op dispatched to enter it and
+    one to leave). Same name, thread and span in Kineto's events; it is a function-scope
+    range, not a user annotation (no GPU-timeline mirror in an exported trace)."""
+    global fast_range
+    import torch
+
+    cls = getattr(getattr(torch._C, "_profiler", None), "_RecordFunctionFast", None)
+    fast_range = cls if cls is not None else torch.profiler.record_function
+    return fast_range(name)
+
+
 _COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
 _KERNEL_ACTIVITIES = frozenset({"", "kernel", "concurrent_kernel"})
 
@@ -150,12 +163,30 @@ def _shapes_first(formula: Callable[..., Any]) -> Callable[..., Any]:
     def nested(value: Any) -> bool:
         return isinstance(value, (list, tuple, dict)) and any(hasattr(v, "shape") for v in (value.values() if isinstance(value, dict) else value))
 
+    memo: dict = {}  # the shapes-only formula is a pure function of its shapes: cached
+
+    def typed(value: Any) -> Any:
+        return (type(value), value)
+
     @functools.wraps(formula)
     def call(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
         if any(nested(a) for a in args) or any(nested(v) for v in kwargs.values()) or isinstance(out_val, dict):
             return formula(*args, out_val=out_val, **kwargs)
         out_shape = tuple(shape(o) for o in out_val) if isinstance(out_val, (list, tuple)) else shape(out_val)
-        return raw(*(shape(a) for a in args), out_shape=out_shape, **{k: shape(v) for k, v in kwargs.items()})
+        shapes = tuple(shape(a) for a in args)
+        named = {k: shape(v) for k, v in kwargs.items()}
+        try:
+            key = (tuple(map(typed, shapes)), tuple((k, typed(v)) for k, v in named.items()), typed(out_shape))
+            return memo[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument (a list): not cached
+            return raw(*shapes, out_shape=out_shape, **named)
+        value = raw(*shapes, out_shape=out_shape, **named)
+        if len(memo) >= 4096:
+            memo.clear()
+        memo[key] = value
+        return value
 
     return call
 

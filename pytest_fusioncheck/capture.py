@@ -50,29 +50,31 @@ from .state import current_log, record_report
 from .where import is_internal, relpath, split_source, user_source
 
 
+_NVTX: list = []  # (start, end): the nvtx package's, else torch's; resolved at the first capture
+
+
+def _nvtx() -> tuple[Callable[[str], Any], Callable[[Any], None]]:
+    if not _NVTX:
+        try:
+            import nvtx
+
+            _NVTX.append((lambda name: nvtx.start_range(message=name), nvtx.end_range))
+        except ImportError:  # a failed import costs ~50 us: not tried again each capture
+            import torch
+
+            _NVTX.append((torch.cuda.nvtx.range_start, torch.cuda.nvtx.range_end))
+    return _NVTX[0]
+
+
 def _nvtx_start(name: str) -> int:
     """Open a start/end range in NVTX's default domain (the ``nvtx`` package, else torch's).
     Start/end ranges are process-wide: kernels that autograd's device thread launches in a
     backward pass are inside it too (a push/pop range belongs to the calling thread)."""
-    try:
-        import nvtx
-
-        return nvtx.start_range(message=name)
-    except ImportError:
-        import torch
-
-        return torch.cuda.nvtx.range_start(name)
+    return _nvtx()[0](name)
 
 
 def _nvtx_end(range_id: Any) -> None:
-    try:
-        import nvtx
-
-        nvtx.end_range(range_id)
-    except ImportError:
-        import torch
-
-        torch.cuda.nvtx.range_end(range_id)
+    _nvtx()[1](range_id)
 
 
 class FusionCheckError(RuntimeError):
@@ -223,7 +225,7 @@ class _Recorders:
             self._stack.enter_context(self.observer)
             if self.device == "cuda":
                 self._stack.enter_context(_compat.explicit_sync_hook(self.explicit_sync))
-            self._call_range = torch.profiler.record_function(CALL_RANGE)
+            self._call_range = _compat.fast_range(CALL_RANGE)
             self._call_range.__enter__()
         except BaseException:
             self._close()
@@ -319,6 +321,8 @@ def _name_root_kernels(report: FusionReport, modules: list[Any], names: dict[int
     in a captured root module's ``forward`` gets that root's name (``names``: ops.module_names)."""
     import inspect
 
+    if not any(k.module is None and k.generated for k in report.kernels):
+        return  # no kernel to name: the source lookups below are skipped
     spans = []
     for module in modules:
         module = getattr(module, _compat.COMPILED_MODULE_ATTR, module)

@@ -630,6 +630,8 @@ def _build_observer_class() -> Any:
     from ._compat import TorchDispatchMode, backward_node, next_sequence_nr
     from .sources.bytes_model import resolve_stack, wrapper_origin
 
+    from ._compat import fast_range as op_range
+
     class OpObserver(TorchDispatchMode):
         @classmethod
         def ignore_compile_internals(cls) -> bool:
@@ -665,7 +667,7 @@ def _build_observer_class() -> Any:
             source = (origin[1] if origin else None) or user_source(2)
             t0 = time.perf_counter_ns()
             if self.record_ranges:
-                with torch.profiler.record_function(f"{OP_RANGE_PREFIX}{index}"):
+                with op_range(f"{OP_RANGE_PREFIX}{index}"):
                     out = func(*args, **kwargs)
             else:
                 out = func(*args, **kwargs)
