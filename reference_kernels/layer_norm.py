@@ -9,7 +9,7 @@ bitwise-identical gradients.
 
 As in ``softmax``, the launch plan is ``rows`` (whole rows in registers: forward up to
 16384 wide, backward up to 4096). On CUDA GPUs with Triton's Gluon the forward's ``held`` plan
-(``_layer_norm_held``) takes rows of N not a multiple of 16 from 1025 16-bit (but the packed rows plan's widths) /
+(``_layer_norm_held``) takes rows of N not a multiple of 16 from 513 16-bit (but the packed rows plan's widths) /
 4200 fp32 columns (docs/kernels.md): persistent programs of one phase each hold their rows, weight and bias in shared
 memory (16-bit rows' statistics in one pass). Elsewhere
 the forward's ``walk`` takes 16-bit rows that start unaligned (1025-16383): persistent programs of one phase each, weight and bias held, the next rows in flight

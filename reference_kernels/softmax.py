@@ -7,7 +7,7 @@ Five launch plans, on four kernels; ``_softmax_settings`` chooses:
   read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
   row's first element). Measured 92-100% of copy bandwidth on an H200.
 * ``held`` (from 16385 columns, 16-bit rows to ~56000 where two programs an SM hold them in shared
-  memory, fp32 rows to ~28500 where two or three do; on compute-capability 9.x GPUs with Triton's Gluon,
+  memory, fp32 rows whole at one program an SM to ~57000; on compute-capability 9.x GPUs with Triton's Gluon,
   ``_softmax_held``): a program a row copies it into shared memory (``cp.async``) and reads it there twice;
   one read and one write. Wider rows (16-bit to ~590000, fp32 but the staged plan's aligned rows) in 2-16
   slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 76-95% of
