@@ -213,7 +213,7 @@ def check_headroom(report: FusionReport, fraction: float, where: str, log: Repor
     __tracebackhide__ = True
     log = log if log is not None else current_log()
     share, what = headroom_share(report)
-    if report.device == "cuda":
+    if what == "of its device time":
         _untimed(report, where, log)
     if share <= fraction:
         return

@@ -425,6 +425,16 @@ def test_gpu_headroom_is_the_time_the_excess_costs_at_peak_over_the_device_time(
     assert headroom_share(untimed) == (pytest.approx(0.1), "of its modelled bytes")
 
 
+def test_a_gpu_headroom_check_says_it_judged_the_profiled_call_only_when_it_judged_a_time():
+    """Catches the untimed note given where the share fell back to bytes (no peak: nothing timed)."""
+    by_time, log = _report(_kernels(1000), device="cuda", headroom=[_chain(10**6)], peak_bandwidth=1e12, time_s=4e-6), _log()
+    check_headroom(by_time, 0.5, "w", log=log)
+    assert [n.split(":")[0] for n in log.notes_for(by_time)] == ["w judged the kernels"]
+    by_bytes, log = _report(_kernels(1000), device="cuda", headroom=[_chain(100)], peak_bandwidth=None, time_s=4e-6), _log()
+    check_headroom(by_bytes, 0.5, "w", log=log)
+    assert log.notes_for(by_bytes) == []
+
+
 def test_headroom_at_the_fraction_passes_and_over_it_fails_listing_each_chain():
     """Catches the fraction applied as <, a headline or chain list reworded or dropped, and a
     CPU chain given a share of the region's (wall) time."""
