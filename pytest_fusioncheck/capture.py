@@ -426,8 +426,8 @@ def profile_call(
 def _time_and_replay(report: FusionReport, log: Any, timing: bool | None, replay: bool | None, prof: Any, call: tuple) -> None:
     """Time the call when ``timing`` (None: the log's choice) or a CUDA-graph replay asks
     for it, then replay it: the graph's time is compared with the median wall time."""
-    replay = _replay_wanted(report, replay, call[0])
-    _time(report, log, call if (log.timing if timing is None else timing) or replay else None)
+    replay = _replay_wanted(report, log, replay, call[0])
+    _time(report, log, call if (log.times_calls() if timing is None else timing) or replay else None)
     if replay:
         _replay_in_graph(report, prof, *call)
 
@@ -490,12 +490,12 @@ def _budget_misses_parameters(rec: _Recorders, before: Any) -> str | None:
     )
 
 
-def _replay_wanted(report: FusionReport, asked: bool | None, fn: Callable[..., Any] | None) -> bool:
+def _replay_wanted(report: FusionReport, log: Any, asked: bool | None, fn: Callable[..., Any] | None) -> bool:
     """Whether to replay the call from a CUDA graph: per call, else by the session's
     ``--fusion-graph-replay`` (docs/launch_bound.md); where it cannot, ``graph_note`` says why."""
     from . import graph_replay
 
-    if not graph_replay.wanted(asked, current_log().settings.graph_replay, report.launch_bound):
+    if not graph_replay.wanted(asked, log.settings.graph_replay, report.launch_bound):
         return False
     if report.device != "cuda":
         report.graph_note = f"CUDA graphs need a GPU; this report is on {report.device}"
@@ -573,8 +573,8 @@ class Region:
         if self._breaks is not None:
             report.graph_breaks = list(getattr(self._breaks, "breaks", []))
             report.recompiles = list(getattr(self._breaks, "recompiles", []))
-        _replay_wanted(report, None, None)  # a block cannot be replayed: the note says so
         log = current_log()
+        _replay_wanted(report, log, None, None)  # a block cannot be replayed: the note says so
         _time(report, log, None)  # a block cannot be re-run: its time is its kernels'
         _fill_bytes(report, log)
         self.report = report

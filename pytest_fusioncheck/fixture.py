@@ -11,6 +11,7 @@ the plugin releases the test's log (``state.ReportLog.release``): tensors go, fi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -96,8 +97,9 @@ class TestState:
         settings = _settings(item.config)
         device = profiling_device(settings, item.config)
         uses_fixture = "fusion" in getattr(item, "fixturenames", ())
-        log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings, timing=names_timing(item))
-        log.timing = log.timing or limits.needs_timing(device)  # what the markers judge is timed at capture
+        log = log if log is not None else ReportLog(test_id=item.nodeid, settings=settings, timing=functools.partial(names_timing, item))
+        if limits.needs_timing(device):  # what the markers judge is timed at capture
+            log.timing = True
         return cls(item, limits, device, settings.warmup, limits.profiled and not uses_fixture, log)
 
 

@@ -9,6 +9,8 @@ state in ``item.stash``, released at its teardown.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import pytest
@@ -77,7 +79,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Give the test its own report log (current while it runs) and, for a test that uses
     a fusion feature, validate its markers before any fixture runs."""
-    log = state.ReportLog(test_id=item.nodeid, settings=item.config.stash[state.SETTINGS], timing=options.names_timing(item))
+    log = state.ReportLog(test_id=item.nodeid, settings=item.config.stash[state.SETTINGS],
+                          timing=functools.partial(options.names_timing, item))  # read at the test's first capture
     item.stash[state.LOG] = (log, state.activate(log))
     if options.uses_fusion(item):
         from .fixture import TestState

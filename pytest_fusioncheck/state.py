@@ -55,8 +55,14 @@ class ReportLog:
     # make), by the report they judged: verdicts leave reports as capture made them.
     verdict_notes: dict[int, list[str]] = field(default_factory=dict)
     # Whether capture times calls again without the profiler (``capture.profile_call``):
-    # outside pytest always; a test's log says what its markers and code ask for.
-    timing: bool = True
+    # outside pytest always; a test's log says what its markers and code ask for, or holds
+    # the function that decides it, run at the test's first capture (``times_calls``).
+    timing: bool | Callable[[], bool] = True
+
+    def times_calls(self) -> bool:
+        if callable(self.timing):
+            self.timing = bool(self.timing())
+        return self.timing
 
     def note(self, report: Any, text: str) -> None:
         """Record ``text`` against ``report`` (once)."""

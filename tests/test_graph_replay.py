@@ -227,9 +227,9 @@ def test_a_call_that_already_replays_a_graph_or_a_with_region_gets_the_reason_no
     assert compiled.graph_note == ALREADY_A_GRAPH and compiled.graph_time_s is None
     assert compiled.median_wall_time_s == 120e-6  # timed: the wall time of its own graph replays
     region = _decode()
-    assert not capture._replay_wanted(region, True, None) and region.graph_note == NO_CALLABLE
+    assert not capture._replay_wanted(region, ReportLog(), True, None) and region.graph_note == NO_CALLABLE
     skipped = _decode()
-    assert not capture._replay_wanted(skipped, False, object()) and skipped.graph_note is None
+    assert not capture._replay_wanted(skipped, ReportLog(), False, object()) and skipped.graph_note is None
 
 
 @pytest.mark.parametrize(
