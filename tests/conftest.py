@@ -173,3 +173,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def current():
+    """A fresh log (test id "t", default settings) made current for the test, as the plugin
+    does for a fusion test."""
+    from pytest_fusioncheck.state import ReportLog, activate, deactivate
+
+    log = ReportLog(test_id="t")
+    token = activate(log)
+    yield log
+    deactivate(token)

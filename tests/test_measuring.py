@@ -503,23 +503,6 @@ def test_capture_times_a_call_where_the_test_judges_or_reads_a_timed_figure_and_
     result.assert_outcomes(passed=7)
 
 
-@pytest.fixture
-def current_log_with():
-    """Make a fresh log current for the test (as the plugin does), with the fields given."""
-    from pytest_fusioncheck import state
-
-    tokens = []
-
-    def make(**fields):
-        log = state.ReportLog(test_id="t", **fields)
-        tokens.append(state.activate(log))
-        return log
-
-    yield make
-    for token in reversed(tokens):
-        state.deactivate(token)
-
-
 def test_outside_pytest_a_call_is_always_timed():
     """Catches the process-wide log (outside pytest) left untimed: `profile(...).efficiency`
     there has no test code to say it is needed."""
@@ -528,12 +511,13 @@ def test_outside_pytest_a_call_is_always_timed():
     assert ReportLog().timing is True
 
 
-def test_an_untimed_report_takes_only_the_sessions_peak_override_whatever_ran_before(current_log_with):
+def test_an_untimed_report_takes_only_the_sessions_peak_override_whatever_ran_before(current):
     """Catches an untimed report given a peak an earlier test measured (its efficiency would
     then depend on test order), the override ignored, or a region re-run (it cannot be)."""
     from pytest_fusioncheck.capture import Region, profile_call
 
-    log = current_log_with(timing=False)
+    log = current
+    log.timing = False
     log.settings.peaks["cpu:any"] = 5e9  # measured earlier in the session
     report = profile_call(lambda t: t * 2, (torch.randn(64),), {}, device="cpu")
     assert (report.median_time_s, report.peak_bandwidth, report.efficiency) == (None, None, None)

@@ -15,7 +15,7 @@ from conftest import PLUGIN_ARGS
 from pytest_fusioncheck import Budget, FusionReport, Kernel, assert_hbm_bytes_within
 from pytest_fusioncheck.graph_breaks import GraphBreak, Recompile
 from pytest_fusioncheck.headroom import Chain
-from pytest_fusioncheck.state import ReportLog, Settings, activate, deactivate
+from pytest_fusioncheck.state import ReportLog, Settings
 from pytest_fusioncheck.verdict import (
     FusionAssertionError,
     FusionCheckWarning,
@@ -50,15 +50,6 @@ def _fails(check, *args, **kwargs):
     with pytest.raises(FusionAssertionError) as info:
         check(*args, **kwargs)
     return str(info.value)
-
-
-@pytest.fixture
-def current():
-    """A fresh log made current for the test, as the plugin does for a fusion test."""
-    log = _log()
-    token = activate(log)
-    yield log
-    deactivate(token)
 
 
 # --- failure_message: what a failure leads with, and in which order -----------------------
