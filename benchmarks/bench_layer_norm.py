@@ -21,6 +21,7 @@ Liger-Kernel is optional (``pip install liger-kernel``); without it its column r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import json_path, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
-from reference_kernels import layer_norm  # noqa: E402
+from reference_kernels import _device, layer_norm  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536)]
@@ -94,9 +95,15 @@ def backward_fns(x, w, b, dy, mean, rstd, impls) -> dict:
     return fns
 
 
+def _sm_device(sm: int) -> _device.Device:
+    """The device the plans are made for: this GPU's description (``sm`` its SMs)."""
+    here = _device.of(torch.device("cuda")) if torch.cuda.is_available() else _device.INTERPRETER
+    return dataclasses.replace(here, sms=sm)
+
+
 def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tuple[str, layer_norm._Plan]]:
     """Launch plans worth timing at this width (``--sweep``), the default first."""
-    plans = [("default", layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm))]
+    plans = [("default", layer_norm._layer_norm_settings(m, n, size, backward=backward, device=_sm_device(sm)))]
     if backward and plans[0][1].mode == "rows" and plans[0][1].variant == "measured":
         plans.append(("default, prefetch", plans[0][1]._replace(prefetch=True)))
     P = layer_norm._Plan
@@ -109,7 +116,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
         if default.num_warps >= 8:
             plans.append(("phased 2 vectors a thread", default._replace(num_warps=default.num_warps // 2)))
         for variant in ("measured", "lean"):
-            plans.append((f"{variant} (scalar)", layer_norm._layer_norm_settings(m, n, size, backward=True, sm_count=sm,
+            plans.append((f"{variant} (scalar)", layer_norm._layer_norm_settings(m, n, size, backward=True, device=_sm_device(sm),
                                                                                  variant=variant)))
         return plans
     if not backward and default.mode == "rows" and default.max_regs:  # unaligned rows read as aligned vectors
@@ -165,7 +172,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
                 plans.append((f"{mode} chunk={chunk} w={warps} ppsm={ppsm}", P(mode, 1, chunk, warps, groups)))
     # The register-lean kernel (layer_norm._BWD_VARIANT = "lean"): its own plan, then the
     # neighbours worth a look: the other register cap, the other chunk, one program fewer an SM.
-    lean = layer_norm._layer_norm_settings(m, n, size, backward=True, sm_count=sm, variant="lean")
+    lean = layer_norm._layer_norm_settings(m, n, size, backward=True, device=_sm_device(sm), variant="lean")
     plans.append((f"lean {lean.mode} bn={lean.block_n} w={lean.num_warps} regs={lean.max_regs} groups={lean.n_groups}", lean))
     other_cap = 80 if lean.max_regs == 64 else 64
     if other_cap * 32 * lean.num_warps <= 65536:
@@ -217,7 +224,7 @@ def main() -> None:
                     run_plan = lambda plan: layer_norm._forward_launch(  # noqa: E731
                         x, w, b, y2, torch.empty_like(mean), torch.empty_like(rstd), EPS, plan
                     )
-                rec["plan"] = layer_norm._layer_norm_settings(m, n, size, backward=backward, sm_count=sm)._asdict()
+                rec["plan"] = layer_norm._layer_norm_settings(m, n, size, backward=backward, device=_sm_device(sm))._asdict()
                 time_impls(rec, fns, impls, nbytes, timing, f"{m}x{n} {dtype_name} {direction}")
                 if args.sweep:
                     rec["sweep"] = {}

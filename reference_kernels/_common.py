@@ -60,7 +60,6 @@ def check_tensor(t: object, name: str, *, dtypes=FLOAT_DTYPES, ndim: int | None 
 
 INTERPRETER_SMS = 3  # "SMs" off CUDA and under the interpreter: few, so persistent programs walk several tiles
 ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (docs/kernels.md, "softmax")
-_sm_counts: dict = {}
 
 
 def warps_for(elements: int) -> int:
@@ -69,15 +68,11 @@ def warps_for(elements: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device`` (cached), or ``INTERPRETER_SMS`` under the interpreter or off CUDA.
+    """Multiprocessors of ``device``: ``_device.of(device).sms`` (queried once; ``INTERPRETER_SMS`` under the interpreter
+    or off CUDA, so a CPU run never asks CUDA). Persistent grids are sized from it."""
+    from ._device import of  # _device imports this module
 
-    Persistent grids are sized from it; off the GPU it never asks CUDA, so a CPU run cannot fail here.
-    """
-    if interpreting() or device.type != "cuda":
-        return INTERPRETER_SMS
-    if device not in _sm_counts:
-        _sm_counts[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device]
+    return of(device).sms
 
 
 # --------------------------------------------------------------------------- row views and outputs

@@ -25,13 +25,15 @@ except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
 from ._common import cdiv, disable_after_compile_failure, interpreting
+from ._device import DESCRIPTIONS, Device
 
 BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
 WARPS = 8
 MAX_REGS = 64  # registers a thread: four 8-warp programs an SM fit the register file
-SMEM_PER_SM = 233472  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
 SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
-SMEM_PER_BLOCK = 232448  # the most one block may take (sm_90 opt-in)
+SM90 = DESCRIPTIONS["H100"]  # the shared memory, registers and warps an SM of the GPUs the held kernels run on
+SMEM_PER_SM = SM90.smem_per_sm  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
+SMEM_PER_BLOCK = SM90.smem_per_block  # the most one block may take (sm_90 opt-in)
 
 
 def phase0(n_cols: int, elem_size: int) -> bool:
@@ -56,15 +58,17 @@ def phase_grid(n_rows: int, elem_size: int, per_sm_programs: int, sm_count: int)
 
 
 def per_sm(n_cols: int, elem_size: int, col_bytes: int | None = None, warps: int | None = None,
-           block: int | None = None, aligned: bool = False) -> int:
-    """Programs an SM runs at once: as many as shared memory holds rows of (``col_bytes`` a column: default the
-    element's), up to what the warps and registers allow; 0 where one does not fit. ``warps`` and ``block``: a
-    program's warps and its segments' elements (default ``WARPS``, ``BLOCK``); ``aligned`` as for ``segments``."""
+           block: int | None = None, aligned: bool = False, *, device: Device = SM90) -> int:
+    """Programs an SM of ``device`` runs at once: as many as shared memory holds rows of (``col_bytes`` a column:
+    default the element's), up to what the warps and registers allow; 0 where one does not fit. ``warps`` and
+    ``block``: a program's warps and its segments' elements (default ``WARPS``, ``BLOCK``); ``aligned`` as for
+    ``segments``. ``device`` defaults to sm_90's figures, the only GPUs the held kernels run on (``available``)."""
     warps, block = warps or WARPS, block or BLOCK
     row = segments(n_cols, elem_size, block, aligned) * block * (col_bytes or elem_size) + SMEM_RESERVED
-    if row > SMEM_PER_BLOCK:
+    if row > device.smem_per_block:
         return 0
-    return min(SMEM_PER_SM // (row + SMEM_RESERVED), 64 // warps, 65536 // (warps * 32 * MAX_REGS))
+    return min(device.smem_per_sm // (row + SMEM_RESERVED), device.warps_per_sm // warps,
+               device.regs_per_sm // (warps * 32 * MAX_REGS))
 
 
 # The Triton release whose sm_90 compiles set the register-bound choices of the held kernels (the layer-norm backward's

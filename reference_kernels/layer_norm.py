@@ -50,7 +50,9 @@ import triton.language as tl
 from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
-from ._common import as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count, warps_for
+from . import _device
+from ._common import as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
+from ._device import Device
 from ._math import widen, widen_after
 from ._ragged import (
     VECTOR_BYTES,
@@ -1583,7 +1585,6 @@ _JOINT_PIECES_PACKED = True
 # an SM fewer), the 64-register JOINT pieces (6144 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 ->
 # 66.7, 768 93 -> 91 and packed ragged rows (1500 -5.4) (docs/kernels.md, "bf16 widened by a shift").
 _ROWS_WIDEN_BANDS: tuple[tuple[int, int], ...] | None = ((1025, 4160), (8193, 16384))
-_REGS_PER_SM = 65536  # an SM's register file: the programs a register cap lets fit
 _ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
@@ -1734,7 +1735,7 @@ def _layer_norm_settings(
     elem_size: int,
     *,
     backward: bool = False,
-    sm_count: int = 4,
+    device: Device = _device.INTERPRETER,
     max_row: int | None = None,
     one_pass: bool | None = None,
     variant: str | None = None,
@@ -1764,22 +1765,22 @@ def _layer_norm_settings(
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
     if backward and (variant == "flat" or (variant is None and max_row is None and phased_ok and flat_ok
                                             and _flat_backward(n_cols, elem_size))):
-        return _flat_backward_plan(n_rows, n_cols, elem_size, sm_count)
+        return _flat_backward_plan(n_rows, n_cols, elem_size, device)
     if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
                                               and _phased_backward(n_cols, elem_size)
                                               and not (packed and _packed_rows(n_cols)))):
-        return _phased_backward_plan(n_rows, n_cols, elem_size, sm_count)
+        return _phased_backward_plan(n_rows, n_cols, elem_size, device)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
-            return _lean_backward_plan(n_rows, n_cols, elem_size, sm_count, max_row, one_pass)
+            return _lean_backward_plan(n_rows, n_cols, elem_size, device, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
     if not backward and max_row is None and _looped_forward(n_cols, elem_size):
-        return _looped_forward_plan(n_rows, n_cols, elem_size, sm_count)
+        return _looped_forward_plan(n_rows, n_cols, elem_size, device)
     if not backward and max_row is None and _walk_forward(n_cols, elem_size) and not (packed and _packed_rows(n_cols)):
         vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
-        return _walk_forward_plan(n_rows, n_cols, elem_size, vec, sm_count)
+        return _walk_forward_plan(n_rows, n_cols, elem_size, vec, device)
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
     if held and elem_size >= 4:
         return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
@@ -1818,7 +1819,7 @@ def _layer_norm_settings(
         per_sm = _BWD_PROGRAMS_PER_SM
     if backward:
         row_blocks = cdiv(n_rows, plan.block_m)
-        plan = plan._replace(n_groups=max(1, min(row_blocks, (sm_count * per_sm) // n_chunks)))
+        plan = plan._replace(n_groups=max(1, min(row_blocks, (device.sms * per_sm) // n_chunks)))
     return plan
 
 
@@ -1968,7 +1969,7 @@ def _phased_backward(n_cols: int, elem_size: int) -> bool:
     return n_cols >= _PHASED_BWD_MIN_COLS and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
 
 
-def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``. Aligned 16-bit
@@ -1987,16 +1988,16 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: in
     max_regs = _PHASED_MAX_REGS
     if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
-        per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
+        per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and _PHASED_BWD_TAIL_MAX_REGS:
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
-        max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, _REGS_PER_SM // (warps * 32) // 8 * 8))
-        per_sm = max(1, min(per_sm, _REGS_PER_SM // (warps * 32 * max_regs)))
+        max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, device.regs_per_sm // (warps * 32) // 8 * 8))
+        per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // held_bytes))
-    n_groups = min(sm_count * per_sm, n_rows)
+    n_groups = min(device.sms * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
     return _Plan("rows", 1, block_n, warps, n_groups, "phased", max_regs, prefetch=_PHASED_BWD_PREFETCH,
@@ -2045,13 +2046,13 @@ def _flat_backward(n_cols: int, elem_size: int) -> bool:
     return r * k / segments >= n_cols / lanes + _FLAT_BWD_MIN_GAIN
 
 
-def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_flat_kernel`` (``_flat_shape``): block_m R rows a window, block_n P lanes a
     segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as 32 warps hold."""
     seg, _, r, segments = _flat_shape(n_cols)
     vec = max(1, 16 // elem_size)
     warps = max(1, min(32, next_power_of_2(cdiv(segments * seg, 32 * vec))))
-    n_groups = max(1, min(sm_count * max(1, 32 // warps), cdiv(n_rows, r)))
+    n_groups = max(1, min(device.sms * max(1, 32 // warps), cdiv(n_rows, r)))
     return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
 
 
@@ -2091,7 +2092,7 @@ def _looped_forward(n_cols: int, elem_size: int) -> bool:
     return n_cols % 16 == 0 and _in_bands(_LOOPED_FWD_BANDS, n_cols, elem_size)
 
 
-def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int) -> _Plan:
+def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """``_layer_norm_fwd_looped_kernel`` on a persistent grid for aligned rows of ``n_cols``: the widest
     chunk of at most ``_LOOPED_FWD_CHUNK_BYTES`` whose last one masks at most ``_LOOPED_FWD_WASTE`` of the
     row, warps for one 16-byte vector of x a thread a chunk, ``_LOOPED_FWD_WARPS_PER_SM`` warps an SM."""
@@ -2103,7 +2104,7 @@ def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, sm_count: int
     chunk = max(chunk, smallest)
     warps = max(1, min(16, chunk // smallest))
     per_sm = max(1, _LOOPED_FWD_WARPS_PER_SM // warps)
-    return _Plan("looped", 1, chunk, warps, n_groups=max(1, min(n_rows, per_sm * sm_count)), per_sm=per_sm,
+    return _Plan("looped", 1, chunk, warps, n_groups=max(1, min(n_rows, per_sm * device.sms)), per_sm=per_sm,
                  stages=_LOOPED_FWD_STAGES)
 
 
@@ -2125,7 +2126,7 @@ def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int,
     return pieces, 1
 
 
-def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_count: int) -> _Plan:
+def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_fwd_walk_kernel`` for rows read ``vec`` elements a vector (1: aligned): the
     pieces (``_walk_pieces``), warps for ``_WALK_FWD_ELEMS`` elements a thread (fewer where a piece would
     get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``; fp32 only where the
@@ -2143,11 +2144,11 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
         while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
             warps //= 2
     max_regs = _WALK_FWD_MAX_REGS_16 if warps <= 16 and pieces[0] >= 16 * 32 * warps else _WALK_FWD_MAX_REGS
-    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, _REGS_PER_SM // (max_regs * 32 * warps)))
+    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, device.regs_per_sm // (max_regs * 32 * warps)))
     stages = _WALK_FWD_STAGES
     if stages > 1:
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * lanes * elem_size)))
-    n_groups = min(sm_count * per_sm, n_rows)
+    n_groups = min(device.sms * per_sm, n_rows)
     if vec > 1:  # one phase a program: a multiple of vec programs, rounded down (as the phased backward)
         n_groups = max(vec, n_groups // vec * vec)
     return _Plan("walk", 1, pieces[0], warps, n_groups, max_regs=max_regs, stages=stages,
@@ -2155,7 +2156,7 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, sm_co
 
 
 def _lean_backward_plan(
-    n_rows: int, n_cols: int, elem_size: int, sm_count: int, max_row: int | None, one_pass: bool | None
+    n_rows: int, n_cols: int, elem_size: int, device: Device, max_row: int | None, one_pass: bool | None
 ) -> _Plan:
     """The plan of ``_layer_norm_bwd_lean_kernel``: one 16-byte vector per tensor a thread."""
     vector = 16 // elem_size
@@ -2175,8 +2176,8 @@ def _lean_backward_plan(
         mode = "one_pass" if one_pass else "two_pass"
         max_regs = _LEAN_MAX_REGS[("chunks", size)]
     warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
-    resident = max(1, min(64 // warps, _REGS_PER_SM // (max_regs * 32 * warps)))
-    n_groups = max(1, min(n_rows, (sm_count * resident) // n_chunks))
+    resident = max(1, min(device.warps_per_sm // warps, device.regs_per_sm // (max_regs * 32 * warps)))
+    n_groups = max(1, min(n_rows, (device.sms * resident) // n_chunks))
     return _Plan(mode, 1, block_n, warps, n_groups, "lean", max_regs)
 
 
@@ -2311,7 +2312,7 @@ def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Pl
     # the columns the kernel must hold: every phase's row (with words: up to the end of its last vector)
     need = cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
     if (words and tail == 0) or plan.block_n + plan.block_t + plan.block_u + tail * r.vec < need:
-        plan = _walk_forward_plan(n_rows, n_cols, x2.element_size(), r.vec, sm_count(x2.device))  # other phases
+        plan = _walk_forward_plan(n_rows, n_cols, x2.element_size(), r.vec, _device.of(x2.device))  # other phases
         tail = plan.tail if words else 0
     if r.vec > 1:  # every row of a program at one phase (as the phased backward)
         plan = plan._replace(n_groups=max(r.vec, plan.n_groups // r.vec * r.vec))
@@ -2422,8 +2423,8 @@ def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     the shares is computed from (tests/test_ref_dogfood.py)."""
     x2, dy2 = as_rows(x), as_rows(dy)
     if _held_backward(dy2, x2, weight.contiguous(), x2):  # x2 for dx: a fresh dx is packed wherever x is
-        return _layer_norm_held.backward_programs(x2, weight, sm_count(x.device))
-    plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, sm_count=sm_count(x.device),
+        return _layer_norm_held.backward_programs(x2, weight, _device.of(x.device).sms)
+    plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, device=_device.of(x.device),
                                 phased_ok=dy.dtype == x.dtype, flat_ok=_flat_layout(x2, dy2),
                                 packed=_packed_width(x2, dy2) > 0)
     return _share_rows(plan)
@@ -2661,17 +2662,17 @@ def _forward_any(x2, weight, bias, y2, mean, rstd, eps: float, max_row: int | No
     streamed = max_row is None and _stream_forward(x2, weight, bias, y2, band)
     if max_row is None and not (band and streamed) and _held_forward(x2, weight, bias, y2):
         try:
-            _layer_norm_held.launch(x2, weight, bias, y2, mean, rstd, eps, sm_count(device))
+            _layer_norm_held.launch(x2, weight, bias, y2, mean, rstd, eps, _device.of(device).sms)
             return
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
             _layer_norm_held.disable(exc)
     if streamed and _layer_norm_held.available():  # available: not if the held plan's compile just failed
         try:
-            _layer_norm_held.launch_stream(x2, weight, bias, y2, mean, rstd, eps, sm_count(device))
+            _layer_norm_held.launch_stream(x2, weight, bias, y2, mean, rstd, eps, _device.of(device).sms)
             return
         except _layer_norm_held.CompilationError as exc:
             _layer_norm_held.disable(exc)
-    plan = _layer_norm_settings(*x2.shape, x2.element_size(), max_row=max_row, sm_count=sm_count(device),
+    plan = _layer_norm_settings(*x2.shape, x2.element_size(), max_row=max_row, device=_device.of(device),
                                 packed=_packed_width(x2, y2) > 0)
     _forward_launch(x2, weight.contiguous(), bias.contiguous(), y2, mean, rstd, eps, plan)
 
@@ -2721,7 +2722,7 @@ def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, v
     """The backward's plan, then its launches: the held Gluon kernel where it takes these rows, else the Triton plan."""
     if max_row is None and one_pass is None and variant is None and _held_backward(dy2, x2, weight, dx2):
         try:
-            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count(x2.device))
+            shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean, rstd, dx2, _device.of(x2.device).sms)
             _sum_shares(*shares, dw, db)
             return
         except _layer_norm_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
@@ -2730,7 +2731,7 @@ def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, v
         *x2.shape,
         x2.element_size(),
         backward=True,
-        sm_count=sm_count(x2.device),
+        device=_device.of(x2.device),
         max_row=max_row,
         one_pass=one_pass,
         variant=variant,

@@ -1,44 +1,32 @@
 """Fused softmax over the last dimension, for any row width.
 
-Five launch plans, on four kernels; ``_softmax_settings`` chooses:
+``plan`` chooses one of five launch plans on four kernels, from the problem and the ``_device.Device`` (its resources
+queried, its measured choices from ``tuned/<arch>.json``: docs/kernels.md, "Planning"):
 
-* ``rows`` (rows up to 16384 wide): ``_softmax_fwd_kernel``, a program loads ``BLOCK_M``
-  whole rows, reduces max and sum of exponentials in registers and writes the result: one
-  read, one write (16-bit rows of ``_SHIFT_16BIT``: the sum alone, of exponentials against the
-  row's first element). Measured 92-100% of copy bandwidth on an H200.
-* ``held`` (from 16385 columns, 16-bit rows to ~56000 where two programs an SM hold them in shared
-  memory, fp32 rows whole at one program an SM to ~57000; on compute-capability 9.x GPUs with Triton's Gluon,
-  ``_softmax_held``): a program a row copies it into shared memory (``cp.async``) and reads it there twice;
-  one read and one write. Wider rows (16-bit to ~590000, fp32 but the staged plan's aligned rows) in 2-16
-  slices, a slice a program, whose programs exchange their (max, sum) (``_held_split_group``). 76-95% of
-  copy in the sweep (docs/kernels.md, "Rows held in shared memory"); the plans below where it is not
-  available or measured slower.
-* ``staged`` (16385-32768: fp32 rows, and 16-bit rows that fill most of 32768): the
-  same kernel, one row on up to 32 warps; 16-bit rows walked by one persistent program an SM
-  whose row loop Triton pipelines (the next rows' loads in flight through shared memory),
-  fp32 rows one program a row. 69-90% of copy (docs/kernels.md, "The staged plan").
-* ``persistent`` and ``split`` (other wider rows, and every wide row where ``held`` is not available:
-  ``_WIDE_ROWS_PLAN = "auto"`` takes ``persistent`` up to 128 KiB a row, ``split`` beyond):
-  ``_softmax_split_kernel``, a few programs an SM walking tiles (a whole row, or one of a row's slices whose programs
-  exchange (max, sum)) twice, sized so that the tiles in flight fit in L2 and the second
-  read comes from there; a tile of one step is held in registers instead (no second read);
-  aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one (``SHIFT``).
-  The walk is shared with the layer-norm forward (``_split_walk``). Measured 81% of copy at
-  65536 and 71-75% at 262144 (docs/kernels.md, "The split walk" and "softmax"): short of
-  the 90% target, above every anchor.
+* ``rows`` (rows up to ``MAX_ROW`` wide): ``_softmax_fwd_kernel``, a program loads ``block_m`` whole rows, reduces max
+  and sum of exponentials in registers and writes the result: one read, one write (16-bit rows of ``shift_16bit``: the
+  sum alone, of exponentials against the row's first element). 92-100% of copy on an H200.
+* ``held`` (wider rows on compute capability 9.x with Triton's Gluon, ``_softmax_held``): a program a row copies it into
+  shared memory (``cp.async``) and reads it there twice; one read and one write. Rows that fewer than ``held_per_sm``
+  programs an SM hold go in 2-16 slices, a slice a program, whose programs exchange their (max, sum). 74-95% of copy.
+* ``staged`` (rows in ``staged_cols``, tuned data only): the rows kernel, one row on up to 32 warps; 16-bit rows walked
+  by one persistent program an SM whose row loop Triton pipelines (the next rows' loads in flight through shared
+  memory), fp32 rows one program a row. 69-90% of copy.
+* ``persistent`` and ``split`` (every other wide row): ``_softmax_split_kernel``, a few programs an SM walking tiles (a
+  whole row, or one of a row's slices whose programs exchange (max, sum)) twice, as many programs an SM as keep their
+  slices in L2 so that the second read comes from there; a tile of one step is held in registers instead (no second
+  read); aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one. The walk is shared with the
+  layer-norm forward (``_split_walk``). 56-81% of copy: short of the 90% target, above every anchor.
 
-The wide-row plans that lost to these (one program a row looping twice, chunk programs
-exchanging partials, a two-launch fallback) are listed with their figures in
-docs/kernels.md, "softmax".
-
-The max and sum are taken in float32 whatever the input dtype; the output has the input's
-dtype. Rows of ``-inf`` and rows holding ``nan`` or ``+inf`` come out as torch's do (all
-``nan``).
+The plans that lost to these are listed in docs/kernels.md, "Variants removed". The max and sum are taken in float32
+whatever the input dtype; the output has the input's dtype. Rows of ``-inf`` and rows holding ``nan`` or ``+inf`` come
+out as torch's do (all ``nan``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import functools
 
 import torch
 import triton
@@ -46,9 +34,10 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from . import _softmax_held
-from ._common import (ELEMS_PER_THREAD, as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, sm_count,
+from . import _device, _softmax_held
+from ._common import (ELEMS_PER_THREAD, as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols,
                       warps_for)
+from ._device import Device
 from ._math import exp
 from ._ragged import (Phased, body_bounds, edge_words, edges, in_row, launch_width, phased, ragged_width, row_origin,
                       row_pieces, vec_end)
@@ -462,505 +451,373 @@ def _row_values(chunk, start, cols, ph, n_cols, BLOCK_N: tl.constexpr, VEC: tl.c
 
 # --------------------------------------------------------------------------- plan
 
+# What every plan is built from (docs/kernels.md, "softmax"): a rows program holds up to MAX_ROW elements of a row
+# (32 warps x 32 threads x 16 fp32) and ROWS_TILE elements in all (4 warps x 32 x 16); wider rows are held in shared
+# memory ("held", sm_90) or walked twice, the second time from L2 ("persistent", "split").
+MAX_ROW = 16384
+ROWS_TILE = 2048
+MAX_REGS = 255  # the most registers a thread may have
+MAX_SPLIT_GROUP = 16  # programs a row's slices wait on: far below what a GPU holds at once
+PACKED_N_MAX = 2047  # packed rows of no multiple of 16 up to this width take N as a compile-time constant (_narrow)
+PHASED_ROWS_MIN_COLS = 2048  # the rows plan reads unaligned rows as aligned vectors from here ("Ragged rows")
+# Rows in up to two power-of-two pieces (_row_pieces: a third lost 13-27 points), a second piece only while over
+# PIECE_SLACK of the lanes would be masked, from PIECES_MIN_COLS; PIECE_MIN_WARPS warps at least.
+PIECE_SLACK = 0.125
+PIECES_MIN_COLS = 256
+PIECE_MIN_WARPS = 2
+# The staged plan: one row a step, STAGED_ELEMS a thread, up to STAGED_STAGES - 1 rows in flight in the shared memory
+# a block may take less STAGED_SMEM_SPARE.
+STAGED_ELEMS = 32
+STAGED_STAGES = 3
+STAGED_SMEM_SPARE = 35840
+# The walk (_split_walk) sized for the L2: a persistent program an SM with one 64 KiB chunk in flight; split slices
+# of SPLIT_SLICE_BYTES walked in SPLIT_CHUNK_BYTES steps by three 8-warp programs an SM (3 x 132 x 64 KiB: 26 MB);
+# fp32 slices of one step held in registers by one 16-warp program an SM from SPLIT_HOLD_MIN_ROW_BYTES.
+PERSISTENT_CHUNK_BYTES = 65536
+SPLIT_CHUNK_BYTES = 16384
+SPLIT_SLICE_BYTES = 65536
+SPLIT_PER_SM = 3
+SPLIT_HOLD_MIN_ROW_BYTES = 262144
+WIDE_PLANS = ("staged", "persistent", "split")
 
-class _Plan(NamedTuple):
-    """How one softmax is launched; ``_softmax_settings`` makes it, benchmarks may vary it."""
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Choices measured on one kind of GPU and Triton (``tuned/<arch>.json``, "softmax"; docs/kernels.md, "softmax",
+    gives each with its figures). The defaults are the plans' principles alone, and run on any GPU."""
+
+    rows_tile_fp32: int = ROWS_TILE  # elements a rows program holds of fp32 rows
+    # (lanes, least masked share, tile): 16-bit rows of a multiple of 8 columns whose power of two is ``lanes``, that
+    # share of it masked, held in one piece, take ``tile`` elements a program
+    masked_rows: tuple | None = None
+    shift_16bit: tuple = ()  # bands (inclusive) of 16-bit rows whose exponentials are taken against the first element
+    odd_16bit: tuple | None = None  # (lo, hi): odd 16-bit rows the rows plan reads as aligned vectors and edge words
+    narrow_phased: tuple | None = None  # (lo, hi): narrow rows the rows plan reads as aligned vectors ...
+    narrow_packed_multiple: int = 0  # ... but packed ones of a multiple of this (0: none), at a compile-time width
+    tail_regs_16bit: tuple | None = None  # (least, most, regs): aligned 16-bit rows of 8192 lanes + a piece in [least, most]
+    # masked share from which a row goes in pieces: under 4096 lanes; wider 16-bit; wider fp32, unaligned / aligned
+    piece_waste: tuple = (0.45, 0.45, 0.45, 0.45)
+    staged_cols: tuple | None = None  # (lo, hi): rows the staged plan takes (None: never) ...
+    staged_lane_use_16bit: float = 0.0  # ... 16-bit ones only filling this much of their power of two
+    held_ragged_16bit_from: int = 0  # 16-bit rows of no multiple of 16 held from this width (0: from MAX_ROW + 1)
+    held_fp32_aligned: tuple = ((MAX_ROW + 1, 1 << 30),)  # bands of fp32 rows of a multiple of 16 that are held
+    held_per_sm: tuple = (2, 1)  # programs an SM a whole held row needs, 16-bit / fp32; fewer: held in slices
+    persistent: tuple | None = None  # (most row bytes, least lane use): 16-bit rows the persistent walk takes
+
+
+DEFAULT_TUNING = Tuning()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one softmax is launched (``plan``); benchmarks may vary it (``dataclasses.replace``)."""
 
     mode: str  # "rows", "held", "staged", "persistent" or "split"
     block_m: int
     block_n: int
     num_warps: int
     group: int = 1  # "split" and "held": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # "staged", "persistent", "split": programs launched per SM
+    per_sm: int = 0  # "staged", "persistent", "split", "held": programs an SM
     max_regs: int = 0  # registers a thread may use (Triton's maxnreg), 0: the compiler's choice
-    stages: int = 0  # "staged": software-pipelining depth of the row loop
+    stages: int = 0  # "staged": software-pipelining depth of the row loop (0: one program a row)
     pieces: tuple = ()  # "staged": (BLOCK_N, BLOCK_T, BLOCK_U) of a contiguous input's rows (_row_pieces)
+    device: Device = dataclasses.field(default=_device.INTERPRETER, compare=False, repr=False)
+    tuning: Tuning = dataclasses.field(default=DEFAULT_TUNING, compare=False, repr=False)
 
 
-# The heuristics, from the H200 sweeps (docs/kernels.md, "softmax"): rows up to
-# _MAX_ROW wide are held whole by one program, _ROWS_TILE elements per program for narrow
-# rows, 32 per thread and at least 4 warps (``warps_for``).
-_MAX_ROW = 16384
-_ROWS_TILE = 2048
-# fp32 rows: elements a program instead of _ROWS_TILE (None: the same), one row of 1024 a program on 4 warps as Liger's
-# kernel holds it. H200, % of copy, against 2048 (docs/kernels.md, "softmax", "fp32 tile"): 8 97 -> 99.6, 256 96-97 ->
-# 99, 512 96 -> 98, 1000 96.7 -> 98.4, 1024 96 -> 98.7 (Liger 97-99), 300 96.7 -> 95; rows of 2048 lanes and wider are
-# one a program either way.
-_ROWS_TILE_FP32: int | None = 1024
-# 16-bit rows of 16-byte multiples whose power of two is _MASKED_ROWS_BLOCK lanes, a quarter or more of them masked,
-# held in one piece, take _MASKED_ROWS_TILE elements a program (four rows, 32 elements a thread on 4 warps, not two
-# rows at 16), as the layer norm's forward does (docs/kernels.md, "softmax", "More rows a program"). H200, % of copy,
-# bf16 / fp16: 576 85 -> 88-90 / 87 -> 90, 600 86 -> 92 / 88 -> 93, 640 88 -> 94 / 90 -> 95, 768 95 -> 99 / 96 -> 98-99;
-# narrower blocks level or mixed (80 +3 / -1, 160 -1 / 0, 320 -1 / +2, 384 0 / +1), 520 (512 + 8 in pieces) 92 -> 85.
-_MASKED_ROWS_TILE = 4096
-_MASKED_ROWS_BLOCK = 1024
-_MASKED_ROWS_MIN_SHARE = 0.25
-# The plan for rows wider than _MAX_ROW, from the H200 sweeps (docs/kernels.md, "softmax"). "auto":
-# "persistent" (a program an SM walks whole rows twice, the second time from L2, the next chunk
-# always in flight) for rows up to _PERSISTENT_MAX_ROW_BYTES,
-# "split" (a row cut into slices, programs exchanging (max, sum) with a back-off wait) wider.
-# Measured at 65536 / 262144: persistent 70-80% / 63-64% of copy, split 74-76% / 70-73% (fp32
-# slices held in registers 80% / 75%), against Liger 62-64% (65536; it refuses 262144).
-_WIDE_ROWS_PLAN = "auto"
-_WIDE_PLANS = ("auto", "staged", "persistent", "split")
-# "staged" (_softmax_fwd_kernel, one row a step), "auto"'s choice from _STAGED_MIN_COLS to _STAGED_MAX_COLS
-# where _staged_default says: whole rows in registers (_STAGED_ELEMS a thread, up to 32 warps, capped at 64
-# registers); where _STAGED_PERSISTENT (16-bit), a persistent program walking rows with the next rows'
-# loads in flight through shared memory (Triton's pipeliner, up to _STAGED_STAGES - 1 rows, within
-# _STAGED_SMEM_BYTES a program), else one program a row (docs/kernels.md, "softmax", "The staged plan").
-_STAGED_MIN_COLS = 16385
-_STAGED_MAX_COLS = 32768
-_STAGED_ELEMS = 32
-_STAGED_STAGES = 3
-_STAGED_SMEM_BYTES = 196608
-_STAGED_PIECES = 1  # 16-bit 28000: 81% against 59% in three; fp32 25049: 79% against 59% (one program a row)
-_STAGED_PIECE_WASTE = 0.05
-_STAGED_PERSISTENT = {4: False, 2: True}  # by element size: fp32 32768 90%+ one program a row, 81% pipelined
-# Rows of 16385+ columns held in shared memory by Gluon programs, a program a row (_softmax_held; docs/kernels.md, "Rows
-# held in shared memory"), where it measured faster on the H200: 16-bit rows with two or more programs an SM (powers of
-# two with _HELD_16BIT_POW2: 32768 93 against the staged walk's 86); fp32 multiples of 16 columns in
-# _HELD_FP32_ALIGNED_BANDS; other fp32 rows wherever one fits an SM (17000: 70 -> 82; held a program a row, 2026-12-03,
-# twice: 26865 80 -> 89-90, 28001 79-80 -> 88-89 against the staged plan, 29001 82 -> 90, 30522 82 -> 90, 40001 82 -> 88,
-# 50257 81 -> 86 against slices). False: never.
-_HELD = True
-_HELD_MIN_COLS = 16385
-# 16-bit rows of no multiple of 16 columns are held from here, a program a row (_softmax_held.ONE_ROW). H200, % of
-# copy, the rows plan -> held, bf16 / fp16: 12345 84 / 83 -> 90 / 91, 12500 83 / 84 -> 92 / 93, 13500 86 / 87 -> 93 /
-# 93, 14500 88 / 89 -> 93 / 94, 15500 91 / 91 -> 93 / 93, 16383 93 / 93 -> 92 / 92; narrower mixed (9000 77 -> 86,
-# 10001 90 / 95 -> 92 / 92, 8200 99 -> 81) and aligned rows level or lower (11008-16000 -0.5 to -3; 9216 84 -> 91):
-# not taken there.
-_HELD_RAGGED_16BIT_MIN_COLS = 12289
-_HELD_16BIT_POW2 = True  # 16-bit rows of a power of two held too (32768: the staged walk 85-86 -> 93-94)
-_HELD_MIN_PER_SM = {2: 2, 4: 1}  # by element size; 16-bit at one an SM mixed: 60000 70 -> 74, 65536 77 -> 66
-# fp32 rows of a multiple of 16 columns held whole, a program a row, in these bands (inclusive) where one fits an SM.
-# H200, 2026-12-03, twice, staged -> held: 16400 75 -> 94, 18432 80 -> 95, 20480 83 -> 95, 24000 88 -> 94-96, 24576 88 ->
-# 94-95, 26624 89 -> 94, 28672 90 -> 91, 29696 / 30720 / 32000 90 -> 90-92; 32768 level (staged); past it at one an SM
-# (49152 83 in slices -> 89, 40960 90; one run each). (): never.
-_HELD_FP32_ALIGNED_BANDS: tuple[tuple[int, int], ...] = ((16385, 32767), (32769, 1 << 20))
-# Rows under _HELD_SPLIT_BELOW programs an SM whole (16-bit past ~56000 columns, fp32 past ~57000) held in GROUP slices,
-# a slice a program, the slices of a row exchanging their (max, sum) (_softmax_held.launch_split; docs/kernels.md,
-# "Rows held in shared memory"): as few slices as leave the first of
-# _HELD_SPLIT_PER_SM's programs an SM that up to _MAX_SPLIT_GROUP slices reach. H200, % of copy, the split walk ->
-# slices: bf16 60000 71 -> 80, 128256 71 -> 81, 262144 69 -> 78; fp32 65536 75 -> 87. fp32 rows at one program an SM
-# are held whole (a program a slice against a program a row, 2026-12-03, twice: 29001 / 30522 / 31001 82 -> 88-90,
-# 40001 82 -> 88, 50257 81 -> 86), and fp32 slices three an SM, not four (65536 82 -> 86-88, 128256 / 262144 82 -> 82-83).
-# False: the plans before.
-_HELD_SPLIT = True
-_HELD_SPLIT_BELOW = {2: 2, 4: 1}  # by element size: programs an SM of the whole row
-_HELD_SPLIT_PER_SM = {2: (3,), 4: (3,)}  # by element size, in order of preference
-_STAGED_MIN_LANE_USE_16BIT = 0.85  # 16-bit rows take "staged" only filling this much of their power of two
-_STAGED_UNALIGNED_16BIT = True  # with _EDGE_WORDS: bf16 30522 72 -> 76% (17000, 22618 at 52-63% lost: under 0.85)
-_PERSISTENT_MAX_ROW_BYTES = 131072
-_PERSISTENT_CHUNK_BYTES = 65536  # one program an SM, one chunk of loads in flight
-_PERSISTENT_MIN_LANE_USE = 0.99  # rows that leave more of their last chunk empty go to "split" (28000-32000: 76% vs 64-72%)
-_PERSISTENT_WARPS = 16
-_SPLIT_CHUNK_BYTES = 16384  # three programs an SM: 48 KB in flight
-_SPLIT_WARPS = 8
-_SPLIT_PER_SM = 3
-# fp32 rows up to _MAX_SPLIT_GROUP slices: one 64 KiB step a slice, held in registers for pass
-# two (HOLD), one 16-warp program an SM: 76-80% of copy against 73-74% re-reading from L2. 16-bit
-# slices held so measured 48-63%: they keep the 16 KB steps (docs/kernels.md, "softmax").
-_SPLIT_HOLD_MIN_ELEM_SIZE = 4
-_SPLIT_HOLD_WARPS = 16
-_SPLIT_HOLD_MIN_ROW_BYTES = 262144  # narrower fp32 rows: 16 KB steps, three an SM (69-72% against 55-60% held)
-_SPLIT_SLICE_BYTES = 65536  # 3 x 132 slices in flight = 26 MB (held: 132 = 9 MB), under half the L2
-_MAX_SPLIT_GROUP = 16  # programs a row waits on: far below what a GPU holds at once
-# 16-bit rows on the split walk: pass one sums exp(x - the row's first element) (SHIFT, docs/kernels.md "The
-# split walk"). H200, % of copy, two runs each on two machines, bf16 / fp16: 20000 76 -> 82 / 77 -> 82, 49152
-# 72 -> 75 / 73 -> 76, 50304 70 -> 72 / 71 -> 72, 100352-151936 +1-3, 17000 level on one machine and +4-7 on the
-# other; not on the persistent plan (65536: bf16 79 -> 75, fp16 76 -> 80) nor ragged rows (50257: 64 -> 61 / 62 -> 59).
-_SPLIT_SHIFT_16BIT = True
-_SPLIT_SHIFT_PLANS = ("split",)
-_SPLIT_SHIFT_RAGGED = False
-# Registers: a plan that counts on several programs an SM being resident caps the registers
-# at what that needs (Triton's maxnreg); without it triton 3.6 gave the unaligned-row kernels
-# 95 / 106 registers and one or two programs an SM fewer than planned (ncu; docs/kernels.md,
-# "Ragged rows"). Rows: two 16-warp programs an SM (64). Split: three 8-warp programs (80).
-_REGS_PER_SM = 65536
-_MAX_REGS = 255
-_ROWS_MAX_REGS = 64
-# Aligned 16-bit rows held as 8192 lanes plus a second piece of _TAIL_PIECE_REGS_16BIT[0]..[1] lanes (8448-8704)
-# on 8 warps: _TAIL_PIECE_REGS_16BIT[2] registers (8-16 bytes of stack), five programs an SM instead of four
-# (ncu: the 8704 row waits on latency with four; shorter pieces and unaligned rows lost; docs/kernels.md,
-# "softmax", "One reduction"). None: the rows cap.
-_TAIL_PIECE_REGS_16BIT: tuple[int, int, int] | None = (256, 512, 48)
-# Unaligned rows (_ragged): the wide-row plans always read them as aligned vectors (scalar
-# 64 KiB chunks spill); the rows plan where that measured faster than Triton's scalar path
-# (docs/kernels.md, "Ragged rows"): from 2048 columns, and 64..128.
-_PHASED_ROWS_MIN_COLS = 2048
-# Odd 16-bit rows just past 1024 on aligned vectors (and edge words) as well: H200, 2026-12-03, two runs, Triton's
-# scalar accesses -> vectors, bf16 / fp16: 1025 85-86 -> 89 / 85-86 -> 92, 1027 86 -> 89 / 86-87 -> 92, 1031 85 -> 89
-# / 85 -> 92, 1039 85-86 -> 87-88 / 85 -> 91; outside it lost or level (fp16 993 / 1009 85 -> 82, bf16 1041 86 -> 84;
-# 1026, twice-odd, 98 -> 88). None: no band.
-_PHASED_ODD_16BIT: tuple[int, int] | None = (1025, 1039)
-# The edges of unaligned 16-bit rows loaded as 32-bit words (_ragged.edge_words), which the staged plan's
-# pipeline copies with cp.async (2-byte loads it cannot); the rows plan gains 1-3 points from 2048 columns
-# (12345: 72 -> 75%), and narrower phased rows (64..128), not timed with them, keep the 2-byte edges.
-_EDGE_WORDS = True
-# Rows held as up to _ROW_PIECES power-of-two pieces (``_row_pieces``): fewer masked lanes than the
-# row's own power of two (4097 bf16: 4104 lanes, not 8192). Two, not three: a third piece lost 13-27
-# points at 7000 and 12345 (H200). A second piece only while over _PIECE_SLACK of the lanes would be
-# masked, and only where the row's own power of two masks _piece_waste of them.
-_ROW_PIECES = 2
-_PIECE_SLACK = 0.125
-_PIECES_MIN_COLS = 256
-_PIECES_WIDE = 4096
-_PIECE_WASTE_NARROW = 0.45
-_PIECE_WASTE_WIDE_16BIT = 0.2
-_PIECE_WASTE_WIDE_FP32 = 0.3
-# fp32 rows that all start aligned (VEC 1) keep their power of two from 4096 whatever it masks (1.0: never in pieces),
-# as Liger's kernel does: H200, 2026-12-03, two runs, pieces -> one tile (Liger beside): 5632 94 -> 96.6 (96.2), 8704
-# 92 -> 95.5 (94.1), 9728 94 -> 96.3 (95.5), 10240 93.5 -> 96 (95.2); 4096 level. Ragged fp32 rows keep the rule above.
-_PIECE_WASTE_WIDE_FP32_ALIGNED = 1.0
-_PIECE_MIN_WARPS = 2  # 2049 bf16 on 2 warps (32 elements a thread): 73 -> 90%+ of copy (H200)
-_PHASED_NARROW_COLS = (64, 128)
-# Packed rows (contiguous, strides N) on Triton's own accesses whose N is not a multiple of 16 elements, up to this
-# width, take N as a compile-time constant (_narrow, Phased.packed_width): the rows' alignment (the largest power
-# of two dividing N) becomes known, so a 60-wide bf16 row loads as 8-byte vectors and a 24-wide one as 16-byte ones,
-# not element by element (sm_90 SASS: 1040 -> 312 and 888 -> 224 instructions a program); one compile a width.
-# H200, % of copy, bf16 / fp32: 24 31 / 59 -> 98 / 98, 40 21 / 41 -> 93 / 98, 60 31 / 57 -> 97 / 98, 200 49 / 90 ->
-# 99 / 98, 600 65 / 97 -> 88 / 100, 1000 86 / 97 -> 99 / 98, 1500 79 / 98 -> 98 / 99; odd widths level (13 37 -> 37)
-_PACKED_N_MAX = 2047
-# Packed rows in _PHASED_NARROW_COLS whose N is a multiple of this keep Triton's accesses at a compile-time width
-# instead of aligned vectors (_packed_band). H200, % of copy, bf16 / fp32: 68 55 / 82 -> 66 / 99, 72 59 / 85 -> 86
-# / 98, 100 77 / 98 -> 88 / 97; odd and twice-odd rows lost (65 53 -> 20, 66 54 -> 37, 98 76 -> 54, 127 89 -> 39)
-_PACKED_BAND_MULTIPLE = 4
-# 16-bit rows in these bands (inclusive) take their exponentials against the row's first element: one block
-# reduction instead of two, on the rows plan and the staged plan's aligned rows (_softmax_rows' SHIFT;
-# docs/kernels.md, "One reduction"). H200, % of copy: bf16 8704 75 -> 82, 10240 84 -> 93, 12345 74 -> 83,
-# 16384 93 -> 97, 32768 84 -> 86; fp16 1000 79 -> 85; 2048-8192 level or up to 1 point lower, and odd widths
-# under 16 lost (bf16 3 36-39 -> 26: a row's extra load among few elements), so not there.
-_SHIFT_16BIT: tuple[tuple[int, int], ...] | None = ((256, 2047), (8193, 32768))
+def plan(n_rows: int, n_cols: int, elem_size: int, device: Device, *, tuning: Tuning | None = None,
+         max_row: int | None = None, wide: str | None = None, held: bool | None = None) -> Plan:
+    """The launch plan for an (n_rows, n_cols) softmax on ``device``: the one place its choices live.
 
-
-def _softmax_settings(
-    n_rows: int,
-    n_cols: int,
-    elem_size: int,
-    *,
-    max_row: int | None = None,
-    wide: str | None = None,
-    held: bool | None = None,
-) -> _Plan:
-    """The launch plan for an (n_rows, n_cols) softmax: the one place its heuristics live.
-
-    ``max_row`` overrides the widest row held by one program (tests force the wide-row
-    plans with a small value; it is then also their step width). ``wide`` names the plan
-    for wide rows ("persistent" or "split") instead of ``_WIDE_ROWS_PLAN``; "split" with more
-    than one program a row waits on other programs, so under the interpreter an explicit
-    ``wide="split"`` is refused and the ``_WIDE_ROWS_PLAN`` choice runs one program a row.
-    ``elem_size`` sizes the persistent and split chunks (bytes in flight). ``held``: whether the "held" plan may
-    be taken (default: where this machine runs it, ``_softmax_held.available``); neither ``max_row`` nor ``wide``
-    ever takes it.
+    ``tuning``: the measured choices (default: ``device``'s tuned file where this Triton matches it, else
+    ``DEFAULT_TUNING``). ``max_row`` overrides the widest row held by one program (tests force the wide-row plans with a
+    small value; it is then also their step width). ``wide`` names the plan for wide rows (``WIDE_PLANS``); "split"
+    with more than one program a row waits on other programs, so on a device whose programs do not run at once (the
+    interpreter) an explicit ``wide="split"`` is refused and an implied one runs one program a row. ``held``: whether the "held" plan may be taken (default: where
+    ``device`` runs it, ``_softmax_held.available``); neither ``max_row`` nor ``wide`` ever takes it.
     """
+    t = _device.tuning("softmax", device, DEFAULT_TUNING) if tuning is None else tuning
+    if wide is not None and wide not in WIDE_PLANS:
+        raise ValueError(f"unknown wide-row plan {wide!r}; choose one of {WIDE_PLANS}")
+    made = functools.partial(Plan, device=device, tuning=t)
     if held is None:
-        held = _softmax_held.available()
-    slices = _held_split_group(n_cols, elem_size) if held and max_row is None and wide is None else 0
-    if slices:
-        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS, slices,
-                     _softmax_held.per_sm(_softmax_held.split_shape(n_cols, elem_size, slices)[1], elem_size),
-                     _softmax_held.MAX_REGS)
-    if held and max_row is None and wide is None and _held_default(n_cols, elem_size):
-        return _Plan("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
-                     per_sm=_softmax_held.per_sm(n_cols, elem_size), max_regs=_softmax_held.MAX_REGS)
-    widest = max_row if max_row is not None else _MAX_ROW
-    wide_plan = wide or _WIDE_ROWS_PLAN
-    if wide_plan not in _WIDE_PLANS:
-        raise ValueError(f"unknown wide-row plan {wide_plan!r}; choose one of {_WIDE_PLANS}")
-    staged_ok = ragged_width(n_cols, elem_size) <= _STAGED_MAX_COLS
+        held = device.arch // 10 == 9 and _softmax_held.available()
+    if held and max_row is None and wide is None:
+        slices = _held_split_group(n_cols, elem_size, device, t)
+        if slices:
+            per_sm = _softmax_held.per_sm(_softmax_held.split_shape(n_cols, elem_size, slices)[1], elem_size, device=device)
+            return made("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS, slices, per_sm, _softmax_held.MAX_REGS)
+        if _held_default(n_cols, elem_size, device, t):
+            return made("held", 1, _softmax_held.BLOCK, _softmax_held.WARPS,
+                        per_sm=_softmax_held.per_sm(n_cols, elem_size, device=device), max_regs=_softmax_held.MAX_REGS)
+    widest = max_row if max_row is not None else MAX_ROW
+    staged_ok = t.staged_cols is not None and ragged_width(n_cols, elem_size) <= t.staged_cols[1]
     if wide == "staged" and not staged_ok:
-        raise ValueError(f"the staged plan holds rows up to {_STAGED_MAX_COLS} columns, not {n_cols}")
-    if staged_ok and (wide == "staged" or (wide_plan == "staged" and n_cols > widest)
-                      or (max_row is None and wide_plan == "auto" and _staged_default(n_cols, elem_size))):
-        return _staged_plan(n_cols, elem_size)
-    # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned
-    # row past it, those last few elements are edges (``_softmax_fwd_kernel``): a 4095-wide
-    # bf16 row takes a 4096-lane tile, not 8192 (docs/kernels.md, "Ragged rows").
+        raise ValueError(f"the staged plan holds rows of {t.staged_cols} columns on {device.name}, not {n_cols}")
+    if staged_ok and (wide == "staged" or (max_row is None and wide is None and _staged_default(n_cols, elem_size, t))):
+        return _staged_plan(n_cols, elem_size, device, t)
+    # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned row past it, those last
+    # few elements are edges (``_softmax_fwd_kernel``): a 4095-wide bf16 row takes a 4096-lane tile, not 8192
+    # (docs/kernels.md, "Ragged rows").
     if n_cols <= widest:
         block_n = next_power_of_2(n_cols)
-        block_m = max(1, min(_rows_tile(n_cols, elem_size) // block_n, next_power_of_2(n_rows)))
-        return _Plan("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_ROWS_MAX_REGS)
-    if wide_plan == "staged":  # _WIDE_ROWS_PLAN "staged", a row too wide for it: the wide plans' choice
-        wide_plan = "auto"
-    if wide_plan == "auto":
-        wide_plan = _auto_wide_plan(n_cols, elem_size)
-    split = wide_plan == "split"
-    group = min(_MAX_SPLIT_GROUP, cdiv(n_cols * elem_size, _SPLIT_SLICE_BYTES)) if split else 1
-    hold = (split and max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
-            and _SPLIT_HOLD_MIN_ROW_BYTES <= n_cols * elem_size <= _MAX_SPLIT_GROUP * _SPLIT_SLICE_BYTES)
-    warps, per_sm = (_SPLIT_HOLD_WARPS, 1) if hold else (_SPLIT_WARPS, _SPLIT_PER_SM) if split else (_PERSISTENT_WARPS, 1)
+        block_m = max(1, min(_rows_tile(n_cols, elem_size, t) // block_n, next_power_of_2(n_rows)))
+        return made("rows", block_m, block_n, warps_for(block_m * block_n), max_regs=_resident_regs(16, 2, device))
+    mode = wide if wide in ("persistent", "split") else _auto_wide_plan(n_cols, elem_size, t)
+    split = mode == "split"
+    hold = (split and max_row is None and elem_size >= 4
+            and SPLIT_HOLD_MIN_ROW_BYTES <= n_cols * elem_size <= MAX_SPLIT_GROUP * SPLIT_SLICE_BYTES)
+    warps, per_sm = (16, 1) if hold else (8, SPLIT_PER_SM) if split else (16, 1)
     if max_row is None:
-        chunk_bytes = _SPLIT_SLICE_BYTES if hold else _SPLIT_CHUNK_BYTES if split else _PERSISTENT_CHUNK_BYTES
-        chunk = chunk_bytes // elem_size
+        chunk = (SPLIT_SLICE_BYTES if hold else SPLIT_CHUNK_BYTES if split else PERSISTENT_CHUNK_BYTES) // elem_size
     else:
         chunk = next_power_of_2(max_row)
-    group = split_group(n_cols, chunk, group)[0]
-    if group > 1 and interpreting():
+    group = min(MAX_SPLIT_GROUP, cdiv(n_cols * elem_size, SPLIT_SLICE_BYTES)) if split else 1
+    group, slice_cols = split_group(n_cols, chunk, group)
+    if split:  # what pass two reads again stays in L2: every resident program's slice at once
+        per_sm = max(1, min(per_sm, device.l2_bytes // (device.sms * min(n_cols, slice_cols) * elem_size)))
+    if group > 1 and not device.concurrent:
         if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
         group = 1
-    return _Plan(wide_plan, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm))
+    return made(mode, 1, chunk, warps, group, per_sm, _resident_regs(warps, per_sm, device))
 
 
-def _held_default(n_cols: int, elem_size: int) -> bool:
-    """Whether the planner takes the "held" plan for rows of ``n_cols`` (``_HELD``, from ``_HELD_MIN_COLS``, 16-bit
-    rows of no multiple of 16 columns from ``_HELD_RAGGED_16BIT_MIN_COLS``, at least ``_HELD_MIN_PER_SM`` programs an
-    SM): 16-bit rows (powers of two with ``_HELD_16BIT_POW2``); fp32 rows of a multiple of 16 columns in
-    ``_HELD_FP32_ALIGNED_BANDS``, other fp32 rows always."""
-    progs = _softmax_held.per_sm(n_cols, elem_size)
-    narrow_ok = elem_size < 4 and n_cols % 16 != 0 and n_cols >= _HELD_RAGGED_16BIT_MIN_COLS
-    if not _HELD or (n_cols < _HELD_MIN_COLS and not narrow_ok):
+def _held_default(n_cols: int, elem_size: int, device: Device, t: Tuning) -> bool:
+    """Whether rows of ``n_cols`` are held whole: wider than ``MAX_ROW`` (16-bit rows of no multiple of 16 columns
+    from ``held_ragged_16bit_from``) where ``held_per_sm`` programs an SM fit; fp32 rows of a multiple of 16 columns
+    only in ``held_fp32_aligned``."""
+    ragged_16 = elem_size < 4 and n_cols % 16 != 0 and 0 < t.held_ragged_16bit_from <= n_cols
+    if n_cols <= MAX_ROW and not ragged_16:
         return False
-    if progs < _HELD_MIN_PER_SM[4 if elem_size >= 4 else 2]:
+    if _softmax_held.per_sm(n_cols, elem_size, device=device) < t.held_per_sm[elem_size >= 4]:
         return False
-    if elem_size < 4:
-        return _HELD_16BIT_POW2 or n_cols & (n_cols - 1) != 0
-    if n_cols % 16 == 0:
-        return any(lo <= n_cols <= hi for lo, hi in _HELD_FP32_ALIGNED_BANDS)
+    if elem_size >= 4 and n_cols % 16 == 0:
+        return any(lo <= n_cols <= hi for lo, hi in t.held_fp32_aligned)
     return True
 
 
-def _held_split_group(n_cols: int, elem_size: int) -> int:
-    """Slices a row for the "held" plan in slices (``_HELD_SPLIT``): rows of which fewer than ``_HELD_SPLIT_BELOW``
-    programs an SM hold whole, in the fewest slices that leave the first
-    of ``_HELD_SPLIT_PER_SM``'s programs an SM that ``_MAX_SPLIT_GROUP`` slices reach; 0 where it is not taken (the
-    planner goes on to ``_held_default``)."""
-    key = 4 if elem_size >= 4 else 2
-    if not _HELD_SPLIT or n_cols < _HELD_MIN_COLS or _softmax_held.per_sm(n_cols, elem_size) >= _HELD_SPLIT_BELOW[key]:
+def _held_split_group(n_cols: int, elem_size: int, device: Device, t: Tuning) -> int:
+    """Slices a row is held in: rows wider than ``MAX_ROW`` of which fewer than ``held_per_sm`` programs an SM hold
+    whole, in the fewest slices (up to ``MAX_SPLIT_GROUP``) of which ``SPLIT_PER_SM`` programs an SM fit; 0 where the
+    row is not held in slices."""
+    if n_cols <= MAX_ROW or _softmax_held.per_sm(n_cols, elem_size, device=device) >= t.held_per_sm[elem_size >= 4]:
         return 0
-    for target in _HELD_SPLIT_PER_SM[key]:
-        for asked in range(2, _MAX_SPLIT_GROUP + 1):
-            group, slice_cols = _softmax_held.split_shape(n_cols, elem_size, asked)
-            if group > 1 and _softmax_held.per_sm(slice_cols, elem_size) >= target:
-                return group
+    for asked in range(2, MAX_SPLIT_GROUP + 1):
+        group, slice_cols = _softmax_held.split_shape(n_cols, elem_size, asked)
+        if group > 1 and _softmax_held.per_sm(slice_cols, elem_size, device=device) >= SPLIT_PER_SM:
+            return group
     return 0
 
 
-def _rows_tile(n_cols: int, elem_size: int) -> int:
-    """Elements a rows-plan program holds: ``_MASKED_ROWS_TILE`` for 16-bit rows of a multiple of 8 columns whose power
-    of two is ``_MASKED_ROWS_BLOCK`` lanes, at least ``_MASKED_ROWS_MIN_SHARE`` of them masked, held in one piece
-    (``_row_pieces``); else ``_ROWS_TILE`` (fp32: ``_ROWS_TILE_FP32`` where set)."""
-    if (elem_size == 2 and n_cols % 8 == 0 and next_power_of_2(n_cols) == _MASKED_ROWS_BLOCK
-            and n_cols <= (1 - _MASKED_ROWS_MIN_SHARE) * _MASKED_ROWS_BLOCK and _row_pieces(n_cols, 1, elem_size)[1] == 0):
-        return max(_ROWS_TILE, _MASKED_ROWS_TILE)
-    return _ROWS_TILE_FP32 if elem_size >= 4 and _ROWS_TILE_FP32 else _ROWS_TILE
+def _rows_tile(n_cols: int, elem_size: int, t: Tuning) -> int:
+    """Elements a rows-plan program holds: ``ROWS_TILE`` (fp32: ``rows_tile_fp32``); ``masked_rows``' tile for 16-bit
+    rows of a multiple of 8 columns whose power of two is its lanes, that share masked, held in one piece."""
+    if t.masked_rows and elem_size == 2 and n_cols % 8 == 0:
+        lanes, share, tile = t.masked_rows
+        if next_power_of_2(n_cols) == lanes and n_cols <= (1 - share) * lanes and _row_pieces(n_cols, 1, elem_size, t)[1] == 0:
+            return max(ROWS_TILE, tile)
+    return t.rows_tile_fp32 if elem_size >= 4 else ROWS_TILE
 
 
-def _staged_default(n_cols: int, elem_size: int) -> bool:
-    """Whether "auto" takes the staged plan (from ``_STAGED_MIN_COLS``; H200 sweep, docs/kernels.md "softmax"):
-    fp32 rows, and 16-bit rows that fill ``_STAGED_MIN_LANE_USE_16BIT`` of their power of two (unaligned ones
-    where ``_STAGED_UNALIGNED_16BIT``; below it the split walk was faster: 16385 46% against 57%)."""
-    if n_cols < _STAGED_MIN_COLS:
+def _staged_default(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    """Whether the staged plan is taken: rows in ``staged_cols``, 16-bit ones filling ``staged_lane_use_16bit`` of
+    their power of two."""
+    if n_cols < t.staged_cols[0]:
         return False
-    if elem_size >= 4:
-        return True
-    aligned = ragged_width(n_cols, elem_size) == n_cols
-    return (aligned or _STAGED_UNALIGNED_16BIT) and n_cols / next_power_of_2(n_cols) >= _STAGED_MIN_LANE_USE_16BIT
+    return elem_size >= 4 or n_cols / next_power_of_2(n_cols) >= t.staged_lane_use_16bit
 
 
-def _staged_plan(n_cols: int, elem_size: int, vec: int | None = None) -> _Plan:
-    """The staged plan: the rows kernel, one row a step (persistent and pipelined where
-    ``_STAGED_PERSISTENT``). The row in up to ``_STAGED_PIECES`` pieces (``_row_pieces``, from ``_STAGED_PIECE_WASTE`` of masked lanes) on
-    ``_STAGED_ELEMS`` elements a thread (4 to 32 warps, 64 registers); as many rows in flight (stages
-    - 1) as ``_STAGED_SMEM_BYTES`` holds, up to ``_STAGED_STAGES - 1``; as many programs an SM as
-    registers and shared memory allow. ``vec``: the launch's (default: that of a contiguous tensor)."""
+def _staged_plan(n_cols: int, elem_size: int, device: Device, t: Tuning, vec: int | None = None) -> Plan:
+    """The staged plan: the rows kernel, one row a step on ``STAGED_ELEMS`` elements a thread (4 to 32 warps, the rows
+    cap); 16-bit rows walked by a persistent program an SM with up to ``STAGED_STAGES - 1`` rows in flight in shared
+    memory, fp32 rows one program a row. ``vec``: the launch's (default: that of a contiguous tensor)."""
     if vec is None:
         vec = 1 if ragged_width(n_cols, elem_size) == n_cols else max(1, 16 // elem_size)
-    pieces = _row_pieces(n_cols, vec, elem_size, max_pieces=_STAGED_PIECES, waste=_STAGED_PIECE_WASTE)
+    pieces = _row_pieces(n_cols, vec, elem_size, t, max_pieces=1)
     lanes = sum(pieces)
-    warps = max(4, min(32, next_power_of_2(cdiv(lanes, 32 * _STAGED_ELEMS))))
+    warps = max(4, min(32, next_power_of_2(cdiv(lanes, 32 * STAGED_ELEMS))))
     row_bytes = lanes * elem_size
-    stages = max(1, min(_STAGED_STAGES, 1 + _STAGED_SMEM_BYTES // row_bytes))
-    by_regs = _REGS_PER_SM // (warps * 32 * _ROWS_MAX_REGS)
-    by_smem = _STAGED_SMEM_BYTES // ((stages - 1) * row_bytes) if stages > 1 else by_regs
-    return _Plan("staged", 1, pieces[0], warps, per_sm=max(1, min(by_regs, by_smem)), max_regs=_ROWS_MAX_REGS,
-                 stages=stages, pieces=pieces)
+    smem = device.smem_per_block - STAGED_SMEM_SPARE
+    stages = max(1, min(STAGED_STAGES, 1 + smem // row_bytes)) if elem_size < 4 else 0
+    regs = _resident_regs(16, 2, device)
+    by_regs = device.regs_per_sm // (warps * 32 * regs)
+    by_smem = smem // ((stages - 1) * row_bytes) if stages > 1 else by_regs
+    return Plan("staged", 1, pieces[0], warps, per_sm=max(1, min(by_regs, by_smem)), max_regs=regs, stages=stages,
+                pieces=pieces, device=device, tuning=t)
 
 
-def _resident_regs(warps: int, per_sm: int) -> int:
-    """The register cap at which ``per_sm`` programs of ``warps`` warps fit an SM's 64K registers at once
-    (in Triton's steps of 8), or 0 when one program an SM needs no cap."""
+def _resident_regs(warps: int, per_sm: int, device: Device) -> int:
+    """The register cap at which ``per_sm`` programs of ``warps`` warps fit an SM's registers at once (in Triton's
+    steps of 8), or 0 when one program an SM needs no cap."""
     if per_sm <= 1:
         return 0
-    return min(_MAX_REGS, _REGS_PER_SM // (warps * 32 * per_sm) // 8 * 8)
+    return min(MAX_REGS, device.regs_per_sm // (warps * 32 * per_sm) // 8 * 8)
 
 
-def _auto_wide_plan(n_cols: int, elem_size: int) -> str:
-    """``_WIDE_ROWS_PLAN`` "auto": "persistent" for 16-bit rows up to ``_PERSISTENT_MAX_ROW_BYTES``
-    that fill its 64 KiB chunks (``_PERSISTENT_MIN_LANE_USE``), else "split" (docs/kernels.md, "softmax")."""
-    if elem_size >= 4 or n_cols * elem_size > _PERSISTENT_MAX_ROW_BYTES:
+def _auto_wide_plan(n_cols: int, elem_size: int, t: Tuning) -> str:
+    """"persistent" for 16-bit rows within ``persistent``'s bytes that fill its chunks that much, else "split"."""
+    if t.persistent is None or elem_size >= 4 or n_cols * elem_size > t.persistent[0]:
         return "split"
-    chunk = _PERSISTENT_CHUNK_BYTES // elem_size
+    chunk = PERSISTENT_CHUNK_BYTES // elem_size
     width = ragged_width(n_cols, elem_size)
-    return "persistent" if width / (cdiv(width, chunk) * chunk) >= _PERSISTENT_MIN_LANE_USE else "split"
+    return "persistent" if width / (cdiv(width, chunk) * chunk) >= t.persistent[1] else "split"
 
 
 # --------------------------------------------------------------------------- launchers
 
 
-def _launch(x2: torch.Tensor, y2: torch.Tensor, plan: _Plan) -> None:
+def _launch(x2: torch.Tensor, y2: torch.Tensor, p: Plan) -> None:
     n_rows, n_cols = x2.shape
-    if plan.mode == "held":
-        if _softmax_held.split_fits(x2, y2, plan.group):
+    es, t = x2.element_size(), p.tuning
+    if p.mode == "held":
+        if _softmax_held.split_fits(x2, y2, p.group):
             try:
-                _softmax_held.launch_split(x2, y2, plan.group, sm_count(x2.device))
+                _softmax_held.launch_split(x2, y2, p.group, p.device.sms)
                 return
             except _softmax_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
                 _softmax_held.disable(exc)
         # rows not packed (a column slice) or not 16-byte aligned: the plan without it
-        return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), held=False))
-    if plan.mode == "staged":
+        return _launch(x2, y2, plan(n_rows, n_cols, es, p.device, tuning=t, held=False))
+    if p.mode == "staged":
         r = phased(x2, y2)
-        if launch_width(n_cols, r.vec) > _STAGED_MAX_COLS:  # an aligned width at an odd offset, too wide
+        if launch_width(n_cols, r.vec) > t.staged_cols[1]:  # an aligned width at an odd offset, too wide
             r.finish()
-            return _launch(x2, y2, _softmax_settings(n_rows, n_cols, x2.element_size(), max_row=_MAX_ROW))
-        plan = _staged_plan(n_cols, x2.element_size(), r.vec)
-        persistent = _STAGED_PERSISTENT[4 if x2.element_size() >= 4 else 2]
-        grid = max(1, min(n_rows, sm_count(x2.device) * plan.per_sm)) if persistent else n_rows
+            return _launch(x2, y2, plan(n_rows, n_cols, es, p.device, tuning=t, max_row=MAX_ROW))
+        p = _staged_plan(n_cols, es, p.device, t, r.vec)
+        grid = max(1, min(n_rows, p.device.sms * p.per_sm)) if p.stages else n_rows
         launch_kernel(_softmax_fwd_kernel, (grid,),
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
-            BLOCK_M=1, BLOCK_N=plan.pieces[0], BLOCK_T=plan.pieces[1], BLOCK_U=plan.pieces[2], VEC=r.vec, NARROW=0,
-            FAST_EXP=not interpreting(), STAGES=plan.stages if persistent else 0, EDGE_WORDS=_EDGE_WORDS,
-            SHIFT=r.vec == 1 and _shift(n_cols, x2.element_size()), num_warps=plan.num_warps,
-            **_reg_cap(plan),
+            BLOCK_M=1, BLOCK_N=p.pieces[0], BLOCK_T=p.pieces[1], BLOCK_U=p.pieces[2], VEC=r.vec, NARROW=0,
+            FAST_EXP=not interpreting(), STAGES=p.stages, EDGE_WORDS=True,
+            SHIFT=r.vec == 1 and _shift(n_cols, es, t), num_warps=p.num_warps,
+            **_reg_cap(p),
         )
         r.finish()
         return
     r = Phased.plain(x2, y2)  # Triton's own (scalar, for unaligned rows) accesses
-    if plan.mode != "rows" or (_phase_rows(n_cols, x2.element_size()) and not _packed_band(r, n_cols)):
+    if p.mode != "rows" or (_phase_rows(n_cols, es, t) and not _packed_band(r, n_cols, t)):
         r = phased(x2, y2)
-    if plan.mode == "rows":
-        block_n = max(plan.block_n, next_power_of_2(n_cols))
-        pieces = (_row_pieces(n_cols, r.vec, x2.element_size()) if block_n == next_power_of_2(n_cols)
-                  else (block_n, 0, 0))
-        warps = plan.num_warps if pieces[1] == 0 else _piece_warps(plan.block_m * sum(pieces))
-        plan = plan._replace(max_regs=_rows_regs(pieces, r.vec, x2.element_size(), plan.max_regs))
-        launch_kernel(_softmax_fwd_kernel, (cdiv(n_rows, plan.block_m),),
+    if p.mode == "rows":
+        block_n = max(p.block_n, next_power_of_2(n_cols))
+        pieces = _row_pieces(n_cols, r.vec, es, t) if block_n == next_power_of_2(n_cols) else (block_n, 0, 0)
+        warps = p.num_warps if pieces[1] == 0 else _piece_warps(p.block_m * sum(pieces))
+        p = dataclasses.replace(p, max_regs=_rows_regs(pieces, r.vec, es, p.max_regs, t))
+        launch_kernel(_softmax_fwd_kernel, (cdiv(n_rows, p.block_m),),
             r.x, r.y, r.phase, n_rows, n_cols, r.stride_x, r.stride_y,
-            BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
+            BLOCK_M=p.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             NARROW=_narrow(r, n_cols), FAST_EXP=not interpreting(),
-            EDGE_WORDS=_edge_words(n_cols, x2.element_size()), SHIFT=_shift(n_cols, x2.element_size()),
-            num_warps=warps,
-            **_reg_cap(plan),
+            EDGE_WORDS=_edge_words(n_cols, es, t), SHIFT=_shift(n_cols, es, t), num_warps=warps,
+            **_reg_cap(p),
         )
     else:
-        _launch_split(r, n_rows, n_cols, plan)
+        _launch_split(r, n_rows, n_cols, p)
     r.finish()
 
 
-def _row_pieces(n_cols: int, vec: int, elem_size: int = 4, max_pieces: int | None = None,
-                waste: float | None = None) -> tuple[int, int, int]:
+def _row_pieces(n_cols: int, vec: int, elem_size: int, t: Tuning, max_pieces: int = 2) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_T, BLOCK_U) of the rows kernel (``_ragged.row_pieces``).
 
-    The pieces cover every whole vector a row can hold; the edges take the rest
-    (``_softmax_fwd_kernel``): N virtual columns for aligned rows, the vectors up to N + VEC -
-    1 for unaligned ones. A row keeps its own power of two unless that leaves at least
-    ``_piece_waste`` of its lanes masked (each piece adds two row reductions).
+    The pieces cover every whole vector a row can hold; the edges take the rest (``_softmax_fwd_kernel``): N virtual
+    columns for aligned rows, the vectors up to N + VEC - 1 for unaligned ones. A row keeps its own power of two unless
+    that leaves at least ``_piece_waste`` of its lanes masked (each piece adds two row reductions).
     """
     need = (n_cols + vec - 1) // vec * vec if vec > 1 else n_cols
-    pieces = _ROW_PIECES if max_pieces is None else max_pieces
     single = next_power_of_2(need)
-    least = _piece_waste(need, elem_size, vec) if waste is None else waste
-    if n_cols < _PIECES_MIN_COLS or (single - need) < least * single:
-        pieces = 1
-    return row_pieces(need, vec, pieces, _PIECE_SLACK)
+    if n_cols < PIECES_MIN_COLS or (single - need) < _piece_waste(need, elem_size, vec, t) * single:
+        max_pieces = 1
+    return row_pieces(need, vec, max_pieces, PIECE_SLACK)
 
 
-def _piece_waste(need: int, elem_size: int, vec: int = 1) -> float:
-    """Share of masked lanes from which a row is held in pieces (H200 sweep, docs/kernels.md "softmax"):
-    rows narrower than 4096 only just above a power of two (1025, 2049: 50%; 768, 1536, 2560 lost
-    6-8 points in pieces); wider ones from 20% in 16-bit (5120, 10000, 12288 gained 7-16 points) and
-    30% in ragged fp32 (6144 lost 5); aligned fp32 rows (``vec`` 1) ``_PIECE_WASTE_WIDE_FP32_ALIGNED``."""
-    if need < _PIECES_WIDE:
-        return _PIECE_WASTE_NARROW
+def _piece_waste(need: int, elem_size: int, vec: int, t: Tuning) -> float:
+    """Share of masked lanes from which a row is held in pieces (``Tuning.piece_waste``): rows under 4096 lanes;
+    wider 16-bit rows; wider fp32 rows, unaligned (``vec`` > 1) or aligned."""
+    narrow, wide_16, ragged_32, aligned_32 = t.piece_waste
+    if need < 4096:
+        return narrow
     if elem_size < 4:
-        return _PIECE_WASTE_WIDE_16BIT
-    return _PIECE_WASTE_WIDE_FP32_ALIGNED if vec == 1 else _PIECE_WASTE_WIDE_FP32
+        return wide_16
+    return aligned_32 if vec == 1 else ragged_32
 
 
 def _piece_warps(lanes: int) -> int:
-    """Warps of a rows program holding ``lanes`` in pieces: 32 elements a thread over the largest power of
-    two under ``lanes``, ``_PIECE_MIN_WARPS`` to 16 (4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
-    return max(_PIECE_MIN_WARPS, min(16, (1 << (lanes.bit_length() - 1)) // (32 * ELEMS_PER_THREAD)))
+    """Warps of a rows program holding ``lanes`` in pieces: 32 elements a thread over the largest power of two under
+    ``lanes``, ``PIECE_MIN_WARPS`` to 16 (4096 + 8 on 4 warps, not the 8 of an 8192 tile)."""
+    return max(PIECE_MIN_WARPS, min(16, (1 << (lanes.bit_length() - 1)) // (32 * ELEMS_PER_THREAD)))
 
 
-def _shift(n_cols: int, elem_size: int) -> bool:
-    """Whether 16-bit rows of ``n_cols`` take the rows kernel's one-reduction path (``_SHIFT_16BIT``)."""
-    return elem_size == 2 and any(lo <= n_cols <= hi for lo, hi in _SHIFT_16BIT or ())
+def _shift(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    """Whether 16-bit rows of ``n_cols`` take the rows kernel's one-reduction path (``Tuning.shift_16bit``)."""
+    return elem_size == 2 and any(lo <= n_cols <= hi for lo, hi in t.shift_16bit)
 
 
 def _narrow(r: Phased, n_cols: int) -> int:
     """``NARROW`` of the rows kernel: N for packed rows on Triton's own accesses that are not a multiple of 16
-    elements and at most ``_PACKED_N_MAX`` wide (``Phased.packed_width``); else 0.
+    elements and at most ``PACKED_N_MAX`` wide (``Phased.packed_width``); else 0.
 
-    A runtime stride that is not a multiple of 16 tells Triton nothing of alignment, so each element was a
-    scalar load (bf16 8 columns: 41% of copy, ncu); a compile-time stride lets a row load as vectors as wide as
-    the largest power of two dividing N (a row of 1, 2, 4 or 8: one vector). Strides that are multiples of 16
-    Triton already knows, so those rows keep a runtime N (no compile a width).
+    A runtime stride that is not a multiple of 16 tells Triton nothing of alignment, so each element was a scalar load
+    (bf16 8 columns: 41% of copy, ncu); a compile-time stride lets a row load as vectors as wide as the largest power
+    of two dividing N (a row of 1, 2, 4 or 8: one vector). Strides that are multiples of 16 Triton already knows, so
+    those rows keep a runtime N (no compile a width).
     """
-    return r.packed_width(n_cols, _PACKED_N_MAX)
+    return r.packed_width(n_cols, PACKED_N_MAX)
 
 
-def _phase_rows(n_cols: int, elem_size: int = 4) -> bool:
-    """Whether the ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``): where it measured
-    faster than Triton's scalar accesses (docs/kernels.md, "Ragged rows"); their edges as words where
-    ``_edge_words``."""
-    return (n_cols >= _PHASED_ROWS_MIN_COLS or _PHASED_NARROW_COLS[0] <= n_cols <= _PHASED_NARROW_COLS[1]
-            or _odd_16bit_band(n_cols, elem_size))
+def _in(band: tuple | None, n: int) -> bool:
+    return band is not None and band[0] <= n <= band[1]
 
 
-def _odd_16bit_band(n_cols: int, elem_size: int) -> bool:
-    """Whether rows of ``n_cols`` are odd 16-bit ones in ``_PHASED_ODD_16BIT``."""
-    band = _PHASED_ODD_16BIT
-    return elem_size == 2 and n_cols % 2 == 1 and band is not None and band[0] <= n_cols <= band[1]
+def _phase_rows(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    """Whether the rows plan reads unaligned rows as aligned vectors (``_ragged``): from ``PHASED_ROWS_MIN_COLS``, and
+    in ``Tuning.narrow_phased`` and ``odd_16bit``."""
+    return n_cols >= PHASED_ROWS_MIN_COLS or _in(t.narrow_phased, n_cols) or _odd_16bit(n_cols, elem_size, t)
 
 
-def _edge_words(n_cols: int, elem_size: int) -> bool:
-    """Whether the rows plan loads a phased row's edges as 32-bit words (``_EDGE_WORDS``): from
-    ``_PHASED_ROWS_MIN_COLS``, and in ``_PHASED_ODD_16BIT`` (as measured there)."""
-    return _EDGE_WORDS and (n_cols >= _PHASED_ROWS_MIN_COLS or _odd_16bit_band(n_cols, elem_size))
+def _odd_16bit(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    return elem_size == 2 and n_cols % 2 == 1 and _in(t.odd_16bit, n_cols)
 
 
-def _packed_band(r: Phased, n_cols: int) -> bool:
-    """Whether rows in ``_PHASED_NARROW_COLS`` keep Triton's own accesses with a compile-time width (``_narrow``)
-    instead of aligned vectors: packed rows whose N is a multiple of ``_PACKED_BAND_MULTIPLE``."""
-    return n_cols % _PACKED_BAND_MULTIPLE == 0 and r.packed_width(n_cols, _PACKED_N_MAX) > 0
+def _edge_words(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    """Whether the rows plan loads a phased row's edges as 32-bit words: from ``PHASED_ROWS_MIN_COLS``, and in
+    ``Tuning.odd_16bit``."""
+    return n_cols >= PHASED_ROWS_MIN_COLS or _odd_16bit(n_cols, elem_size, t)
 
 
-def _launch_split(r: Phased, n_rows: int, n_cols: int, plan: _Plan) -> None:
-    group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
-    shift = _split_shift(plan, r.vec, r.x.element_size(), slice_cols)
+def _packed_band(r: Phased, n_cols: int, t: Tuning) -> bool:
+    """Whether rows in ``Tuning.narrow_phased`` keep Triton's own accesses at a compile-time width (``_narrow``)
+    instead of aligned vectors: packed rows whose N is a multiple of ``narrow_packed_multiple``."""
+    m = t.narrow_packed_multiple
+    return m > 0 and n_cols % m == 0 and r.packed_width(n_cols, PACKED_N_MAX) > 0
+
+
+def _launch_split(r: Phased, n_rows: int, n_cols: int, p: Plan) -> None:
+    group, slice_cols = split_group(launch_width(n_cols, r.vec), p.block_n, p.group)
+    # 16-bit aligned rows of the split plan whose slices take several steps sum exp(x - the row's first element)
+    shift = r.x.element_size() == 2 and p.mode == "split" and slice_cols != p.block_n and r.vec == 1
     split_run(
         _softmax_split_kernel,
         lambda part, sync, n_programs: (
             r.x, r.y, part, sync, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, slice_cols, n_programs),
-        n_rows, group, plan.per_sm, r.x.device, r.x,
-        GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
-        SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=group == 1 and slice_cols == plan.block_n, VEC=r.vec, SHIFT=shift, num_warps=plan.num_warps,
-        planes=2 if shift else 1, **_reg_cap(plan),
+        n_rows, group, p.per_sm, r.x.device, r.x,
+        GROUP=group, BLOCK_N=p.block_n, BLOCK_G=next_power_of_2(group), FAST_EXP=not interpreting(),
+        SUB=max(1, min(p.block_n, 16 // r.x.element_size())), HOLD=slice_cols == p.block_n,
+        EARLY=group == 1 and slice_cols == p.block_n, VEC=r.vec, SHIFT=shift, num_warps=p.num_warps,
+        planes=2 if shift else 1, **_reg_cap(p),
     )
 
 
-def _split_shift(plan: _Plan, vec: int, elem_size: int, slice_cols: int) -> bool:
-    """Whether the split walk's pass one sums exp(x - c) (``SHIFT``): 16-bit rows of the plans in
-    ``_SPLIT_SHIFT_PLANS``, aligned unless ``_SPLIT_SHIFT_RAGGED``, tiles of more than one step."""
-    return (_SPLIT_SHIFT_16BIT and elem_size == 2 and plan.mode in _SPLIT_SHIFT_PLANS and slice_cols != plan.block_n
-            and (vec == 1 or _SPLIT_SHIFT_RAGGED))
-
-
-def _rows_regs(pieces: tuple[int, int, int], vec: int, elem_size: int, cap: int) -> int:
-    """The rows plan's register cap for a row held as ``pieces``: ``_TAIL_PIECE_REGS_16BIT`` for aligned 16-bit
-    rows of 8192 lanes and a second piece in its band, else ``cap``."""
-    if _TAIL_PIECE_REGS_16BIT is None or elem_size != 2 or vec != 1:
+def _rows_regs(pieces: tuple[int, int, int], vec: int, elem_size: int, cap: int, t: Tuning) -> int:
+    """The rows plan's register cap for a row held as ``pieces``: ``Tuning.tail_regs_16bit`` for aligned 16-bit rows
+    of 8192 lanes and a second piece in its band, else ``cap``."""
+    if t.tail_regs_16bit is None or elem_size != 2 or vec != 1:
         return cap
-    least, most, regs = _TAIL_PIECE_REGS_16BIT
+    least, most, regs = t.tail_regs_16bit
     return regs if pieces[0] == 8192 and least <= pieces[1] <= most and pieces[2] == 0 else cap
 
 
-def _reg_cap(plan: _Plan) -> dict:
-    """Launch options capping registers (``_Plan.max_regs``); none under the interpreter."""
-    return {"maxnreg": plan.max_regs} if plan.max_regs and not interpreting() else {}
+def _reg_cap(p: Plan) -> dict:
+    """Launch options capping registers (``Plan.max_regs``); none under the interpreter."""
+    return {"maxnreg": p.max_regs} if p.max_regs and not interpreting() else {}
 
 
 # --------------------------------------------------------------------------- public functions
@@ -976,7 +833,7 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     dimension that is not contiguous, or leading dims that do not flatten to one, cost a
     copy). Returns a contiguous tensor of ``x``'s shape and dtype, written into ``out``
     when given (contiguous, same shape, dtype and device). ``max_row`` overrides the
-    launch heuristic (``_softmax_settings``), for tests.
+    launch plan (``plan``), for tests.
     """
     return CALLS((max_row,), (x, out), lambda: _fused(x, out, max_row))
 
@@ -988,7 +845,7 @@ def _fused(x: torch.Tensor, out: torch.Tensor | None, max_row: int | None) -> to
         return y
     x2 = as_rows(x)
     y2 = y if x.dim() == 2 else y.view(-1, x.shape[-1])
-    _launch(x2, y2, _softmax_settings(x2.shape[0], x2.shape[1], x.element_size(), max_row=max_row))
+    _launch(x2, y2, plan(x2.shape[0], x2.shape[1], x.element_size(), _device.of(x.device), max_row=max_row))
     return y
 
 

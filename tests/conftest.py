@@ -1,5 +1,6 @@
 """Test-suite setup: run Triton under its interpreter when there is no GPU, skip `gpu` tests."""
 
+import dataclasses
 import os
 
 import pytest
@@ -114,6 +115,23 @@ def unwritten_reads_nan(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: poisoned(empty(*args, **kwargs)))
     monkeypatch.setattr(torch, "empty_like", lambda *args, **kwargs: poisoned(empty_like(*args, **kwargs)))
+
+
+@pytest.fixture
+def tuned_sm90(monkeypatch):
+    """The reference kernels plan this test's tensors as for an sm_90 GPU with its tuned choices
+    (``reference_kernels/tuned/90.json``), whatever this Triton is. Without a GPU the device is the H200's description
+    with the interpreter's few SMs (persistent programs still walk several rows) and its programs one after another.
+    Returns the ``Device``."""
+    from reference_kernels import _device
+
+    if torch.cuda.is_available() and not _device.interpreting():
+        dev = _device.of(torch.device("cuda"))
+    else:
+        dev = dataclasses.replace(_device.DESCRIPTIONS["H200"], sms=_device.INTERPRETER.sms, concurrent=False)
+    monkeypatch.setattr(_device, "of", lambda device: dev)
+    monkeypatch.setattr(_device, "tuned_here", lambda device: device.arch == 90)
+    return dev
 
 
 class _RecordedKernel:

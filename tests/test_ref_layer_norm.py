@@ -9,6 +9,7 @@ the interpreter: their tests carry the ``gpu`` marker.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -21,7 +22,7 @@ import triton
 
 import triton.language as tl
 
-from reference_kernels import layer_norm
+from reference_kernels import _device, layer_norm
 from reference_kernels._ragged import row_origin, word_vectors
 from test_ref_held import compile_for_sm90
 
@@ -29,6 +30,13 @@ from test_ref_held import compile_for_sm90
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H200 = _device.DESCRIPTIONS["H200"]  # the GPU the plans' bands were measured on (docs/kernels.md, "Planning")
+SMS = H200.sms
+
+
+def on(sms: int) -> _device.Device:
+    """A device of ``sms`` SMs whose programs run one after another: plans small enough for the interpreter."""
+    return dataclasses.replace(_device.INTERPRETER, sms=sms)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Backward kernels: the measured plans and the register-lean kernel (forced at every shape).
 VARIANTS = ("measured", "lean")
@@ -263,31 +271,31 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
 def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
     # the rows plan where rows do not lie flat (contiguous 4096-wide 16-bit rows take the flat plan)
     settings = functools.partial(layer_norm._layer_norm_settings, flat_ok=False)
-    assert settings(32768, 4096, 2, backward=True, sm_count=132).prefetch  # bf16 4096: 87% against 74%
-    assert settings(32768, 2064, 2, backward=True, sm_count=132).prefetch
-    assert not settings(32768, 2048, 2, backward=True, sm_count=132).prefetch
-    assert not settings(131072, 1024, 2, backward=True, sm_count=132).prefetch  # 68% against 81%
-    assert not settings(32768, 4096, 4, backward=True, sm_count=132).prefetch  # fp32: 90% against 93%
-    assert not settings(32768, 4096, 2, sm_count=132).prefetch  # forward plans never do
-    assert not settings(32768, 4096, 2, backward=True, sm_count=132, max_row=4096).prefetch  # tests' plans
+    assert settings(32768, 4096, 2, backward=True, device=H200).prefetch  # bf16 4096: 87% against 74%
+    assert settings(32768, 2064, 2, backward=True, device=H200).prefetch
+    assert not settings(32768, 2048, 2, backward=True, device=H200).prefetch
+    assert not settings(131072, 1024, 2, backward=True, device=H200).prefetch  # 68% against 81%
+    assert not settings(32768, 4096, 4, backward=True, device=H200).prefetch  # fp32: 90% against 93%
+    assert not settings(32768, 4096, 2, device=H200).prefetch  # forward plans never do
+    assert not settings(32768, 4096, 2, backward=True, device=H200, max_row=4096).prefetch  # tests' plans
 
 
 def test_settings_split_rows_into_groups_that_fill_the_gpu():
-    plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, sm_count=132)
-    assert plan.mode == "rows" and plan.n_groups == 132 * layer_norm._BWD_PROGRAMS_PER_SM
-    half = layer_norm._layer_norm_settings(131072, 1024, 2, backward=True, sm_count=132)
-    assert (half.block_m, half.n_groups) == (1, 132 * layer_norm._BWD_NARROW_HALF["programs_per_sm"])
-    wide = layer_norm._layer_norm_settings(2048, 65536, 4, backward=True, sm_count=132)
-    assert wide.n_groups * (65536 // wide.block_n) <= 132 * layer_norm._BWD_PROGRAMS_PER_SM
-    narrow = layer_norm._layer_norm_settings(3, 16, 4, backward=True, sm_count=132)
+    plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, device=H200)
+    assert plan.mode == "rows" and plan.n_groups == SMS * layer_norm._BWD_PROGRAMS_PER_SM
+    half = layer_norm._layer_norm_settings(131072, 1024, 2, backward=True, device=H200)
+    assert (half.block_m, half.n_groups) == (1, SMS * layer_norm._BWD_NARROW_HALF["programs_per_sm"])
+    wide = layer_norm._layer_norm_settings(2048, 65536, 4, backward=True, device=H200)
+    assert wide.n_groups * (65536 // wide.block_n) <= SMS * layer_norm._BWD_PROGRAMS_PER_SM
+    narrow = layer_norm._layer_norm_settings(3, 16, 4, backward=True, device=H200)
     assert narrow.n_groups == 1  # never more groups than row blocks
 
 
 @pytest.mark.parametrize("width", [1024, 4096, 16384, 65536])
 @pytest.mark.parametrize("elem_size", [4, 2], ids=["fp32", "bf16"])
 def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_it(width, elem_size):
-    sm = 132
-    plan = layer_norm._layer_norm_settings(2**27 // width, width, elem_size, backward=True, sm_count=sm, variant="lean")
+    sm = SMS
+    plan = layer_norm._layer_norm_settings(2**27 // width, width, elem_size, backward=True, device=H200, variant="lean")
     assert (plan.variant, plan.block_m) == ("lean", 1)
     assert plan.block_n * elem_size == 16 * 32 * plan.num_warps  # one 16-byte vector a thread and tensor
     threads = 32 * plan.num_warps
@@ -300,7 +308,7 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
 
 
 def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
-    settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, sm_count=132,  # noqa: E731
+    settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, device=H200,  # noqa: E731
                                                                    flat_ok=False)  # 16-bit 4096: flat where rows lie flat
     widths = [(1024, 4), (4096, 4), (3072, 2), (4096, 2), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
     assert [settings(n, s).variant for n, s in widths] == [
@@ -308,7 +316,7 @@ def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch)
     ]
     monkeypatch.setattr(layer_norm, "_BWD_VARIANT", "measured")
     assert all(settings(n, s).variant == "measured" for n, s in widths)
-    assert layer_norm._layer_norm_settings(8192, 128, 4, sm_count=132).variant == "measured"  # forward untouched
+    assert layer_norm._layer_norm_settings(8192, 128, 4, device=H200).variant == "measured"  # forward untouched
     with pytest.raises(ValueError, match="unknown backward variant 'fast'"):
         layer_norm._layer_norm_settings(8192, 128, 4, backward=True, variant="fast")
 
@@ -658,7 +666,7 @@ def test_the_phased_backward_matches_torch_at_every_phase_and_writes_every_eleme
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
     variant = None if layer_norm._phased_backward(shape[1], x.element_size()) else "phased"
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=3, variant=variant)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=on(3), variant=variant)
     assert plan.variant == "phased" and (plan.n_groups % (16 // x.element_size()) == 0 or shape[1] % 16 == 0)
     dx, dw, db = layer_norm.backward(dy, x, weight, mean, rstd, variant=variant)
     _, *expected = torch_reference(x, weight, bias, dy)
@@ -676,7 +684,7 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=132, variant="phased")
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=H200, variant="phased")
     assert plan.stages > 1
     first = layer_norm.backward(dy, x, weight, mean, rstd, variant="phased")
     _, *expected = torch_reference(x, weight, bias, dy)
@@ -708,7 +716,7 @@ def test_rows_that_take_several_reductions_take_both_row_sums_in_one_each(monkey
         True, True, True, True, False, False, False, True]  # fp32 pieces under 2048 lanes lost with it (1280 90 -> 85%)
     assert [tail(1024, 0, 1025, 8), tail(1024, 8, 1025, 8), tail(2048, 0, 1025, 8), tail(1024, 0, 1024, 1),
             tail(32, 0, 27, 8)] == [True, False, False, False, True]
-    assert layer_norm._layer_norm_settings(8192, 1025, 2, backward=True, sm_count=132).max_regs == 96  # the plan agrees
+    assert layer_norm._layer_norm_settings(8192, 1025, 2, backward=True, device=H200).max_regs == 96  # the plan agrees
     # a row ahead: a 16-bit third piece of under two lanes a thread only (6656's 512 on 512 threads, not 7168's 1024)
     ahead = layer_norm._phased_ahead
     assert [ahead(512, 16, 2), ahead(1024, 16, 2), ahead(0, 16, 2), ahead(512, 16, 4)] == [True, False, False, False]
@@ -740,7 +748,7 @@ def test_the_backward_in_two_merged_pieces_matches_torch(merge, monkeypatch):
     x[3] += 50.0
     dy = torch.randn(shape, device=DEVICE).bfloat16()
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._layer_norm_settings(*shape, 2, backward=True, sm_count=2, variant="phased")
+    plan = layer_norm._layer_norm_settings(*shape, 2, backward=True, device=on(2), variant="phased")
     assert (plan.block_n, plan.block_t, plan.num_warps) == (1024, 256, 4)
     dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
     layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
@@ -760,7 +768,7 @@ def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype
     x[3] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="phased")
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=on(2), variant="phased")
     assert (plan.block_n, plan.block_t) == pieces
     dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, weight, bias))
     layer_norm._backward_launch(dy, x, weight, mean, rstd, dx, dw, db, plan)
@@ -820,7 +828,7 @@ def test_aligned_16_bit_backward_rows_in_three_merged_pieces_match_torch(n, piec
     x[3] += 50.0
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="phased")
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=on(2), variant="phased")
     assert (plan.block_n, plan.block_t, plan.block_u, plan.num_warps) == (*pieces, 4)
     assert layer_norm._merge_pieces(*pieces[:2], 4, x.element_size(), pieces[2]) == 128
     _, *expected = torch_reference(x, weight, bias, dy)
@@ -960,7 +968,7 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     P = layer_norm._Plan
     cases = [(2049, 4), (4097, 4), (8189, 4), (1025, 4), (1025, 2), (4097, 2), (7001, 2), (4608, 2), (8192, 4), (768, 2),
              (2048, 2), (1280, 4), (3072, 4), (1023, 4), (8704, 2), (1024, 4), (4096, 4), (3072, 2), (512, 2), (999, 2)]
-    bwd = [settings(8192, n, s, backward=True, sm_count=132) for n, s in cases]
+    bwd = [settings(8192, n, s, backward=True, device=H200) for n, s in cases]
     assert [p.variant for p in bwd] == ["phased"] * 13 + ["measured", "lean", "measured", "measured", "measured",
                                                           "measured", "measured"]
     assert (settings(8192, 8191, 2, backward=True).block_n, settings(8192, 8191, 2, backward=True).block_t) == (8192, 8)
@@ -968,29 +976,29 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
         settings(8192, 10000, 2, backward=True, variant="phased")  # 8192 + 2048: a tail past 1024
     # unaligned rows (and fp32 ones under 4096) in two pieces where their power of two masks 10% of the
     # lanes: 4097 + 3 on 4096 + 4 lanes, one 32-warp program an SM, two rows in flight
-    assert bwd[1] == P("rows", 1, 4096, 32, 132, "phased", 64, stages=3, block_t=4)
+    assert bwd[1] == P("rows", 1, 4096, 32, SMS, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
     # 16-bit aligned rows of 1025-1280 and 4097-6144 in two pieces on the first one's warps:
     # 4608 = 4096 + 512 at 64 registers (two programs an SM); 5136-6144 = 4096 + 2048 at 128 (one an SM)
     assert bwd[7] == P("rows", 1, 4096, 16, 264, "phased", 64, stages=3, block_t=512)
-    assert settings(8192, 6144, 2, backward=True, sm_count=132) == P("rows", 1, 4096, 16, 132, "phased", 128, stages=3,
+    assert settings(8192, 6144, 2, backward=True, device=H200) == P("rows", 1, 4096, 16, SMS, "phased", 128, stages=3,
                                                                      block_t=2048)
     assert settings(8192, 4112, 2, backward=True).block_t == 16  # 4096 + 16
-    assert settings(8192, 1280, 2, backward=True, sm_count=132) == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3,
+    assert settings(8192, 1280, 2, backward=True, device=H200) == P("rows", 1, 1024, 4, SMS * 8, "phased", 64, stages=3,
                                                                      block_t=256)  # 1024 + 256 on 4 warps
     assert settings(8192, 1536, 2, backward=True).block_t == 0  # 1024 + 512 lost: one 2048-lane tile
     # past 6144: three pieces where the third merges on the first's 512 threads (6656 = 4096 + 2048 + 512, 7168 = ..
     # + 1024: one 16-warp program an SM at 128 registers), else the 8192-lane tile (6160 and 6400: a third piece of 16
     # or 256 lanes; 7680: 4096 + 2048 + 2048 is no narrower)
-    three = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (6656, 7168, 6160, 6400, 7680)}
+    three = {n: settings(8192, n, 2, backward=True, device=H200) for n in (6656, 7168, 6160, 6400, 7680)}
     assert {n: (p.block_n, p.block_t, p.block_u, p.num_warps, p.max_regs) for n, p in three.items()} == {
         6656: (4096, 2048, 512, 16, 128), 7168: (4096, 2048, 1024, 16, 128), 6160: (8192, 0, 0, 32, 64),
         6400: (8192, 0, 0, 32, 64), 7680: (8192, 0, 0, 32, 64)}
-    assert three[7168].n_groups == 132 and settings(8192, 7168, 4, backward=True).block_u == 0  # fp32: one tile
+    assert three[7168].n_groups == SMS and settings(8192, 7168, 4, backward=True).block_u == 0  # fp32: one tile
     # and 3073-3584 on the first piece's 256 threads (3328 = 2048 + 1024 + 256, 3584 .. + 512: two 8-warp programs an SM
     # at 128 registers), phased though past the aligned band; 3200's 128 lanes do not merge (the rows plan), nor do
     # 1281-2047's three pieces go (1664 79 -> 55%)
-    three = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (3328, 3584, 3200, 1664)}
+    three = {n: settings(8192, n, 2, backward=True, device=H200) for n in (3328, 3584, 3200, 1664)}
     assert {n: (p.variant, p.block_n, p.block_t, p.block_u, p.num_warps, p.max_regs) for n, p in three.items()} == {
         3328: ("phased", 2048, 1024, 256, 8, 128), 3584: ("phased", 2048, 1024, 512, 8, 128),
         3200: ("measured", 4096, 0, 0, 8, None), 1664: ("phased", 2048, 0, 0, 8, 64)}
@@ -1005,14 +1013,14 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert [(p.block_n, p.block_t) for p in (settings(8192, 5121, 2, backward=True), settings(8192, 5121, 4, backward=True))] == [
         (8192, 0), (4096, 2048)]
     # 16-bit, aligned: 132 programs (a multiple of 8 only where rows start at several phases: 128 then)
-    assert settings(8192, 8192, 2, backward=True, sm_count=132).n_groups == 132 and bwd[5].n_groups == 128  # 4097: 16 warps
+    assert settings(8192, 8192, 2, backward=True, device=H200).n_groups == SMS and bwd[5].n_groups == 128  # 4097: 16 warps
     # a power of two and its tail in words spilled at 64 registers: up to 96, the programs an SM that fit (4097: one of
     # 16 warps, 2049: two of 8, 1025: five of 4, in a multiple of 8); rows on one tile, or a tail piece, keep 64
-    tail = {n: settings(8192, n, 2, backward=True, sm_count=132) for n in (1025, 2049, 4097, 1500, 3001, 8191)}
+    tail = {n: settings(8192, n, 2, backward=True, device=H200) for n in (1025, 2049, 4097, 1500, 3001, 8191)}
     assert {n: (p.max_regs, p.n_groups) for n, p in tail.items()} == {
         1025: (96, 656), 2049: (96, 264), 4097: (96, 128), 1500: (64, 528), 3001: (64, 264), 8191: (64, 128)}
     assert settings(8192, 1025, 4, backward=True).max_regs == 64  # fp32: 1024 + 4 in pieces
-    assert bwd[9] == P("rows", 1, 1024, 4, 132 * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
+    assert bwd[9] == P("rows", 1, 1024, 4, SMS * 8, "phased", 64, stages=3)  # 768 bf16: 8 programs of 4 warps an SM
     assert settings(8192, 4097, 4, backward=True, max_row=256).variant != "phased"  # tests' chunked plans
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
     assert settings(8192, 4097, 4) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
@@ -1021,7 +1029,7 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     for n in (999, 1023):  # 16-bit rows under 1025: Triton's scalar path in the plain rows plan
         assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_TAIL_MAX_REGS", None)
-    assert settings(8192, 1025, 2, backward=True, sm_count=132).max_regs == 64
+    assert settings(8192, 1025, 2, backward=True, device=H200).max_regs == 64
 
 
 # ------------------------------------------------------------------ the forward walk (_layer_norm_fwd_walk_kernel)
@@ -1036,7 +1044,7 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
 def test_the_forward_walk_matches_torch_at_every_phase_and_writes_every_element(n, n_groups, dtype):
     x, weight, bias = inputs((37, n), dtype)  # 37 rows: rows start at every phase, a program takes several
     vec = 16 // x.element_size()
-    plan = layer_norm._walk_forward_plan(37, n, x.element_size(), vec, 4)._replace(n_groups=n_groups)
+    plan = layer_norm._walk_forward_plan(37, n, x.element_size(), vec, on(4))._replace(n_groups=n_groups)
     if dtype != torch.float32:
         assert plan.tail >= 1 and plan.block_n + plan.block_t + plan.tail * vec >= -(-(n + vec - 1) // vec) * vec
     y, mean, rstd = _poisoned(x.shape, dtype), _poisoned((37,), torch.float32), _poisoned((37,), torch.float32)
@@ -1064,7 +1072,7 @@ def test_the_forward_walks_the_rows_where_it_measured_faster():
     # H200 A/B (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 and
     # fp32 ones at the top of the rows plan's blocks; aligned rows keep the rows plan
     settings = layer_norm._layer_norm_settings
-    walked = {(n, s): settings(8192, n, s, sm_count=132).mode == "walk"
+    walked = {(n, s): settings(8192, n, s, device=H200).mode == "walk"
               for n in (999, 1024, 1025, 2049, 4096, 4097, 5120, 8191, 12345, 16383, 16384, 16385, 8189, 8190, 16377)
               for s in (2, 4)}
     assert {k for k, v in walked.items() if v} == {(1025, 2), (2049, 2), (4097, 2), (8189, 2), (8190, 2), (8191, 2),
@@ -1073,23 +1081,23 @@ def test_the_forward_walks_the_rows_where_it_measured_faster():
     assert settings(8192, 4097, 2, max_row=256).mode != "walk"  # tests' wide-row plans
     P = layer_norm._Plan
     # 4096 lanes, 16 elements a thread on 8 warps at 80 registers: three programs an SM, a multiple of 8 of them
-    assert settings(8192, 4097, 2, sm_count=132) == P("walk", 1, 4096, 8, 392, max_regs=80, stages=3, tail=1)
+    assert settings(8192, 4097, 2, device=H200) == P("walk", 1, 4096, 8, 392, max_regs=80, stages=3, tail=1)
     # a 32-warp program fills the SM: 64 registers, one an SM (128 of them: a multiple of 8)
-    assert settings(8192, 12345, 2, sm_count=132) == P("walk", 1, 16384, 32, 128, max_regs=64, stages=3, tail=1)
-    assert settings(8192, 16383, 4, sm_count=132) == P("walk", 1, 16384, 32, 132, max_regs=64, stages=3, block_t=4)
-    assert settings(7, 4097, 2, sm_count=132).n_groups == 8  # fewer rows than programs: still one phase a program
+    assert settings(8192, 12345, 2, device=H200) == P("walk", 1, 16384, 32, 128, max_regs=64, stages=3, tail=1)
+    assert settings(8192, 16383, 4, device=H200) == P("walk", 1, 16384, 32, SMS, max_regs=64, stages=3, block_t=4)
+    assert settings(7, 4097, 2, device=H200).n_groups == 8  # fewer rows than programs: still one phase a program
 
 
 def test_the_fp32_forward_walk_keeps_its_warps_where_fewer_would_not_give_its_short_piece_the_bytes(monkeypatch):
     # _WALK_FWD_HALVE_UNREACHED: fp32 8192 + 128 on 16 warps still reads 1 byte a thread of the second piece (under
     # _WALK_FWD_MIN_PIECE_BYTES): 32 warps at 64 registers; 8192 + 512 reaches 4 bytes on 16 warps (80 registers)
-    shape = lambda n, size=4: settings(8192, n, size, sm_count=132)[3:5] + (settings(8192, n, size, sm_count=132).max_regs,)
+    shape = lambda n, size=4: settings(8192, n, size, device=H200)[3:5] + (settings(8192, n, size, device=H200).max_regs,)
     settings = layer_norm._layer_norm_settings
     assert [shape(n) for n in (8256, 8320, 8448, 8512, 9216)] == [
-        (32, 132, 64), (32, 132, 64), (32, 132, 64), (16, 132, 80), (32, 132, 64)]
+        (32, SMS, 64), (32, SMS, 64), (32, SMS, 64), (16, SMS, 80), (32, SMS, 64)]
     assert shape(4240, 2) == (8, 396, 80)  # 16-bit keeps the rule that halves to the fewest
     monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: True, 4: True})
-    assert [shape(n) for n in (8320, 8448, 8512)] == [(16, 132, 80)] * 3
+    assert [shape(n) for n in (8320, 8448, 8512)] == [(16, SMS, 80)] * 3
     monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: False, 4: False})
     assert shape(4240, 2) == (16, 264, 64)
 
@@ -1176,22 +1184,22 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     settings = layer_norm._layer_norm_settings
     P = layer_norm._Plan
     # 8193-9216: chunked rows, 1024-wide chunks on 4 warps, 8 programs an SM, three chunks in flight
-    assert settings(8192, 8704, 2, sm_count=132) == P("looped", 1, 1024, 4, 1056, per_sm=8, stages=4)
-    assert settings(8192, 9216, 2, sm_count=132).mode == "looped"
-    assert settings(100, 8704, 2, sm_count=132).n_groups == 100  # fewer rows than programs
-    assert settings(8192, 9472, 2, sm_count=132).mode == "rows"  # one tile, JOINT statistics (_forward_launch)
+    assert settings(8192, 8704, 2, device=H200) == P("looped", 1, 1024, 4, 1056, per_sm=8, stages=4)
+    assert settings(8192, 9216, 2, device=H200).mode == "looped"
+    assert settings(100, 8704, 2, device=H200).n_groups == 100  # fewer rows than programs
+    assert settings(8192, 9472, 2, device=H200).mode == "rows"  # one tile, JOINT statistics (_forward_launch)
     joint = layer_norm._joint_tile  # on one tile: bf16 from 8193, fp16 from 6145 (its 8192-lane tile)
     assert [joint(n, torch.bfloat16) for n in (4608, 6656, 8192, 9472)] == [False, False, False, True]
     assert [joint(n, torch.float16) for n in (4608, 6144, 6656, 8192, 9472)] == [False, False, True, True, True]
-    assert settings(8192, 8704, 4, sm_count=132).mode == "walk"  # fp32 its own plan (_WALK_FWD_ALIGNED)
-    assert settings(8192, 8712, 2, sm_count=132).mode == "walk"  # unaligned
+    assert settings(8192, 8704, 4, device=H200).mode == "walk"  # fp32 its own plan (_WALK_FWD_ALIGNED)
+    assert settings(8192, 8712, 2, device=H200).mode == "walk"  # unaligned
     assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
     # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
-    assert layer_norm._looped_forward_plan(100, 8960, 2, 132).block_n == 1024  # 9 x 1024 = 8960 + 256
-    assert layer_norm._looped_forward_plan(100, 4160, 2, 132)[2:5] == (512, 2, 100)  # 1024s would mask 960
+    assert layer_norm._looped_forward_plan(100, 8960, 2, H200).block_n == 1024  # 9 x 1024 = 8960 + 256
+    assert layer_norm._looped_forward_plan(100, 4160, 2, H200)[2:5] == (512, 2, 100)  # 1024s would mask 960
     # past 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096: the walk
     widths = (2112, 2176, 2192, 2304, 2560, 4160, 4224, 4240, 4352, 4608, 4864)
-    modes = {n: settings(8192, n, 2, sm_count=132).mode for n in widths}
+    modes = {n: settings(8192, n, 2, device=H200).mode for n in widths}
     assert modes == {2112: "rows", 2176: "rows", 2192: "walk", 2304: "walk", 2560: "rows", 4160: "rows", 4224: "rows",
                      4240: "walk", 4352: "walk", 4608: "walk", 4864: "rows"}
     # 4097-8192: two pieces where the second has 1024 lanes or more
@@ -1199,14 +1207,14 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     assert [pieces(n) for n in (4864, 5120, 5632, 6144)] == [(4096, 1024, 0)] * 2 + [(4096, 2048, 0)] * 2
     assert [pieces(n) for n in (4096, 4608, 6656, 8192, 9216)] == [None] * 5
     # 257-2047 with lanes masked: twice the rows of the tile a program (768 on 1024 lanes, 1280 / 1536 on 2048)
-    rows = {n: settings(8192, n, 2, sm_count=132)[1:4] for n in (384, 768, 1024, 1280, 1536, 2048, 2560)}
+    rows = {n: settings(8192, n, 2, device=H200)[1:4] for n in (384, 768, 1024, 1280, 1536, 2048, 2560)}
     assert rows == {384: (8, 512, 4), 768: (4, 1024, 4), 1024: (2, 1024, 4), 1280: (2, 2048, 4),
                     1536: (2, 2048, 4), 2048: (1, 2048, 4), 2560: (1, 4096, 4)}
-    assert settings(8192, 1280, 4, sm_count=132)[1] == 1, "fp32 keeps one row of 2048 lanes"
-    assert settings(1, 1280, 2, sm_count=132)[1] == 1, "no more rows than the input has"
+    assert settings(8192, 1280, 4, device=H200)[1] == 1, "fp32 keeps one row of 2048 lanes"
+    assert settings(1, 1280, 2, device=H200)[1] == 1, "no more rows than the input has"
     # aligned rows (a multiple of 16 columns) take it: 2000 and 1040 on 4096 lanes a program, two rows; unaligned
     # ones keep their plan (999 and 1000: two rows of 1024 lanes on the 2048 tile; 2008: one)
-    assert [settings(8192, n, 2, sm_count=132)[1] for n in (999, 1000, 2000, 2008, 1040)] == [2, 2, 2, 1, 2]
+    assert [settings(8192, n, 2, device=H200)[1] for n in (999, 1000, 2000, 2008, 1040)] == [2, 2, 2, 1, 2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -1280,7 +1288,7 @@ def test_bf16_widened_by_a_shift_writes_the_bits_the_compilers_conversion_does(n
     for bands in (None, ((1, 1 << 20),)):
         monkeypatch.setattr(layer_norm, "_ROWS_WIDEN_BANDS", bands)
         assert layer_norm._rows_widen(x, n) == (bands is not None)
-        assert layer_norm._layer_norm_settings(300, n, 2, sm_count=132).mode == "rows"
+        assert layer_norm._layer_norm_settings(300, n, 2, device=H200).mode == "rows"
         out[bands is not None] = layer_norm.forward(x, weight, bias)
     for a, b in zip(out[False], out[True]):
         bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
@@ -1331,7 +1339,7 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
     # to 11520 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
-    mode = layer_norm._layer_norm_settings(1000, n, 4, sm_count=132).mode
+    mode = layer_norm._layer_norm_settings(1000, n, 4, device=H200).mode
     assert mode == ("walk" if n <= 11520 else "persistent")
     torch.manual_seed(n)
     x, weight, bias = inputs((1000, n), torch.float32)
@@ -1374,7 +1382,7 @@ def test_the_flat_backward_matches_torch_and_writes_every_element(shape, n_group
     x, weight, bias = inputs(shape, dtype)
     x[2] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
     dy = torch.randn(shape, device=DEVICE).to(dtype)
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=2, variant="flat")
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=on(2), variant="flat")
     seg, k, r, segments = layer_norm._flat_shape(shape[1])
     assert (plan.variant, plan.block_n, plan.block_m) == ("flat", seg, r) and seg * k == shape[1] and r * k <= segments
     plan = plan._replace(n_groups=n_groups)
@@ -1400,19 +1408,19 @@ def test_the_flat_shape_fills_the_tile_with_whole_rows():
 
 def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
     settings = layer_norm._layer_norm_settings
-    flat = {n: settings(16384, n, 2, backward=True, sm_count=132).variant == "flat" for n in range(256, 8193, 64)}
+    flat = {n: settings(16384, n, 2, backward=True, device=H200).variant == "flat" for n in range(256, 8193, 64)}
     # 768, 1280, 1536, 2304 and 2560 use 30, 30, 30, 27 and 30 of 32 segments, against 75, 62 (1024 + 256 in pieces),
     # 75, 56 and 62% of their powers of two; 4096 measured faster than the rows plan at the same share
     assert [n for n, f in flat.items() if f] == [768, 1280, 1536, 2304, 2560, 4096]
     assert not any(layer_norm._flat_backward(n, 4) for n in range(256, 8193, 64))
-    assert settings(16384, 1536, 2, backward=True, sm_count=132) == layer_norm._Plan(
-        "rows", 5, 256, 32, 132, "flat", 64, stages=3)  # one 32-warp program an SM, five rows a window
+    assert settings(16384, 1536, 2, backward=True, device=H200) == layer_norm._Plan(
+        "rows", 5, 256, 32, SMS, "flat", 64, stages=3)  # one 32-warp program an SM, five rows a window
     stages = layer_norm._flat_stages
     # windows on the 8192-lane tile keep three in flight (four stages) in fp16 or where no segment is masked (4096);
     # bf16 ones with masked segments and the 4096-lane tile's two
     cases = ((1536, torch.float16), (2560, torch.float16), (4096, torch.bfloat16), (1536, torch.bfloat16),
              (2560, torch.bfloat16), (1280, torch.float16), (768, torch.bfloat16))
-    assert [stages(settings(16384, n, 2, backward=True, sm_count=132), n, dtype) for n, dtype in cases] == [4, 4, 4, 3, 3,
+    assert [stages(settings(16384, n, 2, backward=True, device=H200), n, dtype) for n, dtype in cases] == [4, 4, 4, 3, 3,
                                                                                                           3, 3]
     assert settings(16384, 1536, 4, backward=True).variant != "flat"  # fp32 keeps its plans
     assert settings(16384, 1600, 2, backward=True).variant != "flat"  # not a multiple of 256 columns
@@ -1449,7 +1457,7 @@ def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n,
     x, weight, bias = inputs(shape, dtype)
     x[1] += 50.0
     dy = torch.randn(shape, device=DEVICE).to(dtype)
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, sm_count=132, variant="flat")
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), backward=True, device=H200, variant="flat")
     first = _flat_backward_checked(x, weight, bias, dy, plan)
     for a, b in zip(first, _flat_backward_checked(x, weight, bias, dy, plan)):
         assert torch.equal(a, b)
@@ -1462,11 +1470,11 @@ def test_the_flat_backward_matches_torch_and_is_deterministic_at_model_widths(n,
 @pytest.mark.parametrize("n", [1028, 1500], ids=["4 x 257", "4 x 375"])
 def test_packed_unaligned_rows_take_the_rows_plan_at_a_compile_time_width_and_match_torch(n, dtype):
     settings = functools.partial(layer_norm._layer_norm_settings, 64, n, torch.tensor([], dtype=dtype).element_size())
-    fwd, bwd = settings(sm_count=132, packed=True), settings(backward=True, sm_count=132, packed=True)
+    fwd, bwd = settings(device=H200, packed=True), settings(backward=True, device=H200, packed=True)
     assert (fwd.mode, bwd.mode, bwd.variant) == ("rows", "rows", "measured")
     if dtype != torch.float32:  # rows that do not lie packed keep the walk (forward, 16-bit) and the phased backward
-        assert settings(sm_count=132).mode == "walk"
-    assert settings(backward=True, sm_count=132).variant == "phased"
+        assert settings(device=H200).mode == "walk"
+    assert settings(backward=True, device=H200).variant == "phased"
     assert not any(layer_norm._packed_rows(w) for w in (1024, 1030, 1031, 2052))  # aligned, 2 x odd, odd, past the band
     big = (torch.randn(5, n + 4, device=DEVICE) * 3 + 1).to(dtype)
     _, weight, bias = inputs((5, n), dtype)
@@ -1568,7 +1576,7 @@ def test_the_held_layer_norm_launcher_refuses_tensors_it_cannot_take_with_a_clea
 
     x, weight, bias = inputs((3, 40), torch.float32, device="cpu")
     with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows"):
-        _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, 132)
+        _layer_norm_held.launch(x, weight, bias, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, SMS)
 
 
 HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.float16, 4300), (torch.bfloat16, 5121), (torch.float16, 8191),
@@ -1623,10 +1631,10 @@ def test_the_held_forward_launcher_sizes_its_grid_by_the_rows_a_program(monkeypa
     monkeypatch.setattr(_layer_norm_held, "FWD_ROWS", rows_a_program)
     x = torch.empty(5000, 12345, dtype=torch.bfloat16)
     w = torch.empty(12345, dtype=torch.bfloat16)
-    _layer_norm_held.launch(x, w, w, torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
+    _layer_norm_held.launch(x, w, w, torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, SMS)
     (grid, kwargs), = recorded_kernel.launches
     per_sm = _layer_norm_held.fwd_shape(12345, 2, 6)[3]  # two an SM
-    assert grid == ((8 * 157,) if rows_a_program else (per_sm * 132 // 8 * 8,))  # 5000 rows: 625 a phase, 157 blocks
+    assert grid == ((8 * 157,) if rows_a_program else (per_sm * SMS // 8 * 8,))  # 5000 rows: 625 a phase, 157 blocks
     assert kwargs["ROWS"] == rows_a_program and kwargs["VEC"] == 8
 
 
@@ -1784,7 +1792,7 @@ def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_pa
     def warps(n):
         x = torch.empty(3, n, dtype=torch.bfloat16)
         w = torch.empty(n, dtype=torch.bfloat16)
-        plan = layer_norm._layer_norm_settings(3, n, 2, sm_count=132)
+        plan = layer_norm._layer_norm_settings(3, n, 2, device=H200)
         recorded_kernel.launches.clear()
         layer_norm._forward_launch(x, w, w, torch.empty_like(x), torch.empty(3), torch.empty(3), 1e-5, plan)
         (_, kwargs), = recorded_kernel.launches
@@ -1856,7 +1864,7 @@ def test_the_forward_runs_its_other_plans_where_the_streamed_kernel_cannot(monke
     assert not calls
     assert_close(y, F.layer_norm(x[:, 1:], (40,), weight[1:], bias[1:]), torch.float32, "y")
     with pytest.raises(ValueError, match="streamed layer norm takes packed, 16-byte aligned CUDA rows"):
-        launch(x[:, 1:], weight[1:], bias[1:], torch.empty_like(x[:, 1:]), torch.empty(6), torch.empty(6), 1e-5, 132)
+        launch(x[:, 1:], weight[1:], bias[1:], torch.empty_like(x[:, 1:]), torch.empty(6), torch.empty(6), 1e-5, SMS)
 
 
 def test_the_streamed_forward_launcher_gives_each_phase_its_programs_and_the_kernel_its_shape(monkeypatch,
@@ -1869,20 +1877,20 @@ def test_the_streamed_forward_launcher_gives_each_phase_its_programs_and_the_ker
         x = torch.empty(rows, 50257, dtype=torch.bfloat16)
         w = torch.empty(50257, dtype=torch.bfloat16)
         recorded_kernel.launches.clear()
-        _layer_norm_held.launch_stream(x, w, w, torch.empty_like(x), torch.empty(rows), torch.empty(rows), 1e-5, 132)
+        _layer_norm_held.launch_stream(x, w, w, torch.empty_like(x), torch.empty(rows), torch.empty(rows), 1e-5, SMS)
         (got, kwargs), = recorded_kernel.launches
         assert got == (grid,)
         assert (kwargs["NSEG"], kwargs["VEC"], kwargs["BLOCK"]) == (25, 8, 2048)
         assert kwargs["num_warps"] == _layer_norm_held.STREAM_WARPS and kwargs["maxnreg"] == 255
     x = torch.empty(40, 22001)
     recorded_kernel.launches.clear()
-    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(40), torch.empty(40), 1e-5, 132)
+    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(40), torch.empty(40), 1e-5, SMS)
     (got, kwargs), = recorded_kernel.launches
     assert got == (40,) and (kwargs["NSEG"], kwargs["VEC"]) == (11, 4)
     # narrower rows: stream_shape's programs an SM (12 of 2 warps at 2560), a multiple of VEC, and its registers
     x = torch.empty(5000, 2560, dtype=torch.bfloat16)
     recorded_kernel.launches.clear()
-    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, 132)
+    _layer_norm_held.launch_stream(x, x[0], x[0], torch.empty_like(x), torch.empty(5000), torch.empty(5000), 1e-5, SMS)
     (got, kwargs), = recorded_kernel.launches
     assert got == (1584,)
     assert (kwargs["BLOCK"], kwargs["NSEG"], kwargs["num_warps"], kwargs["maxnreg"]) == (512, 5, 2, 80)
@@ -2009,8 +2017,8 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 2, 255, False)
     x, w = torch.empty(4, 3001, dtype=torch.bfloat16), torch.empty(3001, dtype=torch.bfloat16)
     # the programs: a multiple of the vector (one phase each), no more than the rows need
-    assert _layer_norm_held.backward_programs(torch.empty(10000, 3001, dtype=torch.bfloat16), w, 132) == 528
-    assert _layer_norm_held.backward_programs(x, w, 132) == 8
+    assert _layer_norm_held.backward_programs(torch.empty(10000, 3001, dtype=torch.bfloat16), w, SMS) == 528
+    assert _layer_norm_held.backward_programs(x, w, SMS) == 8
 
 
 def test_the_backward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
@@ -2037,7 +2045,7 @@ def test_the_held_backward_launcher_refuses_tensors_it_cannot_take_with_a_clear_
 
     x, weight, _ = inputs((3, 40), torch.float32, device="cpu")
     with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows of x, dy and dx"):
-        _layer_norm_held.launch_backward(x, x, weight, torch.empty(3), torch.empty(3), torch.empty_like(x), 132)
+        _layer_norm_held.launch_backward(x, x, weight, torch.empty(3), torch.empty(3), torch.empty_like(x), SMS)
 
 
 HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001), (torch.bfloat16, 4097),
