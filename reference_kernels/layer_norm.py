@@ -1377,12 +1377,10 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # aligned 24576 75 -> 68, 32768 71 -> 69, fp32 24576 72 -> 69, 16-bit 2560-14336 84-91 -> 29-62 (one 8-warp program an
 # SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
-# Aligned rows streamed from _STREAM_FWD_ALIGNED_MIN_COLS up to _STREAM_FWD_ALIGNED_MAX_COLS (by element size; none:
-# no bound). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
+# Aligned rows streamed from _STREAM_FWD_ALIGNED_MIN_COLS (by element size). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
 # lower: 12288 87 -> 83, 16384 85 -> 78), and the walk took 8193-11520 at 85-91 (_WALK_FWD_ALIGNED; docs/kernels.md,
 # "Statistics", "fp32 aligned rows against Liger's shape").
 _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
-_STREAM_FWD_ALIGNED_MAX_COLS: dict[int, int] | None = None
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
 # held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
 # the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
@@ -1535,7 +1533,6 @@ _PACKED_ROWS_MULTIPLE = 4
 # neither -> both (one call): 360 79 / 82 / 86 -> 85 / 89 / 98, 600 55 / 55 / 72 -> 82 / 85 / 98, 1028 67 / 67 / 96
 # -> 87 / 87 / 96, 1100 51 / 51 / 71 -> 65 / 66 / 71, 1500 69 / 70 / 94 -> 94 / 94 / 97, 1800 94 / 95 / 96 -> 96 /
 # 98 / 97, 1000 and 2040 level; either alone gained less (600 bf16 73 / 68, 1500 74 / 80)
-_PACKED_PIECES_AS_ALIGNED = True
 _MASKED_ROWS_PACKED_MULTIPLE = 4
 # Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
 _ROW_PIECES = 3
@@ -1573,10 +1570,8 @@ _JOINT_FP16_MIN_COLS = 6145
 # With JOINT on one tile, x held in its 16-bit registers through the reduction and widened again after
 # it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
 # (docs/kernels.md, "Aligned 16-bit rows").
-_JOINT_PACKED = True
 # The same for the two JOINT pieces of 4097-8192 (_aligned_16bit_pieces): bf16 4096 + 1024 on 4 warps 80 ->
 # 56 registers uncapped, no stack at the 64 cap (16 bytes before); bf16 6144 87 -> 91-92%, fp16 87-88 -> 94-95%.
-_JOINT_PIECES_PACKED = True
 # bf16 aligned rows (a multiple of 16 columns) on the rows kernel in these bands (inclusive; None: none): x, the
 # weight and the bias widened a pair at a time from their 32-bit registers by a shift and an AND (_math.widen), not
 # by the compiler's conversion, which spends a PRMT and a shift on one of the two. CUDA only. H200, dense, two
@@ -1585,7 +1580,6 @@ _JOINT_PIECES_PACKED = True
 # an SM fewer), the 64-register JOINT pieces (6144 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 ->
 # 66.7, 768 93 -> 91 and packed ragged rows (1500 -5.4) (docs/kernels.md, "bf16 widened by a shift").
 _ROWS_WIDEN_BANDS: tuple[tuple[int, int], ...] | None = ((1025, 4160), (8193, 16384))
-_ALIGNED_ROWS_MAX_REGS = None  # ptxas register cap of the forward rows kernel on aligned rows (None: ptxas's choice)
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
@@ -1596,7 +1590,6 @@ _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warp
 _PHASED_BWD_MIN_COLS = 1025  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66% against 50% / 46% on one
 _PHASED_BWD_WARPS_PER_SM = 32
-_PHASED_BWD_PREFETCH = False
 # The phased backward's row loop pipelined (_PHASED_BWD_STAGES - 1 rows of x and dy in flight in shared
 # memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from _PHASED_BWD_MIN_COLS it takes
 # aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
@@ -1607,7 +1600,7 @@ _PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band 
 _PHASED_BWD_ALIGNED_FP32 = (1025, 4095)  # and fp32 aligned rows in this band, in pieces (1280: 80%+ against 68%)
 _PHASED_BWD_MIN_ELEM_SIZE = 2
 # A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
-# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see _EDGE_WORDS) and
+# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see the edge words below) and
 # fp32 rows under 4096; aligned rows wider, or 16-bit, lost (bf16 4608 52 -> 38%, fp32 4608 80+ -> 74%).
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
@@ -1615,10 +1608,8 @@ _PHASED_BWD_PIECE_WASTE = 0.1
 # with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Next to a
 # one-vector tail piece, itself 2-byte loads, they lost 3-7 points: there the tail goes as words too (below),
 # or, past _PHASED_BWD_TAIL_WORDS_MAX (8191), the tail piece and 2-byte edges stay.
-_EDGE_WORDS = True
 # The phased backward's one-vector tail piece of 16-bit rows (1025, 2049, 4097, 8191: 2-byte loads, synchronous in
 # the pipelined loop) read with the edges as words instead (_layer_norm_bwd_phased_kernel's TAIL).
-_PHASED_BWD_TAIL_WORDS = True  # bf16 1025 45 -> 55%, 2049 44 -> 52%, 4097 41 -> 48%
 _PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (8192 + 8, 32 warps) lost, 46 -> 38%
 # a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
 # 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
@@ -1626,7 +1617,6 @@ _PHASED_BWD_PAIRS_MIN_LANES = 2048
 # and on narrower 16-bit rows that take more than one reduction a row (two pieces not merged, or a tail in words):
 # bf16 / fp16 1040 (1024 + 16) 71 -> 80 / 72 -> 80, 1056 71 -> 79, 1088 68 -> 70, 1025 66 -> 67; fp32 lost (1280 90 ->
 # 85; _phased_pairs)
-_PHASED_BWD_PAIRS_PIECES = True
 # 16-bit aligned rows in these bands (inclusive) in two pieces (1024 + 16 .. 1024 + 256, 4096 + 16 .. 4096 +
 # 2048), where the second has at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first
 # piece (None: one power of two). Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the
@@ -1636,7 +1626,6 @@ _PHASED_BWD_PAIRS_PIECES = True
 # warps of both pieces (32, 55 registers: 39-52); 1536 73 -> 55, 3072 78 -> 60, 2304-2560 level (docs/kernels.md).
 _PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1280), (4097, 6144))
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
-_PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST = True  # warps for the first piece's lanes (False: for both pieces')
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
 # and 16-bit aligned rows in these bands (inclusive) in three pieces where all three merge on the first's warps
 # (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside _PHASED_BWD_ALIGNED_16BIT too; 4096 + 2048 + 512
@@ -1646,12 +1635,10 @@ _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((3
 # 82 / 80-81 -> 82-83; the rows plan -> three pieces: 3216 76-77 -> 81-82 / 77 -> 81-82, 3328 80 -> 85 / 81 -> 85, 3584
 # 83 -> 88 / 83-84 -> 88; 1281-2047 lost, 1664 79 -> 55-56, 1792 84-86 -> 56-61.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
 # 61-62 -> 80-81; on second pieces (4112-4608, 1040-1152, 8191's tail) it lost 2-10 points.
-_PHASED_BWD_AHEAD = True
 # Aligned rows in pieces load, select and store their first piece without masks (it lies inside every row; _full_first):
 # sm_90 SASS, loop instructions a row, bf16 5120 336 -> 316, 1216 329 -> 309. H200, % of copy, bf16 / fp16: 4224 59 ->
 # 63-64 / 60-61 -> 62, 5120 74-75 -> 77 / 75-76 -> 78-79, 1152 81-82 -> 83-84 / 82-83 -> 85, 1216 84-85 -> 83 / 84 -> 82;
 # fp32 2560 86 -> 88-90, 2304 83-84 -> 85-86. Not with a third piece a row ahead (6656 80-81 -> 76; 377 instructions).
-_PHASED_BWD_FULL_FIRST = True
 # Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
 # _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to _PHASED_BWD_TAIL_MAX_REGS, fewer
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
@@ -1660,7 +1647,6 @@ _PHASED_BWD_TAIL_MAX_REGS: int | None = 96
 # A 16-bit row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of
 # copy, bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81, 1152 70 -> 81 (fp16 alike); fp32 pieces lost (1280 89 -> 83;
 # docs/kernels.md, "One reduction for both pieces").
-_PHASED_BWD_MERGE_PIECES = True
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
 # (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
@@ -1877,42 +1863,42 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | No
     pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
     if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
         pieces = False
-    if (_PHASED_BWD_PREFETCH or not pieces
+    if (not pieces
             or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
         block_n, block_t = next_power_of_2(need), 0
     if block_n > _PHASED_BWD_MAX_ROW or (block_n + block_t > _PHASED_BWD_MAX_ROW and block_t > _PHASED_BWD_MAX_TAIL):
         return None
-    if block_t == vec == 8 and _EDGE_WORDS and _PHASED_BWD_TAIL_WORDS and block_n <= _PHASED_BWD_TAIL_WORDS_MAX:
+    if block_t == vec == 8 and block_n <= _PHASED_BWD_TAIL_WORDS_MAX:
         # the one-vector tail read as words with the edges
         block_t = 0
     return block_n, block_t, 0
 
 
 def _merge_pieces(block_n: int, block_t: int, warps: int, elem_size: int, block_u: int = 0) -> int:
-    """``MERGE`` of the phased backward: its threads where ``_PHASED_BWD_MERGE_PIECES``, the rows are 16-bit (fp32
+    """``MERGE`` of the phased backward: its threads where the rows are 16-bit (fp32
     pieces lost: docs/kernels.md, "One reduction for both pieces") and a row in two pieces (or three) gives every
     thread lanes of each, at most one 16-byte vector of each (each piece a multiple of the threads), so that a thread's
     lanes are side by side, its sums move no data, and the pieces' row sums go through one block reduction instead of
     one each; else 0. (More than a vector a thread repeats the layout every vector: the reshape would go through shared
     memory, as it did in the forward.)"""
     threads = 32 * warps
-    return threads if (_PHASED_BWD_MERGE_PIECES and elem_size == 2 and block_t >= threads and block_n % threads == 0
+    return threads if (elem_size == 2 and block_t >= threads and block_n % threads == 0
                        and block_t % threads == 0 and block_u % threads == 0 and block_n // threads <= 8) else 0
 
 
 def _phased_ahead(block_u: int, warps: int, elem_size: int) -> bool:
-    """``AHEAD`` of the phased backward: where ``_PHASED_BWD_AHEAD``, a 16-bit row's third piece of fewer than two
+    """``AHEAD`` of the phased backward: a 16-bit row's third piece of fewer than two
     lanes a thread (2-byte loads, which ``cp.async`` does not copy: synchronous in the pipelined loop, ``LDG.U16`` in
     the sm_90 SASS) loaded a row ahead into registers. Second pieces load the same way but keep it: with several
     programs an SM, or 64 registers, the row ahead lost (docs/kernels.md, "Three pieces")."""
-    return _PHASED_BWD_AHEAD and elem_size == 2 and 0 < block_u < 2 * 32 * warps
+    return elem_size == 2 and 0 < block_u < 2 * 32 * warps
 
 
 def _full_first(block_n: int, block_t: int, n_cols: int, vec: int, prefetch: bool, ahead: bool) -> bool:
-    """``FULL`` of the phased backward: where ``_PHASED_BWD_FULL_FIRST``, aligned rows (``vec`` 1: every row at phase 0)
+    """``FULL`` of the phased backward: aligned rows (``vec`` 1: every row at phase 0)
     held in pieces, whose first piece of ``block_n`` columns lies inside every row, take it without masks; not with a
     third piece a row ahead (``ahead``: ``_phased_ahead``), where it lost."""
-    return (_PHASED_BWD_FULL_FIRST and vec == 1 and block_t > 0 and n_cols > block_n and not prefetch
+    return (vec == 1 and block_t > 0 and n_cols > block_n and not prefetch
             and not ahead)
 
 
@@ -1923,19 +1909,19 @@ def _phased_bwd_warps(spread: int, elem_size: int) -> int:
 
 
 def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
-    """``TAIL`` of the phased backward: 16-bit rows read with their edges as words (``vec`` 8, ``_EDGE_WORDS``) held as
+    """``TAIL`` of the phased backward: 16-bit rows read with their edges as words (``vec`` 8) held as
     one piece that stops short of the launch's width (``_phased_bwd_pieces`` turned a one-vector tail piece into
     words), so the words hold the row's last vector."""
-    return _EDGE_WORDS and vec == 8 and block_t == 0 and block_n < launch_width(n_cols, vec)
+    return vec == 8 and block_t == 0 and block_n < launch_width(n_cols, vec)
 
 
 def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> bool:
     """``PAIRS`` of the phased backward: rows of ``_PHASED_BWD_PAIRS_MIN_LANES`` or more, and where
-    ``_PHASED_BWD_PAIRS_PIECES`` narrower 16-bit rows that take more than one reduction a row (a second piece, or a
+    narrower 16-bit rows that take more than one reduction a row (a second piece, or a
     tail in words; ``MERGE``, where it applies, takes the row in one reduction of its own). fp32 pieces lost with it
     (docs/kernels.md, "Three pieces")."""
     return block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES or (
-        _PHASED_BWD_PAIRS_PIECES and elem_size == 2 and (block_t > 0 or tail))
+        elem_size == 2 and (block_t > 0 or tail))
 
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
@@ -1982,7 +1968,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
                          f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
     block_n, block_t, block_u = held
     aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size) is not None
-    first_only = aligned_pieces and (_PHASED_BWD_ALIGNED_PIECE_WARPS_FIRST or block_u > 0)
+    first_only = aligned_pieces
     warps = _phased_bwd_warps(block_n if first_only else block_n + block_t, elem_size)
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
     max_regs = _PHASED_MAX_REGS
@@ -1993,14 +1979,14 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
         max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, device.regs_per_sm // (warps * 32) // 8 * 8))
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
-    stages = 1 if _PHASED_BWD_PREFETCH else _PHASED_BWD_STAGES
+    stages = _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
         per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // held_bytes))
     n_groups = min(device.sms * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
-    return _Plan("rows", 1, block_n, warps, n_groups, "phased", max_regs, prefetch=_PHASED_BWD_PREFETCH,
+    return _Plan("rows", 1, block_n, warps, n_groups, "phased", max_regs, prefetch=False,
                  stages=stages, block_t=block_t, block_u=block_u)
 
 
@@ -2111,10 +2097,10 @@ def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devic
 def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int, int], int]:
     """((BLOCK_N, BLOCK_T, BLOCK_U), TAIL) of the forward walk for rows read ``vec`` elements a vector.
 
-    16-bit unaligned rows (with ``_EDGE_WORDS``): the pieces cover all but the last vector the widest
+    16-bit unaligned rows (edges read as words): the pieces cover all but the last vector the widest
     phase reaches, which goes as words (``TAIL`` 1), or a last piece under ``_WALK_FWD_MIN_PIECE`` lanes
     does (up to ``_WALK_FWD_MAX_TAIL`` vectors). Other rows: pieces covering every phase, no words."""
-    if not (vec == 8 and elem_size == 2 and _EDGE_WORDS):
+    if not (vec == 8 and elem_size == 2):
         return row_pieces(launch_width(n_cols, vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK), 0
     reach = cdiv(n_cols + vec - 1, vec) * vec  # the end of the last vector of the widest phase
     pieces = row_pieces(max(vec, reach - vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK)
@@ -2192,14 +2178,14 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
-    ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows where
-    ``_PACKED_PIECES_AS_ALIGNED``. Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE[elem_size]`` take it
+    ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows.
+    Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE[elem_size]`` take it
     whole, unless the pieces past the first hold at most 1/``_SLIVER[elem_size]`` of its lanes and the rows are 16-bit
     (1028 = 1024 + 8, 2064 = 2048 + 16) or fp32 on a block of ``_SLIVER_FP32_MIN_SINGLE`` (4160 = 4096 + 64)."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
-    aligned = n_cols % 16 == 0 or (packed and _PACKED_PIECES_AS_ALIGNED)
+    aligned = n_cols % 16 == 0 or packed
     if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
     split = row_pieces(need, vec, pieces, _PIECE_SLACK)
@@ -2231,16 +2217,16 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0, elem_size=x2.element_size())
                   if block_n == next_power_of_2(launch_width(n_cols, r.vec))
                   else (block_n, 0, 0))
-        cap = plan if r.vec > 1 else plan._replace(max_regs=_ALIGNED_ROWS_MAX_REGS)
+        cap = plan if r.vec > 1 else plan._replace(max_regs=None)
         joint = packed = False
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
             split = _aligned_16bit_pieces(n_cols)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
                 pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
-                packed = _JOINT_PIECES_PACKED
+                packed = True
             else:
                 joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype)
-                packed = joint and _JOINT_PACKED
+                packed = joint
         warps = plan.num_warps
         if pieces[1] and not _block_warps(pieces, r.vec, joint):
             # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
@@ -2307,7 +2293,7 @@ def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:
 def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
     r = phased_rows((x2,), (y2,))
-    words = r.vec == 8 and _EDGE_WORDS
+    words = r.vec == 8
     tail = plan.tail if words else 0
     # the columns the kernel must hold: every phase's row (with words: up to the end of its last vector)
     need = cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
@@ -2388,7 +2374,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
     # count already is one where rows of its width start at several phases)
     n_groups = max(r.vec, plan.n_groups // r.vec * r.vec)
     need = launch_width(n_cols, r.vec)
-    words = _EDGE_WORDS and r.vec == 8
+    words = r.vec == 8
     reach = cdiv(n_cols + r.vec - 1, r.vec) * r.vec  # with words: the last vector in them
     if plan.block_n + plan.block_t + plan.block_u >= need or (words and plan.block_t == 0 and plan.block_n + r.vec >= reach):
         block_n, block_t, block_u = plan.block_n, plan.block_t, plan.block_u
@@ -2402,7 +2388,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        EDGE_WORDS=_EDGE_WORDS and block_t == 0, TAIL=tail, PAIRS=_phased_pairs(block_n, block_t, tail, x2.element_size()),
+        EDGE_WORDS=block_t == 0, TAIL=tail, PAIRS=_phased_pairs(block_n, block_t, tail, x2.element_size()),
         MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size(), block_u), BLOCK_U=block_u,
         AHEAD=ahead, FULL=_full_first(block_n, block_t, n_cols, r.vec, plan.prefetch, ahead),
         num_warps=plan.num_warps, **_reg_cap(plan),
@@ -2555,15 +2541,14 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     band: bool | None = None) -> bool:
     """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
     answer, where the caller has it), and rows from the width of their element size on (``_STREAM_FWD_MIN_COLS``; N a
-    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS`` to ``_STREAM_FWD_ALIGNED_MAX_COLS``), on a machine that runs
+    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs
     the held kernels, of tensors ``launch_stream`` takes."""
     n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
     aligned = n_cols % 16 == 0
     least = ((_STREAM_FWD_ALIGNED_MIN_COLS if aligned else _STREAM_FWD_MIN_COLS) or {}).get(key)
-    most = (_STREAM_FWD_ALIGNED_MAX_COLS or {}).get(key) if aligned else None
     if band is None:
         band = _stream_band(n_cols, x2.element_size())
-    wanted = band or (least is not None and n_cols >= least and (most is None or n_cols <= most))
+    wanted = band or (least is not None and n_cols >= least)
     return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
 
 

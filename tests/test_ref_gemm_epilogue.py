@@ -15,11 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reference_kernels import _gemm_common, _gemm_ws
+from reference_kernels import _device, _gemm_common, _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMS = _device.DESCRIPTIONS["H200"].sms  # the GPU the config lists were measured on
 # Fused (fp32 epilogue, one rounding) against unfused (rounded to the dtype after every op).
 TOLERANCES = {
     torch.float16: dict(atol=4e-3, rtol=4e-3),
@@ -416,9 +417,11 @@ SWEEP_SHAPES = [(m, k, n) for m in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 1
                              (5120, 13824), (8192, 28672))]
 
 
+@pytest.mark.parametrize("dev", [d for d in _device.DESCRIPTIONS.values() if d.arch >= 90], ids=lambda d: d.name)
 @pytest.mark.parametrize("elt", [2, 4])
-def test_every_ranked_config_is_launchable_and_small_outputs_get_enough_programs(elt):
-    sms = 132
+def test_every_ranked_config_is_launchable_and_small_outputs_get_enough_programs(elt, dev):
+    """On every GPU with TMA (sm_90+) the candidates fit a block's shared memory and keep most SMs busy."""
+    sms = dev.sms
     for M, K, N in SWEEP_SHAPES:
         configs = ge._ranked_configs("tma", M, N, K, elt, sms)
         assert 1 <= len(configs) <= max(ge._CANDIDATES, len(ge._TMA_CONFIGS)) + 1 and len(set(configs)) == len(configs)
@@ -426,7 +429,7 @@ def test_every_ranked_config_is_launchable_and_small_outputs_get_enough_programs
         for BM, BN, BK, _, esplit, stages, warps, _, split in configs:
             assert BK == (64 if elt == 2 else 32), "fp32 tiles halve BLOCK_K to fit shared memory"
             epilogue_tile = BM * BN * elt // esplit if split == 1 else 0  # the TMA store's staging tile
-            assert stages * (BM + BN) * BK * elt + epilogue_tile <= 227 * 1024, "fits an SM's shared memory"
+            assert stages * (BM + BN) * BK * elt + epilogue_tile <= dev.smem_per_block, "fits a block's shared memory"
             tiles = triton_cdiv(M, BM) * triton_cdiv(N, BN)
             if split > 1:
                 assert tiles < sms and triton_cdiv(K, BK) >= split * ge._MIN_K_STEPS
@@ -442,35 +445,35 @@ def triton_cdiv(x, y):
 
 
 def test_big_problems_keep_the_measured_big_tile_list():
-    assert ge._ranked_configs("tma", 8192, 8192, 8192, 2, 132) == ge._TMA_CONFIGS
-    assert ge._ranked_configs("tiled", 8192, 8192, 8192, 2, 132) == ge._TILED_CONFIGS
+    assert ge._ranked_configs("tma", 8192, 8192, 8192, 2, SMS) == ge._TMA_CONFIGS
+    assert ge._ranked_configs("tiled", 8192, 8192, 8192, 2, SMS) == ge._TILED_CONFIGS
 
 
 def test_short_k_problems_with_more_tiles_than_sms_also_time_two_programs_an_sm():
     two = ge._TWO_PER_SM_CONFIG
-    assert two[7] == 2 and two in ge._ranked_configs("tma", 8192, 3072, 768, 2, 132)  # 1536 tiles of 128x128
-    assert two in ge._ranked_configs("tma", 2048, 3072, 768, 2, 132)  # 384 tiles
-    assert two in ge._ranked_configs("tma", 16384, 768, 3072, 2, 132)  # K = 3072: 768 tiles
-    assert two not in ge._ranked_configs("tma", 512, 3072, 768, 2, 132)  # 96 tiles: the second would idle
-    assert two not in ge._ranked_configs("tma", 8192, 3072, 4096, 2, 132)  # long K: the main loop dominates
-    assert two not in ge._ranked_configs("tiled", 8192, 3072, 768, 2, 132)  # one program a tile there
-    assert two not in ge._ranked_configs("tma", 8192, 3072, 768, 4, 132)  # fp32: its tiles halve BLOCK_K
+    assert two[7] == 2 and two in ge._ranked_configs("tma", 8192, 3072, 768, 2, SMS)  # 1536 tiles of 128x128
+    assert two in ge._ranked_configs("tma", 2048, 3072, 768, 2, SMS)  # 384 tiles
+    assert two in ge._ranked_configs("tma", 16384, 768, 3072, 2, SMS)  # K = 3072: 768 tiles
+    assert two not in ge._ranked_configs("tma", 512, 3072, 768, 2, SMS)  # 96 tiles: the second would idle
+    assert two not in ge._ranked_configs("tma", 8192, 3072, 4096, 2, SMS)  # long K: the main loop dominates
+    assert two not in ge._ranked_configs("tiled", 8192, 3072, 768, 2, SMS)  # one program a tile there
+    assert two not in ge._ranked_configs("tma", 8192, 3072, 768, 4, SMS)  # fp32: its tiles halve BLOCK_K
 
 
 def test_16_bit_tma_problems_also_time_the_warp_specialised_kernel_where_it_runs():
     ws, small = ge._WS_CONFIGS, ge._WS_SMALL_CONFIGS
     assert all(isinstance(c, _gemm_ws.WsConfig) for c in ws + small) and len(ws) == 2 and len(small) == 3
     for M, N, K in ((2048, 3072, 768), (8192, 8192, 8192), (4096, 3072, 768)):  # 768+ tiles of 64x128
-        configs = ge._ranked_configs("tma", M, N, K, 2, 132, ws=True)
-        assert configs[-2:] == ws and configs[:-2] == ge._ranked_configs("tma", M, N, K, 2, 132)
+        configs = ge._ranked_configs("tma", M, N, K, 2, SMS, ws=True)
+        assert configs[-2:] == ws and configs[:-2] == ge._ranked_configs("tma", M, N, K, 2, SMS)
     # under two waves of 64x128 tiles (264 on 132 SMs) the smaller tiles too: 128x4096x4096 64 tiles, 2048x768 192
     for M, N, K in ((128, 4096, 4096), (2048, 768, 3072), (64, 3072, 768)):
-        configs = ge._ranked_configs("tma", M, N, K, 2, 132, ws=True)
-        assert configs[-5:] == ws + small and configs[:-5] == ge._ranked_configs("tma", M, N, K, 2, 132)
-    assert ge._ranked_configs("tma", 2112, 1024, 768, 2, 132, ws=True)[-2:] == ws  # 33 x 8 = 264 tiles: two waves
-    assert ge._ranked_configs("tma", 2048, 1024, 768, 2, 132, ws=True)[-3:] == small  # 256
-    assert not set(ws) & set(ge._ranked_configs("tma", 2048, 3072, 768, 4, 132, ws=True))  # fp32
-    assert not set(ws) & set(ge._ranked_configs("tiled", 2048, 3072, 768, 2, 132, ws=True))
+        configs = ge._ranked_configs("tma", M, N, K, 2, SMS, ws=True)
+        assert configs[-5:] == ws + small and configs[:-5] == ge._ranked_configs("tma", M, N, K, 2, SMS)
+    assert ge._ranked_configs("tma", 2112, 1024, 768, 2, SMS, ws=True)[-2:] == ws  # 33 x 8 = 264 tiles: two waves
+    assert ge._ranked_configs("tma", 2048, 1024, 768, 2, SMS, ws=True)[-3:] == small  # 256
+    assert not set(ws) & set(ge._ranked_configs("tma", 2048, 3072, 768, 4, SMS, ws=True))  # fp32
+    assert not set(ws) & set(ge._ranked_configs("tiled", 2048, 3072, 768, 2, SMS, ws=True))
     assert not set(ws) & set(ge._gemm_configs("tma", 2048, 3072, 768, torch.bfloat16, torch.device("cpu")))
 
 
@@ -518,9 +521,9 @@ def test_a_warp_specialised_kernel_that_fails_to_compile_is_dropped_from_the_tun
 
 
 def test_the_model_splits_k_when_few_tiles_cover_a_long_k_and_never_when_k_is_short():
-    best = ge._ranked_configs("tma", 128, 4096, 4096, 2, 132)[0]
+    best = ge._ranked_configs("tma", 128, 4096, 4096, 2, SMS)[0]
     assert best[-1] > 1, best  # 128x4096 output, K = 4096: split
-    assert all(c[-1] == 1 for c in ge._ranked_configs("tma", 8192, 3072, 768, 2, 132))
+    assert all(c[-1] == 1 for c in ge._ranked_configs("tma", 8192, 3072, 768, 2, SMS))
 
 
 @pytest.fixture

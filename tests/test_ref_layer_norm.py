@@ -694,7 +694,7 @@ def test_the_pipelined_phased_backward_matches_torch_and_is_deterministic_at_mod
         assert torch.equal(a, b)
 
 
-def test_two_pieces_that_give_every_thread_lanes_of_both_take_one_block_reduction(monkeypatch):
+def test_two_pieces_that_give_every_thread_lanes_of_both_take_one_block_reduction():
     # docs/kernels.md, "layer_norm: backward": 5120 = 4096 + 1024 on 512 threads, 1280 = 1024 + 256 on 128; a second
     # piece narrower than the threads (4112 = 4096 + 16) keeps a reduction of its own, and so do pieces of more than a
     # 16-byte vector a thread (2048 + 512 on 128 threads) and fp32 pieces (1280 = 1024 + 256 on 256 threads lost 89 -> 83%)
@@ -702,11 +702,9 @@ def test_two_pieces_that_give_every_thread_lanes_of_both_take_one_block_reductio
     assert [merge(4096, 1024, 16, 2), merge(4096, 2048, 16, 2), merge(1024, 256, 4, 2), merge(4096, 16, 16, 2),
             merge(64, 16, 4, 2), merge(8192, 0, 32, 2), merge(2048, 512, 4, 2), merge(1024, 256, 8, 4),
             merge(4096, 2048, 16, 2, 1024), merge(4096, 2048, 16, 2, 256)] == [512, 512, 128, 0, 0, 0, 0, 0, 512, 0]
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)
-    assert merge(4096, 1024, 16, 2) == 0
 
 
-def test_rows_that_take_several_reductions_take_both_row_sums_in_one_each(monkeypatch):
+def test_rows_that_take_several_reductions_take_both_row_sums_in_one_each():
     # PAIRS from 2048 lanes; narrower, where a 16-bit row takes a reduction a piece or one for a tail in words (bf16 1040 =
     # 1024 + 16: 71 -> 80%), not on one power of two (1024 lost 88 -> 83%); a tail in words: a 16-bit row read as words
     # whose one piece stops short of the launch's width
@@ -720,14 +718,13 @@ def test_rows_that_take_several_reductions_take_both_row_sums_in_one_each(monkey
     # a row ahead: a 16-bit third piece of under two lanes a thread only (6656's 512 on 512 threads, not 7168's 1024)
     ahead = layer_norm._phased_ahead
     assert [ahead(512, 16, 2), ahead(1024, 16, 2), ahead(0, 16, 2), ahead(512, 16, 4)] == [True, False, False, False]
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_PAIRS_PIECES", False)
-    assert [pairs(1024, 16, False, 2), pairs(1024, 0, True, 2), pairs(2048, 0, False, 2)] == [False, False, True]
 
 
 @pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "a reduction a sum"])
 @pytest.mark.parametrize("shape, pieces", [((11, 80), (64, 16)), ((37, 27), (32, 0))], ids=["64 + 16", "32 and words"])
 def test_the_backward_with_both_row_sums_in_one_reduction_matches_torch(shape, pieces, pairs, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_PAIRS_PIECES", pairs)
+    rule = layer_norm._phased_pairs  # both kernel paths at these widths: the rule's, and a reduction a sum
+    monkeypatch.setattr(layer_norm, "_phased_pairs", lambda *a: rule(*a) if pairs else False)
     x, weight, bias = inputs(shape, torch.bfloat16)
     x[3] += 50.0
     dy = torch.randn(shape, device=DEVICE).bfloat16()
@@ -742,7 +739,8 @@ def test_the_backward_with_both_row_sums_in_one_reduction_matches_torch(shape, p
 
 @pytest.mark.parametrize("merge", [True, False], ids=["one reduction", "one a piece"])
 def test_the_backward_in_two_merged_pieces_matches_torch(merge, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", merge)
+    rule = layer_norm._merge_pieces  # both kernel paths at this width: the rule's, and a reduction a piece
+    monkeypatch.setattr(layer_norm, "_merge_pieces", lambda *a: rule(*a) if merge else 0)
     shape = (11, 1280)
     x, weight, bias = inputs(shape, torch.bfloat16)
     x[3] += 50.0
@@ -778,15 +776,13 @@ def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
-def test_only_aligned_rows_in_pieces_take_their_first_piece_without_masks(monkeypatch):
+def test_only_aligned_rows_in_pieces_take_their_first_piece_without_masks():
     full = layer_norm._full_first
     # (block_n, block_t, n_cols, vec, prefetch, ahead): pieces of an aligned row; one piece; rows at several phases;
     # prefetch; a third piece a row ahead (6656 lost 80 -> 76%)
     assert [full(64, 16, 80, 1, False, False), full(4096, 2048, 7168, 1, False, False), full(64, 0, 64, 1, False, False),
             full(64, 16, 80, 8, False, False), full(64, 16, 80, 1, True, False),
             full(4096, 2048, 6656, 1, False, True)] == [True, True, False, False, False, False]
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_FULL_FIRST", False)
-    assert not full(64, 16, 80, 1, False, False)
 
 
 @pytest.mark.parametrize("full", [True, False], ids=["first piece unmasked", "masked"])
@@ -794,10 +790,9 @@ def test_only_aligned_rows_in_pieces_take_their_first_piece_without_masks(monkey
                                               (torch.bfloat16, 1664, (1024, 512, 512))],
                          ids=["fp32 64 + 16", "bf16 64 + 16", "bf16 1024 + 512 + 512"])
 def test_the_backward_with_an_unmasked_first_piece_matches_torch(dtype, n, pieces, full, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_FULL_FIRST", full)
     taken = []
-    rule = layer_norm._full_first
-    monkeypatch.setattr(layer_norm, "_full_first", lambda *a: taken.append(rule(*a)) or taken[-1])
+    rule = layer_norm._full_first  # both kernel paths at these widths: the rule's (unmasked), and masked
+    monkeypatch.setattr(layer_norm, "_full_first", lambda *a: taken.append(rule(*a) and full) or taken[-1])
     x, weight, bias = inputs((11, n), dtype)
     x[3] += 50.0
     dy = torch.randn(x.shape, device=DEVICE).to(dtype)
@@ -821,7 +816,8 @@ def test_aligned_16_bit_backward_rows_in_three_merged_pieces_match_torch(n, piec
     # the three-piece band moved down to widths the interpreter runs (4 warps: 128 threads divide every piece; the
     # third piece's one lane a thread goes a row ahead, AHEAD)
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT", ((1281, 2047),))
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_AHEAD", ahead)
+    rule = layer_norm._phased_ahead  # both kernel paths at these widths: the rule's (a row ahead), and in step
+    monkeypatch.setattr(layer_norm, "_phased_ahead", lambda *a: rule(*a) and ahead)
     assert layer_norm._phased_ahead(pieces[2], 4, 2) == ahead
     shape = (11, n)
     x, weight, bias = inputs(shape, dtype)
@@ -1003,9 +999,9 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
         3328: ("phased", 2048, 1024, 256, 8, 128), 3584: ("phased", 2048, 1024, 512, 8, 128),
         3200: ("measured", 4096, 0, 0, 8, None), 1664: ("phased", 2048, 0, 0, 8, 64)}
     assert three[3584].n_groups == 264
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", False)  # three pieces only merged
-    assert settings(8192, 7168, 2, backward=True).block_u == 0
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MERGE_PIECES", True)
+    with monkeypatch.context() as patch:  # three pieces only merged
+        patch.setattr(layer_norm, "_merge_pieces", lambda *a: 0)
+        assert settings(8192, 7168, 2, backward=True).block_u == 0
     assert (settings(8192, 4608, 4, backward=True).block_n, settings(8192, 4608, 4, backward=True).block_t) == (8192, 0)
     # 16-bit unaligned rows: whole with the edges read as words, the widest phase's last vector among them up to
     # 4096 lanes (4097 = 4096 + a vector); wider, a one-vector tail piece (8191 = 8192 + 8, above)
@@ -1218,13 +1214,10 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("n, packed", [(112, True), (112, False), (96, True), (96, False)],
-                         ids=["one tile, x held packed", "one tile", "two pieces, x held packed", "two pieces"])
-def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(n, packed, dtype, monkeypatch):
-    # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths. PACKED:
-    # x widened again after the reduction, through the NaN-mean dependency the NaN rows take
-    monkeypatch.setattr(layer_norm, "_JOINT_PACKED", packed)
-    monkeypatch.setattr(layer_norm, "_JOINT_PIECES_PACKED", packed)
+@pytest.mark.parametrize("n", [112, 96], ids=["one tile", "two pieces"])
+def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(n, dtype, monkeypatch):
+    # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths; x held packed,
+    # widened again after the reduction, through the NaN-mean dependency the NaN rows take
     monkeypatch.setattr(layer_norm, "_JOINT_16BIT_MIN_COLS", 1)
     monkeypatch.setattr(layer_norm, "_JOINT_FP16_MIN_COLS", 1)
     monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", (1, 1 << 20))
@@ -1841,8 +1834,6 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     assert streamed() == []
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_ALIGNED_MIN_COLS", {2: 32769, 4: 8193})
     assert streamed() == [8208, 9216, 9728, 9744, 16384, 24576]
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_ALIGNED_MAX_COLS", {4: 9728})  # a band's top
-    assert streamed() == [8208, 9216, 9728]
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 60000})
     assert not layer_norm._stream_forward(x, weight, bias, y)
