@@ -15,6 +15,8 @@ Liger-Kernel is optional (``pip install liger-kernel``); without it its column r
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ from benchmarks._common import ANCHORS, bandwidth_cli, copy_gbps, device_ms, gbp
 from benchmarks._common import bandwidth_headers as table_headers  # noqa: E402
 from benchmarks._common import json_path, liger_ops, write_output_to  # noqa: E402
 from benchmarks._common import bandwidth_row as table_row  # noqa: E402
-from reference_kernels import softmax  # noqa: E402
+from reference_kernels import _device, softmax  # noqa: E402
 from reference_kernels._common import next_power_of_2  # noqa: E402
 
 SHAPES = [(524288, 256), (131072, 1024), (32768, 4096), (8192, 16384), (2048, 65536), (512, 262144)]
@@ -45,26 +47,27 @@ def anchor_fns(x: torch.Tensor) -> dict:
     return fns
 
 
-def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
-    """Launch plans worth timing at this width (``--sweep``), the default first."""
-    P = softmax._Plan
-    plans = [("default", softmax._softmax_settings(m, n, size))]
+def plan_variants(m: int, n: int, size: int, dev: _device.Device) -> list[tuple[str, softmax.Plan]]:
+    """Launch plans worth timing at this width on ``dev`` (``--sweep``), the default first."""
+    default = softmax.plan(m, n, size, dev)
+    P = functools.partial(softmax.Plan, device=dev, tuning=default.tuning)
+    plans = [("default", default)]
     if n <= 1024:
         for tile, warps in ((2048, 4), (8192, 8)):
-            plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // n), next_power_of_2(n), warps)))
+            plans.append((f"rows tile={tile} w={warps}", P("rows", max(1, tile // next_power_of_2(n)), next_power_of_2(n), warps)))
     elif n <= 16384:
         for warps in (8, 16, 32):
             if 4 <= n // (32 * warps) <= 32:
                 plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
-    if n > softmax._MAX_ROW:
+    if n > softmax.MAX_ROW:
         # The L2-resident candidates (docs/kernels.md, "The split walk" and "softmax"): the
         # heuristic's pick first, then neighbours in chunk bytes, warps, programs an SM, slices.
         for wide in ("persistent", "split"):
-            plans.append((wide, softmax._softmax_settings(m, n, size, wide=wide)))
+            plans.append((wide, softmax.plan(m, n, size, dev, wide=wide)))
         for chunk_bytes, warps, per_sm in ((32768, 16, 1), (65536, 32, 1), (131072, 32, 1)):
             chunk = chunk_bytes // size
             plans.append((f"persistent chunk={chunk} w={warps} per_sm={per_sm}", P("persistent", 1, chunk, warps, 1, per_sm)))
-        split = softmax._softmax_settings(m, n, size, wide="split")
+        split = softmax.plan(m, n, size, dev, wide="split")
         for group, chunk_bytes, warps, per_sm in (
             (split.group, 16384, 8, 2),
             (split.group, 16384, 8, 4),
@@ -83,10 +86,22 @@ def plan_variants(m: int, n: int, size: int) -> list[tuple[str, softmax._Plan]]:
     return plans
 
 
+def plan_record(plan: softmax.Plan) -> dict:
+    """A plan's fields for the JSON (its device and tuning are the run's: ``tuning_source``)."""
+    return {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.compare}
+
+
+def tuning_source(dev: _device.Device) -> str:
+    """Which choices ``softmax.plan`` makes its plans with on ``dev``: its tuned file, or the defaults."""
+    return f"tuned/{dev.arch}.json" if _device.tuned_here(dev) else "defaults"
+
+
 def main() -> None:
     args, widths, impls, timing = bandwidth_cli(__doc__.splitlines()[0])
     json_file = json_path(args, write_output_to(args.out, __file__), __file__)
+    dev = _device.of(torch.device("cuda"))
     print(header(), flush=True)
+    print(f"softmax plans for {dev.name} (sm_{dev.arch}, {dev.sms} SMs) with {tuning_source(dev)}", flush=True)
     records, rows = [], []
     for dtype_name in args.dtypes.split(","):
         dtype = DTYPES[dtype_name]
@@ -101,17 +116,17 @@ def main() -> None:
             if "ours" in impls:
                 fns["ours"] = lambda: softmax.fused(x)
                 rec["max_abs_err"] = (softmax.fused(x).float() - expected).abs().max().item()
-                rec["plan"] = softmax._softmax_settings(m, n, x.element_size())._asdict()
+                rec["plan"] = plan_record(softmax.plan(m, n, x.element_size(), dev))
             time_impls(rec, fns, impls, nbytes, timing, f"{m}x{n} {dtype_name}")
             if args.sweep:
                 x2, y2 = x, torch.empty_like(x)
                 rec["sweep"] = {}
-                for label, plan in plan_variants(m, n, x.element_size()):
+                for label, plan in plan_variants(m, n, x.element_size(), dev):
                     try:
                         softmax._launch(x2, y2, plan)
                         err = (y2.float() - expected).abs().max().item()
                         rate = gbps(nbytes, device_ms(lambda: softmax._launch(x2, y2, plan), **timing)[0])
-                        rec["sweep"][label] = {"plan": plan._asdict(), "gbps": rate, "max_abs_err": err}
+                        rec["sweep"][label] = {"plan": plan_record(plan), "gbps": rate, "max_abs_err": err}
                         print(f"  sweep {dtype_name} {m}x{n} {label}: {rate:.0f} GB/s {100 * rate / rec['copy_gbps']:.0f}% err {err:.2e}", flush=True)
                     except Exception as exc:
                         print(f"  sweep {label} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
@@ -123,7 +138,8 @@ def main() -> None:
     print()
     print(markdown_table(table_headers(impls), rows))
     if json_file:
-        Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+        Path(json_file).write_text(json.dumps({"header": header(), "tuning": tuning_source(dev), "records": records},
+                                              indent=1))
 
 
 

@@ -12,8 +12,12 @@ neighbouring widths (``miss_runs``: the dense sweep's 130 fp32 misses at 8256-16
     PYTHONPATH=. python3 benchmarks/sweep.py                         # softmax, sampled widths
     PYTHONPATH=. python3 benchmarks/sweep.py --dense                 # every multiple of 64 up to 16384 too
     PYTHONPATH=. python3 benchmarks/sweep.py --subjects softmax,layer_norm_fwd,layer_norm_bwd --out DIR
-    PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax._STAGED_STAGES=2  # an A/B
+    PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax.STAGED_STAGES=2  # an A/B
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --impls ours --set ...  # an A/B, ours alone
+    PYTHONPATH=. python3 benchmarks/sweep.py --widths 1000,12345 --set "softmax.tuning.shift_16bit=()"  # a tuned choice
+
+``--set MODULE.tuning.CHOICE=VALUE`` sets a measured choice (a field of the module's ``Tuning``, ``tuned/<arch>.json``):
+the module then plans with it on every device, over its tuned file and its defaults.
 
 After the per-subject summary a per-band table (``BANDS``: the targets' bands) gives each band's widths at target and
 the min / median of its aligned (a multiple of 16 columns) and ragged widths.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import json
 import random
@@ -184,8 +189,9 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=128, help="MiB each input reads")
     parser.add_argument("--json", default="")
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
-                        help="set a reference_kernels launch-plan constant first, e.g. softmax._STAGED_STAGES=2 "
-                             "(VALUE a Python literal; repeatable): the A/B runs of docs/kernels.md")
+                        help="set a reference_kernels launch-plan constant first, e.g. softmax.STAGED_STAGES=2, or a "
+                             "measured choice of its tuning, e.g. softmax.tuning.shift_16bit=() (VALUE a Python "
+                             "literal; repeatable): the A/B runs of docs/kernels.md")
     add_out_option(parser)
     args = parser.parse_args()
     settings = apply_settings(args.set)
@@ -233,6 +239,9 @@ def apply_settings(items: list[str]) -> list[str]:
     """Set ``reference_kernels.<module>.<CONSTANT>`` to a literal for each ``module.CONSTANT=VALUE``, so that
     one run times a launch-plan rule against the default; returns the settings made, for the header.
 
+    ``module.tuning.CHOICE=VALUE`` sets a measured choice, a field of the module's ``Tuning``, on every device
+    (``_set_tuned_choice``).
+
     Refused with a clear message: a missing ``=`` or module, a constant the module does not have, a
     value that is not a Python literal, or one of another type than the constant's (ints and floats mix;
     None where the constant's annotation allows it, ``X: tuple[int, int] | None = ...``).
@@ -242,17 +251,14 @@ def apply_settings(items: list[str]) -> list[str]:
         key, sep, value = item.partition("=")
         module_name, dot, attr = key.strip().rpartition(".")
         if not sep or not dot or not attr:
-            raise SystemExit(f"--set {item!r}: expected MODULE.CONSTANT=VALUE, e.g. softmax._STAGED_STAGES=2")
-        try:
-            module = importlib.import_module(f"reference_kernels.{module_name}")
-        except ModuleNotFoundError:
-            raise SystemExit(f"--set {item!r}: there is no module reference_kernels.{module_name}") from None
+            raise SystemExit(f"--set {item!r}: expected MODULE.CONSTANT=VALUE, e.g. softmax.STAGED_STAGES=2")
+        if module_name.endswith(".tuning"):
+            done.append(_set_tuned_choice(item, module_name[: -len(".tuning")], attr, value))
+            continue
+        module = _module(item, module_name)
         if not hasattr(module, attr):
             raise SystemExit(f"--set {item!r}: reference_kernels.{module_name} has no {attr}")
-        try:
-            parsed = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            raise SystemExit(f"--set {item!r}: {value.strip()!r} is not a Python literal") from None
+        parsed = _literal(item, value)
         old = getattr(module, attr)
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (old, parsed))
         optional = parsed is None and "None" in str(getattr(module, "__annotations__", {}).get(attr, ""))
@@ -264,6 +270,59 @@ def apply_settings(items: list[str]) -> list[str]:
 
     forget()  # calls recorded under the old value replay its plan
     return done
+
+
+def _module(item: str, name: str):
+    try:
+        return importlib.import_module(f"reference_kernels.{name}")
+    except ModuleNotFoundError:
+        raise SystemExit(f"--set {item!r}: there is no module reference_kernels.{name}") from None
+
+
+def _literal(item: str, value: str):
+    try:
+        return ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"--set {item!r}: {value.strip()!r} is not a Python literal") from None
+
+
+# Measured choices set by ``--set MODULE.tuning.CHOICE=VALUE``, by subject (the module's name, as _device.tuning's):
+# laid over the tuning ``_device.tuning`` gives every plan the module makes without an explicit one.
+TUNED_CHOICES: dict[str, dict] = {}
+_TYPES = {"int": int, "float": float, "bool": bool, "tuple": tuple, "None": type(None), "str": str}
+
+
+def _set_tuned_choice(item: str, module_name: str, choice: str, value: str) -> str:
+    """``--set MODULE.tuning.CHOICE=VALUE``: the module plans with its ``Tuning`` field CHOICE at VALUE on every device,
+    over its tuned file and its defaults (JSON-like lists as tuples, as ``_device`` reads the tuned files). Refused: a
+    module without tuned choices, a choice its ``Tuning`` lacks, a value its annotation does not allow."""
+    from reference_kernels import _device
+
+    module = _module(item, module_name)
+    defaults = getattr(module, "DEFAULT_TUNING", None)
+    if defaults is None or not dataclasses.is_dataclass(defaults):
+        raise SystemExit(f"--set {item!r}: reference_kernels.{module_name} has no tuned choices (no DEFAULT_TUNING)")
+    fields = {f.name: f for f in dataclasses.fields(defaults)}
+    if choice not in fields:
+        raise SystemExit(f"--set {item!r}: reference_kernels.{module_name}'s tuning has no {choice}; its choices are "
+                         f"{', '.join(fields)}")
+    parsed = _device._frozen(_literal(item, value))
+    allowed = tuple(_TYPES[t.strip()] for t in str(fields[choice].type).split("|") if t.strip() in _TYPES)
+    allowed = allowed or (type(getattr(defaults, choice)),)
+    if float in allowed:
+        allowed += (int,)
+    if not isinstance(parsed, allowed) or (isinstance(parsed, bool) and bool not in allowed):
+        raise SystemExit(f"--set {item!r}: {choice} holds {fields[choice].type}, not {type(parsed).__name__}")
+    if not TUNED_CHOICES:  # once: every plan's tuning gets the choices set
+        planned_with = _device.tuning
+
+        def tuning(subject, device, defaults):
+            t = planned_with(subject, device, defaults)
+            return dataclasses.replace(t, **TUNED_CHOICES[subject]) if TUNED_CHOICES.get(subject) else t
+
+        _device.tuning = tuning
+    TUNED_CHOICES.setdefault(module_name, {})[choice] = parsed
+    return f"{module_name}.tuning.{choice}={parsed!r}"
 
 
 def _by_subject(records: list[dict], keep=lambda rec: True) -> dict[tuple[str, str], list[dict]]:

@@ -1,6 +1,6 @@
 """Shared host-side helpers of the reference kernels: input checks, launch heuristics, row views.
 
-One place for the choices every launcher makes (block size, warps, SMs), as Liger-Kernel's
+One place for the choices every launcher makes (block size, warps; the device's SMs and resources: ``_device``), as Liger-Kernel's
 ``ops/utils.py`` keeps ``calculate_settings`` and ``infer_device``, so that tuning one subject
 does not fork the others. Triton helpers that several subjects call live beside it:
 ``_split_walk.py`` (the persistent / split row walk of softmax and the layer-norm forward)
@@ -65,14 +65,6 @@ ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (doc
 def warps_for(elements: int) -> int:
     """Warps for a program holding ``elements`` in registers: ``ELEMS_PER_THREAD`` a thread, 4 to 16 warps."""
     return max(4, min(16, elements // (32 * ELEMS_PER_THREAD)))
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of ``device``: ``_device.of(device).sms`` (queried once; ``INTERPRETER_SMS`` under the interpreter
-    or off CUDA, so a CPU run never asks CUDA). Persistent grids are sized from it."""
-    from ._device import of  # _device imports this module
-
-    return of(device).sms
 
 
 # --------------------------------------------------------------------------- row views and outputs

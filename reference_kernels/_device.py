@@ -88,6 +88,11 @@ def of(device: torch.device) -> Device:
     return _query(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def sm_count(device: torch.device) -> int:
+    """Multiprocessors of ``device`` (``of(device).sms``): persistent grids are sized from it."""
+    return of(device).sms
+
+
 # --------------------------------------------------------------------------- tuned data
 
 TUNED_DIR = pathlib.Path(__file__).parent / "tuned"

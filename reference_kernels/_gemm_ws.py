@@ -37,7 +37,8 @@ import torch
 import triton
 
 from . import _gemm_common
-from ._common import cdiv, disable_after_compile_failure, interpreting, sm_count
+from ._common import cdiv, disable_after_compile_failure, interpreting
+from ._device import sm_count
 from ._launch import launch as launch_kernel
 
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"

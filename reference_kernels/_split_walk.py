@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cdiv, interpreting, sm_count
+from ._common import cdiv, interpreting
+from ._device import sm_count
 from ._launch import launch as launch_kernel
 
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row

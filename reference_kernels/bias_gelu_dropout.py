@@ -26,7 +26,8 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import cdiv, check_tensor, interpreting, next_power_of_2, sm_count
+from ._common import cdiv, check_tensor, interpreting, next_power_of_2
+from ._device import sm_count
 from ._math import gelu, phi_scaled, widen
 from ._launch import Calls, launch as launch_kernel
 

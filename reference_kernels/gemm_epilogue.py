@@ -41,7 +41,8 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _gemm_common, _gemm_ws
 from ._gemm_common import _epilogue, _launch_metadata, _tile_coords, _tma_ok
-from ._common import cdiv, check_tensor, graph_device_ms, interpreting, sm_count
+from ._common import cdiv, check_tensor, graph_device_ms, interpreting
+from ._device import sm_count
 from ._launch import Calls, decline, launch as launch_kernel, unrecorded
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -41,6 +41,7 @@ shift keeps the variance from cancelling when the mean is large against the spre
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
@@ -110,7 +111,7 @@ def _layer_norm_aligned_rows(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_r
     instead of a reduction for the mean and then one for the variance. PACKED (with JOINT): x held in its
     loaded 16-bit registers through the reduction and widened again after it. PARAMS_FIRST (not JOINT): the weight
     and bias loaded before x, not after the reductions (``_params_first``). WIDEN: bf16 widened by a shift or an AND
-    (``widen``, ``_ROWS_WIDEN_BANDS``)."""
+    (``widen``, ``rows_widen_bands``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -356,7 +357,7 @@ def _layer_norm_fwd_kernel(
     PACKED: tl.constexpr = False,  # with JOINT, 16-bit x: x held as loaded through the reduction, widened again
     NARROW: tl.constexpr = 0,  # VEC 1: 0, or N = both strides for packed rows (_ragged.Phased.packed_width)
     PARAMS_FIRST: tl.constexpr = False,  # VEC 1, not JOINT: weight and bias loaded before x (_params_first)
-    WIDEN: tl.constexpr = False,  # VEC 1, CUDA: bf16 widened by a shift or an AND (_math.widen, _ROWS_WIDEN_BANDS)
+    WIDEN: tl.constexpr = False,  # VEC 1, CUDA: bf16 widened by a shift or an AND (_math.widen, rows_widen_bands)
 ):
     """Whole rows in registers: BLOCK_M rows a program, one read of x and one write of y.
 
@@ -1341,7 +1342,7 @@ class _Plan(NamedTuple):
 # "The split walk") can be named with ``wide=``.
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
-# fp32 forward rows of a multiple of 16 columns on one piece, from _FWD_PARAMS_FIRST_MIN_COLS (None: none): weight and
+# fp32 forward rows of a multiple of 16 columns on one piece, from fwd_params_first_min_cols (None: none): weight and
 # bias loaded before x, in flight with it, instead of after the row's reductions (Liger's order); only rows that fill
 # _FWD_PARAMS_FIRST_LANE_USE of their block, on blocks wider than _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK lanes
 # _FWD_PARAMS_FIRST_WIDE_LANE_USE (``_params_first``). H200, % of copy, against after (docs/kernels.md, "fp32 aligned
@@ -1349,7 +1350,6 @@ _ROWS_TILE = 2048
 # 97.3, 7168 92.6 -> 96.4, 7680 92.7 -> 97.4, 8192 92.1 -> 96.7 (Liger 96-97); lost on blocks less filled (5120 93.6
 # -> 83.8, 6144 93.3 -> 90.7; 2112 94 -> 87, 2240 94 -> 88, 2368 93.5 -> 90), level at 768-1536 and 2560, lost in
 # 16-bit rows (bf16 1024 96.8 -> 91.7, 3072 90.8 -> 85).
-_FWD_PARAMS_FIRST_MIN_COLS: int | None = 2048
 _FWD_PARAMS_FIRST_LANE_USE = 0.7
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
@@ -1364,7 +1364,6 @@ _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
 # fp16): 777 57 -> 69 / 58 -> 69, 999 63 -> 80 / 64 -> 80, 1023 64 -> 70 / 64 -> 72 (two and three 512-element
 # segments); 333 (one) 50 -> 47 lost, so from 513; but the narrow packed ones (_narrow_packed) and under 1025 the even
 # ones, whose rows plan loads 4-byte pairs (_HELD_FWD_EVEN_MIN_COLS). docs/kernels.md, "layer_norm: forward". None: never.
-_HELD_FWD_MIN_COLS: dict[int, int] | None = {2: 513, 4: 4200}
 # Even forward rows (not a multiple of 4) held only from here: under it the rows plan's pairs win. H200, 2026-12-03, the
 # rows plan -> held, bf16 / fp16: 514 63 -> 49 / 62 -> 50, 998 85 -> 81 / 86 -> 81, 1022 86 -> 70 / 86 -> 72.
 _HELD_FWD_EVEN_MIN_COLS = 1025
@@ -1372,15 +1371,13 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # held weight and bias instead (_layer_norm_held.launch_stream: each row in registers, the next one loaded as the
 # output pass leaves each segment, the weight and bias at the program's phase in shared memory), on the same GPUs, where
 # the weight and bias fit (16-bit parameters: to 57337 columns): rows of N not a multiple of 16 from these widths (by
-# element size), aligned ones from _STREAM_FWD_ALIGNED_MIN_COLS. H200, % of copy, the other plans -> streamed, bf16:
+# element size), aligned ones from stream_fwd_aligned_min_cols. H200, % of copy, the other plans -> streamed, bf16:
 # 37409 31 -> 65, 50257 31 -> 60, 57337 33 -> 59, aligned 49152 59 -> 67, 51776 56 -> 62; fp32 22618 45 -> 62; not taken:
 # aligned 24576 75 -> 68, 32768 71 -> 69, fp32 24576 72 -> 69, 16-bit 2560-14336 84-91 -> 29-62 (one 8-warp program an
 # SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
-_STREAM_FWD_MIN_COLS: dict[int, int] | None = {2: 16385, 4: 16385}
-# Aligned rows streamed from _STREAM_FWD_ALIGNED_MIN_COLS (by element size). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
-# lower: 12288 87 -> 83, 16384 85 -> 78), and the walk took 8193-11520 at 85-91 (_WALK_FWD_ALIGNED; docs/kernels.md,
+# Aligned rows streamed from stream_fwd_aligned_min_cols (by element size). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
+# lower: 12288 87 -> 83, 16384 85 -> 78), and the walk took 8193-11520 at 85-91 (walk_fwd_aligned; docs/kernels.md,
 # "Statistics", "fp32 aligned rows against Liger's shape").
-_STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 # Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
 # held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
 # the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
@@ -1394,8 +1391,6 @@ _STREAM_FWD_ALIGNED_MIN_COLS: dict[int, int] | None = {2: 32769}
 # segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). 16-bit rows of 257-512
 # since one-warp programs (_layer_norm_held.STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): 259 40 -> 58-59, 333 49 -> 69-70.
 # docs/kernels.md, "Rows streamed, narrower". None: never.
-_STREAM_FWD_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((257, 16383),),
-                                                                    4: ((1025, 8189), (8192, 16383))}
 _STREAM_FWD_16BIT_MOST = (5, 8)
 # Even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS streamed only where their streamed programs have at most this many warps
 # (one: up to three 256-element segments, ~761 columns). H200, 2026-12-03, the rows plan's pairs -> streamed, bf16 /
@@ -1410,7 +1405,6 @@ _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held o
 # 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752; 11008
 # (2026-12-03, twice) 82 -> 86 / 87 -> 86; lost at 11264-16384 (fp16 11264 88 -> 85, 12288 87 -> 81, 14336 91 -> 78) and
 # 2560-8192 (84-95 -> 80-89). docs/kernels.md, "Aligned rows held".
-_HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8193, 11008),)}
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
 # dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
 # 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
@@ -1425,7 +1419,6 @@ _HELD_FWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((8
 # 77 / 44 -> 79, 999 52 -> 82 / 53 -> 81, 1023 52 -> 75 / 53 -> 74; 258 36 -> 48 / 37 -> 48, 290 39 -> 54 / 40 -> 54, 322
 # 43 -> 60 / 43 -> 59, level at 514 (54 -> 54 / 57 -> 55), 998 (76 -> 82 / 77 -> 82) and 1022 (76 -> 74 / 76 -> 73); but
 # the narrow packed ones (_narrow_packed). docs/kernels.md, "layer_norm: backward".
-_HELD_BWD_BANDS: dict[int, tuple[int, int]] | None = {2: (257, 16383)}
 _HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
 # The same for aligned rows (N a multiple of 16), in these bands, with the shares in registers (H200, % of copy, their
@@ -1433,12 +1426,10 @@ _HELD_BWD_MIN_GAIN = 0.1
 # / 78 -> 85, 5632 80 -> 82 / 79 -> 86, 6400 71 -> 82 / 75 -> 82, 6656 82 -> 82 / 81 -> 83, 7168 82 -> 84 / 83 -> 84; not
 # taken: 3136-3840, bf16 -5 to -12 (three pieces on 8 warps, 3584: 89%), fp16 0 to +10; 7424-8176, bf16 0 to +3, fp16
 # -1 to -4; 2048, 2560, 4096, 8192 -3 to -11; 2816 level). 1600 (GPT-2 XL; 2026-12-03, twice): 76 -> 77 / 77 -> 79.
-_HELD_BWD_ALIGNED_BANDS: dict[int, tuple[tuple[int, int], ...]] | None = {2: ((1600, 1600), (3072, 3072), (4097, 7168))}
 # Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
 # take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
 # (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
 # lanes' included; the rows share a program's weight, bias and set-up. docs/kernels.md, "Aligned 16-bit rows".
-_MASKED_ROWS_16BIT = (257, 2047)
 _MASKED_ROWS_TILE = 4096
 # aligned rows: a multiple of 16 columns. H200, % of copy, 64 -> 16 (two runs, bf16 / fp16): 272 56 -> 75 / 62 -> 75-76,
 # 528 53-54 -> 67 / 56 -> 70-71, 1040 59 -> 68-69 / 63 -> 74, 1104 52 -> 65-66 / 52 -> 64, 1296 77 -> 88-89 / 82-83 -> 91-92,
@@ -1471,10 +1462,9 @@ _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 f
 _SPLIT_RECENTRE: float | None = None
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
-# Aligned rows in a band of _LOOPED_FWD_BANDS (by element size) take "looped" on a persistent grid: a
+# Aligned rows in a band of looped_fwd_bands (by element size) take "looped" on a persistent grid: a
 # row's tile is its chunks, not its power of two (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows":
 # bf16 8704 61 -> 74%, 9216 64 -> 76%; elsewhere the tiles were faster).
-_LOOPED_FWD_BANDS: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((8193, 9216),), 4: None}
 _LOOPED_FWD_CHUNK_BYTES = 2048  # widest chunk; narrower ones where they divide the row more evenly
 _LOOPED_FWD_WASTE = 1 / 8  # the masked share of the last chunk a row may leave
 _LOOPED_FWD_WARPS_PER_SM = 32
@@ -1490,7 +1480,6 @@ _BWD_WARPS = 8
 # working on this one. bf16 4096: 87% of copy against 74% (8 warps, 164 registers: one program an SM
 # with nothing else in flight); it lost at fp32 1024 / 4096 (92 -> 77%, 93 -> 90%) and bf16 1024
 # (81 -> 68%), so those stay as they were (docs/kernels.md, "layer_norm: backward").
-_BWD_PREFETCH_16BIT_MIN = 2048
 _BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy against 83-84% at 8 warps (H200, twice)
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
@@ -1525,7 +1514,6 @@ _PACKED_N_MAX = 2047
 # of copy, bf16 / fp16 / fp32: forward 1032 56 / 57 / 93 -> 71 / 77 / 94, 1500 54 / 54 / 92 -> 68 / 69 / 92, 1800
 # 68 / 70 / 93 -> 93 / 93 / 95, 2040 75 / 76 / 95 -> 96 / 96 / 95, 1100 level; backward 1032 40 / 41 / 81 -> 50 /
 # 51 / 75, 1100 42 / 43 / 71 -> 51 / 52 / 77, 1800 64 / 65 / 78 -> 68 / 68 / 88, 2040 71 / 71 / 77 -> 71 / 71 / 89
-_PACKED_ROWS_BAND = (1025, 2047)
 _PACKED_ROWS_MULTIPLE = 4
 # Packed rows at a compile-time width are held as aligned rows are (_row_pieces: their power of two unless it masks
 # _PIECE_WASTE_ALIGNED, not pieces that cover every phase), and 16-bit ones of a multiple of
@@ -1556,17 +1544,13 @@ _SLIVER_FP32_MIN_SINGLE = 8192
 # eligible warp, DRAM 51%. H200, 2026-12-03, two runs, % of copy, first piece's -> block's warps, bf16 / fp16: 4176
 # 62 / 63 -> 66 / 67, 4192 62 / 63 -> 67, 4208 62 / 63 -> 67, 4224 63 / 64 -> 69 / 68; shorter tails lost (4112 84 / 90
 # -> 71 / 81, 4128 76 / 79 -> 64, 4160 74 / 79 -> 68) (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
-_ALIGNED_PIECES_BLOCK_WARPS_TAILS: tuple[int, int] | None = (128, 512)
 # 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
 # pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
-# from _JOINT_16BIT_MIN_COLS, one tile with JOINT statistics.
-_ALIGNED_PIECES_16BIT: tuple[int, int] | None = (4097, 8192)
+# from joint_16bit_min_cols, one tile with JOINT statistics.
 _ALIGNED_PIECE_MIN_LANES = 1024
 _ALIGNED_PIECES_MAX_REGS = 64
-_JOINT_16BIT_MIN_COLS = 8193
 # fp16 rows on one 8192-lane tile take JOINT (and PACKED) from here: fp16 6656-8192 79-90 -> 89-94%, where
 # bf16 lost 1-2 points and both lost at 4608 and under 2048 (docs/kernels.md, "Aligned 16-bit rows").
-_JOINT_FP16_MIN_COLS = 6145
 # With JOINT on one tile, x held in its 16-bit registers through the reduction and widened again after
 # it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
 # (docs/kernels.md, "Aligned 16-bit rows").
@@ -1579,7 +1563,6 @@ _JOINT_FP16_MIN_COLS = 6145
 # lost on the 8192-lane tile (6208 85 -> 75, 7168 90 -> 82, 8192 92.5 -> 88: Triton 3.6 64 -> 79 registers, a program
 # an SM fewer), the 64-register JOINT pieces (6144 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 ->
 # 66.7, 768 93 -> 91 and packed ragged rows (1500 -5.4) (docs/kernels.md, "bf16 widened by a shift").
-_ROWS_WIDEN_BANDS: tuple[tuple[int, int], ...] | None = ((1025, 4160), (8193, 16384))
 # Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
 # kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
 _PHASED_MIN_ELEM_SIZE = 4
@@ -1587,17 +1570,13 @@ _PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps
 _PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
-_PHASED_BWD_MIN_COLS = 1025  # narrower rows keep the measured kernel's many rows a step (fp32 1023: 80%+ vs 46% phased)
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66% against 50% / 46% on one
 _PHASED_BWD_WARPS_PER_SM = 32
 # The phased backward's row loop pipelined (_PHASED_BWD_STAGES - 1 rows of x and dy in flight in shared
-# memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from _PHASED_BWD_MIN_COLS it takes
-# aligned rows from _PHASED_BWD_ALIGNED_MIN_COLS and in the bands below (docs/kernels.md, "layer_norm: backward").
+# memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from phased_bwd_min_cols it takes
+# aligned rows from phased_bwd_aligned_min_cols and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
 _PHASED_BWD_SMEM_BYTES = 196608
-_PHASED_BWD_ALIGNED_MIN_COLS = 4097
-_PHASED_BWD_ALIGNED_16BIT = (768, 2048)  # and 16-bit aligned rows in this band (3072: 70% against 76%)
-_PHASED_BWD_ALIGNED_FP32 = (1025, 4095)  # and fp32 aligned rows in this band, in pieces (1280: 80%+ against 68%)
 _PHASED_BWD_MIN_ELEM_SIZE = 2
 # A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
 # (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see the edge words below) and
@@ -1624,13 +1603,11 @@ _PHASED_BWD_PAIRS_MIN_LANES = 2048
 # 48 -> 69 / 49 -> 71, 4608 54 -> 65 / 56 -> 65, 5120 60 -> 65 / 62 -> 66 (64 registers, 2 programs an SM; 72
 # bytes of stack); 6144 69 -> 72 / 72 -> 72 (128, one an SM; at 64 it spilled 176 bytes and read 57). Lost: the
 # warps of both pieces (32, 55 registers: 39-52); 1536 73 -> 55, 3072 78 -> 60, 2304-2560 level (docs/kernels.md).
-_PHASED_BWD_ALIGNED_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((1025, 1280), (4097, 6144))
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
 # and 16-bit aligned rows in these bands (inclusive) in three pieces where all three merge on the first's warps
-# (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside _PHASED_BWD_ALIGNED_16BIT too; 4096 + 2048 + 512
+# (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside phased_bwd_aligned_16bit too; 4096 + 2048 + 512
 # or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Three pieces"); None: none
-_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((3073, 3584), (6145, 7168))
 # (H200, % of copy, bf16 / fp16, the 8192-lane tile -> three pieces: 6656 73-74 -> 80-81 / 76-77 -> 80-81, 7168 78-79 ->
 # 82 / 80-81 -> 82-83; the rows plan -> three pieces: 3216 76-77 -> 81-82 / 77 -> 81-82, 3328 80 -> 85 / 81 -> 85, 3584
 # 83 -> 88 / 83-84 -> 88; 1281-2047 lost, 1664 79 -> 55-56, 1792 84-86 -> 56-61.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
@@ -1640,23 +1617,20 @@ _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT: tuple[tuple[int, int], ...] | None = ((3
 # 63-64 / 60-61 -> 62, 5120 74-75 -> 77 / 75-76 -> 78-79, 1152 81-82 -> 83-84 / 82-83 -> 85, 1216 84-85 -> 83 / 84 -> 82;
 # fp32 2560 86 -> 88-90, 2304 83-84 -> 85-86. Not with a third piece a row ahead (6656 80-81 -> 76; 377 instructions).
 # Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
-# _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to _PHASED_BWD_TAIL_MAX_REGS, fewer
+# _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to phased_bwd_tail_max_regs, fewer
 # programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
 # 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
-_PHASED_BWD_TAIL_MAX_REGS: int | None = 96
 # A 16-bit row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of
 # copy, bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81, 1152 70 -> 81 (fp16 alike); fp32 pieces lost (1280 89 -> 83;
 # docs/kernels.md, "One reduction for both pieces").
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
-# (a warp of 16-byte vectors), for rows in _FLAT_BWD_16BIT (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
+# (a warp of 16-byte vectors), for rows in flat_bwd_16bit (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
 # more of its lanes in use than the plan it replaces (1536: 30 of 32 segments against 1536 of 2048 lanes; a row in
-# two pieces counts as its power of two), and at _FLAT_BWD_ALSO. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 ->
+# two pieces counts as its power of two), and at flat_bwd_also. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 ->
 # 81, 1280 (pieces) 71-72 -> 83 / 74-75 -> 82, 1536 73 -> 83 / 74 -> 82, 2304 69-70 -> 79-80 / 70 -> 78, 2560 72 -> 84 /
 # 73 -> 83, 4096 (rows plan) 84.5 -> 87-88 / 84.5 -> 88 (docs/kernels.md has the final figures). At the same share of
 # lanes it lost elsewhere: 1024 89 -> 87, 2048 89 -> 87, 1792 83 -> 80-81, 2816-3840 1-7 points.
-_FLAT_BWD_16BIT: tuple[int, int] | None = (768, 4096)
-_FLAT_BWD_ALSO = (4096,)
 _FLAT_BWD_TILE = 8192
 # the smaller tile (_flat_shape): 768 83 -> 83-84 / 81-82 -> 84, 1280 82-83 -> 84-85 / 82 -> 87-88
 _FLAT_BWD_SMALL_TILE: int | None = 4096
@@ -1670,8 +1644,8 @@ _FLAT_BWD_STAGES = 3
 _FLAT_BWD_STAGES_WIDE = 4
 _FLAT_BWD_MAX_REGS = 64
 # Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
-# and bias held at the program's phase. Taken by default for unaligned rows in _WALK_FWD_BANDS[element size]
-# (inclusive ranges) and aligned ones in _WALK_FWD_ALIGNED[element size] that it holds in at most
+# and bias held at the program's phase. Taken by default for unaligned rows in walk_fwd_bands[element size]
+# (inclusive ranges) and aligned ones in walk_fwd_aligned[element size] that it holds in at most
 # _WALK_FWD_MAX_LANES lanes;
 # _WALK_FWD_ELEMS elements a thread over the row's pieces (4..32 warps), fewer warps while a piece wider than
 # a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
@@ -1683,8 +1657,6 @@ _FLAT_BWD_MAX_REGS = 64
 # 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%);
 # fp32 aligned rows of 8193-11520 (8704 84 -> 89.5%, 10240 87 -> 90%, 11264 87 -> 88.5%; from 11584 level or lower:
 # 12288 86 -> 85%; against the streamed and persistent plans).
-_WALK_FWD_BANDS = {2: ((1025, 16384),), 4: ((8190, 8191), (16377, 16383))}
-_WALK_FWD_ALIGNED: dict[int, tuple[tuple[int, int], ...] | None] = {2: ((2192, 2304), (4240, 4608)), 4: ((8193, 11520),)}
 _WALK_FWD_MAX_LANES = 16384 + 1024
 _WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
@@ -1715,6 +1687,55 @@ _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
 
 
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """The width bands measured on one kind of GPU and Triton (``tuned/<arch>.json``, "layer_norm"): where a plan or a
+    kernel option won there. By element size: pairs (2 or 4, value). The defaults take none of them: the base plans
+    (rows, the split walk and the looped walk forward; rows, lean and chunked backward) and the held kernels nowhere.
+    docs/kernels.md, "layer_norm: forward" and "layer_norm: backward", gives each band with its figures."""
+
+    # forward: which plan
+    held_fwd_min_cols: tuple = ()  # ragged rows held (_layer_norm_held) from this width
+    held_fwd_aligned_bands: tuple = ()  # aligned rows held in these bands
+    stream_fwd_min_cols: tuple = ()  # ragged rows streamed past the held weight from this width
+    stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width
+    stream_fwd_bands: tuple = ()  # ragged rows streamed in these bands before the held plan is asked
+    walk_fwd_bands: tuple = ()  # ragged rows on the walk
+    walk_fwd_aligned: tuple = ()  # aligned rows on the walk
+    looped_fwd_bands: tuple = ()  # aligned rows on the looped plan
+    packed_rows_band: tuple | None = None  # packed ragged rows of a multiple of 4 on the rows plan, NARROW
+    # forward: the rows kernel's options
+    masked_rows_16bit: tuple | None = None  # 16-bit rows that mask lanes take the masked-rows tile
+    aligned_pieces_16bit: tuple | None = None  # 16-bit aligned rows in two JOINT pieces
+    aligned_pieces_block_warps_tails: tuple | None = None  # aligned pieces whose tails keep their block's warps
+    joint_16bit_min_cols: int | None = None  # JOINT statistics on one tile from here (bf16)
+    joint_fp16_min_cols: int | None = None  # ... and fp16
+    rows_widen_bands: tuple = ()  # bf16 aligned rows widened by a shift (CUDA)
+    fwd_params_first_min_cols: int | None = None  # fp32 aligned rows load weight and bias first from here
+    # backward: which plan
+    held_bwd_bands: tuple = ()  # a band of ragged rows held
+    held_bwd_aligned_bands: tuple = ()  # aligned rows held in these bands
+    phased_bwd_min_cols: int | None = None  # ragged rows on the phased plan from here
+    phased_bwd_aligned_min_cols: int | None = None  # aligned rows on the phased plan from here ...
+    phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
+    phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
+    flat_bwd_16bit: tuple | None = None  # 16-bit aligned rows laid flat in this band (where their tile fills) ...
+    flat_bwd_also: tuple = ()  # ... and these widths
+    # backward: the phased and rows kernels' options
+    phased_bwd_aligned_pieces_16bit: tuple = ()  # 16-bit aligned rows in two pieces
+    phased_bwd_aligned_three_pieces_16bit: tuple = ()  # ... in three
+    phased_bwd_tail_max_regs: int | None = None  # register cap of a tail read as words (Triton 3.6's ptxas)
+    bwd_prefetch_16bit_min: int | None = None  # 16-bit rows wider than this prefetch the next row block
+
+
+DEFAULT_TUNING = Tuning()
+
+
+def _tuning(device: Device) -> Tuning:
+    """The layer norm's choices on ``device``: its tuned file's where this Triton matches it, else ``DEFAULT_TUNING``."""
+    return _device.tuning("layer_norm", device, DEFAULT_TUNING)
+
+
 def _layer_norm_settings(
     n_rows: int,
     n_cols: int,
@@ -1729,6 +1750,7 @@ def _layer_norm_settings(
     phased_ok: bool = True,
     flat_ok: bool = True,
     packed: bool = False,
+    tuning: Tuning | None = None,
 ) -> _Plan:
     """The launch plan of a forward or backward pass over an (n_rows, n_cols) input.
 
@@ -1738,7 +1760,7 @@ def _layer_norm_settings(
     ("measured", "lean", "phased" or "flat") forces the backward kernel at every shape ("phased": whole
     rows only; "flat": aligned rows of at most ``_FLAT_BWD_MAX_SEGMENTS`` segments); left out, rows that start
     unaligned (N not a multiple of 16) from
-    ``_PHASED_BWD_MIN_COLS`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
+    ``phased_bwd_min_cols`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
     dy contiguous from a 16-byte aligned address), else
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster. ``packed`` (the
@@ -1749,12 +1771,13 @@ def _layer_norm_settings(
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
+    t = _tuning(device) if tuning is None else tuning
     if backward and (variant == "flat" or (variant is None and max_row is None and phased_ok and flat_ok
-                                            and _flat_backward(n_cols, elem_size))):
+                                            and _flat_backward(n_cols, elem_size, t))):
         return _flat_backward_plan(n_rows, n_cols, elem_size, device)
     if backward and (variant == "phased" or (variant is None and max_row is None and phased_ok
-                                              and _phased_backward(n_cols, elem_size)
-                                              and not (packed and _packed_rows(n_cols)))):
+                                              and _phased_backward(n_cols, elem_size, t)
+                                              and not (packed and _packed_rows(n_cols, t)))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, device)
     if backward and (variant or _BWD_VARIANT) == "lean":
         if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
@@ -1762,9 +1785,9 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
-    if not backward and max_row is None and _looped_forward(n_cols, elem_size):
+    if not backward and max_row is None and _looped_forward(n_cols, elem_size, t):
         return _looped_forward_plan(n_rows, n_cols, elem_size, device)
-    if not backward and max_row is None and _walk_forward(n_cols, elem_size) and not (packed and _packed_rows(n_cols)):
+    if not backward and max_row is None and _walk_forward(n_cols, elem_size, t) and not (packed and _packed_rows(n_cols, t)):
         vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
         return _walk_forward_plan(n_rows, n_cols, elem_size, vec, device)
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
@@ -1780,7 +1803,7 @@ def _layer_norm_settings(
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
             block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
         else:
-            tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed)
+            tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
             if held:  # 16-bit
@@ -1788,7 +1811,8 @@ def _layer_norm_settings(
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
                 warps = _BWD_FP32_ROW_WARPS
             per_sm = _BWD_PROGRAMS_PER_SM
-        prefetch = backward and elem_size == 2 and max_row is None and n_cols > _BWD_PREFETCH_16BIT_MIN
+        least = t.bwd_prefetch_16bit_min
+        prefetch = backward and elem_size == 2 and max_row is None and least is not None and n_cols > least
         plan = _Plan("rows", block_m, block_n, warps, prefetch=prefetch)
         n_chunks = 1
     elif not backward:  # wider rows, and unaligned ones whose phase overflows the 16384 block (16383)
@@ -1851,10 +1875,10 @@ def _phase_rows(n_cols: int, elem_size: int) -> bool:
     return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
-def _phased_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
+def _phased_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
     """(BLOCK_N, BLOCK_T, BLOCK_U) of the phased backward for a contiguous (n_cols)-wide input, or None past what it
     holds: ``_PHASED_BWD_MAX_ROW`` lanes, or a first piece of that many and a tail of ``_PHASED_BWD_MAX_TAIL``."""
-    aligned = _aligned_16bit_bwd_pieces(n_cols, elem_size)
+    aligned = _aligned_16bit_bwd_pieces(n_cols, elem_size, t)
     if aligned is not None:
         return aligned
     vec = max(1, 16 // elem_size)
@@ -1924,18 +1948,19 @@ def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> boo
         elem_size == 2 and (block_t > 0 or tail))
 
 
-def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, int] | None:
+def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
     """The pieces (BLOCK_N, BLOCK_T, BLOCK_U) in which the phased backward holds a 16-bit aligned row, or None (one
-    power of two): two in a band of ``_PHASED_BWD_ALIGNED_PIECES_16BIT`` (the second of at least
-    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in a band of ``_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT``
+    power of two): two in a band of ``phased_bwd_aligned_pieces_16bit`` (the second of at least
+    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in a band of ``phased_bwd_aligned_three_pieces_16bit``
     where all three merge on the first piece's warps (``_merge_pieces``: one reduction a row)."""
+    t = t or DEFAULT_TUNING
     if elem_size >= 4 or n_cols % 16:
         return None
-    if any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_PIECES_16BIT or ()):
+    if _in_any(t.phased_bwd_aligned_pieces_16bit, n_cols):
         block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
         if block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW:
             return block_n, block_t, 0
-    if any(lo <= n_cols <= hi for lo, hi in _PHASED_BWD_ALIGNED_THREE_PIECES_16BIT or ()):
+    if _in_any(t.phased_bwd_aligned_three_pieces_16bit, n_cols):
         block_n, block_t, block_u = row_pieces(n_cols, 1, 3, 0.0)
         if (block_u > 0 and block_n + block_t + block_u <= _PHASED_BWD_MAX_ROW
                 and _merge_pieces(block_n, block_t, _phased_bwd_warps(block_n, elem_size), elem_size, block_u)):
@@ -1943,16 +1968,19 @@ def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int) -> tuple[int, int, in
     return None
 
 
-def _phased_backward(n_cols: int, elem_size: int) -> bool:
+def _phased_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether the backward's default plan for rows of ``n_cols`` is "phased" (dy in x's dtype): aligned rows held in
     three pieces too, outside the aligned bands."""
-    held = _phased_bwd_pieces(n_cols, elem_size)
+    t = t or DEFAULT_TUNING
+    held = _phased_bwd_pieces(n_cols, elem_size, t)
     if held is None:
         return False
     if n_cols % 16 == 0:
-        lo, hi = _PHASED_BWD_ALIGNED_16BIT if elem_size < 4 else _PHASED_BWD_ALIGNED_FP32
-        return n_cols >= _PHASED_BWD_ALIGNED_MIN_COLS or lo <= n_cols <= hi or held[2] > 0
-    return n_cols >= _PHASED_BWD_MIN_COLS and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
+        band = t.phased_bwd_aligned_16bit if elem_size < 4 else t.phased_bwd_aligned_fp32
+        least = t.phased_bwd_aligned_min_cols
+        return (least is not None and n_cols >= least) or _in(band, n_cols) or held[2] > 0
+    least = t.phased_bwd_min_cols
+    return least is not None and n_cols >= least and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
 
 
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
@@ -1962,12 +1990,13 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
     ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
     vec = max(1, 16 // elem_size)
-    held = _phased_bwd_pieces(n_cols, elem_size)
+    t = _tuning(device)
+    held = _phased_bwd_pieces(n_cols, elem_size, t)
     if held is None:
         raise ValueError(f"the phased backward holds whole rows up to {_PHASED_BWD_MAX_ROW} columns (and a tail of "
                          f"{_PHASED_BWD_MAX_TAIL} past them), not {n_cols}")
     block_n, block_t, block_u = held
-    aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size) is not None
+    aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size, t) is not None
     first_only = aligned_pieces
     warps = _phased_bwd_warps(block_n if first_only else block_n + block_t, elem_size)
     per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
@@ -1975,9 +2004,9 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
-    elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and _PHASED_BWD_TAIL_MAX_REGS:
+    elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and t.phased_bwd_tail_max_regs:
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
-        max_regs = max(max_regs, min(_PHASED_BWD_TAIL_MAX_REGS, device.regs_per_sm // (warps * 32) // 8 * 8))
+        max_regs = max(max_regs, min(t.phased_bwd_tail_max_regs, device.regs_per_sm // (warps * 32) // 8 * 8))
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     stages = _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
@@ -2011,23 +2040,21 @@ def _flat_shape(n_cols: int) -> tuple[int, int, int, int]:
     return seg, k, r, next_power_of_2(r * k)
 
 
-def _flat_backward(n_cols: int, elem_size: int) -> bool:
+def _flat_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether the backward's default plan for aligned rows of ``n_cols`` is "flat": 16-bit rows in
-    ``_FLAT_BWD_16BIT``, a multiple of ``_FLAT_BWD_SEGMENT`` columns, whose tile uses ``_FLAT_BWD_MIN_GAIN`` more
+    ``flat_bwd_16bit``, a multiple of ``_FLAT_BWD_SEGMENT`` columns, whose tile uses ``_FLAT_BWD_MIN_GAIN`` more
     of its lanes than the plan it replaces (the phased kernel's whole row; its pieces, or the rows plan, as the row's
-    power of two), or in ``_FLAT_BWD_ALSO``."""
-    if elem_size != 2 or not _FLAT_BWD_16BIT or n_cols % _FLAT_BWD_SEGMENT:
-        return False
-    lo, hi = _FLAT_BWD_16BIT
-    if not lo <= n_cols <= hi:
+    power of two), or in ``flat_bwd_also``."""
+    t = t or DEFAULT_TUNING
+    if elem_size != 2 or n_cols % _FLAT_BWD_SEGMENT or not _in(t.flat_bwd_16bit, n_cols):
         return False
     try:
         _, k, r, segments = _flat_shape(n_cols)
     except ValueError:
         return False
-    if n_cols in _FLAT_BWD_ALSO:
+    if n_cols in t.flat_bwd_also:
         return True
-    held = _phased_bwd_pieces(n_cols, elem_size) if _phased_backward(n_cols, elem_size) else None
+    held = _phased_bwd_pieces(n_cols, elem_size, t) if _phased_backward(n_cols, elem_size, t) else None
     lanes = held[0] if held and not held[1] else next_power_of_2(n_cols)
     return r * k / segments >= n_cols / lanes + _FLAT_BWD_MIN_GAIN
 
@@ -2042,40 +2069,56 @@ def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device
     return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
 
 
-def _packed_rows(n_cols: int) -> bool:
+def _packed_rows(n_cols: int, t: Tuning | None = None) -> bool:
     """Whether unaligned rows of ``n_cols`` that lie packed take the rows plan with a compile-time width
-    (``NARROW``) instead of the forward's walk or the phased backward: in ``_PACKED_ROWS_BAND``, a multiple of
+    (``NARROW``) instead of the forward's walk or the phased backward: in ``packed_rows_band``, a multiple of
     ``_PACKED_ROWS_MULTIPLE`` and at most ``_PACKED_N_MAX``."""
-    lo, hi = _PACKED_ROWS_BAND
-    return lo <= n_cols <= min(hi, _PACKED_N_MAX) and n_cols % 16 != 0 and n_cols % _PACKED_ROWS_MULTIPLE == 0
+    band = (t or DEFAULT_TUNING).packed_rows_band
+    return (band is not None and band[0] <= n_cols <= min(band[1], _PACKED_N_MAX) and n_cols % 16 != 0
+            and n_cols % _PACKED_ROWS_MULTIPLE == 0)
 
 
-def _narrow_packed(n_cols: int) -> bool:
-    """Whether rows of ``n_cols`` lie under ``_PACKED_ROWS_BAND`` with N a multiple of ``_PACKED_ROWS_MULTIPLE``: there
+def _narrow_packed(n_cols: int, t: Tuning | None = None) -> bool:
+    """Whether rows of ``n_cols`` lie under ``packed_rows_band`` with N a multiple of ``_PACKED_ROWS_MULTIPLE``: there
     the rows plan at a compile-time width loads 8- or 16-byte vectors (16-bit 1000: 97% of copy forward, 77% backward)
     and the held plans, measured at odd widths only, do not take them."""
-    return n_cols < _PACKED_ROWS_BAND[0] and n_cols % _PACKED_ROWS_MULTIPLE == 0
+    band = (t or DEFAULT_TUNING).packed_rows_band
+    return band is not None and n_cols < band[0] and n_cols % _PACKED_ROWS_MULTIPLE == 0
 
 
-def _in_bands(bands: dict, n_cols: int, elem_size: int) -> bool:
+def _in_bands(bands: tuple, n_cols: int, elem_size: int) -> bool:
     """Whether ``n_cols`` lies in one of the inclusive ranges ``bands`` holds for ``elem_size`` (4: fp32, 2: 16-bit)."""
-    return any(lo <= n_cols <= hi for lo, hi in bands.get(4 if elem_size >= 4 else 2) or ())
+    return _in_any(_sized(bands, elem_size), n_cols)
 
 
-def _walk_forward(n_cols: int, elem_size: int) -> bool:
-    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``_WALK_FWD_BANDS``
-    for unaligned rows, ``_WALK_FWD_ALIGNED`` for aligned ones)."""
+def _sized(pairs: tuple, elem_size: int):
+    """The value a tuned choice by element size (pairs (2 or 4, value)) holds for ``elem_size``, or None."""
+    return dict(pairs).get(4 if elem_size >= 4 else 2)
+
+
+def _in(band: tuple | None, n: int) -> bool:
+    return band is not None and band[0] <= n <= band[1]
+
+
+def _in_any(bands: tuple | None, n: int) -> bool:
+    return any(lo <= n <= hi for lo, hi in bands or ())
+
+
+def _walk_forward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
+    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``walk_fwd_bands``
+    for unaligned rows, ``walk_fwd_aligned`` for aligned ones)."""
     aligned = n_cols % 16 == 0
-    if not _in_bands(_WALK_FWD_ALIGNED if aligned else _WALK_FWD_BANDS, n_cols, elem_size):
+    t = t or DEFAULT_TUNING
+    if not _in_bands(t.walk_fwd_aligned if aligned else t.walk_fwd_bands, n_cols, elem_size):
         return False
     pieces, _ = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
     return sum(pieces) <= _WALK_FWD_MAX_LANES
 
 
-def _looped_forward(n_cols: int, elem_size: int) -> bool:
+def _looped_forward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether the forward's default plan for contiguous rows of ``n_cols`` is the chunked "looped" one
-    (aligned rows in a band of ``_LOOPED_FWD_BANDS``)."""
-    return n_cols % 16 == 0 and _in_bands(_LOOPED_FWD_BANDS, n_cols, elem_size)
+    (aligned rows in a band of ``looped_fwd_bands``)."""
+    return n_cols % 16 == 0 and _in_bands((t or DEFAULT_TUNING).looped_fwd_bands, n_cols, elem_size)
 
 
 def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
@@ -2196,10 +2239,10 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     return split
 
 
-def _aligned_16bit_pieces(n_cols: int) -> tuple[int, int, int] | None:
-    """Two pieces for a 16-bit aligned row in ``_ALIGNED_PIECES_16BIT``, where the second has at least
+def _aligned_16bit_pieces(n_cols: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
+    """Two pieces for a 16-bit aligned row in ``aligned_pieces_16bit``, where the second has at least
     ``_ALIGNED_PIECE_MIN_LANES`` lanes (5120 = 4096 + 1024, 5632 and 6144 = 4096 + 2048), else None."""
-    if _ALIGNED_PIECES_16BIT is None or not _ALIGNED_PIECES_16BIT[0] <= n_cols <= _ALIGNED_PIECES_16BIT[1]:
+    if not _in((t or DEFAULT_TUNING).aligned_pieces_16bit, n_cols):
         return None
     pieces = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
     return pieces if pieces[1] >= _ALIGNED_PIECE_MIN_LANES else None
@@ -2212,6 +2255,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     else:
         r = phased(x2, y2)
     if plan.mode == "rows":
+        t = _tuning(_device.of(x2.device))
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         narrow = r.packed_width(n_cols, _PACKED_N_MAX)
         pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0, elem_size=x2.element_size())
@@ -2220,23 +2264,23 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         cap = plan if r.vec > 1 else plan._replace(max_regs=None)
         joint = packed = False
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
-            split = _aligned_16bit_pieces(n_cols)
+            split = _aligned_16bit_pieces(n_cols, t)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
                 pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
                 packed = True
             else:
-                joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype)
+                joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype, t)
                 packed = joint
         warps = plan.num_warps
-        if pieces[1] and not _block_warps(pieces, r.vec, joint):
+        if pieces[1] and not _block_warps(pieces, r.vec, joint, t):
             # the plan's elements a thread over the pieces' lanes (4096 + 4: half the warps of 8192)
             warps = max(4, plan.num_warps * (1 << (sum(pieces).bit_length() - 1)) // block_n)
         launch_kernel(_layer_norm_fwd_kernel, (cdiv(n_rows, plan.block_m),),
             r.x, weight, bias, r.y, mean, rstd, r.phase, n_rows, n_cols, r.stride_x, r.stride_y, eps,
             BLOCK_M=plan.block_m, BLOCK_N=pieces[0], BLOCK_T=pieces[1], BLOCK_U=pieces[2], VEC=r.vec,
             JOINT=joint, PACKED=packed, NARROW=narrow,
-            PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec),
-            WIDEN=r.vec == 1 and _rows_widen(x2, n_cols), num_warps=warps, **_reg_cap(cap),
+            PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec, t),
+            WIDEN=r.vec == 1 and _rows_widen(x2, n_cols, t), num_warps=warps, **_reg_cap(cap),
         )
     elif plan.mode == "walk":
         _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
@@ -2252,42 +2296,44 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
 
 
 
-def _block_warps(pieces: tuple, vec: int, joint: bool) -> bool:
+def _block_warps(pieces: tuple, vec: int, joint: bool, t: Tuning | None = None) -> bool:
     """Whether aligned rows in pieces (``vec`` 1, not JOINT) keep the warps of their whole block instead of those of
-    their first piece: pieces past the first whose lanes lie in ``_ALIGNED_PIECES_BLOCK_WARPS_TAILS``."""
-    if _ALIGNED_PIECES_BLOCK_WARPS_TAILS is None or vec != 1 or joint or not pieces[1]:
+    their first piece: pieces past the first whose lanes lie in ``aligned_pieces_block_warps_tails``."""
+    if vec != 1 or joint or not pieces[1]:
         return False
-    return _ALIGNED_PIECES_BLOCK_WARPS_TAILS[0] <= pieces[1] + pieces[2] <= _ALIGNED_PIECES_BLOCK_WARPS_TAILS[1]
+    return _in((t or DEFAULT_TUNING).aligned_pieces_block_warps_tails, pieces[1] + pieces[2])
 
 
-def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int) -> bool:
-    """Whether a forward rows program loads weight and bias before x (``_FWD_PARAMS_FIRST_MIN_COLS``): fp32 rows of a
+def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int, t: Tuning | None = None) -> bool:
+    """Whether a forward rows program loads weight and bias before x (``fwd_params_first_min_cols``): fp32 rows of a
     multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from that width that fill
     ``_FWD_PARAMS_FIRST_LANE_USE`` of their block, ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of one wider than
     ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes."""
-    block_n = pieces[0]
-    if elem_size < 4 or vec != 1 or n_cols % 16 or pieces[1] or _FWD_PARAMS_FIRST_MIN_COLS is None:
+    block_n, least = pieces[0], (t or DEFAULT_TUNING).fwd_params_first_min_cols
+    if elem_size < 4 or vec != 1 or n_cols % 16 or pieces[1] or least is None:
         return False
     wide = block_n > _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
     use = _FWD_PARAMS_FIRST_WIDE_LANE_USE if wide else _FWD_PARAMS_FIRST_LANE_USE
-    return n_cols >= _FWD_PARAMS_FIRST_MIN_COLS and n_cols >= use * block_n
+    return n_cols >= least and n_cols >= use * block_n
 
 
-def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False) -> int:
+def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False, t: Tuning | None = None) -> int:
     """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
     16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns (``_MASKED_ROWS_PACKED_MULTIPLE`` where they
-    lie ``packed``) in ``_MASKED_ROWS_16BIT`` that mask lanes, else ``_ROWS_TILE``."""
-    lo, hi = _MASKED_ROWS_16BIT
+    lie ``packed``) in ``masked_rows_16bit`` that mask lanes, else ``_ROWS_TILE``."""
+    band = (t or DEFAULT_TUNING).masked_rows_16bit
     masked = n_cols != next_power_of_2(n_cols)
     aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0 or (packed and _MASKED_ROWS_PACKED_MULTIPLE > 0
                                                         and n_cols % _MASKED_ROWS_PACKED_MULTIPLE == 0)
-    return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and lo <= n_cols <= hi else _ROWS_TILE
+    return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and _in(band, n_cols) else _ROWS_TILE
 
 
-def _joint_tile(n_cols: int, dtype: torch.dtype) -> bool:
+def _joint_tile(n_cols: int, dtype: torch.dtype, t: Tuning | None = None) -> bool:
     """Whether an aligned 16-bit row held on one tile takes JOINT statistics (and PACKED x): from
-    ``_JOINT_16BIT_MIN_COLS``, fp16 from ``_JOINT_FP16_MIN_COLS`` (docs/kernels.md, "Aligned 16-bit rows")."""
-    return n_cols >= (_JOINT_FP16_MIN_COLS if dtype == torch.float16 else _JOINT_16BIT_MIN_COLS)
+    ``joint_16bit_min_cols``, fp16 from ``joint_fp16_min_cols`` (docs/kernels.md, "Aligned 16-bit rows")."""
+    t = t or DEFAULT_TUNING
+    least = t.joint_fp16_min_cols if dtype == torch.float16 else t.joint_16bit_min_cols
+    return least is not None and n_cols >= least
 
 
 def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
@@ -2408,7 +2454,7 @@ def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
     plan runs: the held plan's programs, else ``_share_rows`` of the planned launch. What the byte budget's slack for
     the shares is computed from (tests/test_ref_dogfood.py)."""
     x2, dy2 = as_rows(x), as_rows(dy)
-    if _held_backward(dy2, x2, weight.contiguous(), x2):  # x2 for dx: a fresh dx is packed wherever x is
+    if _held_backward(dy2, x2, weight.contiguous(), x2, _tuning(_device.of(x.device))):  # a fresh dx is packed wherever x is
         return _layer_norm_held.backward_programs(x2, weight, _device.of(x.device).sms)
     plan = _layer_norm_settings(*x2.shape, x.element_size(), backward=True, device=_device.of(x.device),
                                 phased_ok=dy.dtype == x.dtype, flat_ok=_flat_layout(x2, dy2),
@@ -2459,11 +2505,11 @@ def _packed_width(*rows: torch.Tensor) -> int:
     return packed_width(rows[0].shape[1], tuple(t.stride(0) for t in rows), _PACKED_N_MAX)
 
 
-def _rows_widen(x: torch.Tensor, n_cols: int) -> bool:
+def _rows_widen(x: torch.Tensor, n_cols: int, t: Tuning | None = None) -> bool:
     """Whether the rows kernel widens ``x``'s rows of ``n_cols`` by ``_math.widen``: bf16 rows of a multiple of 16
-    columns in ``_ROWS_WIDEN_BANDS``, on CUDA, not under the interpreter, which runs no PTX."""
+    columns in ``rows_widen_bands``, on CUDA, not under the interpreter, which runs no PTX."""
     return (x.dtype == torch.bfloat16 and n_cols % 16 == 0 and x.is_cuda and not interpreting()
-            and any(lo <= n_cols <= hi for lo, hi in _ROWS_WIDEN_BANDS or ()))
+            and _in_any((t or DEFAULT_TUNING).rows_widen_bands, n_cols))
 
 
 def _reg_cap(plan: _Plan) -> dict:
@@ -2493,15 +2539,16 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
 # --------------------------------------------------------------------------- public functions
 
 
-def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> bool:
-    """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_FWD_MIN_COLS``):
+def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None, t: Tuning | None = None) -> bool:
+    """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``held_fwd_min_cols``):
     widths that are not a multiple of 16, from the band's first width on; fp32 rows under
     ``_HELD_FWD_FP32_ALONE_MIN_COLS`` only where two programs an SM fit (``col_bytes``: shared memory a column, default
-    the row's, the weight's and the bias's element alike); aligned rows in ``_HELD_FWD_ALIGNED_BANDS``."""
+    the row's, the weight's and the bias's element alike); aligned rows in ``held_fwd_aligned_bands``."""
+    t = t or DEFAULT_TUNING
     if n_cols % 16 == 0:
-        return _in_aligned_band(_HELD_FWD_ALIGNED_BANDS, n_cols, elem_size)
-    least = (_HELD_FWD_MIN_COLS or {}).get(4 if elem_size >= 4 else 2)
-    if least is None or n_cols < least or _packed_rows(n_cols) or _narrow_packed(n_cols):
+        return _in_aligned_band(t.held_fwd_aligned_bands, n_cols, elem_size)
+    least = _sized(t.held_fwd_min_cols, elem_size)
+    if least is None or n_cols < least or _packed_rows(n_cols, t) or _narrow_packed(n_cols, t):
         return False
     if n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS:
         return False
@@ -2510,23 +2557,23 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None) -> 
     return True
 
 
-def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
+def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor, t: Tuning) -> bool:
     """Whether this forward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
-    return (_held_default(x2.shape[1], x2.element_size(), _layer_norm_held.col_bytes(x2, weight, bias))
+    return (_held_default(x2.shape[1], x2.element_size(), _layer_norm_held.col_bytes(x2, weight, bias), t)
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 
-def _stream_band(n_cols: int, elem_size: int) -> bool:
-    """Whether rows of ``n_cols`` are streamed before the held plan is asked (``_STREAM_FWD_BANDS``): N not a multiple
+def _stream_band(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
+    """Whether rows of ``n_cols`` are streamed before the held plan is asked (``stream_fwd_bands``): N not a multiple
     of 16 inside a band of their element size, and not rows the packed rows plan takes (``_packed_rows``,
     ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS`` but 16-bit ones on programs of at most
     ``_STREAM_FWD_EVEN_MAX_WARPS`` warps); 16-bit rows only where their streamed shape has at
     most ``_STREAM_FWD_16BIT_MOST`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
     call's)."""
-    bands = (_STREAM_FWD_BANDS or {}).get(4 if elem_size >= 4 else 2, ())
+    t = t or DEFAULT_TUNING
     even = n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS  # the rows plan's 4-byte pairs, as for the held plan
-    if (n_cols % 16 == 0 or not any(lo <= n_cols <= hi for lo, hi in bands) or _packed_rows(n_cols)
-            or _narrow_packed(n_cols)):
+    if (n_cols % 16 == 0 or not _in_bands(t.stream_fwd_bands, n_cols, elem_size) or _packed_rows(n_cols, t)
+            or _narrow_packed(n_cols, t)):
         return False
     shape = _layer_norm_held.stream_shape(n_cols, elem_size, 2 * elem_size)  # the shape with parameters of x's dtype
     if even and (shape is None or elem_size >= 4 or shape.warps > (_STREAM_FWD_EVEN_MAX_WARPS or 0)):
@@ -2538,43 +2585,41 @@ def _stream_band(n_cols: int, elem_size: int) -> bool:
 
 
 def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
-                    band: bool | None = None) -> bool:
+                    band: bool | None = None, t: Tuning | None = None) -> bool:
     """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
-    answer, where the caller has it), and rows from the width of their element size on (``_STREAM_FWD_MIN_COLS``; N a
-    multiple of 16 from ``_STREAM_FWD_ALIGNED_MIN_COLS``), on a machine that runs
+    answer, where the caller has it), and rows from the width of their element size on (``stream_fwd_min_cols``; N a
+    multiple of 16 from ``stream_fwd_aligned_min_cols``), on a machine that runs
     the held kernels, of tensors ``launch_stream`` takes."""
-    n_cols, key = x2.shape[1], 4 if x2.element_size() >= 4 else 2
-    aligned = n_cols % 16 == 0
-    least = ((_STREAM_FWD_ALIGNED_MIN_COLS if aligned else _STREAM_FWD_MIN_COLS) or {}).get(key)
+    t, n_cols = t or DEFAULT_TUNING, x2.shape[1]
+    least = _sized(t.stream_fwd_aligned_min_cols if n_cols % 16 == 0 else t.stream_fwd_min_cols, x2.element_size())
     if band is None:
-        band = _stream_band(n_cols, x2.element_size())
+        band = _stream_band(n_cols, x2.element_size(), t)
     wanted = band or (least is not None and n_cols >= least)
     return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
 
 
-def _in_aligned_band(bands: dict[int, tuple[tuple[int, int], ...]] | None, n_cols: int, elem_size: int) -> bool:
+def _in_aligned_band(bands: tuple, n_cols: int, elem_size: int) -> bool:
     """Whether aligned rows of ``n_cols`` (a multiple of 16) are held: inside one of the bands of their element size
     (inclusive), and not a power of two (whose tiles the other plans fill whole)."""
-    ranges = (bands or {}).get(4 if elem_size >= 4 else 2, ())
-    return any(lo <= n_cols <= hi for lo, hi in ranges) and n_cols & (n_cols - 1) != 0
+    return _in_bands(bands, n_cols, elem_size) and n_cols & (n_cols - 1) != 0
 
 
-def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
-    """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``_HELD_BWD_BANDS``): widths
+def _held_bwd_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
+    """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``held_bwd_bands``): widths
     that are not a multiple of 16, inside the band of their element size, past the phased plan's widest row or, with
     two programs an SM or more, holding at most ``_HELD_BWD_REG_SLOTS`` times the phased plan's lanes where the shares
     are held in registers, else filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``).
-    Aligned rows: in ``_HELD_BWD_ALIGNED_BANDS`` with the shares in registers (what was measured)."""
+    Aligned rows: in ``held_bwd_aligned_bands`` with the shares in registers (what was measured)."""
+    t = t or DEFAULT_TUNING
     if n_cols % 16 == 0:
-        return (_in_aligned_band(_HELD_BWD_ALIGNED_BANDS, n_cols, elem_size)
+        return (_in_aligned_band(t.held_bwd_aligned_bands, n_cols, elem_size)
                 and _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size).reg_shares)
-    band = (_HELD_BWD_BANDS or {}).get(4 if elem_size >= 4 else 2)
-    if band is None or not band[0] <= n_cols <= band[1] or _narrow_packed(n_cols):
+    if not _in(_sized(t.held_bwd_bands, elem_size), n_cols) or _narrow_packed(n_cols, t):
         return False
     if n_cols > _PHASED_BWD_MAX_ROW:
         return True
     shape = _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size)
-    pieces = _phased_bwd_pieces(n_cols, elem_size)
+    pieces = _phased_bwd_pieces(n_cols, elem_size, t)
     if shape.per_sm < 2 or pieces is None:
         return False
     phased_fill = min(1.0, n_cols / sum(pieces))  # its tile and pieces (a tail in words past them: full)
@@ -2584,9 +2629,9 @@ def _held_bwd_default(n_cols: int, elem_size: int) -> bool:
     return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
 
 
-def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor) -> bool:
+def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor, t: Tuning) -> bool:
     """Whether this backward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
-    return (_held_bwd_default(x2.shape[1], x2.element_size()) and _layer_norm_held.available()
+    return (_held_bwd_default(x2.shape[1], x2.element_size(), t) and _layer_norm_held.available()
             and _layer_norm_held.fits_backward(dy2, x2, weight, dx2))
 
 
@@ -2643,9 +2688,10 @@ def _forward_any(x2, weight, bias, y2, mean, rstd, eps: float, max_row: int | No
     """The forward's plan, then its launches: the held or streamed Gluon kernels where they take these rows, else the
     Triton plan (``_layer_norm_settings``)."""
     device = x2.device
-    band = max_row is None and _stream_band(x2.shape[1], x2.element_size())  # asked once: it builds the stream's shape
-    streamed = max_row is None and _stream_forward(x2, weight, bias, y2, band)
-    if max_row is None and not (band and streamed) and _held_forward(x2, weight, bias, y2):
+    t = _tuning(_device.of(device))
+    band = max_row is None and _stream_band(x2.shape[1], x2.element_size(), t)  # asked once: it builds the stream's shape
+    streamed = max_row is None and _stream_forward(x2, weight, bias, y2, band, t)
+    if max_row is None and not (band and streamed) and _held_forward(x2, weight, bias, y2, t):
         try:
             _layer_norm_held.launch(x2, weight, bias, y2, mean, rstd, eps, _device.of(device).sms)
             return
@@ -2705,7 +2751,8 @@ def _backward(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant)
 
 def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, variant) -> None:
     """The backward's plan, then its launches: the held Gluon kernel where it takes these rows, else the Triton plan."""
-    if max_row is None and one_pass is None and variant is None and _held_backward(dy2, x2, weight, dx2):
+    if (max_row is None and one_pass is None and variant is None
+            and _held_backward(dy2, x2, weight, dx2, _tuning(_device.of(x2.device)))):
         try:
             shares = _layer_norm_held.launch_backward(dy2, x2, weight, mean, rstd, dx2, _device.of(x2.device).sms)
             _sum_shares(*shares, dw, db)

@@ -503,6 +503,7 @@ class Tuning:
     held_fp32_aligned: tuple = ((MAX_ROW + 1, 1 << 30),)  # bands of fp32 rows of a multiple of 16 that are held
     held_per_sm: tuple = (2, 1)  # programs an SM a whole held row needs, 16-bit / fp32; fewer: held in slices
     persistent: tuple | None = None  # (most row bytes, least lane use): 16-bit rows the persistent walk takes
+    split_shift_16bit: bool = False  # aligned 16-bit rows of the split walk sum exp(x - the row's first element)
 
 
 DEFAULT_TUNING = Tuning()
@@ -553,7 +554,8 @@ def plan(n_rows: int, n_cols: int, elem_size: int, device: Device, *, tuning: Tu
     widest = max_row if max_row is not None else MAX_ROW
     staged_ok = t.staged_cols is not None and ragged_width(n_cols, elem_size) <= t.staged_cols[1]
     if wide == "staged" and not staged_ok:
-        raise ValueError(f"the staged plan holds rows of {t.staged_cols} columns on {device.name}, not {n_cols}")
+        held_cols = "no rows" if t.staged_cols is None else f"rows of {t.staged_cols[0]}-{t.staged_cols[1]} columns"
+        raise ValueError(f"the staged plan takes {held_cols} with these choices on {device.name}, not {n_cols}")
     if staged_ok and (wide == "staged" or (max_row is None and wide is None and _staged_default(n_cols, elem_size, t))):
         return _staged_plan(n_cols, elem_size, device, t)
     # A rows-plan program's tile covers the row's columns; where a phase carries an unaligned row past it, those last
@@ -793,7 +795,8 @@ def _packed_band(r: Phased, n_cols: int, t: Tuning) -> bool:
 def _launch_split(r: Phased, n_rows: int, n_cols: int, p: Plan) -> None:
     group, slice_cols = split_group(launch_width(n_cols, r.vec), p.block_n, p.group)
     # 16-bit aligned rows of the split plan whose slices take several steps sum exp(x - the row's first element)
-    shift = r.x.element_size() == 2 and p.mode == "split" and slice_cols != p.block_n and r.vec == 1
+    shift = (p.tuning.split_shift_16bit and r.x.element_size() == 2 and p.mode == "split" and slice_cols != p.block_n
+             and r.vec == 1)
     split_run(
         _softmax_split_kernel,
         lambda part, sync, n_programs: (

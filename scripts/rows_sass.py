@@ -6,7 +6,7 @@ on any machine, GPU or not, and say what came out.
 A case is ``DTYPE:N:PIECES:WARPS[:FLAG...][:rREGS]`` for aligned rows (N a multiple of 16, one row a program): DTYPE
 bf16, fp16 or fp32; PIECES the first piece's lanes, or ``A+B`` for two pieces (``_aligned_16bit_pieces``, the
 forward's rows in pieces); WARPS the program's warps; flags ``joint`` (JOINT statistics), ``packed`` (x held as loaded
-through the reduction), ``widen`` (bf16 widened by a shift and an AND, ``_math.widen``: what ``_ROWS_WIDEN_BANDS``
+through the reduction), ``widen`` (bf16 widened by a shift and an AND, ``_math.widen``: what ``rows_widen_bands``
 turns on); ``rREGS`` a ptxas register cap (the launch's ``maxnreg``). The cases are what ``layer_norm._forward_launch``
 launches for such rows; the script takes them as given, it does not plan.
 

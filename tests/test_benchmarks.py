@@ -141,28 +141,36 @@ def test_liger_is_an_anchor_of_the_sweep_when_installed_and_absent_otherwise(mon
     assert torch.equal(fns["liger"](), x * 2)
 
 
-def test_sweep_set_changes_a_launch_plan_constant_and_refuses_what_it_cannot_set(monkeypatch):
-    from benchmarks import sweep
-    from reference_kernels import layer_norm, softmax
+def test_sweep_set_changes_a_launch_plan_constant_or_a_tuned_choice_and_refuses_what_it_cannot_set(monkeypatch):
+    import dataclasses
 
-    monkeypatch.setattr(softmax, "_STAGED_STAGES", softmax._STAGED_STAGES)  # restored after the test
-    monkeypatch.setattr(softmax, "_STAGED_PERSISTENT", dict(softmax._STAGED_PERSISTENT))
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_16BIT", layer_norm._PHASED_BWD_ALIGNED_16BIT)
-    done = sweep.apply_settings(["softmax._STAGED_STAGES=2", "softmax._STAGED_PERSISTENT={4: True, 2: False}",
-                                 "layer_norm._PHASED_BWD_ALIGNED_16BIT = (768, 3072)"])
-    assert done == ["softmax._STAGED_STAGES=2", "softmax._STAGED_PERSISTENT={4: True, 2: False}",
-                    "layer_norm._PHASED_BWD_ALIGNED_16BIT=(768, 3072)"]
-    assert softmax._STAGED_STAGES == 2 and softmax._STAGED_PERSISTENT == {4: True, 2: False}
-    assert softmax._staged_plan(32768, 2).stages == 2  # the plan reads the new value
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", layer_norm._ALIGNED_PIECES_16BIT)
-    assert sweep.apply_settings(["layer_norm._ALIGNED_PIECES_16BIT=None"]) == ["layer_norm._ALIGNED_PIECES_16BIT=None"]
-    assert layer_norm._ALIGNED_PIECES_16BIT is None and layer_norm._aligned_16bit_pieces(5120) is None  # annotated "| None"
-    for bad, words in [("softmax._STAGED_STAGES", "expected MODULE.CONSTANT=VALUE"),
+    from benchmarks import sweep
+    from reference_kernels import _device, layer_norm, softmax
+
+    h200 = _device.DESCRIPTIONS["H200"]
+    tuned = _device.tuned("softmax", 90, softmax.DEFAULT_TUNING)
+    monkeypatch.setattr(softmax, "STAGED_STAGES", softmax.STAGED_STAGES)  # restored after the test
+    monkeypatch.setattr(_device, "tuning", _device.tuning)
+    monkeypatch.setattr(sweep, "TUNED_CHOICES", {})
+    done = sweep.apply_settings(["softmax.STAGED_STAGES=2", "softmax.tuning.staged_cols=(16385, 20000)",
+                                 "layer_norm.tuning.phased_bwd_aligned_16bit = (768, 3072)",
+                                 "layer_norm.tuning.held_fwd_min_cols={2: 600}"])
+    assert done == ["softmax.STAGED_STAGES=2", "softmax.tuning.staged_cols=(16385, 20000)",
+                    "layer_norm.tuning.phased_bwd_aligned_16bit=(768, 3072)", "layer_norm.tuning.held_fwd_min_cols=((2, 600),)"]
+    assert softmax._staged_plan(32768, 2, h200, tuned).stages == 2  # the plan reads the new value
+    planned = _device.tuning("softmax", h200, softmax.DEFAULT_TUNING)
+    assert planned.staged_cols == (16385, 20000) and dataclasses.replace(planned, staged_cols=None).shift_16bit == (
+        tuned.shift_16bit if _device.tuned_here(h200) else ())  # the other choices as the device's
+    ln = _device.tuning("layer_norm", h200, layer_norm.DEFAULT_TUNING)
+    assert ln.phased_bwd_aligned_16bit == (768, 3072) and layer_norm._held_default(601, 2, t=ln)
+    for bad, words in [("softmax.STAGED_STAGES", "expected MODULE.CONSTANT=VALUE"),
                        ("nosuch._X=1", "no module reference_kernels.nosuch"),
                        ("softmax._NO_SUCH=1", "has no _NO_SUCH"),
-                       ("softmax._STAGED_STAGES=2**2", "not a Python literal"),
-                       ("softmax._STAGED_STAGES='3'", "_STAGED_STAGES holds int, not str"),
-                       ("softmax._STAGED_STAGES=None", "_STAGED_STAGES holds int, not NoneType")]:
+                       ("softmax.STAGED_STAGES=2**2", "not a Python literal"),
+                       ("softmax.STAGED_STAGES='3'", "STAGED_STAGES holds int, not str"),
+                       ("softmax.STAGED_STAGES=None", "STAGED_STAGES holds int, not NoneType"),
+                       ("softmax.tuning.no_such=1", "softmax's tuning has no no_such"),
+                       ("gemm_epilogue.tuning.x=1", "has no tuned choices")]:
         with pytest.raises(SystemExit, match=re.escape(words)):
             sweep.apply_settings([bad])
 
@@ -336,11 +344,11 @@ def test_the_kernel_set_option_sets_a_reference_kernel_constant_for_the_test_run
         from reference_kernels import softmax
 
         def test_set():
-            assert softmax._STAGED_STAGES == 7
+            assert softmax.STAGED_STAGES == 7
     """)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax._STAGED_STAGES=7")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax.STAGED_STAGES=7")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["reference_kernels set: softmax._STAGED_STAGES=7"])
+    result.stdout.fnmatch_lines(["reference_kernels set: softmax.STAGED_STAGES=7"])
     refused = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--kernel-set", "softmax._NO_SUCH=1")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*--set 'softmax._NO_SUCH=1': reference_kernels.softmax has no _NO_SUCH*"])

@@ -10,6 +10,7 @@ tests/test_ref_softmax.py and tests/test_ref_layer_norm.py (``-k held``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_kernels import _held, _layer_norm_held, _softmax_held, layer_norm, softmax
+from reference_kernels import _device, _held, _layer_norm_held, _softmax_held, layer_norm, softmax
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fallbacks below run where the tests run
@@ -168,7 +169,8 @@ def test_a_softmax_whose_held_kernel_fails_to_compile_runs_the_plan_without_it(a
     monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
     monkeypatch.setattr(_softmax_held, "launch_split", broken)
     x = torch.randn(4, 40, device=DEVICE)
-    plan = softmax._Plan("held", 1, _held.BLOCK, _held.WARPS, group, per_sm=2, max_regs=_held.MAX_REGS)
+    plan = softmax.Plan("held", 1, _held.BLOCK, _held.WARPS, group, per_sm=2, max_regs=_held.MAX_REGS,
+                        device=_device.of(x.device))
     out = torch.full_like(x, float("nan"))
     with pytest.warns(RuntimeWarning, match="do not compile"):
         softmax._launch(x, out, plan)
@@ -181,15 +183,17 @@ def test_a_layer_norm_whose_held_kernel_fails_to_compile_runs_the_plans_without_
     def broken(*args):
         raise _compile_failure()
 
-    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", {2: 8, 4: 8})
+    tuning = dataclasses.replace(layer_norm.DEFAULT_TUNING, held_fwd_min_cols=((2, 8), (4, 8)))
+    monkeypatch.setattr(layer_norm, "DEFAULT_TUNING", tuning)
+    monkeypatch.setattr(_device, "tuned_here", lambda device: False)
     monkeypatch.setattr(_layer_norm_held, "fits", lambda *args: True)
     monkeypatch.setattr(_layer_norm_held, "launch", broken)
     x, weight, bias = (torch.randn(shape, device=DEVICE) for shape in ((5, 41), 41, 41))
-    assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x), tuning)
     with pytest.warns(RuntimeWarning, match="do not compile"):
         y, mean, rstd = layer_norm.forward(x, weight, bias)
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (41,), weight, bias), rtol=1e-5, atol=1e-5)
-    assert not layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
+    assert not layer_norm._held_forward(x, weight, bias, torch.empty_like(x), tuning)
 
 
 def test_the_register_bound_choices_hold_only_on_the_triton_they_were_measured_with(monkeypatch):

@@ -149,17 +149,19 @@ def test_setting_a_module_constant_through_monkeypatch_forgets_the_records(monke
     softmax.fused(x)
     assert softmax.CALLS.last == "replayed"
     planned = []
-    settings = softmax._softmax_settings
-    monkeypatch.setattr(softmax, "_softmax_settings", lambda *a, **k: planned.append(a) or settings(*a, **k))
+    plan = softmax.plan
+    monkeypatch.setattr(softmax, "plan", lambda *a, **k: planned.append(a) or plan(*a, **k))
     softmax.fused(x)
     assert softmax.CALLS.last == "recorded" and planned
 
 
 def test_a_call_that_copies_rows_before_its_launch_replays_the_copy_too():
-    # rows 404 bytes apart: the plan runs on an aligned copy (_ragged.phased), made again by each replay
+    # rows 8196 bytes apart, wide enough that every plan reads them as aligned vectors (softmax.PHASED_ROWS_MIN_COLS):
+    # the plan runs on an aligned copy (_ragged.phased), made again by each replay
+    assert softmax.PHASED_ROWS_MIN_COLS <= 2048
     _launch.forget()
     for i in range(3):
-        x = torch.randn(6, 101, device=DEVICE)[:, :100]
+        x = torch.randn(3, 2049, device=DEVICE)[:, :2048]
         got = softmax.fused(x)
         assert softmax.CALLS.last == ("recorded" if i == 0 else "replayed")
         torch.testing.assert_close(got, torch.softmax(x, -1), atol=1e-6, rtol=0)

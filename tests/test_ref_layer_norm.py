@@ -34,6 +34,29 @@ H200 = _device.DESCRIPTIONS["H200"]  # the GPU the plans' bands were measured on
 SMS = H200.sms
 
 
+TUNED = _device.tuned("layer_norm", 90, layer_norm.DEFAULT_TUNING)
+
+
+@pytest.fixture(autouse=True)
+def sm90_bands(monkeypatch):
+    """Every test here plans with the sm_90 file's bands (tuned/90.json) on any device and Triton: the widths the
+    kernels' paths were measured at; a test moves a band with ``tune`` (to widths the interpreter runs)."""
+    monkeypatch.setattr(layer_norm, "DEFAULT_TUNING", TUNED)
+    monkeypatch.setattr(_device, "tuned_here", lambda device: False)
+
+
+def tune(monkeypatch, **choices) -> None:
+    """This test's bands: ``layer_norm.Tuning`` fields, by-size ones as dicts ({2: ..., 4: ...}; None: none)."""
+    def frozen(value):
+        if isinstance(value, dict):
+            return tuple(sorted((k, v) for k, v in value.items() if v is not None))
+        return value
+
+    fields = {f.name: f.default for f in dataclasses.fields(layer_norm.Tuning)}
+    values = {k: (fields[k] if v is None and fields[k] == () else frozen(v)) for k, v in choices.items()}
+    monkeypatch.setattr(layer_norm, "DEFAULT_TUNING", dataclasses.replace(layer_norm.DEFAULT_TUNING, **values))
+
+
 def on(sms: int) -> _device.Device:
     """A device of ``sms`` SMs whose programs run one after another: plans small enough for the interpreter."""
     return dataclasses.replace(_device.INTERPRETER, sms=sms)
@@ -522,7 +545,7 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
     assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
     # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows (aligned
-    # ones to 11520 on the walk: _WALK_FWD_ALIGNED), 16-bit ones there 64 elements a thread
+    # ones to 11520 on the walk: walk_fwd_aligned), 16-bit ones there 64 elements a thread
     assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
     assert settings(2048, 11536, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
     assert [settings(2048, n, 4).mode for n in (8208, 9216, 11520)] == ["walk"] * 3
@@ -607,8 +630,8 @@ def _check_forward(x, weight, bias, y, mean, rstd, dtype):
                          + [(shape, plan) for shape in RAGGED_PIECES for plan in ("rows", "rows, scalar")], ids=str)
 def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, plan, dtype, monkeypatch):
     x, weight, bias = inputs(shape, dtype)
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: None, 4: None})  # the walk: its own tests
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})
+    tune(monkeypatch, walk_fwd_bands={2: None, 4: None})  # the walk: its own tests
+    tune(monkeypatch, walk_fwd_aligned={2: None, 4: None})
     if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
         monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
@@ -759,7 +782,7 @@ def test_the_backward_in_two_merged_pieces_matches_torch(merge, monkeypatch):
 @pytest.mark.parametrize("n, pieces", [(80, (64, 16)), (96, (64, 32)), (4352, (4096, 256))], ids=["64 + 16", "64 + 32", "4096 + 256"])
 def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype, monkeypatch):
     # the band moved down to widths the interpreter runs: the pieces' sums, shares and dx against torch
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECES_16BIT", ((16, 8192),))
+    tune(monkeypatch, phased_bwd_aligned_pieces_16bit=((16, 8192),))
     monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECE_MIN_LANES", 16)
     shape = (11, n)
     x, weight, bias = inputs(shape, dtype)
@@ -815,7 +838,7 @@ def test_the_backward_with_an_unmasked_first_piece_matches_torch(dtype, n, piece
 def test_aligned_16_bit_backward_rows_in_three_merged_pieces_match_torch(n, pieces, dtype, ahead, monkeypatch):
     # the three-piece band moved down to widths the interpreter runs (4 warps: 128 threads divide every piece; the
     # third piece's one lane a thread goes a row ahead, AHEAD)
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_THREE_PIECES_16BIT", ((1281, 2047),))
+    tune(monkeypatch, phased_bwd_aligned_three_pieces_16bit=((1281, 2047),))
     rule = layer_norm._phased_ahead  # both kernel paths at these widths: the rule's (a row ahead), and in step
     monkeypatch.setattr(layer_norm, "_phased_ahead", lambda *a: rule(*a) and ahead)
     assert layer_norm._phased_ahead(pieces[2], 4, 2) == ahead
@@ -861,7 +884,7 @@ def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_
 
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 1), (1, 0), (0, 2)], ids=["same phase", "x unaligned", "dy unaligned"])
 def test_the_phased_backward_on_slices_at_different_phases_matches_torch(x_offset, dy_offset, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_MIN_COLS", 1)
+    tune(monkeypatch, phased_bwd_min_cols=1)
     assert layer_norm._layer_norm_settings(9, 50, 4, backward=True).variant == "phased"
     big_x, weight, bias = inputs((9, 60), torch.float32)
     big_dy = torch.randn(9, 60, device=DEVICE)
@@ -1024,7 +1047,7 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert settings(8192, 16383, 4).mode == "walk"  # 16384 + 2: past the rows plan's block (was "split")
     for n in (999, 1023):  # 16-bit rows under 1025: Triton's scalar path in the plain rows plan
         assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_TAIL_MAX_REGS", None)
+    tune(monkeypatch, phased_bwd_tail_max_regs=None)
     assert settings(8192, 1025, 2, backward=True, device=H200).max_regs == 64
 
 
@@ -1103,8 +1126,8 @@ def test_the_fp32_forward_walk_keeps_its_warps_where_fewer_would_not_give_its_sh
                                                                              "a slice into an odd out"])
 def test_the_forward_walk_on_slices_and_odd_outputs_matches_torch_and_writes_only_its_output(offset, out_offset, dtype,
                                                                                            monkeypatch):
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    tune(monkeypatch, walk_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    tune(monkeypatch, walk_fwd_aligned={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
     for n in (40, 43):  # aligned (then planned so) and unaligned rows
         big, weight, bias = inputs((11, n + 9), dtype)
         x = big[:, offset:offset + n]
@@ -1117,7 +1140,7 @@ def test_the_forward_walk_on_slices_and_odd_outputs_matches_torch_and_writes_onl
 
 
 def test_the_forward_walk_gives_nan_rows_as_torch_does(monkeypatch):
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    tune(monkeypatch, walk_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
     x, weight, bias = inputs((9, 43), torch.bfloat16)
     x[2, 5] = float("inf")
     x[4, 42] = float("nan")
@@ -1187,7 +1210,7 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     joint = layer_norm._joint_tile  # on one tile: bf16 from 8193, fp16 from 6145 (its 8192-lane tile)
     assert [joint(n, torch.bfloat16) for n in (4608, 6656, 8192, 9472)] == [False, False, False, True]
     assert [joint(n, torch.float16) for n in (4608, 6144, 6656, 8192, 9472)] == [False, False, True, True, True]
-    assert settings(8192, 8704, 4, device=H200).mode == "walk"  # fp32 its own plan (_WALK_FWD_ALIGNED)
+    assert settings(8192, 8704, 4, device=H200).mode == "walk"  # fp32 its own plan (walk_fwd_aligned)
     assert settings(8192, 8712, 2, device=H200).mode == "walk"  # unaligned
     assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
     # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
@@ -1218,9 +1241,9 @@ def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
 def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(n, dtype, monkeypatch):
     # JOINT: one reduction of (x - x[row, 0], its square) a piece; made to run at narrow widths; x held packed,
     # widened again after the reduction, through the NaN-mean dependency the NaN rows take
-    monkeypatch.setattr(layer_norm, "_JOINT_16BIT_MIN_COLS", 1)
-    monkeypatch.setattr(layer_norm, "_JOINT_FP16_MIN_COLS", 1)
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_16BIT", (1, 1 << 20))
+    tune(monkeypatch, joint_16bit_min_cols=1)
+    tune(monkeypatch, joint_fp16_min_cols=1)
+    tune(monkeypatch, aligned_pieces_16bit=(1, 1 << 20))
     monkeypatch.setattr(layer_norm, "_ALIGNED_PIECE_MIN_LANES", 16)
     assert (layer_norm._aligned_16bit_pieces(n) or (0, 0))[1] == (32 if n == 96 else 0)
     x, weight, bias = inputs((37, n), dtype)  # several rows a program, the last program ragged
@@ -1239,7 +1262,7 @@ def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_chunked_forward_on_a_persistent_grid_matches_torch_and_writes_every_element(dtype, monkeypatch):
-    monkeypatch.setattr(layer_norm, "_LOOPED_FWD_BANDS", {2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
+    tune(monkeypatch, looped_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
     monkeypatch.setattr(layer_norm, "_LOOPED_FWD_WARPS_PER_SM", 2)  # few programs: each walks several rows
     for n in (128, 400, 1040):  # one chunk (fp32); a ragged last chunk; 1040 = 2^k + 16
         plan = layer_norm._layer_norm_settings(50, n, x_size := torch.tensor([], dtype=dtype).element_size())
@@ -1279,7 +1302,7 @@ def test_bf16_widened_by_a_shift_writes_the_bits_the_compilers_conversion_does(n
     x[3, 0] = float("inf")
     out = {}
     for bands in (None, ((1, 1 << 20),)):
-        monkeypatch.setattr(layer_norm, "_ROWS_WIDEN_BANDS", bands)
+        tune(monkeypatch, rows_widen_bands=bands)
         assert layer_norm._rows_widen(x, n) == (bands is not None)
         assert layer_norm._layer_norm_settings(300, n, 2, device=H200).mode == "rows"
         out[bands is not None] = layer_norm.forward(x, weight, bias)
@@ -1292,7 +1315,7 @@ def test_bf16_widened_by_a_shift_writes_the_bits_the_compilers_conversion_does(n
 
 def test_bf16_is_widened_by_a_shift_in_its_bands_on_cuda_only():
     # inline PTX: never under the interpreter or on the CPU, and only bf16 has the shift-and-AND form
-    bands = layer_norm._ROWS_WIDEN_BANDS
+    bands = layer_norm.DEFAULT_TUNING.rows_widen_bands
     widths = (768, 1024, 1280, 2560, 4160, 4224, 5120, 8192, 12288, 16384)
     assert [any(lo <= n <= hi for lo, hi in bands) for n in widths] \
         == [False, False, True, True, True, False, False, False, True, True]
@@ -1331,7 +1354,7 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
-    # to 11520 the walk (_WALK_FWD_ALIGNED), past it the persistent plan
+    # to 11520 the walk (walk_fwd_aligned), past it the persistent plan
     mode = layer_norm._layer_norm_settings(1000, n, 4, device=H200).mode
     assert mode == ("walk" if n <= 11520 else "persistent")
     torch.manual_seed(n)
@@ -1425,7 +1448,7 @@ def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
 @pytest.mark.parametrize("make", ["sliced", "offset", "transposed"])
 def test_the_backward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_torch(make, monkeypatch):
     _small_flat(monkeypatch)
-    monkeypatch.setattr(layer_norm, "_FLAT_BWD_16BIT", (16, 4096))
+    tune(monkeypatch, flat_bwd_16bit=(16, 4096))
     monkeypatch.setattr(layer_norm, "_FLAT_BWD_MIN_GAIN", -1.0)  # flat wherever the layout allows it
     _, weight, bias = inputs((9, 48), torch.bfloat16)
     big = (torch.randn(9, 64, device=DEVICE) * 3 + 1).bfloat16()
@@ -1522,9 +1545,9 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert not rule(9216, 4)
     assert _layer_norm_held.fwd_shape(9216, 2, 6) == (4, 1024, 9, 4)  # 9217: ten segments, three an SM, so 8 warps
     assert _layer_norm_held.fwd_shape(9217, 2, 6) == (8, 2048, 5, 3)
-    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
+    tune(monkeypatch, held_fwd_min_cols=None)
     assert not rule(17000, 2) and rule(8704, 2)
-    monkeypatch.setattr(layer_norm, "_HELD_FWD_ALIGNED_BANDS", None)
+    tune(monkeypatch, held_fwd_aligned_bands=None)
     assert not rule(8704, 2)
     # shared memory a column: the row's element, the weight's and the bias's (a bf16 weight and an fp32 bias: 8 bytes;
     # both bf16: 6, two programs an SM at 12345)
@@ -1554,7 +1577,7 @@ def test_the_forward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypat
     if not torch.cuda.is_available():
         assert not _layer_norm_held.available()
     monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
-    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", {2: 8, 4: 8})
+    tune(monkeypatch, held_fwd_min_cols={2: 8, 4: 8})
     calls = []
     monkeypatch.setattr(_layer_norm_held, "launch", lambda *args: calls.append(args))
     x, weight, bias = inputs((6, 41), torch.float32)
@@ -1586,7 +1609,7 @@ HELD_FWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
 def test_the_held_forward_matches_torch_and_writes_every_output_and_statistic(monkeypatch, dtype, n, rows):
     from reference_kernels import _layer_norm_held
 
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", None)  # the held kernel at widths the streamed one takes too
+    tune(monkeypatch, stream_fwd_bands=None)  # the held kernel at widths the streamed one takes too
     x, weight, bias = inputs((rows, n), dtype)
     assert layer_norm._held_forward(x, weight, bias, torch.empty_like(x))
     out = torch.full_like(x, float("nan"))
@@ -1744,10 +1767,10 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     # fp32: rows of no multiple of 16 columns from 1025 to 16383, but the walk's 8190-8191 and packed rows under 2048
     assert [n for n in (1023, 1025, 1500, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 12288, 16383, 16385) if band(n, 4)] == [
         1025, 1501, 3001, 6001, 8189, 9001, 16383]
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", None)
+    tune(monkeypatch, stream_fwd_bands=None)
     assert not band(999, 2) and not band(4097, 4)
     # the forward streams a banded row before it asks the held plan, and asks it where the streamed kernel cannot run
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_BANDS", {2: ((513, 1025),)})
+    tune(monkeypatch, stream_fwd_bands={2: ((513, 1025),)})
     monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
     calls = []
     monkeypatch.setattr(_layer_norm_held, "launch_stream", lambda *args: calls.append("stream"))
@@ -1770,17 +1793,17 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
     widths = (1024, 1536, 2000, 2048, 2112, 2368, 2560, 2816, 2880, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
     assert [n for n in widths if pick(n)] == [2048, 2880, 3072, 4096, 7168, 7680, 8192]
     assert not pick(4096, size=2) and not pick(4096, vec=4) and not pick(5120, pieces=(4096, 1024, 0))
-    monkeypatch.setattr(layer_norm, "_FWD_PARAMS_FIRST_MIN_COLS", None)
+    tune(monkeypatch, fwd_params_first_min_cols=None)
     assert not any(pick(n) for n in widths)
 
 
 def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_past_the_first_are_short(
         monkeypatch, recorded_kernel):
-    # _ALIGNED_PIECES_BLOCK_WARPS_TAILS (128-512 lanes): bf16 4176-4224 = 4096 + 128 on the 8192 block's 8 warps, not the
+    # aligned_pieces_block_warps_tails (128-512 lanes): bf16 4176-4224 = 4096 + 128 on the 8192 block's 8 warps, not the
     # first piece's 4; shorter tails (4112, 4160), rows read as unaligned vectors (vec > 1), JOINT pieces and tails past
     # the range keep theirs
     monkeypatch.setattr(layer_norm, "_layer_norm_fwd_kernel", recorded_kernel)
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_ALIGNED", {2: None, 4: None})  # 4352: the rows plan, not the walk
+    tune(monkeypatch, walk_fwd_aligned={2: None, 4: None})  # 4352: the rows plan, not the walk
 
     def warps(n):
         x = torch.empty(3, n, dtype=torch.bfloat16)
@@ -1793,11 +1816,11 @@ def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_pa
 
     widths = (4112, 4160, 4176, 4224, 4352)
     assert [warps(n) for n in widths] == [(16, 4), (64, 4), (128, 8), (128, 8), (256, 8)]
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", (64, 128))
+    tune(monkeypatch, aligned_pieces_block_warps_tails=(64, 128))
     assert [warps(n) for n in widths] == [(16, 4), (64, 8), (128, 8), (128, 8), (256, 4)]
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", None)
+    tune(monkeypatch, aligned_pieces_block_warps_tails=None)
     assert [warps(n) for n in widths] == [(16, 4), (64, 4), (128, 4), (128, 4), (256, 4)]
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECES_BLOCK_WARPS_TAILS", (128, 512))
+    tune(monkeypatch, aligned_pieces_block_warps_tails=(128, 512))
     assert layer_norm._block_warps((4096, 128, 0), 1, False) and not layer_norm._block_warps((4096, 128, 0), 8, False)
     assert layer_norm._block_warps((4096, 256, 256), 1, False) and not layer_norm._block_warps((4096, 512, 64), 1, False)
     assert not layer_norm._block_warps((4096, 128, 0), 1, True) and not layer_norm._block_warps((8192, 0, 0), 1, False)
@@ -1832,12 +1855,12 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     widths = (8192, 8208, 9216, 9728, 9744, 16384, 24576)
     streamed = lambda: [n for n in widths if layer_norm._stream_forward(x32[:, :n], x32[0, :n], x32[0, :n], x32[:, :n])]
     assert streamed() == []
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_ALIGNED_MIN_COLS", {2: 32769, 4: 8193})
+    tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769, 4: 8193})
     assert streamed() == [8208, 9216, 9728, 9744, 16384, 24576]
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 60000})
+    tune(monkeypatch, stream_fwd_min_cols={2: 60000})
     assert not layer_norm._stream_forward(x, weight, bias, y)
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", None)
+    tune(monkeypatch, stream_fwd_min_cols=None)
     assert not layer_norm._stream_forward(x, weight, bias, y)
 
 
@@ -1845,8 +1868,8 @@ def test_the_forward_runs_its_other_plans_where_the_streamed_kernel_cannot(monke
     from reference_kernels import _layer_norm_held
 
     monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
-    monkeypatch.setattr(layer_norm, "_HELD_FWD_MIN_COLS", None)
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_MIN_COLS", {2: 8, 4: 8})
+    tune(monkeypatch, held_fwd_min_cols=None)
+    tune(monkeypatch, stream_fwd_min_cols={2: 8, 4: 8})
     calls = []
     launch = _layer_norm_held.launch_stream
     monkeypatch.setattr(_layer_norm_held, "launch_stream", lambda *args: calls.append(args))
@@ -1981,13 +2004,13 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)
     assert _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
-    monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", None)
+    tune(monkeypatch, held_bwd_bands=None)
     assert not rule(3001, 2)
     assert rule(5120, 2)  # aligned rows have their own bands
-    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", {2: ((1, 16384),)})
+    tune(monkeypatch, held_bwd_aligned_bands={2: ((1, 16384),)})
     assert rule(2560, 2) and not rule(3001, 2) and not rule(4096, 2)
     assert not rule(10240, 2)  # ten segments: the shares would be in shared memory, which aligned rows never measured
-    monkeypatch.setattr(layer_norm, "_HELD_BWD_ALIGNED_BANDS", None)
+    tune(monkeypatch, held_bwd_aligned_bands=None)
     assert not rule(5120, 2)
     # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
     # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
@@ -2018,7 +2041,7 @@ def test_the_backward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypa
     if not torch.cuda.is_available():
         assert not _layer_norm_held.available()
     monkeypatch.setattr(_layer_norm_held, "available", lambda *args: True)
-    monkeypatch.setattr(layer_norm, "_HELD_BWD_BANDS", {2: (8, 100), 4: (8, 100)})
+    tune(monkeypatch, held_bwd_bands={2: (8, 100), 4: (8, 100)})
     calls = []
     monkeypatch.setattr(_layer_norm_held, "launch_backward", lambda *args: calls.append(args))
     x, weight, bias = inputs((6, 41), torch.float32)

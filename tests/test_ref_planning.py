@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from reference_kernels import _device, _softmax_held, softmax
+from reference_kernels import _device, _softmax_held, layer_norm, softmax
 from reference_kernels._split_walk import split_group
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
@@ -170,3 +170,61 @@ def test_softmax_plans_for_every_device_match_torch(dev, tuning, dtype):
             y = torch.full_like(x, float("nan"))
             softmax._launch(x, y, p)
             torch.testing.assert_close(y.float(), torch.softmax(x.float(), -1), atol=4e-3, rtol=1.6e-2)
+
+
+# --------------------------------------------------------------------------- layer norm plans
+
+LN_TUNINGS = {"default": layer_norm.DEFAULT_TUNING,
+              "sm_90 tuned": _device.tuned("layer_norm", 90, layer_norm.DEFAULT_TUNING)}
+
+
+@pytest.mark.parametrize("tuning", LN_TUNINGS, ids=str)
+@pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.name)
+def test_every_layer_norm_plan_fits_the_device(dev, tuning):
+    """Warps a program can have; a register cap that lets the programs an SM the plan launches fit the register file
+    (persistent grids: ``n_groups`` programs over the SMs); no more programs than the rows need."""
+    t = LN_TUNINGS[tuning]
+    for n in [w for w in WIDTHS if w <= 262144]:
+        for es in (2, 4):
+            for backward in (False, True):
+                for packed in (False, True):
+                    p = layer_norm._layer_norm_settings(8192, n, es, backward=backward, device=dev, tuning=t,
+                                                        packed=packed)
+                    where = f"{dev.name} {tuning}: {'backward' if backward else 'forward'} {n} x {es} bytes -> {p}"
+                    assert p.num_warps in (1, 2, 4, 8, 16, 32), where
+                    assert 1 <= p.n_groups <= max(8192, dev.sms * dev.warps_per_sm), where
+                    if p.max_regs:
+                        resident = -(-p.n_groups // dev.sms) if p.n_groups > 1 else 1
+                        assert p.max_regs * 32 * p.num_warps * resident <= dev.regs_per_sm, where
+
+
+def test_the_default_layer_norm_choices_take_no_measured_band():
+    h200, t = _device.DESCRIPTIONS["H200"], layer_norm.DEFAULT_TUNING
+    plans = [layer_norm._layer_norm_settings(8192, n, es, backward=b, device=h200, tuning=t)
+             for n in WIDTHS if n <= 262144 for es in (2, 4) for b in (False, True)]
+    assert {p.mode for p in plans} <= {"rows", "split", "looped", "one_pass", "two_pass", "persistent"}
+    assert {p.variant for p in plans} <= {"measured", "lean"}  # no phased or flat backward without a band
+    assert not any(p.prefetch for p in plans)
+
+
+@pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm_plans_with_the_default_choices_match_torch(dev, dtype, monkeypatch):
+    """Forward and backward planned for each description with the defaults (this machine's SM count and concurrency)
+    against torch; small rows here, the GPU tests take the wide ones."""
+    here = _device.of(torch.device(DEVICE))
+    monkeypatch.setattr(_device, "of", lambda device: dataclasses.replace(dev, sms=here.sms, concurrent=here.concurrent))
+    monkeypatch.setattr(_device, "tuned_here", lambda device: False)
+    for n in (5, 300, 1000, 1025, 4097):
+        x = (torch.randn(6, n, device=DEVICE) * 3 + 1).to(dtype).requires_grad_()
+        w = torch.randn(n, device=DEVICE).to(dtype).requires_grad_()
+        b = torch.randn(n, device=DEVICE).to(dtype).requires_grad_()
+        y = layer_norm.fused(x, w, b)
+        ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float())
+        dy = torch.randn_like(ref)
+        grads = torch.autograd.grad(y.float(), (x, w, b), dy)
+        expected = torch.autograd.grad(ref, (x, w, b), dy)
+        tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(y.float(), ref, **tol)
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got.float(), want.float(), atol=tol["atol"] * 10, rtol=tol["rtol"] * 10)
