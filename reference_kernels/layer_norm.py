@@ -2557,8 +2557,11 @@ def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None, t: 
     return True
 
 
-def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor, t: Tuning) -> bool:
-    """Whether this forward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
+def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
+                  t: Tuning | None = None) -> bool:
+    """Whether this forward runs on ``_layer_norm_held``: the width's rule (``t``, default the tensors' device's), this
+    machine, and tensors it takes."""
+    t = _tuning(_device.of(x2.device)) if t is None else t
     return (_held_default(x2.shape[1], x2.element_size(), _layer_norm_held.col_bytes(x2, weight, bias), t)
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
@@ -2629,8 +2632,11 @@ def _held_bwd_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> b
     return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
 
 
-def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor, t: Tuning) -> bool:
-    """Whether this backward runs on ``_layer_norm_held``: the width's rule, this machine, and tensors it takes."""
+def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor,
+                   t: Tuning | None = None) -> bool:
+    """Whether this backward runs on ``_layer_norm_held``: the width's rule (``t``, default the tensors' device's), this
+    machine, and tensors it takes."""
+    t = _tuning(_device.of(x2.device)) if t is None else t
     return (_held_bwd_default(x2.shape[1], x2.element_size(), t) and _layer_norm_held.available()
             and _layer_norm_held.fits_backward(dy2, x2, weight, dx2))
 

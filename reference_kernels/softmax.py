@@ -13,9 +13,9 @@ queried, its measured choices from ``tuned/<arch>.json``: docs/kernels.md, "Plan
   by one persistent program an SM whose row loop Triton pipelines (the next rows' loads in flight through shared
   memory), fp32 rows one program a row. 69-90% of copy.
 * ``persistent`` and ``split`` (every other wide row): ``_softmax_split_kernel``, a few programs an SM walking tiles (a
-  whole row, or one of a row's slices whose programs exchange (max, sum)) twice, as many programs an SM as keep their
-  slices in L2 so that the second read comes from there; a tile of one step is held in registers instead (no second
-  read); aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one. The walk is shared with the
+  whole row, or one of a row's slices whose programs exchange (max, sum)) twice, the slices of rows up to 1 MiB sized
+  so that those in flight fit in L2 and the second read comes from there; a tile of one step is held in registers
+  instead (no second read); aligned 16-bit rows of ``split`` sum exp(x - the row's first element) in pass one. The walk is shared with the
   layer-norm forward (``_split_walk``). 56-81% of copy: short of the 90% target, above every anchor.
 
 The plans that lost to these are listed in docs/kernels.md, "Variants removed". The max and sum are taken in float32
@@ -575,9 +575,7 @@ def plan(n_rows: int, n_cols: int, elem_size: int, device: Device, *, tuning: Tu
     else:
         chunk = next_power_of_2(max_row)
     group = min(MAX_SPLIT_GROUP, cdiv(n_cols * elem_size, SPLIT_SLICE_BYTES)) if split else 1
-    group, slice_cols = split_group(n_cols, chunk, group)
-    if split:  # what pass two reads again stays in L2: every resident program's slice at once
-        per_sm = max(1, min(per_sm, device.l2_bytes // (device.sms * min(n_cols, slice_cols) * elem_size)))
+    group = split_group(n_cols, chunk, group)[0]
     if group > 1 and not device.concurrent:
         if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
