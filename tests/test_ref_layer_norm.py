@@ -2073,7 +2073,7 @@ HELD_BWD = [(torch.bfloat16, 1025), (torch.float16, 2049), (torch.bfloat16, 3001
 @pytest.fixture
 def held_at_every_width(monkeypatch):
     """The held backward at whatever width a test gives it (its rule takes a few bands), aligned rows and fp32 too."""
-    monkeypatch.setattr(layer_norm, "_held_bwd_default", lambda n_cols, elem_size: True)
+    monkeypatch.setattr(layer_norm, "_held_bwd_default", lambda n_cols, elem_size, t=None: True)
 
 
 @pytest.mark.gpu
