@@ -100,6 +100,15 @@ def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
+def float32_pair(rows: int, n_cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (rows, n_cols) float32 scratch tensors (dweight's and dbias's shares) from one allocation: an eager call's
+    allocations are much of its host time (docs/kernels.md, "Host time a call"); the second starts 16-byte aligned."""
+    n = rows * n_cols
+    start = (n + 3) // 4 * 4
+    both = torch.empty(start + n, dtype=torch.float32, device=device)
+    return both[:n].view(rows, n_cols), both[start:].view(rows, n_cols)
+
+
 def graph_device_ms(launch, sets: list, replays: int = 5) -> float:
     """Device milliseconds of one ``launch(set)``: ``max(len(sets), 4)`` calls over the rotating
     ``sets`` captured in one CUDA graph (after a call on a side stream, as torch's CUDA-graph notes

@@ -209,7 +209,7 @@ class _Relaunch(_Launch):
         self.kernel, self.grid, self.values, self.options = kernel, grid, values, options
         self.tensors, self.named, self.descriptors = tensors, named, descriptors
 
-    def __call__(self, sources: list, scalars: dict) -> None:
+    def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
         values = self.values.copy()
         for i, src, delta, size, stride, dtype in self.tensors:
             values[i] = _view(sources[src], delta, size, stride, dtype)
@@ -229,11 +229,8 @@ class _Bound(_Launch):
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.values, self.named, self.tensors, self.descriptors = values, named, tensors, descriptors
         self.pointers = [(i, src, delta) for i, src, delta, *_ in tensors]
-        from triton.runtime import driver
 
-        self.device, self.stream = driver.active.get_current_device, driver.active.get_current_stream
-
-    def __call__(self, sources: list, scalars: dict) -> None:
+    def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
         values = self.values.copy()
         for i, src, delta in self.pointers:
             values[i] = sources[src].data_ptr() + delta
@@ -242,7 +239,7 @@ class _Bound(_Launch):
         for i, name in self.named:
             values[i] = scalars[name]
         g0, g1, g2 = self.grid
-        self.run(g0, g1, g2, self.stream(self.device()), self.function, self.metadata, None, None, None, *values)
+        self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *values)
 
 
 class _Copy:
@@ -256,16 +253,17 @@ class _Copy:
     def used(self) -> list[int]:
         return [self.dst[0], self.src[0]]
 
-    def __call__(self, sources: list, scalars: dict) -> None:
+    def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
         (i, di, *dv), (j, dj, *sv) = self.dst, self.src
         _view(sources[i], di, *dv).copy_(_view(sources[j], dj, *sv))
 
 
 class _Replay:
-    __slots__ = ("allocs", "launches", "result")
+    __slots__ = ("allocs", "launches", "result", "bound")
 
     def __init__(self, allocs: list, launches: list, result: Any) -> None:
         self.allocs, self.launches, self.result = allocs, launches, result
+        self.bound = any(one.__class__ is _Bound for one in launches)  # asks for the current stream, once a call
 
     def __call__(self, slots: tuple, scalars: dict) -> Any:
         sources = list(slots)
@@ -276,8 +274,9 @@ class _Replay:
             shape, stride, dtype, device, zero = alloc
             t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
             sources.append(t.zero_() if zero else t)
+        stream = _current_stream() if self.bound else None
         for one in self.launches:
-            one(sources, scalars)
+            one(sources, scalars, stream)
         return _rebuild(self.result, sources)
 
 
@@ -288,6 +287,19 @@ class _Planned:
 
     def __init__(self, why: str) -> None:
         self.why = why
+
+
+_STREAM_OF: list = []  # Triton's driver's (current device, current stream) functions, looked up once
+
+
+def _current_stream() -> int:
+    """The current CUDA stream's handle on the current device, what Triton's launcher takes (Triton's own query)."""
+    if not _STREAM_OF:
+        from triton.runtime import driver
+
+        _STREAM_OF.extend((driver.active.get_current_device, driver.active.get_current_stream))
+    device, stream = _STREAM_OF
+    return stream(device())
 
 
 def _source(t: torch.Tensor, sources: list) -> tuple[int, int] | str:
@@ -425,7 +437,7 @@ def _rebuild(result: Any, sources: list) -> Any:
         base = sources[result.src]
         return base if result.view is None else _view(base, *result.view)
     if result.__class__ is tuple:
-        return tuple(_rebuild(r, sources) for r in result)
+        return tuple([_rebuild(r, sources) for r in result])
     return result
 
 
@@ -468,16 +480,15 @@ _KEYABLE = frozenset((bool, int, float, str, type(None), torch.dtype))
 
 
 def _slot_key(slots: tuple) -> tuple:
-    """Each tensor's shape, strides, dtype, device and 16-byte alignment, and which earlier tensor it is (-1: none)."""
+    """Each tensor's shape, strides, dtype, device and 16-byte alignment, and the first slot at its address."""
     key = []
-    ptrs = []
-    for t in slots:
+    first: dict = {}
+    for n, t in enumerate(slots):
         if t is None:
             key.append(None)
             continue
         p = t.data_ptr()
-        key.append((t.shape, t.stride(), t.dtype, t.get_device(), p & _ALIGN, ptrs.index(p) if p in ptrs else -1))
-        ptrs.append(p)
+        key.append((t.shape, t.stride(), t.dtype, t.get_device(), p & _ALIGN, first.setdefault(p, n)))
     return tuple(key)
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import cdiv
+from ._common import cdiv, float32_pair
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start, segments,
@@ -756,8 +756,7 @@ def launch_backward(dy2, x2, weight, mean, rstd, dx2, sm_count: int) -> tuple[to
     n_rows, n_cols = x2.shape
     progs = backward_programs(x2, weight, sm_count)
     shape = _bwd_shape(x2, weight)
-    dw_part = torch.empty((progs, n_cols), dtype=torch.float32, device=x2.device)
-    db_part = torch.empty_like(dw_part)
+    dw_part, db_part = float32_pair(progs, n_cols, x2.device)
     launch_kernel(_layer_norm_bwd_held_kernel, (progs,),
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, n_cols, BLOCK=shape.block, NSEG=shape.nseg,
         VEC=16 // x2.element_size(), RING=shape.ring, PAIRED=paired(shape), REG_SHARES=shape.reg_shares,

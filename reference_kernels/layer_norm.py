@@ -52,7 +52,8 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols, warps_for
+from ._common import (as_rows, cdiv, check_tensor, float32_pair, interpreting, next_power_of_2, output_like, rows_cols,
+                      warps_for)
 from ._device import Device
 from ._math import widen, widen_after
 from ._ragged import (
@@ -2383,8 +2384,7 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     n_row_blocks = cdiv(n_rows, plan.block_m)
     rows_per_group = cdiv(n_row_blocks, plan.n_groups) * plan.block_m
     n_groups = cdiv(n_rows, rows_per_group)
-    dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
-    db_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
+    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     grid = (n_groups * n_chunks,)
     tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
@@ -2428,8 +2428,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         block_n, block_t, block_u = next_power_of_2(need), 0, 0
     tail = _tail_in_words(block_n, block_t, n_cols, r.vec)
     ahead = _phased_ahead(block_u, plan.num_warps, x2.element_size())
-    dw_part = torch.empty((n_groups, n_cols), dtype=torch.float32, device=x2.device)
-    db_part = torch.empty_like(dw_part)
+    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
     launch_kernel(_layer_norm_bwd_phased_kernel, (n_groups,),
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
@@ -2487,8 +2486,7 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     k = n_cols // seg
     if k * seg != n_cols or seg & (seg - 1):
         raise ValueError(f"the flat backward's segments of {seg} lanes do not divide rows of {n_cols}")
-    dw_part = torch.empty((_share_rows(plan), n_cols), dtype=torch.float32, device=x2.device)
-    db_part = torch.empty_like(dw_part)
+    dw_part, db_part = float32_pair(_share_rows(plan), n_cols, x2.device)
     launch_kernel(_layer_norm_bwd_flat_kernel, (plan.n_groups,),
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
         N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, n_cols, x2.dtype),
@@ -2524,8 +2522,7 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
     col_blocks = cdiv(n_cols, block_n)
     if n_groups > _DWDB_GROUPS_PER_SPLIT:
         n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
-        dw_mid = torch.empty((n_splits, n_cols), dtype=torch.float32, device=dw_part.device)
-        db_mid = torch.empty_like(dw_mid)
+        dw_mid, db_mid = float32_pair(n_splits, n_cols, dw_part.device)
         launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, n_splits),
             dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
             BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
