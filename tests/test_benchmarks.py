@@ -385,7 +385,7 @@ def _run_script(monkeypatch, name, *argv):
                                         ("bench_layer_norm", ["--quick"]), ("bench_bias_gelu_dropout", ["--quick"]),
                                         ("bench_gemm_epilogue", ["--quick"]), ("ncu_kernels", ["ln_fwd_fp32_333"]),
                                         ("bench_attention", ["--quick"]), ("bench_host", []), ("bench_eager", ["--quick"]),
-                                        ("bench_peak", []), ("model_counts", [])])
+                                        ("bench_peak", []), ("model_counts", []), ("bench_tuning", [])])
 def test_a_gpu_benchmark_on_a_machine_without_a_gpu_says_so_and_nothing_else(monkeypatch, name, argv):
     # without the check torch failed in its first CUDA call with a message about its own build
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -467,6 +467,23 @@ def test_the_host_bench_prints_its_table_from_a_recorded_file(capsys):
     out = capsys.readouterr().out
     assert out.startswith("NVIDIA H100") and "| softmax 8x4096 bfloat16 |" in out
     assert all(row.endswith("| replayed |") for row in out.splitlines() if row.startswith("| softmax"))
+
+
+def test_the_tuning_bench_prints_default_over_tuned_from_a_recorded_file_and_checks_its_widths(tmp_path, capsys):
+    import json
+
+    import benchmarks.bench_tuning as bt
+
+    rec = {"n_cols": 4096, "n_rows": 8192, "dtype": "bfloat16", "tuned": dict.fromkeys(bt.SUBJECTS, 80.0),
+           "default": {**dict.fromkeys(bt.SUBJECTS, 80.0), "layer norm backward": 40.0}}
+    path = tmp_path / "bench_tuning.json"
+    path.write_text(json.dumps({"header": "GPU X", "rows": [rec]}))
+    assert bt.main(["--tables", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("GPU X") and "| 4096 | bfloat16 | 8192 | 80% | 1.00x | 80% | 0.50x | 80% | 1.00x |" in out
+    with pytest.raises(SystemExit):
+        bt.main(["--widths", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
 
 
 def test_the_committed_eager_figures_cover_every_subject_and_implementation_they_name():
