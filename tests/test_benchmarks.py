@@ -496,3 +496,19 @@ def test_the_committed_eager_figures_cover_every_subject_and_implementation_they
     for rec in data["records"]:
         assert rec["impls"].get("ours"), rec  # ours ran at every shape
         assert set(rec["impls"]) <= set(be.IMPLS)
+
+
+def test_every_table_benchmarks_md_prints_from_committed_json_is_what_its_script_prints_now(capsys):
+    # BENCHMARKS.md names the command that prints each such table: the table pasted there is that command's output
+    import importlib
+    import re
+
+    text = (_ROOT / "BENCHMARKS.md").read_text()
+    commands = re.findall(r"python3 benchmarks/(\w+)\.py --tables (benchmarks/data/\S+\.json)", text)
+    assert commands
+    for script, data in commands:
+        importlib.import_module(f"benchmarks.{script}").main(["--tables", str(_ROOT / data)])
+        printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+        assert printed, script
+        missing = [line for line in printed if line not in text]
+        assert not missing, f"{script} --tables {data}: BENCHMARKS.md lacks {missing[:3]}"
