@@ -91,7 +91,7 @@ CASES = {
     # memory")
     "softmax_bf16_30522": lambda: _softmax(2048, 30522, torch.bfloat16),
     "softmax_bf16_128256": lambda: _softmax(512, 128256, torch.bfloat16),
-    # rows in slices still under 80% (docs/kernels.md, "A program a slice"): the exchange's wait, the counters' fill
+    # rows in slices still under 80% (docs/kernels.md, "Rows in slices"): the exchange's wait, the counters' fill
     "softmax_bf16_74988": lambda: _softmax(1024, 74988, torch.bfloat16),
     "softmax_bf16_117344": lambda: _softmax(512, 117344, torch.bfloat16),
     "softmax_fp32_30522": lambda: _softmax(2048, 30522, torch.float32),

@@ -1405,7 +1405,7 @@ _HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held o
 # (chunked rows to 9216, the JOINT tile past it) -> held, bf16 / fp16: 8208 68 -> 85 / 71 -> 83, 8704 74 -> 84 / 77 ->
 # 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752; 11008
 # (2026-12-03, twice) 82 -> 86 / 87 -> 86; lost at 11264-16384 (fp16 11264 88 -> 85, 12288 87 -> 81, 14336 91 -> 78) and
-# 2560-8192 (84-95 -> 80-89). docs/kernels.md, "Aligned rows held".
+# 2560-8192 (84-95 -> 80-89). docs/kernels.md, "One pass for the statistics".
 # Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
 # dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
 # 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
@@ -1608,7 +1608,7 @@ _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
 # and 16-bit aligned rows in these bands (inclusive) in three pieces where all three merge on the first's warps
 # (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside phased_bwd_aligned_16bit too; 4096 + 2048 + 512
-# or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Three pieces"); None: none
+# or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Aligned 16-bit rows in pieces"); None: none
 # (H200, % of copy, bf16 / fp16, the 8192-lane tile -> three pieces: 6656 73-74 -> 80-81 / 76-77 -> 80-81, 7168 78-79 ->
 # 82 / 80-81 -> 82-83; the rows plan -> three pieces: 3216 76-77 -> 81-82 / 77 -> 81-82, 3328 80 -> 85 / 81 -> 85, 3584
 # 83 -> 88 / 83-84 -> 88; 1281-2047 lost, 1664 79 -> 55-56, 1792 84-86 -> 56-61.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
@@ -1623,7 +1623,7 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pie
 # 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
 # A 16-bit row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of
 # copy, bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81, 1152 70 -> 81 (fp16 alike); fp32 pieces lost (1280 89 -> 83;
-# docs/kernels.md, "One reduction for both pieces").
+# docs/kernels.md, "Aligned 16-bit rows in pieces").
 # Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
 # flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
 # (a warp of 16-byte vectors), for rows in flat_bwd_16bit (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
@@ -1901,7 +1901,7 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> 
 
 def _merge_pieces(block_n: int, block_t: int, warps: int, elem_size: int, block_u: int = 0) -> int:
     """``MERGE`` of the phased backward: its threads where the rows are 16-bit (fp32
-    pieces lost: docs/kernels.md, "One reduction for both pieces") and a row in two pieces (or three) gives every
+    pieces lost: docs/kernels.md, "Aligned 16-bit rows in pieces") and a row in two pieces (or three) gives every
     thread lanes of each, at most one 16-byte vector of each (each piece a multiple of the threads), so that a thread's
     lanes are side by side, its sums move no data, and the pieces' row sums go through one block reduction instead of
     one each; else 0. (More than a vector a thread repeats the layout every vector: the reshape would go through shared
@@ -1915,7 +1915,7 @@ def _phased_ahead(block_u: int, warps: int, elem_size: int) -> bool:
     """``AHEAD`` of the phased backward: a 16-bit row's third piece of fewer than two
     lanes a thread (2-byte loads, which ``cp.async`` does not copy: synchronous in the pipelined loop, ``LDG.U16`` in
     the sm_90 SASS) loaded a row ahead into registers. Second pieces load the same way but keep it: with several
-    programs an SM, or 64 registers, the row ahead lost (docs/kernels.md, "Three pieces")."""
+    programs an SM, or 64 registers, the row ahead lost (docs/kernels.md, "Aligned 16-bit rows in pieces")."""
     return elem_size == 2 and 0 < block_u < 2 * 32 * warps
 
 
@@ -1944,7 +1944,7 @@ def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> boo
     """``PAIRS`` of the phased backward: rows of ``_PHASED_BWD_PAIRS_MIN_LANES`` or more, and where
     narrower 16-bit rows that take more than one reduction a row (a second piece, or a
     tail in words; ``MERGE``, where it applies, takes the row in one reduction of its own). fp32 pieces lost with it
-    (docs/kernels.md, "Three pieces")."""
+    (docs/kernels.md, "Aligned 16-bit rows in pieces")."""
     return block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES or (
         elem_size == 2 and (block_t > 0 or tail))
 

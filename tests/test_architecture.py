@@ -275,3 +275,20 @@ def test_the_report_write_scan_finds_assignments_and_in_place_growth():
     )
     found = report_writes({os.path.join(PACKAGE, "verdict_sample.py"): sample, os.path.join(PACKAGE, "capture.py"): sample})
     assert [line.split(": ", 1)[1] for line in found] == ["report.peak_bandwidth", "r.time_s", "report.warnings"]
+
+
+def test_every_section_of_docs_kernels_md_that_the_code_names_exists():
+    # comments point to docs, not to runs: a section renamed or merged must take its pointers with it
+    import glob
+    import re
+
+    root = os.path.dirname(PACKAGE)
+    headings = set(re.findall(r"^#+ (.+)$", open(os.path.join(root, "docs", "kernels.md")).read(), re.M))
+    named = []
+    for pattern in ("reference_kernels/*.py", "benchmarks/*.py", "tests/*.py", "scripts/*.py", "*.md", "docs/*.md"):
+        for path in glob.glob(os.path.join(root, pattern)):
+            text = open(path).read()
+            for m in re.finditer(r'kernels\.md(?:\)|\]\([^)]*\))?,?\s+"([^"]+)"', text):
+                named.append((os.path.relpath(path, root), re.sub(r"\s*\n\s*#?\s*", " ", m.group(1))))
+    assert len(named) > 20
+    assert [(path, name) for path, name in named if name not in headings] == []
