@@ -572,7 +572,8 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 # program an SM holds too little in flight for short rows: bf16 2560-14336 read 29-62% so): each the fewest warps of
 # STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
 # STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps, shared memory and
-# STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed, narrower").
+# STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed past the held
+# weight").
 STREAM_NARROW_MAX_COLS = 16384
 STREAM_NARROW_WARPS = (1, 2, 4, 8, 16, 32)
 STREAM_NARROW_MAX_SEGMENTS = 6

@@ -1391,7 +1391,7 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 # 16-bit row takes six segments or 16 warps (2600, 3001, 6001 -1 to -5, 12345 -2 to -5: _STREAM_FWD_16BIT_MOST, the most
 # segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). 16-bit rows of 257-512
 # since one-warp programs (_layer_norm_held.STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): 259 40 -> 58-59, 333 49 -> 69-70.
-# docs/kernels.md, "Rows streamed, narrower". None: never.
+# docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_16BIT_MOST = (5, 8)
 # Even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS streamed only where their streamed programs have at most this many warps
 # (one: up to three 256-element segments, ~761 columns). H200, 2026-12-03, the rows plan's pairs -> streamed, bf16 /
