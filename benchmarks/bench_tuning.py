@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--widths must be >= 1")
     if args.tables:
         data = json.loads(Path(args.tables).read_text())
-        print(data["header"] + "\n\n" + markdown_table(HEADERS, [table_row(r) for r in data["rows"]]))
+        note = f"\n\n{data['note']}" if data.get("note") else ""  # rows re-run later, merged in by hand
+        print(data["header"] + note + "\n\n" + markdown_table(HEADERS, [table_row(r) for r in data["rows"]]))
         return 0
     require_cuda(__file__)
     out = write_output_to(args.out, __file__)

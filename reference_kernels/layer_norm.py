@@ -1577,7 +1577,7 @@ _PHASED_BWD_WARPS_PER_SM = 32
 # memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from phased_bwd_min_cols it takes
 # aligned rows from phased_bwd_aligned_min_cols and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
-_PHASED_BWD_SMEM_BYTES = 196608
+_PHASED_BWD_SMEM_BYTES = 196608  # or the device's shared memory an SM where less
 _PHASED_BWD_MIN_ELEM_SIZE = 2
 # A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
 # (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see the edge words below) and
@@ -1692,7 +1692,8 @@ _MAX_CHUNKS = 4096
 class Tuning:
     """The width bands measured on one kind of GPU and Triton (``tuned/<arch>.json``, "layer_norm"): where a plan or a
     kernel option won there. By element size: pairs (2 or 4, value). The defaults take none of them: the base plans
-    (rows, the split walk and the looped walk forward; rows, lean and chunked backward) and the held kernels nowhere.
+    (rows, the split walk and the looped walk forward; rows, phased past the rows plan's widest row, lean and chunked
+    backward) and the held kernels nowhere.
     docs/kernels.md, "layer_norm: forward" and "layer_norm: backward", gives each band with its figures."""
 
     # forward: which plan
@@ -1716,8 +1717,11 @@ class Tuning:
     # backward: which plan
     held_bwd_bands: tuple = ()  # a band of ragged rows held
     held_bwd_aligned_bands: tuple = ()  # aligned rows held in these bands
-    phased_bwd_min_cols: int | None = None  # ragged rows on the phased plan from here
-    phased_bwd_aligned_min_cols: int | None = None  # aligned rows on the phased plan from here ...
+    # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
+    # longer fits one rows program and the phased plan still holds it whole (not a band: bench_tuning.py measured the
+    # chunked plans the rows go to otherwise at 0.52-0.83x of it on the H100)
+    phased_bwd_min_cols: int | None = _BWD_MAX_ROW + 1
+    phased_bwd_aligned_min_cols: int | None = _BWD_MAX_ROW + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
     phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
     flat_bwd_16bit: tuple | None = None  # 16-bit aligned rows laid flat in this band (where their tile fills) ...
@@ -2012,7 +2016,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     stages = _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
-        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // held_bytes))
+        per_sm = max(1, min(per_sm, min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm) // held_bytes))
     n_groups = min(device.sms * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
@@ -2177,7 +2181,8 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, devic
     per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, device.regs_per_sm // (max_regs * 32 * warps)))
     stages = _WALK_FWD_STAGES
     if stages > 1:
-        per_sm = max(1, min(per_sm, _PHASED_BWD_SMEM_BYTES // ((stages - 1) * lanes * elem_size)))
+        smem = min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm)
+        per_sm = max(1, min(per_sm, smem // ((stages - 1) * lanes * elem_size)))
     n_groups = min(device.sms * per_sm, n_rows)
     if vec > 1:  # one phase a program: a multiple of vec programs, rounded down (as the phased backward)
         n_groups = max(vec, n_groups // vec * vec)

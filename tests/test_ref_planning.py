@@ -202,11 +202,15 @@ def test_every_layer_norm_plan_fits_the_device(dev, tuning):
 
 def test_the_default_layer_norm_choices_take_no_measured_band():
     h200, t = _device.DESCRIPTIONS["H200"], layer_norm.DEFAULT_TUNING
-    plans = [layer_norm._layer_norm_settings(8192, n, es, backward=b, device=h200, tuning=t)
-             for n in WIDTHS if n <= 262144 for es in (2, 4) for b in (False, True)]
-    assert {p.mode for p in plans} <= {"rows", "split", "looped", "one_pass", "two_pass", "persistent"}
-    assert {p.variant for p in plans} <= {"measured", "lean"}  # no phased or flat backward without a band
-    assert not any(p.prefetch for p in plans)
+    plans = {(n, es, b): layer_norm._layer_norm_settings(8192, n, es, backward=b, device=h200, tuning=t)
+             for n in WIDTHS if n <= 262144 for es in (2, 4) for b in (False, True)}
+    assert {p.mode for p in plans.values()} <= {"rows", "split", "looped", "one_pass", "two_pass", "persistent"}
+    # no flat backward without a band; the phased one exactly where a row outgrows the rows plan and it holds it whole
+    assert {p.variant for p in plans.values()} <= {"measured", "lean", "phased"}
+    for (n, es, b), p in plans.items():
+        whole = layer_norm._phased_bwd_pieces(n, es, t) is not None
+        assert (p.variant == "phased") == (b and n > layer_norm._BWD_MAX_ROW and whole), (n, es, b, p)
+    assert not any(p.prefetch for p in plans.values())
 
 
 @pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.name)
