@@ -1,4 +1,4 @@
-"""Compile the layer-norm forward's rows kernel (reference_kernels/layer_norm.py, ``_layer_norm_fwd_kernel``) for sm_90
+"""Compile the layer-norm forward's rows kernel (reference_kernels/_layer_norm_kernels.py, ``_layer_norm_fwd_kernel``) for sm_90
 on any machine, GPU or not, and say what came out.
 
     python scripts/rows_sass.py bf16:2560:4096:4 bf16:2560:4096:4:widen bf16:5120:4096+1024:4:joint:packed:r64 [--json]
