@@ -67,116 +67,43 @@ class _Plan(NamedTuple):
     tail: int = 0  # forward "walk", 16-bit unaligned rows: vectors read as words after the pieces (0: none)
 
 
-# The heuristics, from the H200 sweeps (docs/kernels.md, "layer_norm: forward" / "backward").
-# Forward: rows up to _MAX_ROW wide held whole, _ROWS_TILE elements per program for narrow
-# rows, 32 per thread; wider rows by _WIDE_ROWS_PLAN. "auto": fp32 rows take "split" with each
-# slice held in registers (32 elements a thread, 16 KiB slices at 65536: 73% of copy against 61%
-# for "looped"); 16-bit rows keep "looped" (63%: "persistent", softmax's best plan there,
-# measured 61%, the held splits 44-60%); "persistent" and "split" (the split walk: docs/kernels.md,
-# "The split walk") can be named with ``wide=``.
+# The plans' shape parameters: what each plan is and why is docs/kernels.md, "layer_norm: forward" and "layer_norm:
+# backward" (each section named below); the widths where a plan is taken are data (``Tuning``, tuned/<arch>.json).
+# The figures behind each value are in those sections and in git's history, not here.
+
+# forward, whole rows ("The rows kernel", as softmax's): rows up to _MAX_ROW held whole, _ROWS_TILE elements a program
 _MAX_ROW = 16384
 _ROWS_TILE = 2048
-# fp32 forward rows of a multiple of 16 columns on one piece, from fwd_params_first_min_cols (None: none): weight and
-# bias loaded before x, in flight with it, instead of after the row's reductions (Liger's order); only rows that fill
-# _FWD_PARAMS_FIRST_LANE_USE of their block, on blocks wider than _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK lanes
-# _FWD_PARAMS_FIRST_WIDE_LANE_USE (``_params_first``). H200, % of copy, against after (docs/kernels.md, "fp32 aligned
-# rows against Liger's shape"): 2048 92.4 -> 95.5, 3072 93 -> 96.5, 3584 93 -> 97.9, 3840 93 -> 99.7, 4096 92.6 ->
-# 97.3, 7168 92.6 -> 96.4, 7680 92.7 -> 97.4, 8192 92.1 -> 96.7 (Liger 96-97); lost on blocks less filled (5120 93.6
-# -> 83.8, 6144 93.3 -> 90.7; 2112 94 -> 87, 2240 94 -> 88, 2368 93.5 -> 90), level at 768-1536 and 2560, lost in
-# 16-bit rows (bf16 1024 96.8 -> 91.7, 3072 90.8 -> 85).
+# fp32 aligned rows load weight and bias before x (``_params_first``: blocks filled to a share of their lanes;
+# "fp32 aligned rows against Liger's shape")
 _FWD_PARAMS_FIRST_LANE_USE = 0.7
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
-# Forward rows held in shared memory by persistent Gluon programs (_layer_norm_held; docs/kernels.md, "Rows held in shared
-# memory"), on CUDA GPUs with Gluon, for rows of N not a multiple of 16 (whose vectors Triton cannot prove aligned) from
-# these widths (but the packed rows' widths, _packed_rows): 16-bit rows from 1025 since their statistics take one pass
-# (_layer_norm_held.FWD_JOINT; H200, bf16 / fp16 against the walk: 2100 67 -> 69 / 71, 2200 58 -> 72 / 74, 2600 65 -> 80
-# / 81 with it) and rows under 2100 take 2-warp programs (_layer_norm_held.fwd_shape: bf16 1025 60 -> 68, 2049 75 -> 79;
-# the packed rows plan keeps 1300-1900, 88-94 against 57-76 held on 4 warps); fp32 4200 70 -> 76, 6500 63 -> 75,
-# 7001 70 -> 78 (two programs an SM or more; 8191, one an SM, 86 -> 54; 4097 81 -> 74, 4113 77 -> 73). Aligned rows lost
-# (10240 86 -> 79, 24000 79 -> 63). 16-bit rows under 1025 (2026-12-03, twice, the rows plan's scalar loads -> held, bf16 /
-# fp16): 777 57 -> 69 / 58 -> 69, 999 63 -> 80 / 64 -> 80, 1023 64 -> 70 / 64 -> 72 (two and three 512-element
-# segments); 333 (one) 50 -> 47 lost, so from 513; but the narrow packed ones (_narrow_packed) and under 1025 the even
-# ones, whose rows plan loads 4-byte pairs (_HELD_FWD_EVEN_MIN_COLS). docs/kernels.md, "layer_norm: forward". None: never.
-# Even forward rows (not a multiple of 4) held only from here: under it the rows plan's pairs win. H200, 2026-12-03, the
-# rows plan -> held, bf16 / fp16: 514 63 -> 49 / 62 -> 50, 998 85 -> 81 / 86 -> 81, 1022 86 -> 70 / 86 -> 72.
+# forward rows held or streamed by _layer_norm_held ("One pass for the statistics", "Rows streamed past the held
+# weight", "Rows under 1025"): even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS keep the rows plan's 4-byte pairs or
+# stream on at most _STREAM_FWD_EVEN_MAX_WARPS warps (None: never); 16-bit rows stream only on programs of at most
+# _STREAM_FWD_16BIT_MOST (segments, warps); fp32 rows under _HELD_FWD_FP32_ALONE_MIN_COLS are held only where two
+# programs an SM fit
 _HELD_FWD_EVEN_MIN_COLS = 1025
-# Forward rows too wide for the held plan (its row, weight and bias in one block's shared memory) streamed past the
-# held weight and bias instead (_layer_norm_held.launch_stream: each row in registers, the next one loaded as the
-# output pass leaves each segment, the weight and bias at the program's phase in shared memory), on the same GPUs, where
-# the weight and bias fit (16-bit parameters: to 57337 columns): rows of N not a multiple of 16 from these widths (by
-# element size), aligned ones from stream_fwd_aligned_min_cols. H200, % of copy, the other plans -> streamed, bf16:
-# 37409 31 -> 65, 50257 31 -> 60, 57337 33 -> 59, aligned 49152 59 -> 67, 51776 56 -> 62; fp32 22618 45 -> 62; not taken:
-# aligned 24576 75 -> 68, 32768 71 -> 69, fp32 24576 72 -> 69, 16-bit 2560-14336 84-91 -> 29-62 (one 8-warp program an
-# SM holds too little in flight for short rows). docs/kernels.md, "Rows streamed past the held weight". None: never.
-# Aligned rows streamed from stream_fwd_aligned_min_cols (by element size). fp32 aligned rows are not: streamed, 8193-9728 read 84-87% against the persistent plan's 81-86 (past it
-# lower: 12288 87 -> 83, 16384 85 -> 78), and the walk took 8193-11520 at 85-91 (walk_fwd_aligned; docs/kernels.md,
-# "Statistics", "fp32 aligned rows against Liger's shape").
-# Narrower rows of N not a multiple of 16 streamed by several programs an SM (_layer_norm_held.stream_shape) before the
-# held plan, in these bands (by element size, inclusive; rows that lie packed at a multiple of 4 columns under 2048 keep
-# the packed rows plan, even 16-bit rows under 1025 the rows plan's pairs). H200, % of copy, their plans -> streamed,
-# 2026-12-03: fp32 1025 62 -> 87, 2049 87 -> 88, 2500 82 -> 85, 3001 82 -> 85, 3500 77 -> 86, 4097 81 -> 88, 4500 78
-# -> 88, 5113 84 -> 85, 6500 75 -> 79, 7001 80 -> 81, 9001 54 -> 79, 10468 55 -> 75, 11000 67 -> 75, 12345 63 -> 68,
-# 13001 51 -> 70, 14001 62 -> 70, 15001 56 -> 73, 16383 66 -> 72, 5500 / 6001 level; lost at 8191 (the walk, 85 -> 76)
-# and 1500 (packed, 97 -> 84). bf16 / fp16: 555 52 -> 58 / 52 -> 57, 777 68 -> 74, 999 79 -> 85 / 80 -> 85, 1023 68 ->
-# 76 / 71 -> 76, 1025 69 -> 75 / 71 -> 76, 601 / 701 / 901 +3 to +4, 2049 82 -> 84, 2101 69 -> 84, 2222 72 -> 84, 2300
-# 74 -> 81, 4200 83 -> 85, 4444 79-81 -> 85, 7001 81 -> 83, 4097 / 5001 / 8191 / 9999 / 10001 level to +2; lost where the
-# 16-bit row takes six segments or 16 warps (2600, 3001, 6001 -1 to -5, 12345 -2 to -5: _STREAM_FWD_16BIT_MOST, the most
-# segments and warps) and at the rows plan's even pairs under 1025 (514 63 -> 53, 1022 87 -> 75). 16-bit rows of 257-512
-# since one-warp programs (_layer_norm_held.STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): 259 40 -> 58-59, 333 49 -> 69-70.
-# docs/kernels.md, "Rows streamed past the held weight". None: never.
 _STREAM_FWD_16BIT_MOST = (5, 8)
-# Even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS streamed only where their streamed programs have at most this many warps
-# (one: up to three 256-element segments, ~761 columns). H200, 2026-12-03, the rows plan's pairs -> streamed, bf16 /
-# fp16: 258 47 -> 59 / 48 -> 59, 290 50 -> 63 / 51 -> 62, 322 54 -> 67 / 55 -> 67, 402 66 -> 75 / 66 -> 75, 514 63 -> 75 /
-# 62 -> 76, 530 60 -> 75 / 61 -> 75, 602 66 -> 77 / 66 -> 77, 750 76 -> 79 / 76 -> 78; on two warps lost, 778 75 -> 73 / 76
-# -> 74, 898 82 -> 79 / 83 -> 80, 1018 87 -> 75 / 86 -> 76. None: never.
 _STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
-_HELD_FWD_FP32_ALONE_MIN_COLS = 16385  # fp32 rows narrower than this are held only where two programs an SM fit
-# Aligned forward rows (N a multiple of 16: every row starts on a 16-byte boundary, so none holds slack) held in these
-# bands (by element size, inclusive; powers of two never, their tiles fill every lane). H200, % of copy, their plans
-# (chunked rows to 9216, the JOINT tile past it) -> held, bf16 / fp16: 8208 68 -> 85 / 71 -> 83, 8704 74 -> 84 / 77 ->
-# 85, 9216 76 -> 84 / 79 -> 83, 9728 76 -> 87 / 82 -> 87, 10240 78 -> 87 / 84 -> 87; level at 10496-10752; 11008
-# (2026-12-03, twice) 82 -> 86 / 87 -> 86; lost at 11264-16384 (fp16 11264 88 -> 85, 12288 87 -> 81, 14336 91 -> 78) and
-# 2560-8192 (84-95 -> 80-89). docs/kernels.md, "One pass for the statistics".
-# Backward rows held in shared memory (_layer_norm_held's backward kernel: x, dy and the weight there, the program's
-# dweight / dbias shares in registers for rows of up to eight 1024-element segments, else in shared memory too), for
-# 16-bit rows of N not a multiple of 16 in these bands (by element size, inclusive), where it runs and its row fits:
-# past _PHASED_BWD_MAX_ROW always (the alternative is the chunked plan: bf16 9001-14001 30-33 -> 42-45% of copy);
-# narrower rows where two or more programs an SM fit and, with the shares in registers, the row's segments hold at most
-# _HELD_BWD_REG_SLOTS times the lanes of the phased plan's tile and pieces (H200, bf16, phased -> held: 1100 50 -> 54,
-# 1500 61 -> 71, 2049 64 -> 70, 2300 42 -> 76, 2600 47 -> 79, 4097 55 -> 71, 5121 44 -> 67, 6137 50 -> 69; 2800 and
-# 4001 level; 1025 on 1024-element segments, 2048 slots against the phased plan's 1024 and a tail in words, 67 -> 52,
-# and on the 2-warp programs' 512-element ones, 1536 slots, 67 -> 74), or, with the shares in shared memory, fill
-# _HELD_BWD_MIN_GAIN more of their segments than of the phased plan's tile. None: never.
-# 16-bit rows under 1025 (2026-12-03, twice, the measured plan -> held, bf16 / fp16): 333 44 -> 61 / 44 -> 61, 777 44 ->
-# 77 / 44 -> 79, 999 52 -> 82 / 53 -> 81, 1023 52 -> 75 / 53 -> 74; 258 36 -> 48 / 37 -> 48, 290 39 -> 54 / 40 -> 54, 322
-# 43 -> 60 / 43 -> 59, level at 514 (54 -> 54 / 57 -> 55), 998 (76 -> 82 / 77 -> 82) and 1022 (76 -> 74 / 76 -> 73); but
-# the narrow packed ones (_narrow_packed). docs/kernels.md, "layer_norm: backward".
+_HELD_FWD_FP32_ALONE_MIN_COLS = 16385
+# backward rows held by _layer_norm_held ("Rows held in shared memory (backward)", "Shares in registers"): narrower
+# than the phased plan's widest row only where the row's segments hold at most _HELD_BWD_REG_SLOTS times the phased
+# plan's lanes (shares in registers) or fill _HELD_BWD_MIN_GAIN more of their lanes (shares in shared memory)
 _HELD_BWD_REG_SLOTS = 1.9
 _HELD_BWD_MIN_GAIN = 0.1
-# The same for aligned rows (N a multiple of 16), in these bands, with the shares in registers (H200, % of copy, their
-# plans -> held, bf16 / fp16: 3072 78 -> 82 / 78 -> 88, 4352 65 -> 80 / 62 -> 85, 4608 76 -> 82 / 77 -> 86, 5120 78 -> 82
-# / 78 -> 85, 5632 80 -> 82 / 79 -> 86, 6400 71 -> 82 / 75 -> 82, 6656 82 -> 82 / 81 -> 83, 7168 82 -> 84 / 83 -> 84; not
-# taken: 3136-3840, bf16 -5 to -12 (three pieces on 8 warps, 3584: 89%), fp16 0 to +10; 7424-8176, bf16 0 to +3, fp16
-# -1 to -4; 2048, 2560, 4096, 8192 -3 to -11; 2816 level). 1600 (GPT-2 XL; 2026-12-03, twice): 76 -> 77 / 77 -> 79.
-# Aligned 16-bit forward rows in this band whose power-of-two tile masks lanes (384 on 512, 1280 on 2048)
-# take _MASKED_ROWS_TILE elements a program: twice the rows of the tile (1280: two rows, not one). ncu
-# (ln_fwd_bf16_1280): issue-bound, 81% of the issue slots busy at ~31 instructions an element, the masked
-# lanes' included; the rows share a program's weight, bias and set-up. docs/kernels.md, "Aligned 16-bit rows".
+# aligned 16-bit rows whose power-of-two tile masks lanes take _MASKED_ROWS_TILE elements a program, twice the rows
+# ("Aligned 16-bit rows"), for N a multiple of _MASKED_ROWS_MULTIPLE
 _MASKED_ROWS_TILE = 4096
-# aligned rows: a multiple of 16 columns. H200, % of copy, 64 -> 16 (two runs, bf16 / fp16): 272 56 -> 75 / 62 -> 75-76,
-# 528 53-54 -> 67 / 56 -> 70-71, 1040 59 -> 68-69 / 63 -> 74, 1104 52 -> 65-66 / 52 -> 64, 1296 77 -> 88-89 / 82-83 -> 91-92,
-# 1552 86 -> 95-96 / 89 -> 97; 400 (+0-2) and 2000 level
 _MASKED_ROWS_MULTIPLE = 16
-# Forward rows wider than _HELD_ROWS_MIN, up to _MAX_ROW: fp32 rows take "persistent" with the
-# whole row held (one program an SM loading its next row before this row's reductions):
-# 91% of copy at 16384 against 87% for "rows"; 16-bit rows stay "rows" with 64 elements a
-# thread (8 warps at 16384): 92-93% against 90% with 16 (H200, twice each). fp32 on 16 warps instead of 32 (2026-12-03,
-# four runs in two calls): +1 to +2 points at 12288-16384, -1 at 9216-10240, level at 11008; not taken.
+# rows past _HELD_ROWS_MIN: fp32 ones "persistent" with the row held on _HELD_ROWS_WARPS warps, 16-bit ones the rows
+# plan at _HELD_ROWS_ELEMS_16BIT elements a thread
 _HELD_ROWS_MIN = 8192
 _HELD_ROWS_WARPS = 32
 _HELD_ROWS_ELEMS_16BIT = 64
+# rows past _MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
+# 16-bit "looped"; ``wide=`` names another)
 _CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "persistent", "split", "looped")
@@ -185,36 +112,28 @@ _PERSISTENT_WARPS = 16
 _SPLIT_CHUNK_BYTES = 16384  # steps of a slice that is not held
 _SPLIT_WARPS = 8
 _SPLIT_PER_SM = 3
-_SPLIT_HOLD_MIN_ELEM_SIZE = 4  # 16-bit held slices measured 44-60%
+_SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
-# A row the split kernel holds whole (one slice, one step: the fp32 "persistent" plan of 8193-16384) whose shift x[row, 0]
-# lies far from its mean, (mean - shift)^2 > _SPLIT_RECENTRE var, takes its variance again as the mean square about the
-# mean (a second reduction over the held registers): the shifted one-pass sums lose up to ~N float32 ulps of it there.
-# Off: on 32 warps at 64 registers the branch grew the kernel's stack 160 -> 256 bytes (sm_90) and cost 14-18 points
-# of copy even where no row took it, as always centring did (docs/kernels.md, "Statistics"). None: never.
+# a row held whole by the split kernel whose shift lies far from its mean, (mean - shift)^2 > _SPLIT_RECENTRE var,
+# would take its variance again about the mean; off, None: the branch spilled ("Statistics")
 _SPLIT_RECENTRE: float | None = None
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
-# Aligned rows in a band of looped_fwd_bands (by element size) take "looped" on a persistent grid: a
-# row's tile is its chunks, not its power of two (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows":
-# bf16 8704 61 -> 74%, 9216 64 -> 76%; elsewhere the tiles were faster).
-_LOOPED_FWD_CHUNK_BYTES = 2048  # widest chunk; narrower ones where they divide the row more evenly
-_LOOPED_FWD_WASTE = 1 / 8  # the masked share of the last chunk a row may leave
+# "looped" on a persistent grid (aligned 16-bit rows in looped_fwd_bands; "Aligned 16-bit rows"): chunks of at most
+# _LOOPED_FWD_CHUNK_BYTES leaving at most _LOOPED_FWD_WASTE of the last one masked
+_LOOPED_FWD_CHUNK_BYTES = 2048
+_LOOPED_FWD_WASTE = 1 / 8
 _LOOPED_FWD_WARPS_PER_SM = 32
 _LOOPED_FWD_STAGES = 4  # software-pipelining depth of the chunk loops (chunks in flight: stages - 1)
-# Backward: rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps with _BWD_WARPS warps and
-# _BWD_PROGRAMS_PER_SM row groups per multiprocessor, except narrow half-precision rows
-# (one row per step, 4 warps, 8 groups per SM: 69% against 56%). Wider rows: one_pass
-# chunks of _BWD_CHUNK (measured 46-57% of copy in fp32, the best of the plans timed).
+
+# backward, rows ("layer_norm: backward"): rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps on _BWD_WARPS
+# warps, _BWD_PROGRAMS_PER_SM row groups an SM; narrow 16-bit rows a row a step (_BWD_NARROW_HALF); fp32 rows of
+# 4096 on _BWD_FP32_ROW_WARPS; wider rows in _BWD_CHUNK chunks ("one_pass"), or on the lean kernel
 _BWD_MAX_ROW = 4096
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
-# Backward rows (measured kernel), 16-bit rows wider than this: load each program's next row before
-# working on this one. bf16 4096: 87% of copy against 74% (8 warps, 164 registers: one program an SM
-# with nothing else in flight); it lost at fp32 1024 / 4096 (92 -> 77%, 93 -> 90%) and bf16 1024
-# (81 -> 68%), so those stay as they were (docs/kernels.md, "layer_norm: backward").
-_BWD_FP32_ROW_WARPS = 16  # fp32 rows one a program (4096 wide): 91% of copy against 83-84% at 8 warps (H200, twice)
+_BWD_FP32_ROW_WARPS = 16
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
 _BWD_CHUNK = 4096
@@ -222,201 +141,100 @@ _BWD_CHUNK = 4096
 _DWDB_GROUPS_PER_SPLIT = 32
 _DWDB_BLOCK_G = 16
 _DWDB_BLOCK_N = 256
-# Backward variant: "measured" (the plans above) or "lean" (_layer_norm_bwd_lean_kernel: one row a
-# step with the next row's loads in flight, one 16-byte vector per tensor a thread, ~62-80
-# registers). "lean" (the default) takes over where it measured faster on the H200
-# (docs/kernels.md, "layer_norm: backward"): rows wider than _BWD_MAX_ROW, bf16 34% -> 51%
-# at 16384 and 15% -> 43% at 65536, fp32 56% -> 63% at 16384; not fp32 rows wider than
-# _LEAN_FP32_MAX_ROW (40% against 46%) nor rows up to _BWD_MAX_ROW (bf16 60% against 69-72%).
+# the backward kernel where no other plan takes the row: "lean" (a row a step, the next row's loads in flight) past
+# _BWD_MAX_ROW, fp32 to _LEAN_FP32_MAX_ROW; "measured" elsewhere
 _BWD_VARIANT = "lean"
 _LEAN_FP32_MAX_ROW = 16384
 _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
-# Rows that start unaligned (_ragged: N not a multiple of 16 elements), forward: the rows plan reads
-# aligned vectors from _PHASED_ROWS_MIN_COLS columns (narrower, Triton's scalar accesses); the
-# split walk always does. Backward: _layer_norm_bwd_phased_kernel (aligned rows too, where
-# _phased_backward says) for rows of up to _PHASED_BWD_MAX_ROW virtual columns plus a tail of
-# _PHASED_BWD_MAX_TAIL, _PHASED_BWD_VECTORS 16-byte vectors of x (and of dy) a thread, up to
-# _PHASED_BWD_WARPS_PER_SM warps an SM (docs/kernels.md, "layer_norm: backward").
+
+# rows that start unaligned ("Ragged rows", "Packed rows"): the forward rows plan reads aligned vectors from
+# _PHASED_ROWS_MIN_COLS columns; packed rows take N at compile time up to _PACKED_N_MAX, those of a multiple of
+# _PACKED_ROWS_MULTIPLE in packed_rows_band on the rows plan, 16-bit ones of a multiple of
+# _MASKED_ROWS_PACKED_MULTIPLE on the masked-rows tile
 _PHASED_ROWS_MIN_COLS = 2048
-# Narrower unaligned rows that lie packed (strides N) take N as a compile-time constant up to this width
-# (_ragged.Phased.packed_width; softmax._PACKED_N_MAX): vectors of the rows' alignment, one compile a width.
-# H200, % of copy, runtime -> compile-time width, bf16 / fp16 / fp32: forward 360 38 / 38 / 70 -> 81 / 83 / 85,
-# 1000 65 / 65 / 95 -> 97 / 96 / 95; backward 1000 51 / 52 / 86 -> 76 / 79 / 89 (docs/kernels.md, "Packed rows").
 _PACKED_N_MAX = 2047
-# Packed unaligned rows in this band whose N is a multiple of _PACKED_ROWS_MULTIPLE (vectors of 8 bytes or more in
-# 16-bit) take the rows plan at that width (_packed_rows), not the forward's walk or the phased backward. H200, %
-# of copy, bf16 / fp16 / fp32: forward 1032 56 / 57 / 93 -> 71 / 77 / 94, 1500 54 / 54 / 92 -> 68 / 69 / 92, 1800
-# 68 / 70 / 93 -> 93 / 93 / 95, 2040 75 / 76 / 95 -> 96 / 96 / 95, 1100 level; backward 1032 40 / 41 / 81 -> 50 /
-# 51 / 75, 1100 42 / 43 / 71 -> 51 / 52 / 77, 1800 64 / 65 / 78 -> 68 / 68 / 88, 2040 71 / 71 / 77 -> 71 / 71 / 89
 _PACKED_ROWS_MULTIPLE = 4
-# Packed rows at a compile-time width are held as aligned rows are (_row_pieces: their power of two unless it masks
-# _PIECE_WASTE_ALIGNED, not pieces that cover every phase), and 16-bit ones of a multiple of
-# _MASKED_ROWS_PACKED_MULTIPLE take the masked-rows tile (_forward_rows_tile). H200, % of copy, bf16 / fp16 / fp32,
-# neither -> both (one call): 360 79 / 82 / 86 -> 85 / 89 / 98, 600 55 / 55 / 72 -> 82 / 85 / 98, 1028 67 / 67 / 96
-# -> 87 / 87 / 96, 1100 51 / 51 / 71 -> 65 / 66 / 71, 1500 69 / 70 / 94 -> 94 / 94 / 97, 1800 94 / 95 / 96 -> 96 /
-# 98 / 97, 1000 and 2040 level; either alone gained less (600 bf16 73 / 68, 1500 74 / 80)
 _MASKED_ROWS_PACKED_MULTIPLE = 4
-# Forward rows held as up to _ROW_PIECES power-of-two pieces (softmax's rule: _ragged.row_pieces).
+# pieces ("Rows in pieces, ragged or aligned (forward)"; softmax's rule, _ragged.row_pieces): up to _ROW_PIECES; aligned
+# rows keep their power of two unless it masks _PIECE_WASTE_ALIGNED, or unless the later pieces are a sliver (at most
+# 1/_SLIVER of its lanes, blocks up to _SLIVER_MAX_SINGLE; fp32 only on blocks of _SLIVER_FP32_MIN_SINGLE)
 _ROW_PIECES = 3
 _PIECE_SLACK = 0.125
 _PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
-# Aligned (and packed) rows just above a power of two of at most _SLIVER_MAX_SINGLE (by element size): that power of
-# two whole, not pieces, unless the pieces past the first hold at most 1/_SLIVER of its lanes (16-bit rows; fp32 ones
-# only on blocks of _SLIVER_FP32_MIN_SINGLE). H200, % of copy, pieces -> whole, bf16 / fp16: 1040 66 / 73 -> 75 / 83,
-# 1060 68 / 70 -> 80 / 81, 1100 63 / 64 -> 81 / 83, 1120 65 / 63 -> 80 / 85, 2080 73 / 74 -> 73 / 79, 2160 63 / 64 ->
-# 76 / 79; fp32 1060 84 -> 95, 1100 70 -> 96, 1028 94 -> 97, 2064 93 -> 94, 4224 70.5 -> 89.5, 4288 71 -> 90, 4352 71
-# -> 90, 4416 88 -> 91, 4480 88 -> 91; slivers, kept: bf16 / fp16 1028 85 / 85 -> 78 / 79, 2064 78 / 83 -> 73 / 79,
-# fp32 4160 (4096 + 64) 91 -> 89 (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = {2: 128, 4: 64}
 _SLIVER_FP32_MIN_SINGLE = 8192
-# Aligned rows in pieces whose pieces past the first hold lanes in this inclusive range keep the warps of their whole
-# block (``_block_warps``; None: none): of the rows plan's widths only 16-bit 4176-4224 (4096 + a 128-lane piece).
-# sm_90 (Triton 3.9) compiles bf16 4224 on 4 warps (the first piece's) at 95 registers and 800 SASS instructions, five
-# programs an SM, on 8 (the block's) at 48 and 432; ncu put the 4-warp kernel at 29.5% occupancy, 46% of cycles no
-# eligible warp, DRAM 51%. H200, 2026-12-03, two runs, % of copy, first piece's -> block's warps, bf16 / fp16: 4176
-# 62 / 63 -> 66 / 67, 4192 62 / 63 -> 67, 4208 62 / 63 -> 67, 4224 63 / 64 -> 69 / 68; shorter tails lost (4112 84 / 90
-# -> 71 / 81, 4128 76 / 79 -> 64, 4160 74 / 79 -> 68) (docs/kernels.md, "Rows in pieces, ragged or aligned (forward)").
-# 16-bit aligned rows (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows"): in this band, two
-# pieces where the second has _ALIGNED_PIECE_MIN_LANES or more, with JOINT statistics and 64 registers;
-# from joint_16bit_min_cols, one tile with JOINT statistics.
+# aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
+# _ALIGNED_PIECE_MIN_LANES or more, _ALIGNED_PIECES_MAX_REGS registers
 _ALIGNED_PIECE_MIN_LANES = 1024
 _ALIGNED_PIECES_MAX_REGS = 64
-# fp16 rows on one 8192-lane tile take JOINT (and PACKED) from here: fp16 6656-8192 79-90 -> 89-94%, where
-# bf16 lost 1-2 points and both lost at 4608 and under 2048 (docs/kernels.md, "Aligned 16-bit rows").
-# With JOINT on one tile, x held in its 16-bit registers through the reduction and widened again after
-# it (PACKED): 78 registers against 107 at bf16 16384 on 8 warps, three programs an SM instead of two
-# (docs/kernels.md, "Aligned 16-bit rows").
-# The same for the two JOINT pieces of 4097-8192 (_aligned_16bit_pieces): bf16 4096 + 1024 on 4 warps 80 ->
-# 56 registers uncapped, no stack at the 64 cap (16 bytes before); bf16 6144 87 -> 91-92%, fp16 87-88 -> 94-95%.
-# bf16 aligned rows (a multiple of 16 columns) on the rows kernel in these bands (inclusive; None: none): x, the
-# weight and the bias widened a pair at a time from their 32-bit registers by a shift and an AND (_math.widen), not
-# by the compiler's conversion, which spends a PRMT and a shift on one of the two. CUDA only. H200, dense, two
-# interleaved runs, % of copy: 2112-3264 +1.2 to +4.5 (2368 78.5 -> 83), 4160 74 -> 77.6, 11072-14000 +1 to +2;
-# lost on the 8192-lane tile (6208 85 -> 75, 7168 90 -> 82, 8192 92.5 -> 88: Triton 3.6 64 -> 79 registers, a program
-# an SM fewer), the 64-register JOINT pieces (6144 91 -> 89.5: 16 bytes of stack), 4224 on its block's warps 69.4 ->
-# 66.7, 768 93 -> 91 and packed ragged rows (1500 -5.4) (docs/kernels.md, "bf16 widened by a shift").
-# Forward: fp32 only; the H200 sweep of 16-bit ragged rows (1023-12345) put the phased rows
-# kernel level with or behind the scalar one (docs/kernels.md, "layer_norm: forward").
+# the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread
 _PHASED_MIN_ELEM_SIZE = 4
-_PHASED_ROWS_ELEMS = 16  # elements a thread of the phased rows plan: 8-32 warps, 80-84 registers uncapped
-_PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM; sm_90 compiles: at most 8 bytes of stack
-_PHASED_BWD_MAX_ROW = 8192  # 16384 columns (fp32 or bf16 8191) spill 200-400 bytes a thread at 32 warps
+_PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped
+_PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM
+
+# backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): rows of up to
+# _PHASED_BWD_MAX_ROW lanes and a _PHASED_BWD_MAX_TAIL tail, _PHASED_BWD_VECTORS 16-byte vectors a thread, up to
+# _PHASED_BWD_WARPS_PER_SM warps an SM, _PHASED_BWD_STAGES - 1 rows of x and dy in flight within the shared memory
+# an SM has (at most _PHASED_BWD_SMEM_BYTES)
+_PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
-_PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size: fp32 1025 / 2049 71% / 66% against 50% / 46% on one
+_PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
 _PHASED_BWD_WARPS_PER_SM = 32
-# The phased backward's row loop pipelined (_PHASED_BWD_STAGES - 1 rows of x and dy in flight in shared
-# memory, within _PHASED_BWD_SMEM_BYTES an SM); besides unaligned rows from phased_bwd_min_cols it takes
-# aligned rows from phased_bwd_aligned_min_cols and in the bands below (docs/kernels.md, "layer_norm: backward").
 _PHASED_BWD_STAGES = 3
-_PHASED_BWD_SMEM_BYTES = 196608  # or the device's shared memory an SM where less
+_PHASED_BWD_SMEM_BYTES = 196608
 _PHASED_BWD_MIN_ELEM_SIZE = 2
-# A row in two pieces where its power of two masks _PHASED_BWD_PIECE_WASTE of the lanes: unaligned rows
-# (bf16 4097 32 -> 40%, fp32 2049 65 -> 75%; 16-bit ones only with a one-vector tail, see the edge words below) and
-# fp32 rows under 4096; aligned rows wider, or 16-bit, lost (bf16 4608 52 -> 38%, fp32 4608 80+ -> 74%).
+# two pieces where the power of two masks _PHASED_BWD_PIECE_WASTE of the lanes (ragged rows, fp32 under 4096)
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
-# The edges of unaligned 16-bit rows read as 32-bit words (_ragged.edge_words), which the pipeline copies
-# with cp.async (2-byte loads it cannot): bf16 7001 45 -> 57%, 5121 31 -> 44% (whole, not in pieces). Next to a
-# one-vector tail piece, itself 2-byte loads, they lost 3-7 points: there the tail goes as words too (below),
-# or, past _PHASED_BWD_TAIL_WORDS_MAX (8191), the tail piece and 2-byte edges stay.
-# The phased backward's one-vector tail piece of 16-bit rows (1025, 2049, 4097, 8191: 2-byte loads, synchronous in
-# the pipelined loop) read with the edges as words instead (_layer_norm_bwd_phased_kernel's TAIL).
-_PHASED_BWD_TAIL_WORDS_MAX = 4096  # widest first piece that takes it: 8191 (8192 + 8, 32 warps) lost, 46 -> 38%
-# a piece's two row sums in one reduction (PAIRS) on rows of this many lanes or more: bf16 / fp16 +1-10 points at
-# 1280-8192 (8191 46 -> 56%, 7168 75 -> 78%); on 1024 lanes mixed (768 +2, 1024 88 -> 83% in two runs)
+# a 16-bit one-vector tail read with the edges as 32-bit words (TAIL) up to this first piece
+_PHASED_BWD_TAIL_WORDS_MAX = 4096
+# a piece's two row sums in one reduction (PAIRS) from this many lanes (and narrower 16-bit rows of several reductions)
 _PHASED_BWD_PAIRS_MIN_LANES = 2048
-# and on narrower 16-bit rows that take more than one reduction a row (two pieces not merged, or a tail in words):
-# bf16 / fp16 1040 (1024 + 16) 71 -> 80 / 72 -> 80, 1056 71 -> 79, 1088 68 -> 70, 1025 66 -> 67; fp32 lost (1280 90 ->
-# 85; _phased_pairs)
-# 16-bit aligned rows in these bands (inclusive) in two pieces (1024 + 16 .. 1024 + 256, 4096 + 16 .. 4096 +
-# 2048), where the second has at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES lanes, on the warps of the first
-# piece (None: one power of two). Registers: _PHASED_BWD_ALIGNED_PIECE_MAX_REGS[i] for second pieces up to the
-# i-th's lanes (programs an SM: as many as fit). H200, bf16 / fp16, % of copy: 1280 63 -> 72 / 64 -> 74, 4112
-# 48 -> 69 / 49 -> 71, 4608 54 -> 65 / 56 -> 65, 5120 60 -> 65 / 62 -> 66 (64 registers, 2 programs an SM; 72
-# bytes of stack); 6144 69 -> 72 / 72 -> 72 (128, one an SM; at 64 it spilled 176 bytes and read 57). Lost: the
-# warps of both pieces (32, 55 registers: 39-52); 1536 73 -> 55, 3072 78 -> 60, 2304-2560 level (docs/kernels.md).
+# 16-bit aligned rows in two pieces: a second piece of at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES, the register cap
+# by its lanes; three pieces, a one-lane third piece loaded a row ahead (AHEAD), first pieces unmasked (FULL), pieces
+# merged into one reduction (MERGE): _phased_ahead, _full_first, _merge_pieces
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
-# and 16-bit aligned rows in these bands (inclusive) in three pieces where all three merge on the first's warps
-# (2048 + 1024 + 256 or + 512 on 8 warps: 3073-3584, phased outside phased_bwd_aligned_16bit too; 4096 + 2048 + 512
-# or + 1024 on 16 warps: 6145-7168; docs/kernels.md, "Aligned 16-bit rows in pieces"); None: none
-# (H200, % of copy, bf16 / fp16, the 8192-lane tile -> three pieces: 6656 73-74 -> 80-81 / 76-77 -> 80-81, 7168 78-79 ->
-# 82 / 80-81 -> 82-83; the rows plan -> three pieces: 3216 76-77 -> 81-82 / 77 -> 81-82, 3328 80 -> 85 / 81 -> 85, 3584
-# 83 -> 88 / 83-84 -> 88; 1281-2047 lost, 1664 79 -> 55-56, 1792 84-86 -> 56-61.) A third piece of under two lanes a thread loaded a row ahead in registers (_phased_ahead): 6656
-# 61-62 -> 80-81; on second pieces (4112-4608, 1040-1152, 8191's tail) it lost 2-10 points.
-# Aligned rows in pieces load, select and store their first piece without masks (it lies inside every row; _full_first):
-# sm_90 SASS, loop instructions a row, bf16 5120 336 -> 316, 1216 329 -> 309. H200, % of copy, bf16 / fp16: 4224 59 ->
-# 63-64 / 60-61 -> 62, 5120 74-75 -> 77 / 75-76 -> 78-79, 1152 81-82 -> 83-84 / 82-83 -> 85, 1216 84-85 -> 83 / 84 -> 82;
-# fp32 2560 86 -> 88-90, 2304 83-84 -> 85-86. Not with a third piece a row ahead (6656 80-81 -> 76; 377 instructions).
-# Rows held as their power of two and a tail in words (TAIL: 16-bit 2^k + 1 .. 2^k + 7 columns, k <= 12) spilled at
-# _PHASED_MAX_REGS (ncu, bf16 1025: 2.9M local-memory requests); they take up to phased_bwd_tail_max_regs, fewer
-# programs an SM. H200, % of copy, 64 -> 72 / 80 / 96 registers, bf16: 1025 55 -> 59 / 63 / 66, 2049 55 -> 57 / 63 / 64,
-# 4097 51 -> 47 / 51 / 55 (fp16 within 2 points); rows on one power of two lost (3001 53 -> 46-47), 1500 level.
-# A 16-bit row's two pieces in one block reduction where both are a multiple of the threads (_merge_pieces): H200, % of
-# copy, bf16 4608 64 -> 74, 5120 64 -> 75, 6144 70 -> 81, 1152 70 -> 81 (fp16 alike); fp32 pieces lost (1280 89 -> 83;
-# docs/kernels.md, "Aligned 16-bit rows in pieces").
-# Backward, 16-bit aligned rows laid flat (_layer_norm_bwd_flat_kernel, plan "flat"; docs/kernels.md, "Rows laid
-# flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes, cut in segments of up to _FLAT_BWD_SEGMENT lanes
-# (a warp of 16-byte vectors), for rows in flat_bwd_16bit (inclusive) where the tile holds at least _FLAT_BWD_MIN_GAIN
-# more of its lanes in use than the plan it replaces (1536: 30 of 32 segments against 1536 of 2048 lanes; a row in
-# two pieces counts as its power of two), and at flat_bwd_also. H200, bf16 / fp16, % of copy: 768 73 -> 83 / 75 ->
-# 81, 1280 (pieces) 71-72 -> 83 / 74-75 -> 82, 1536 73 -> 83 / 74 -> 82, 2304 69-70 -> 79-80 / 70 -> 78, 2560 72 -> 84 /
-# 73 -> 83, 4096 (rows plan) 84.5 -> 87-88 / 84.5 -> 88 (docs/kernels.md has the final figures). At the same share of
-# lanes it lost elsewhere: 1024 89 -> 87, 2048 89 -> 87, 1792 83 -> 80-81, 2816-3840 1-7 points.
+
+# backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE (or
+# _FLAT_BWD_SMALL_TILE) lanes cut in _FLAT_BWD_SEGMENT-lane segments, where the tile holds _FLAT_BWD_MIN_GAIN more of
+# its lanes in use than the plan it replaces
 _FLAT_BWD_TILE = 8192
-# the smaller tile (_flat_shape): 768 83 -> 83-84 / 81-82 -> 84, 1280 82-83 -> 84-85 / 82 -> 87-88
 _FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 _FLAT_BWD_STAGES = 3
-# Windows on the 8192-lane tile, fp16 ones or ones that mask no segment (4096): three in flight (H200, two runs each,
-# % of copy, 3 -> 4 stages: fp16 1536 82-83 -> 86-87, 2304 78 -> 81-82, 2560 83 -> 87-88, 4096 level; bf16 4096 88 ->
-# 90, bf16 1536-2560 0-1.5 points lower; 1280 on the 4096-lane tile 85 -> 81 / 87-88 -> 84-86; two stages: 48-64)
-_FLAT_BWD_STAGES_WIDE = 4
+_FLAT_BWD_STAGES_WIDE = 4  # windows on the 8192-lane tile, fp16 ones or ones that mask no segment
 _FLAT_BWD_MAX_REGS = 64
-# Forward "walk" (_layer_norm_fwd_walk_kernel): the phased backward's pipelined walk for the forward, weight
-# and bias held at the program's phase. Taken by default for unaligned rows in walk_fwd_bands[element size]
-# (inclusive ranges) and aligned ones in walk_fwd_aligned[element size] that it holds in at most
-# _WALK_FWD_MAX_LANES lanes;
-# _WALK_FWD_ELEMS elements a thread over the row's pieces (4..32 warps), fewer warps while a piece wider than
-# a vector would get under _WALK_FWD_MIN_PIECE_BYTES a thread (cp.async copies 4, 8 or 16 bytes). H200 A/B
-# (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 gain 7-33 points
-# (bf16 4097 41 -> 70%, 8191 26 -> 60%); fp32 only at the top of the rows plan's blocks (8191 72 -> 86%,
-# 16383 43 -> 66%; 2049-7001 and 12345 lost 7-46; fp32 aligned 2112-4544 lost 1-36); aligned 16-bit rows past
-# 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096 (2192-2224 77 -> 90%, 2240 77 -> 92%, 2304 78 -> 92%,
-# 4240-4272 64 -> 70-71%, 4352 65 -> 72%, 4608 75 -> 88%), not at or under 2^k + 2^k / 16 (2112 74 -> 58%, 2176 77 ->
-# 59%, 4160 74 -> 52%, 4224 64 -> 51%; bf16, 2026-12-03) nor elsewhere (5120 79 -> 66%, 2560 83 -> 71%, 8704 61 -> 44%);
-# fp32 aligned rows of 8193-11520 (8704 84 -> 89.5%, 10240 87 -> 90%, 11264 87 -> 88.5%; from 11584 level or lower:
-# 12288 86 -> 85%; against the streamed and persistent plans).
+
+# forward, the walk ("The walk"): the phased backward's pipelined walk for the forward, weight and bias held at the
+# program's phase; rows in walk_fwd_bands / walk_fwd_aligned that it holds in _WALK_FWD_MAX_LANES lanes, up to
+# _WALK_FWD_PIECES pieces, _WALK_FWD_ELEMS elements a thread (fewer warps where a piece gets under
+# _WALK_FWD_MIN_PIECE_BYTES a thread; _WALK_FWD_HALVE_UNREACHED by element size)
 _WALK_FWD_MAX_LANES = 16384 + 1024
-_WALK_FWD_PIECES = 2  # three lost to one power of two: 12345 35 -> 46%, 13883 34 -> 50% (bf16)
+_WALK_FWD_PIECES = 2
 _WALK_FWD_ELEMS = {2: 16, 4: 8}
-_WALK_FWD_MAX_ELEMS = 16  # elements a thread of the first piece at most (8192 + 512 on 8 warps spilled 264 bytes)
+_WALK_FWD_MAX_ELEMS = 16  # elements a thread of the first piece at most
 _WALK_FWD_MIN_PIECE_BYTES = 4
-# Whether the warps are halved down to the fewest (_WALK_FWD_MAX_ELEMS) even where a piece stays under
-# _WALK_FWD_MIN_PIECE_BYTES a thread there (by element size). fp32 aligned 8272-8448 (8192 + 128 or 256): 16 warps at
-# 80 registers read 66-68% of copy, 32 at 64 84-86% (8256 / 8512: 87-88 / 91, their plans as before); H200,
-# 2026-12-03, two runs (docs/kernels.md, "The walk").
 _WALK_FWD_HALVE_UNREACHED = {2: True, 4: False}
-_WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words (12345: 8192 + 4096 + 8 vectors)
+_WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words
 _WALK_FWD_MAX_TAIL = 16
 _WALK_FWD_WARPS_PER_SM = 32
 _WALK_FWD_MAX_REGS = 64
-_WALK_FWD_MAX_REGS_16 = 80  # a thread holding 16 elements of the widest piece, <= 16 warps: 64 spilled 64-72 bytes
-# and measured 60 / 56% at bf16 4097 / 8191 against 70 / 60% at 80
+_WALK_FWD_MAX_REGS_16 = 80  # a thread holding 16 elements of the widest piece, <= 16 warps
 _WALK_FWD_STAGES = 3
-_LEAN_MAX_ROW = 4096  # widest row one lean program holds; wider rows go in _LEAN_CHUNK chunks
+
+# backward, the lean kernel: rows to _LEAN_MAX_ROW, else _LEAN_CHUNK chunks; register caps (64: 32 resident warps an
+# SM; 16-bit chunks spill there and take 80)
+_LEAN_MAX_ROW = 4096
 _LEAN_CHUNK = 2048
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
-# ptxas register caps: 64 gives 32 resident warps an SM. fp32 needs 62 anyway; 16-bit rows
-# reload 4 loop-invariant words from L1 at 64 (16 bytes of stack, nothing stored in the
-# loop), chunks spill more there and get 80 (no spills, 3 eight-warp programs an SM).
 _LEAN_MAX_REGS = {("rows", 4): 64, ("rows", 2): 64, ("chunks", 4): 64, ("chunks", 2): 80}
-# Backward chunked plans: one_pass needs a row's chunks co-resident, so past this many it gives
-# way to two_pass. Beyond _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen.
+# chunked plans: one_pass needs a row's chunks co-resident, so past this many it gives way to two_pass; beyond
+# _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
 
