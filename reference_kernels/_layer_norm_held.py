@@ -470,9 +470,8 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
                        aligned=phase0(n_cols, x2.element_size())) > 0)
 
 
-# The forward's shape: 4-warp programs on 1024-element segments where FWD_NARROW_MIN_PER_SM of them fit an SM (H200,
-# bf16, % of copy, 8 -> 4 warps: 5121 59 -> 75, 6001 65 -> 80, 7001 67 -> 79, 8191 63 -> 75 at 4-6 an SM; 10468 level at
-# three, 12345 62 -> 58 at two), else 8-warp programs on 2048-element ones (docs/kernels.md, "layer_norm: forward").
+# The forward's shape: 4-warp programs on 1024-element segments where FWD_NARROW_MIN_PER_SM of them fit an SM, else
+# 8-warp programs on 2048-element ones (docs/kernels.md, "One pass for the statistics").
 FWD_NARROW_WARPS = 4
 FWD_NARROW_BLOCK = 1024
 FWD_NARROW_MIN_PER_SM = 4
@@ -503,8 +502,8 @@ def stream_recentre(elem_size: int) -> float:
     return float(STREAM_RECENTRE_FP32 or 0.0) if elem_size >= 4 else 0.0
 
 
-# Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (H200, bf16, % of copy, against
-# the walk: 1025 60 -> 68, 2049 75 -> 79; 4-warp programs on 1024-element segments lost there, 1025 59 -> 47).
+# Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (4-warp ones on 1024 lost
+# there; docs/kernels.md, "One pass for the statistics").
 FWD_NARROWEST_WARPS = 2
 FWD_NARROWEST_BLOCK = 512
 FWD_NARROWEST_MAX_COLS = 2099
@@ -569,7 +568,7 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 
 
 # Rows of up to STREAM_NARROW_MAX_COLS columns are streamed by several narrower programs an SM instead (one 8-warp
-# program an SM holds too little in flight for short rows: bf16 2560-14336 read 29-62% so): each the fewest warps of
+# program an SM holds too little in flight for short rows): each the fewest warps of
 # STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
 # STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps, shared memory and
 # STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed past the held
@@ -578,18 +577,13 @@ STREAM_NARROW_MAX_COLS = 16384
 STREAM_NARROW_WARPS = (1, 2, 4, 8, 16, 32)
 STREAM_NARROW_MAX_SEGMENTS = 6
 # Programs of the warps named here take at most these segments instead. One warp: up to three 256-element segments
-# (16-bit), 32 programs an SM, for rows that two warps hold in half-empty 512-element ones (H200, % of copy, two runs,
-# bf16 / fp16, against 2 warps or, under 513 columns, the held and rows plans: 259 40 -> 59 / 40 -> 58, 333 49 -> 70 /
-# 49 -> 69, 555 57 -> 77 / 56 -> 77, 601 61 -> 79 / 60 -> 78; four segments lost, 999 84 -> 79 / 84 -> 77, 1023 and 1025
-# 75 -> 67; 777 +1 to +4). 16 warps: fp32 rows of 12289-16383 in seven or eight 2048-element segments, two programs an
-# SM, instead of four 4096-element ones on one 32-warp program (two runs: 12345 69 -> 73-74, 13001 70 -> 72-74, 14001 71
-# -> 72-73, 15001 / 16383 level); 16-bit rows of 16 warps would need 28673+ columns for a seventh segment.
+# (16-bit), 32 programs an SM, for rows that two warps hold in half-empty 512-element ones; 16 warps: fp32 rows of
+# 12289-16383 in seven or eight 2048-element segments, two programs an SM, not four 4096-element ones on one 32-warp
+# program (docs/kernels.md, "Rows streamed past the held weight").
 STREAM_NARROW_MAX_SEGMENTS_BY_WARPS: dict[int, int] | None = {1: 3, 16: 8}  # None: STREAM_NARROW_MAX_SEGMENTS for all
 STREAM_WARPS_PER_SM = 32
-# Registers a thread by segments a row (64 where not named): rows of five or six segments on 64 registers lost to 80
-# (H200, % of copy, 32 -> 24 warps an SM: fp32 4097 85 -> 88, 4500 84 -> 88, 3001 79 -> 85, bf16 2049 81 -> 84, 8191 80
-# -> 84, 3001 / 6001 66 -> 80), and as many programs as those registers leave, but at least STREAM_NARROW_MIN_PER_SM where
-# the warps allow (then on 64: fp32 9001 / 10468 two 16-warp programs 79 / 75, one 68 / 69).
+# Registers a thread by segments a row (64 where not named: rows of five or six segments lost on 64), and as many
+# programs as those registers leave, but at least STREAM_NARROW_MIN_PER_SM where the warps allow (then on 64).
 STREAM_NARROW_REGS = {5: 80, 6: 80}
 STREAM_NARROW_MIN_PER_SM = 2
 
@@ -659,30 +653,24 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
 # elements at 8 warps), and the rows held at once: a ring of BWD_RING (all but one in flight), fewer where shared memory
 # does not hold them; with one, the next row is copied segment by segment as pass two leaves each.
 BWD_WARPS = 4
-# Rows of at most BWD_NARROW_MAX_SEGMENTS 512-element segments: 2-warp programs on them, eight an SM (H200, bf16, % of
-# copy, against 4 warps on 1024: 1025 52 -> 74 (the phased plan 67), 1100 54 -> 77, 1300 62 -> 80, 1500 70 -> 78; four
-# segments lost, 1700 76 -> 72). 8-warp programs on 2048 were mixed (5113 68 -> 72, 6001 69 -> 73; 3001 75 -> 65, 4097
-# 71 -> 63) and are not taken; one-warp programs on 256-element segments lost 1-15 points at 258-761.
+# Rows of at most BWD_NARROW_MAX_SEGMENTS 512-element segments: 2-warp programs on them, eight an SM (8-warp programs
+# on 2048 were mixed, one-warp ones on 256 lost; docs/kernels.md, "Shares in registers").
 BWD_NARROW_WARPS = 2
 BWD_NARROW_MAX_SEGMENTS = 3
 BWD_RING = 2
 # The row's two sums in one block reduction of the pair where two rows are held (a ring): three barriers a row fewer
-# than two reductions (sm_90 SASS), H200 bf16 / fp16 +1-2 points of copy at 2300-6001; rows held one at a time (past
-# ~8192) read 0-1 point lower with it (docs/kernels.md, "Rows held in shared memory (backward)").
+# than two reductions (docs/kernels.md, "Rows held in shared memory (backward)").
 BWD_PAIRED = True
 # The dweight/dbias shares held in registers (two float32 tensors a segment, 16 registers a thread a segment) instead of
 # shared memory, for rows of the segment counts named here (None: always in shared memory): a column then takes 8 bytes
 # less of shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. The value is the
-# registers a thread needs then, which caps the programs an SM (sm_90 compiles of Triton 3.6, bf16, 8 elements a thread
-# a segment at 2 or 4 warps: 2 segments 96 registers, 3 fit 128, 4 spill 32 bytes at 128, 5 fit 168, 6 spill 88 bytes at
-# 168, 7-8 fit 255 with 219-242, 9 spill 88 bytes at 255); with another Triton (_held.tuned_triton) the shares stay in
-# shared memory. docs/kernels.md, "Shares in registers".
+# registers a thread needs then (the least that compiled without spills with Triton 3.6 for sm_90), which caps the
+# programs an SM; with another Triton (_held.tuned_triton) the shares stay in shared memory. docs/kernels.md, "Shares
+# in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
 # bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's; rows of N a multiple
 # of 16 (which Triton compiles apart: it specialises an argument divisible by 16) only from BWD_WIDEN_ALIGNED_MIN_SEGMENTS
-# segments, the others take the compiler's conversion (H200, bf16, % of copy, widened -> not, interleaved twice in one
-# call: aligned 3072 82 -> 87, 3584 76 -> 83, 4608 81 -> 82, 5120 82 -> 83, 6144 83 -> 82 (six segments); ragged 2300
-# 74 -> 68, 5121 67 -> 65, 1300 80 -> 78, 1500 and 3001 level). docs/kernels.md, "Shares in registers".
+# segments, the others take the compiler's conversion. docs/kernels.md, "Shares in registers".
 BWD_WIDEN = True
 BWD_WIDEN_ALIGNED_MIN_SEGMENTS = 6
 
