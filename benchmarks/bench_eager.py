@@ -37,7 +37,8 @@ from benchmarks import _common  # noqa: E402
 SHAPES = {
     "softmax": [((131072, 77), "bfloat16", "77-token prompts (CLIP text)"), ((16384, 2048), "float16", "attention rows, 2k"),
                 ((65536, 197), "float32", "ViT-B/16 attention rows"), ((4096, 32000), "bfloat16", "Llama-2 vocab"),
-                ((4096, 100277), "bfloat16", "GPT-4 tokenizer vocab"), ((8, 4096), "bfloat16", "decode, 8 rows")],
+                ((4096, 100277), "bfloat16", "GPT-4 tokenizer vocab"), ((1024, 256000), "bfloat16", "Gemma vocab"),
+                ((8, 4096), "bfloat16", "decode, 8 rows")],
     "layer_norm_fwd": [((16384, 1600), "float16", "GPT-2 XL"), ((16384, 2304), "bfloat16", "Gemma-2 2B"),
                        ((8192, 7168), "bfloat16", "DeepSeek-V3 hidden"), ((4096, 14336), "float16", "Llama-3 FFN"),
                        ((32768, 1152), "float32", "SigLIP so400m"), ((8192, 4608), "float32", "Gemma-2 27B"),
@@ -46,9 +47,14 @@ SHAPES = {
              ((1000, 1000, 1000), "bfloat16", "odd sizes"), ((8192, 1152, 4304), "bfloat16", "SigLIP MLP"),
              ((64, 8192, 28672), "bfloat16", "Llama-3 70B FFN, 64 tokens")],
     "attention": [((4, 16, 2048, 128), "bfloat16", "d=128, 2k"), ((1, 16, 8192, 128), "bfloat16", "d=128, 8k"),
-                  ((8, 12, 1024, 64), "bfloat16", "d=64 (GPT-2)")],
+                  ((1, 16, 16384, 128), "bfloat16", "d=128, 16k"), ((8, 12, 1024, 64), "bfloat16", "d=64 (GPT-2)")],
+    "bias_gelu_dropout": [((16384, 8192), "bfloat16", "the fused MLP activation, 8k"),
+                          ((8192, 3072), "bfloat16", "BERT-base MLP"), ((4096, 14336), "bfloat16", "Llama-3 FFN"),
+                          ((8, 3072), "bfloat16", "decode, 8 rows")],
 }
 SHAPES["layer_norm_bwd"] = SHAPES["layer_norm_fwd"]
+SHAPES["attention_full"] = SHAPES["attention"]  # "attention" is causal, "attention_full" not
+DROPOUT = 0.1
 SUBJECTS = tuple(SHAPES)
 IMPLS = ("ours", "torch", "compile", "liger")
 EPS = 1e-5
@@ -63,12 +69,11 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
-def cases(subject: str, shape: tuple, dtype: torch.dtype) -> tuple[dict, float, str]:
+def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> tuple[dict, float, str]:
     """({impl: call}, work a call, unit): the work is compulsory bytes ("B") or FLOPs ("FLOP")."""
-    from reference_kernels import attention, gemm_epilogue, layer_norm, softmax
+    from reference_kernels import attention, bias_gelu_dropout, gemm_epilogue, layer_norm, softmax
 
     F = torch.nn.functional
-    dev = "cuda"
     if subject == "softmax":
         x = torch.randn(shape, device=dev).to(dtype)
         fns = {"ours": lambda: softmax.fused(x), "torch": lambda: torch.softmax(x, -1)}
@@ -113,12 +118,21 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype) -> tuple[dict, float, 
         compiled = _compiled(lambda a_, w_, b_: F.gelu(F.linear(a_, w_, b_), approximate="tanh"))
         fns["compile"] = lambda: compiled(a, wt, bias)
         return fns, 2 * m * k * n, "FLOP"
-    if subject == "attention":
+    if subject in ("attention", "attention_full"):
         bsz, heads, seq, d = shape
+        causal = subject == "attention"
         q, k, v = (torch.randn(shape, device=dev).to(dtype) for _ in range(3))
-        fns = {"ours": lambda: attention.fused(q, k, v, causal=True),
-               "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
-        return fns, 2 * bsz * heads * seq * seq * d, "FLOP"  # causal: half of 4 * b * h * n^2 * d
+        fns = {"ours": lambda: attention.fused(q, k, v, causal=causal),
+               "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+        return fns, (2 if causal else 4) * bsz * heads * seq * seq * d, "FLOP"  # causal: half the scores
+    if subject == "bias_gelu_dropout":
+        x = torch.randn(shape, device=dev).to(dtype)
+        bias = torch.randn(shape[1], device=dev).to(dtype)
+        fns = {"ours": lambda: bias_gelu_dropout.fused(x, bias, DROPOUT),
+               "torch": lambda: F.dropout(F.gelu(x + bias), DROPOUT)}
+        compiled = _compiled(lambda t, b_: F.dropout(F.gelu(t + b_), DROPOUT))
+        fns["compile"] = lambda: compiled(x, bias)
+        return fns, 2 * x.numel() * x.element_size(), "B"  # x read, the output written (no mask stored)
     raise ValueError(f"unknown subject {subject!r}; choose from {', '.join(SUBJECTS)}")
 
 
@@ -169,7 +183,9 @@ def table(records: list[dict], subject: str) -> str:
         row += [ratio, _rate(rec, ours.get("graph_ms")), f"{ours['host_us']:.0f}" if ours else "n/a",
                 f"{impls['torch']['host_us']:.0f}" if impls.get("torch") else "n/a"]
         rows.append(row)
-    unit = "% of copy" if subject not in ("gemm", "attention") else "TFLOPS"
+    unit = "% of copy" if subject not in ("gemm", "attention", "attention_full") else "TFLOPS"
+    if subject.startswith("attention"):
+        subject += " (causal)" if subject == "attention" else " (not causal)"
     headers = ["shape", "dtype"] + [f"{k} eager" for k in IMPLS] + ["ours / best other", "ours graph",
                                                                      "ours host us", "torch host us"]
     return f"### {subject} (eager and graph in {unit})\n\n" + _common.markdown_table(headers, rows)
@@ -190,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables:
         data = json.loads(Path(args.tables).read_text())
         print(data["header"])
+        recorded = {r["subject"] for r in data["records"]}
+        missing = [s for s in subjects if s not in recorded]
+        if missing:  # subjects added since the file was recorded: a GPU run fills them in
+            print(f"\nnot in this file (run on a GPU): {', '.join(missing)}")
         for subject in subjects:
-            print("\n" + table(data["records"], subject))
+            if subject in recorded:
+                print("\n" + table(data["records"], subject))
         return 0
     _common.require_cuda(__file__)
     out = _common.write_output_to(args.out, __file__)
