@@ -239,6 +239,12 @@ _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
 
 
+def _phased_smem(device: Device) -> int:
+    """Shared memory the pipelined rows of an SM's programs may take: _PHASED_BWD_SMEM_BYTES, or less where the device
+    has less."""
+    return min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tuning:
     """The width bands measured on one kind of GPU and Triton (``tuned/<arch>.json``, "layer_norm"): where a plan or a
@@ -269,8 +275,7 @@ class Tuning:
     held_bwd_bands: tuple = ()  # a band of ragged rows held
     held_bwd_aligned_bands: tuple = ()  # aligned rows held in these bands
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
-    # longer fits one rows program and the phased plan still holds it whole (not a band: bench_tuning.py measured the
-    # chunked plans the rows go to otherwise at 0.52-0.83x of it on the H100)
+    # longer fits one rows program and the phased plan still holds it whole (not a band; docs/kernels.md, "Planning")
     phased_bwd_min_cols: int | None = _BWD_MAX_ROW + 1
     phased_bwd_aligned_min_cols: int | None = _BWD_MAX_ROW + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
@@ -567,7 +572,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     stages = _PHASED_BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
-        per_sm = max(1, min(per_sm, min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm) // held_bytes))
+        per_sm = max(1, min(per_sm, _phased_smem(device) // held_bytes))
     n_groups = min(device.sms * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
@@ -732,8 +737,7 @@ def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, devic
     per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, device.regs_per_sm // (max_regs * 32 * warps)))
     stages = _WALK_FWD_STAGES
     if stages > 1:
-        smem = min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm)
-        per_sm = max(1, min(per_sm, smem // ((stages - 1) * lanes * elem_size)))
+        per_sm = max(1, min(per_sm, _phased_smem(device) // ((stages - 1) * lanes * elem_size)))
     n_groups = min(device.sms * per_sm, n_rows)
     if vec > 1:  # one phase a program: a multiple of vec programs, rounded down (as the phased backward)
         n_groups = max(vec, n_groups // vec * vec)
