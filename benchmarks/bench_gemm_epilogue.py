@@ -1,9 +1,10 @@
 """GEMM + bias + GELU: ours against cuBLAS, cuBLASLt's own epilogue, the eager chain and torch.compile.
 
-Sweeps the shapes of issue 12 (M from 64 to 16384 tokens; (K, N) of public model layers: BERT /
-GPT-2 768x3072 and back, Llama-2 4096 / 11008, Mistral 14336, Llama-2-13B 5120 / 13824, Llama-2-70B
-8192 / 28672) and prints, per shape, TFLOPS (2*M*N*K over the device time) for:
-ours (``fused``, exact GELU, with the config its shape bucket tuned to), ours with
+Sweeps M from 1 to 16384 tokens (1000: odd) over (K, N) of public model layers (BERT / GPT-2 768x3072 and
+back, Llama-2 4096 / 11008, Mistral 14336, Llama-2-13B 5120 / 13824, Llama-2-70B 8192 / 28672, SigLIP
+1152 / 4304) and odd sizes (1000 x 1000; 4095 x 4097, whose rows break TMA's 16-byte rule), and prints,
+per shape, TFLOPS (2*M*N*K over the device time) for: ours (``fused``, exact GELU, with the config its
+shape bucket tuned to, the library's path among them: ``gemm_epilogue.LIBRARY``), ours with
 ``approximate="tanh"`` (``ours_tanh``: the function cuBLASLt's epilogue computes), ``torch.mm`` alone,
 ``torch._addmm_activation`` (cuBLASLt's bias + GELU epilogue, tanh GELU), the eager chain
 ``gelu(mm + bias)`` and ``torch.compile`` of the chain (``dynamic=True``: one compilation for the
@@ -48,9 +49,10 @@ from benchmarks.sweep import apply_settings  # noqa: E402
 from reference_kernels import gemm_epilogue as ge  # noqa: E402
 from reference_kernels._common import graph_device_ms  # noqa: E402
 
-MS = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+MS = [1, 16, 64, 128, 256, 512, 1000, 1024, 2048, 4096, 8192, 16384]
+# (K, N) of public model layers, and odd sizes: 1000 (no multiple of 16), 4095 x 4097 (rows that break TMA's 16 bytes)
 KNS = [(768, 3072), (3072, 768), (4096, 4096), (4096, 11008), (11008, 4096), (4096, 14336), (5120, 13824),
-       (8192, 28672)]
+       (8192, 28672), (1152, 4304), (1000, 1000), (4095, 4097)]
 # --quick (scripts/gpu_check.sh's gemm stage): issue 12's small, skinny and square shapes, a few minutes of device time
 QUICK_MS = [128, 512, 2048, 8192]
 QUICK_KNS = [(768, 3072), (3072, 768), (4096, 4096)]
@@ -140,7 +142,8 @@ def main() -> int:
                     tanh = ge.fused(a, b, bias, "gelu", approximate="tanh").float()
                     rec["rel_err_tanh"] = ((tanh - ref).norm() / ref.norm()).item()
                 rec["path"] = "ws" if isinstance(config, ge._gemm_ws.WsConfig) else path
-                rec["config"] = list(config)
+                rec["path"] = "library" if config == ge.LIBRARY else rec["path"]
+                rec["config"] = [config] if config == ge.LIBRARY else list(config)
                 del a, b, bias, ref
                 for name in impls:
                     try:
@@ -163,7 +166,8 @@ def main() -> int:
         for key, timed in ge._timings.items():
             print(f"  {key[1]} M<={key[3]} N<={key[4]} K<={key[5]}: " + ", ".join(f"{c} {t:.4f}" for c, t in timed))
     if out:
-        timings = [{"bucket": [str(v) for v in key], "timed": [[list(c), t] for c, t in timed]}
+        cell = lambda c: [c] if c == ge.LIBRARY else list(c)  # noqa: E731
+        timings = [{"bucket": [str(v) for v in key], "timed": [[cell(c), t] for c, t in timed]}
                    for key, timed in ge._timings.items()]
         (out / "bench_gemm_epilogue.json").write_text(
             json.dumps({"header": header(), "settings": settings, "records": records, "timings": timings}, indent=1))
@@ -203,8 +207,10 @@ def _summarise(records: list[dict], impls: list[str]) -> None:
 
 
 def _config_cell(config: list) -> str:
-    """A tuned config, short: the tile and split-K of the TMA / tiled kernels' nine fields, or the tile of the
-    warp-specialised kernel's seven (``_gemm_ws.WsConfig``, "ws")."""
+    """A tuned config, short: the tile and split-K of the TMA / tiled kernels' nine fields, the tile of the
+    warp-specialised kernel's seven (``_gemm_ws.WsConfig``, "ws"), or the library's path."""
+    if config == [ge.LIBRARY]:
+        return ge.LIBRARY
     tile = "x".join(map(str, config[:3]))
     return f"{tile} s{config[8]}" if len(config) >= 9 else f"{tile} ws"
 

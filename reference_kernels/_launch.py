@@ -16,7 +16,8 @@ A record is kept only where replaying it does the same work. Every tensor a laun
 one of the call's tensors, a view of one at a fixed offset, or one the call allocated
 (``torch.empty`` / ``zeros`` and their ``_like`` / ``new_`` forms, or a copy: ``clone``,
 ``contiguous``, ``copy_``, replayed in their place between the launches); nothing else ran on the
-device (a fill, a reduction: the torch function mode below sees every torch call);
+device (a fill, a reduction: the torch function mode below sees every torch call) but the library
+ops a plan names (``library``: a cuBLAS GEMM), replayed on the same views of the new tensors;
 every other argument is a number fixed by the key, or a ``do_not_specialize`` argument the
 caller names per call (a dropout seed). Otherwise the key keeps planning each call
 (``Calls.last`` says why).
@@ -116,7 +117,8 @@ class _Recorder(torch.overrides.TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.launches: list[tuple] = []  # in order: ("launch", kernel, grid, args, kwargs, compiled), ("copy", dst, src)
+        # in order: ("launch", kernel, grid, args, kwargs, compiled), ("copy", dst, src), ("call", op, args, kwargs)
+        self.launches: list[tuple] = []
         self.allocs: list[tuple[torch.Tensor, bool]] = []  # (tensor, zeroed)
         self.unsafe: str | None = None
         self.paused = 0
@@ -171,6 +173,22 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
         rec.paused -= 1
     rec.launches.append(("launch", kernel, grid, args, kwargs, compiled))
     return compiled
+
+
+def library(op: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)``: a torch op that a plan takes in place of a kernel (a cuBLAS GEMM writing into ``out=``),
+    recorded like a launch: a replay calls it again on the same views of the new tensors. The op must write only
+    into tensors it is given; what it returns is not kept."""
+    rec = None if torch.compiler.is_compiling() else _current()
+    if rec is None:
+        return op(*args, **kwargs)
+    rec.paused += 1  # the op's own torch calls are the op's
+    try:
+        value = op(*args, **kwargs)
+    finally:
+        rec.paused -= 1
+    rec.launches.append(("call", op, args, kwargs))
+    return value
 
 
 @contextlib.contextmanager
@@ -256,6 +274,42 @@ class _Copy:
     def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
         (i, di, *dv), (j, dj, *sv) = self.dst, self.src
         _view(sources[i], di, *dv).copy_(_view(sources[j], dj, *sv))
+
+
+class _Call:
+    """A recorded library op (``library``), called again with each tensor argument the same view of the new tensors."""
+
+    def __init__(self, op: Callable, args: list, kwargs: dict, tensors: list) -> None:
+        self.op, self.args, self.kwargs = op, args, kwargs
+        self.tensors = tensors  # (argument index or keyword, source index, byte offset, size, stride, dtype)
+        self.named = ()
+
+    def used(self) -> list[int]:
+        return [src for _, src, *_ in self.tensors]
+
+    def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
+        args, kwargs = self.args.copy(), self.kwargs.copy()
+        for where, src, *view in self.tensors:
+            t = _view(sources[src], *view)
+            if where.__class__ is int:
+                args[where] = t
+            else:
+                kwargs[where] = t
+        self.op(*args, **kwargs)
+
+
+def _call(op: Callable, args: tuple, kwargs: dict, sources: list) -> Any:
+    tensors = []
+    for where, value in (*enumerate(args), *kwargs.items()):
+        if isinstance(value, torch.Tensor):
+            found = _source(value, sources)
+            if isinstance(found, str):
+                return found.replace("a launch takes", f"{getattr(op, '__name__', op)} takes")
+            tensors.append((where, *found, tuple(value.shape), tuple(value.stride()), value.dtype))
+        elif not isinstance(value, _PLAIN):
+            return f"{getattr(op, '__name__', op)} takes a {type(value).__name__}"
+    plain = lambda v: None if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return _Call(op, [plain(v) for v in args], {k: plain(v) for k, v in kwargs.items()}, tensors)
 
 
 class _Replay:
@@ -447,7 +501,10 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Repl
     sources = list(slots) + [t for t, _ in rec.allocs]
     launches = []
     for kind, *step in rec.launches:
-        bound = _bind(step, sources, scalars) if kind == "launch" else _copy(*step, sources)
+        if kind == "launch":
+            bound = _bind(step, sources, scalars)
+        else:
+            bound = _call(*step, sources) if kind == "call" else _copy(*step, sources)
         if isinstance(bound, str):
             return _Planned(bound)
         launches.append(bound)

@@ -43,7 +43,7 @@ from . import _gemm_common, _gemm_ws
 from ._gemm_common import _epilogue, _launch_metadata, _tile_coords, _tma_ok
 from ._common import cdiv, check_tensor, graph_device_ms, interpreting
 from ._device import sm_count
-from ._launch import Calls, decline, launch as launch_kernel, unrecorded
+from ._launch import Calls, decline, launch as launch_kernel, library, unrecorded
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2}  # 3: gelu(approximate="tanh"); 4 / 5: 3 / 2 in PTX fast-math
@@ -186,10 +186,10 @@ def _splitk_metadata(grid, kernel, args):
 
 
 def _splitk_epilogue_metadata(grid, kernel, args):
-    """The split-K epilogue: reads the SPLIT_K fp32 partials (and bias, residual), writes the output."""
+    """The epilogue over a stored product: reads the SPLIT_K partials (and bias, residual), writes the output."""
     M, N, S = args["M"], args["N"], args["SPLIT_K"]
     elt = args["c_ptr"].element_size()
-    nbytes = 4 * S * M * N + elt * M * N
+    nbytes = args["ws_ptr"].element_size() * S * M * N + elt * M * N
     if args["HAS_BIAS"]:
         nbytes += elt * N
     if args["HAS_RESIDUAL"]:
@@ -264,7 +264,7 @@ def _gemm_splitk_kernel(
 
 @triton.jit(launch_metadata=_splitk_epilogue_metadata)
 def _splitk_epilogue_kernel(
-    ws_ptr,  # (SPLIT_K, M, N) fp32 partial sums
+    ws_ptr,  # (SPLIT_K, M, N) fp32 partial sums, or the library's (M, N) product (SPLIT_K 1, may be c_ptr)
     c_ptr,  # (M, N) output
     bias_ptr,  # (N,) or None
     res_ptr,  # (M, N) or None
@@ -280,13 +280,14 @@ def _splitk_epilogue_kernel(
     HAS_RESIDUAL: tl.constexpr,
     GELU_DEGREE: tl.constexpr,
 ):
-    """Sum the K ranges in a fixed order (the result does not depend on launch timing), then the epilogue."""
+    """Sum the K ranges in a fixed order (the result does not depend on launch timing), then the epilogue; in fp32
+    whatever the partials' dtype. With one range it is the library path's epilogue (``_library``)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
     mn = M.to(tl.int64) * N
-    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(ws_ptr + s * mn + offs, mask=mask, other=0.0)
     acc = _epilogue(acc, rows, cols, M, N, bias_ptr, res_ptr, stride_rm, stride_rn,
@@ -358,6 +359,9 @@ _WS_SMALL_WAVES = 2
 # large shapes one config read 537 and 643 TF at M 8192 and 16384 of the same K and N, and a config of 579 TF in one
 # sweep was passed over for one of 534 in the next (docs/kernels.md, "gemm_epilogue": the tuning).
 _TUNING_ROUNDS = 2
+# The library's path as one more timed candidate, on CUDA (docs/kernels.md, "gemm_epilogue": the library's path):
+# cuBLAS through torch, the bias and a ReLU or tanh GELU in cuBLASLt's epilogue, the rest in the epilogue kernel.
+LIBRARY = "library"
 _tuned: dict = {}  # shape bucket -> the config its timing picked
 _timings: dict = {}  # shape bucket -> [(config, ms)] of its tuning, for benchmarks/bench_gemm_epilogue.py
 
@@ -430,15 +434,17 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
 
 def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
                   device: torch.device | None = None) -> list[tuple]:
-    """Candidate configs: one under the interpreter and for IEEE fp32, else ``_ranked_configs``."""
+    """Candidate configs: one under the interpreter, else ``_IEEE_CONFIG`` for IEEE fp32 or ``_ranked_configs``, and
+    on CUDA the library's path (``LIBRARY``) beside them."""
     if interpreting():
         return [_INTERPRETER_CONFIG]
-    if _input_precision(dtype) == "ieee":
-        return [_IEEE_CONFIG]
-    elt = torch.empty((), dtype=dtype).element_size()
     device = device or torch.device("cuda")
+    library_path = [LIBRARY] if device.type == "cuda" else []
+    if _input_precision(dtype) == "ieee":
+        return [_IEEE_CONFIG] + library_path
+    elt = torch.empty((), dtype=dtype).element_size()
     ws = _WS and device.type == "cuda" and _gemm_ws.available(device.index)
-    return _ranked_configs(path, M, N, K, elt, sm_count(device), ws)
+    return _ranked_configs(path, M, N, K, elt, sm_count(device), ws) + library_path
 
 
 def _bucket(n: int) -> int:
@@ -460,21 +466,18 @@ def _timing_sets(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, t
 
 
 def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
+    if cfg == LIBRARY:
+        _library(a, b, out, bias, residual, activation_code, gelu_degree)
+        return
     if isinstance(cfg, _gemm_ws.WsConfig):  # the warp-specialised kernel (it maps the GELUs to fast-math itself)
         _gemm_ws.launch(a, b, out, bias, residual, activation_code, gelu_degree, cfg)
         return
     M, K = a.shape
     N = b.shape[1]
     BM, BN, BK, GROUP_M, SPLIT, stages, warps, per_sm, split_k = cfg
-    degree = _gemm_common.GELU_DEGREE if gelu_degree is None else gelu_degree
-    if degree not in (5, 7, 9):
-        raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
     split_k = max(1, min(split_k, cdiv(K, BK)))  # K = 0 or a short K: one range
     dot_flags = dict(DOT_IN_FP32=interpreting(), INPUT_PRECISION=_input_precision(a.dtype))
-    if not interpreting():
-        activation_code = _gemm_common.fast_activation(activation_code)
-    epi_flags = dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
-                     GELU_DEGREE=degree)
+    epi_flags = _epilogue_flags(bias, residual, activation_code, gelu_degree)
     rs = residual.stride() if residual is not None else (0, 0)
     b_kmajor = path == "tma" and not _tma_ok(b)
     if path == "tma":
@@ -498,11 +501,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, SPLIT_K=split_k, USE_TMA=path == "tma",
             B_KMAJOR=b_kmajor, num_stages=stages, num_warps=warps, **dot_flags,
         )
-        EM, EN = (16, 128) if not interpreting() else (16, 32)
-        launch_kernel(_splitk_epilogue_kernel, (cdiv(M, EM), cdiv(N, EN)),
-            ws, out, bias, residual, M, N, out.stride(0), rs[0], rs[1],
-            SPLIT_K=split_k, BLOCK_M=EM, BLOCK_N=EN, num_warps=4, **epi_flags,
-        )
+        _stored_epilogue(ws, out, bias, residual, epi_flags)
     elif path == "tma":
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
         programs = per_sm * sm_count(a.device)
@@ -518,6 +517,55 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, num_stages=stages, num_warps=warps,
             **dot_flags, **epi_flags,
         )
+
+
+def _epilogue_flags(bias, residual, activation_code, gelu_degree) -> dict:
+    """The epilogue's constexprs; a GELU in PTX fast-math on CUDA (``_gemm_common.fast_activation``)."""
+    degree = _gemm_common.GELU_DEGREE if gelu_degree is None else gelu_degree
+    if degree not in (5, 7, 9):
+        raise ValueError(f"GELU fit of degree {degree}: 5, 7 or 9")
+    if not interpreting():
+        activation_code = _gemm_common.fast_activation(activation_code)
+    return dict(HAS_BIAS=bias is not None, ACTIVATION=activation_code, HAS_RESIDUAL=residual is not None,
+                GELU_DEGREE=degree)
+
+
+def _stored_epilogue(ws, out, bias, residual, epi_flags):
+    """The epilogue over a stored product ``ws``: split-K's (S, M, N) fp32 partials, or the library's (M, N) result."""
+    M, N = out.shape
+    split_k = ws.shape[0] if ws.dim() == 3 else 1
+    rs = residual.stride() if residual is not None else (0, 0)
+    EM, EN = (16, 128) if not interpreting() else (16, 32)
+    launch_kernel(_splitk_epilogue_kernel, (cdiv(M, EM), cdiv(N, EN)),
+        ws, out, bias, residual, M, N, out.stride(0), rs[0], rs[1],
+        SPLIT_K=split_k, BLOCK_M=EM, BLOCK_N=EN, num_warps=4, **epi_flags,
+    )
+
+
+def _library(a, b, out, bias, residual, activation_code, gelu_degree=None):
+    """The library's path: cuBLAS through torch writes ``out``, the bias (and, with a bias, a ReLU or the tanh GELU)
+    in cuBLASLt's epilogue (``torch._addmm_activation``, ``torch.addmm``); what that epilogue lacks (the exact GELU,
+    an activation without a bias, a residual) follows in the epilogue kernel over ``out`` in place: a second launch,
+    ``out`` read and written once more. The product is rounded to ``out``'s dtype before that epilogue, as the
+    unfused chain rounds it (docs/kernels.md, "gemm_epilogue": the library's path)."""
+    if _residual_in_out(residual, out):
+        raise ValueError("the library's path writes the product into out before the residual is read: "
+                         "out and residual must not share memory")
+    in_library = bias is not None and activation_code in (1, 3)  # cuBLASLt's ReLU and tanh-GELU epilogues
+    if in_library:
+        library(torch._addmm_activation, bias, a, b, use_gelu=activation_code == 3, out=out)
+    elif bias is not None:
+        library(torch.addmm, bias, a, b, out=out)
+    else:
+        library(torch.mm, a, b, out=out)
+    rest = 0 if in_library else activation_code
+    if rest or residual is not None:
+        _stored_epilogue(out, out, None, residual, _epilogue_flags(None, residual, rest, gelu_degree))
+
+
+def _residual_in_out(residual, out) -> bool:
+    """Whether the residual shares memory with the output (an in-place residual add)."""
+    return residual is not None and residual.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
 
 
 def _capturing(device: torch.device) -> bool:
@@ -541,8 +589,10 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
     path = path or _gemm_path(a, b, out)
     configs = [config] if config else _gemm_configs(path, M, N, K, a.dtype, a.device)
     ws_ok = any(isinstance(c, _gemm_ws.WsConfig) for c in configs) and _gemm_ws.fits(a, b, out, bias, residual)
-    if not config:  # the warp-specialised kernel's configs only where it takes these tensors
-        configs = [c for c in configs if ws_ok or not isinstance(c, _gemm_ws.WsConfig)]
+    if not config:  # the warp-specialised kernel's configs only where it takes these tensors, the library's likewise
+        library_ok = not _residual_in_out(residual, out)
+        configs = [c for c in configs
+                   if (ws_ok or not isinstance(c, _gemm_ws.WsConfig)) and (library_ok or c != LIBRARY)]
     if len(configs) > 1:
         key = (path, a.dtype, _input_precision(a.dtype), _bucket(M), _bucket(N), _bucket(K), bias is not None,
                activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree, ws_ok)

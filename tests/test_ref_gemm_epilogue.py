@@ -400,13 +400,19 @@ def test_the_split_k_launches_declare_the_budget_plus_the_fp32_partials_written_
     a, b, bias, residual = operands(M, N, K, torch.float16, has_bias, has_residual)
     out = torch.empty(M, N, device=DEVICE, dtype=torch.float16)
     main = ge._splitk_metadata((1,), SimpleNamespace(name="_gemm_splitk_kernel"), dict(M=M, N=N, K=K, SPLIT_K=S, a=a))
-    epi = ge._splitk_epilogue_metadata((1,), SimpleNamespace(name="_splitk_epilogue_kernel"),
-                                       dict(M=M, N=N, SPLIT_K=S, c_ptr=out, HAS_BIAS=has_bias, HAS_RESIDUAL=has_residual))
+    kernel = SimpleNamespace(name="_splitk_epilogue_kernel")
+    ws = torch.empty(S, M, N, device=DEVICE)
+    epi = ge._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=S, ws_ptr=ws, c_ptr=out, HAS_BIAS=has_bias,
+                                                          HAS_RESIDUAL=has_residual))
     partials = 4 * S * M * N
     assert main["bytes"] + epi["bytes"] == ge.budget(a, b, bias, "gelu", residual).total + 2 * partials
     assert main["bytes"] == 2 * (M * K + K * N) + partials
     assert main["flops"] == 2 * M * N * K and epi["flops"] == (S - 1) * M * N
     assert "split=3" in main["name"] and "split=3" in epi["name"]
+    # the library's path: the epilogue reads the product cuBLAS wrote into out (its dtype), in place
+    lib = ge._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=1, ws_ptr=out, c_ptr=out, HAS_BIAS=False,
+                                                          HAS_RESIDUAL=has_residual))
+    assert lib["bytes"] == 2 * 2 * M * N + (2 * M * N if has_residual else 0)
 
 
 # --------------------------------------------------------------------------- config choice
@@ -615,6 +621,96 @@ def test_nothing_is_timed_or_cached_while_a_cuda_graph_is_captured(fresh_tuning,
 
 def test_bucket_rounds_up_to_a_power_of_two():
     assert [ge._bucket(n) for n in (0, 1, 2, 3, 64, 65, 768, 11008)] == [1, 1, 2, 4, 64, 128, 1024, 16384]
+
+
+# --------------------------------------------------------------------------- the library's path
+
+LIBRARY_CASES = [
+    # (M, N, K), dtype, bias, activation, approximate, residual: what cuBLASLt's epilogue takes (a bias with a ReLU or
+    # the tanh GELU) and what the epilogue kernel adds after it (the exact GELU, an activation without a bias, a
+    # residual)
+    ((70, 56, 40), torch.bfloat16, True, "gelu", "tanh", False),
+    ((70, 56, 40), torch.bfloat16, True, "gelu", "none", True),
+    ((67, 45, 33), torch.float16, True, "relu", "none", False),
+    ((33, 17, 9), torch.float16, False, "gelu", "none", True),
+    ((64, 40, 24), torch.float16, True, None, "none", False),
+    ((5, 8, 8), torch.bfloat16, False, None, "none", False),
+    ((40, 24, 0), torch.bfloat16, True, "gelu", "none", True),  # K = 0: the epilogue of a zero product
+]
+
+
+@pytest.mark.parametrize("mnk, dtype, has_bias, activation, approximate, has_residual", LIBRARY_CASES, ids=str)
+def test_the_library_path_matches_the_reference_and_writes_every_element(mnk, dtype, has_bias, activation,
+                                                                          approximate, has_residual):
+    a, b, bias, residual = operands(*mnk, dtype, has_bias, has_residual)
+    out = poisoned(mnk[0], mnk[1], dtype)
+    code = ge._activation_code(activation, approximate)
+    assert ge._run(a, b, out, bias, residual, code, config=ge.LIBRARY)[1] == ge.LIBRARY
+    assert not out.isnan().any(), "an output element was left unwritten"
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, activation, residual, approximate), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("approximate, has_residual, steps",
+                         [("tanh", False, ["_Call"]), ("none", False, ["_Call", "k"]), ("tanh", True, ["_Call", "k"])],
+                         ids=str)
+def test_a_problem_that_takes_the_library_path_replays_its_op_and_only_the_epilogue_launch_it_needs(
+        monkeypatch, approximate, has_residual, steps):
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [ge.LIBRARY])  # as if it won the timing
+    for i in range(3):
+        a, b, bias, residual = operands(50, 40, 24, torch.bfloat16, residual=has_residual)
+        y = ge.fused(a, b.T.contiguous().T, bias, "gelu", residual, approximate)  # a Linear's weight, transposed
+        assert ge.CALLS.last == ("recorded" if i == 0 else "replayed")
+        torch.testing.assert_close(y, ge.unfused(a, b, bias, "gelu", residual, approximate),
+                                   **TOLERANCES[torch.bfloat16])
+    recorded = [type(s).__name__ for s in next(iter(ge.CALLS.table.values())).launches]
+    assert recorded == [s if s != "k" else ("_Bound" if DEVICE == "cuda" else "_Relaunch") for s in steps]
+
+
+def test_the_library_path_is_timed_beside_the_kernels_and_kept_where_it_is_faster(fresh_tuning, monkeypatch):
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [fresh_tuning.a, ge.LIBRARY])
+    fresh_tuning.readings[ge.LIBRARY] = [0.5]
+    a, b, bias, residual = operands(50, 40, 24, torch.bfloat16)
+    out = poisoned(50, 40, torch.bfloat16)
+    assert ge._run(a, b, out, bias, residual, ge._activation_code("gelu"))[1] == ge.LIBRARY
+    assert fresh_tuning.timed == [fresh_tuning.a, ge.LIBRARY, ge.LIBRARY, fresh_tuning.a]
+    torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
+    # an in-place residual add (out is the residual): the library's product would overwrite it before it is read
+    expected = ge.unfused(a, b, bias, "gelu", residual)
+    ge._tuned.clear()
+    assert ge._run(a, b, residual, bias, residual, ge._activation_code("gelu"))[1] == fresh_tuning.a
+    torch.testing.assert_close(residual, expected, **TOLERANCES[torch.bfloat16])
+    with pytest.raises(ValueError, match="must not share memory"):
+        ge._run(a, b, residual, bias, residual, ge._activation_code("gelu"), config=ge.LIBRARY)
+
+
+def test_the_library_path_is_a_candidate_on_cuda_only(monkeypatch, allow_tf32):
+    allow_tf32(False)
+    monkeypatch.setattr(ge, "interpreting", lambda: False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cuda) == [ge._IEEE_CONFIG, ge.LIBRARY]
+    assert ge.LIBRARY not in ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mkn", [(16, 4096, 4096), (1, 4096, 4096), (256, 4096, 1024), (1000, 1000, 1000)], ids=str)
+def test_small_problems_are_as_fast_as_cublaslt_bias_gelu_where_both_compute_the_tanh_gelu(mkn):
+    """The library's path is a timed candidate: where no kernel config matches cuBLASLt (small M, odd sizes) the plan
+    takes it, so ours with the tanh GELU keeps up with ``torch._addmm_activation`` (within timing noise)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/
+    from benchmarks.bench_gemm_epilogue import rotated_device_ms
+
+    M, K, N = mkn
+
+    def make():
+        a, b, bias, _ = operands(M, N, K, torch.bfloat16, residual=False)
+        return a, b, bias
+
+    ours = rotated_device_ms(make, lambda a, b, bias: ge.fused(a, b, bias, "gelu", approximate="tanh"))
+    lt = rotated_device_ms(make, lambda a, b, bias: torch._addmm_activation(bias, a, b, use_gelu=True))
+    assert lt / ours >= 0.9, f"ours {ours * 1e3:.1f} us, _addmm_activation {lt * 1e3:.1f} us"
 
 
 # --------------------------------------------------------------------------- fp32 inputs

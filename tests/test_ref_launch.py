@@ -304,6 +304,36 @@ def test_a_torch_op_in_a_recorded_call_makes_it_plan_each_time():
     assert calls.last == "planned: torch's fill_ ran"
 
 
+def test_a_library_op_a_plan_names_is_replayed_on_the_new_tensors_before_the_launch_after_it():
+    calls = _launch.Calls("test.library")
+
+    def call(a, b):
+        def run():
+            product = torch.empty(a.shape[0], b.shape[0], device=a.device)
+            _launch.library(torch.mm, a, b.t(), out=product)  # a view of b: replayed as the same view
+            out = torch.empty(product.numel(), device=a.device)
+            _launch.launch(_scaled_kernel, (1,), product, out, product.numel(), 3, BLOCK=16)
+            return out.view(product.shape)
+        return calls((), (a, b), run)
+
+    for i in range(3):
+        a, b = torch.randn(3, 4, device=DEVICE), torch.randn(5, 4, device=DEVICE)
+        got = call(a, b)
+        assert calls.last == ("recorded" if i == 0 else "replayed")
+        torch.testing.assert_close(got, 3 * (a @ b.t()))
+    steps = next(iter(calls.table.values())).launches
+    assert [type(s).__name__ for s in steps] == ["_Call", "_Relaunch" if not ON_GPU else "_Bound"]
+
+
+def test_a_library_op_on_a_tensor_the_call_was_not_given_plans_each_time():
+    calls = _launch.Calls("test.library_elsewhere")
+    a, elsewhere = torch.randn(2, 2, device=DEVICE), torch.randn(2, 2, device=DEVICE)
+    out = torch.empty(2, 2, device=DEVICE)
+    calls((), (a, out), lambda: _launch.library(torch.mm, a, elsewhere, out=out))
+    assert calls.last == "planned: mm takes a tensor the call did not get or allocate"
+    torch.testing.assert_close(out, a @ elsewhere)
+
+
 # --------------------------------------------------------------------------- on a GPU: the bound launches
 
 
