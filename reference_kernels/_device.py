@@ -1,7 +1,8 @@
 """The GPU a plan is made for: its queried resources, and the tuned choices measured on its kind.
 
 A launch plan is a function of the problem and a ``Device`` (docs/kernels.md, "Planning"): multiprocessors,
-registers and shared memory an SM, the most shared memory one block may take, L2 bytes, the compute capability.
+registers and shared memory an SM, the most shared memory one block may take, L2 bytes, the compute capability,
+and the peak rates a cost model weighs (16-bit tensor-core FLOP/s an SM, DRAM bytes/s: from the queried clocks).
 ``of(device)`` queries them once per device; off CUDA and under the interpreter it gives ``INTERPRETER``, whose few
 "SMs" make persistent programs walk several tiles. ``DESCRIPTIONS`` holds datasheet figures of GPUs the tests plan
 for without having them.
@@ -31,7 +32,8 @@ from ._common import INTERPRETER_SMS, interpreting
 class Device:
     """What a launch plan reads of a GPU. ``arch``: compute capability as 10 * major + minor (0: not a GPU).
     ``concurrent``: a launch's resident programs run at once, so one may wait on another (not so under Triton's
-    interpreter, which runs them one after another)."""
+    interpreter, which runs them one after another). ``mma_flops_per_sm``: dense 16-bit tensor-core FLOP/s an SM at
+    the boost clock; ``dram_bytes_per_s``: the DRAM's peak (peaks: what a model ranks by, not what a kernel reaches)."""
 
     name: str
     arch: int
@@ -42,9 +44,12 @@ class Device:
     l2_bytes: int = 50 << 20
     threads_per_sm: int = 2048
     concurrent: bool = True
+    mma_flops_per_sm: float = 7.5e12
+    dram_bytes_per_s: float = 3.35e12
 
     def __post_init__(self) -> None:
-        for field in ("sms", "regs_per_sm", "smem_per_sm", "smem_per_block", "l2_bytes", "threads_per_sm"):
+        for field in ("sms", "regs_per_sm", "smem_per_sm", "smem_per_block", "l2_bytes", "threads_per_sm",
+                      "mma_flops_per_sm", "dram_bytes_per_s"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"Device {self.name!r}: {field} must be positive, got {getattr(self, field)}")
         if self.smem_per_block > self.smem_per_sm:
@@ -56,28 +61,50 @@ class Device:
         return self.threads_per_sm // 32
 
 
-# Datasheet figures (CUDA programming guide, "Compute capabilities"; the vendors' L2 sizes). The H200 is the H100's
-# SM with more HBM and L2; the tuned data of either is keyed by compute capability, not by name.
+# Datasheet figures (CUDA programming guide, "Compute capabilities"; the vendors' L2 sizes, SXM boards' dense bf16
+# tensor-core and HBM peaks). The H200 is the H100's SM with more HBM and L2; the tuned data of either is keyed by
+# compute capability, not by name.
 DESCRIPTIONS = {
-    "A100": Device("A100", 80, 108, smem_per_sm=167936, smem_per_block=166912, l2_bytes=40 << 20),
-    "H100": Device("H100", 90, 132, l2_bytes=50 << 20),
-    "H200": Device("H200", 90, 132, l2_bytes=60 << 20),
-    "B200": Device("B200", 100, 148, l2_bytes=126 << 20),
+    "A100": Device("A100", 80, 108, smem_per_sm=167936, smem_per_block=166912, l2_bytes=40 << 20,
+                   mma_flops_per_sm=312e12 / 108, dram_bytes_per_s=2.04e12),
+    "H100": Device("H100", 90, 132, l2_bytes=50 << 20, mma_flops_per_sm=989e12 / 132, dram_bytes_per_s=3.35e12),
+    "H200": Device("H200", 90, 132, l2_bytes=60 << 20, mma_flops_per_sm=989e12 / 132, dram_bytes_per_s=4.8e12),
+    "B200": Device("B200", 100, 148, l2_bytes=126 << 20, mma_flops_per_sm=2250e12 / 148, dram_bytes_per_s=8e12),
 }
+# Dense 16-bit tensor-core FLOPs a clock an SM, by the compute capability that introduced them (the datasheets' peaks
+# over SMs x boost clock); an arch between two takes the lower's.
+MMA_FLOPS_PER_CLOCK = {70: 1024, 80: 2048, 90: 4096, 100: 8192}
 INTERPRETER = Device("interpreter", 0, INTERPRETER_SMS, concurrent=False)
 
 
 @functools.cache
 def _query(index: int) -> Device:
     p = torch.cuda.get_device_properties(index)
+    arch = p.major * 10 + p.minor
+    clocks = _clocks(index)  # kHz and bits, from the driver (torch does not expose them)
+    known = max([a for a in MMA_FLOPS_PER_CLOCK if a <= arch], default=min(MMA_FLOPS_PER_CLOCK))
+    sm_hz, mem_hz, bus_bits = (clocks.get(k, 0) * f for k, f in (("sm_clock_rate", 1e3), ("mem_clock_rate", 1e3),
+                                                                   ("mem_bus_width", 1)))
     return Device(
-        name=p.name, arch=p.major * 10 + p.minor, sms=p.multi_processor_count,
+        name=p.name, arch=arch, sms=p.multi_processor_count,
         regs_per_sm=getattr(p, "regs_per_multiprocessor", 65536),
         smem_per_sm=getattr(p, "shared_memory_per_multiprocessor", 0) or Device.smem_per_sm,
         smem_per_block=getattr(p, "shared_memory_per_block_optin", 0) or Device.smem_per_block,
         l2_bytes=getattr(p, "L2_cache_size", 0) or Device.l2_bytes,
         threads_per_sm=getattr(p, "max_threads_per_multi_processor", 0) or Device.threads_per_sm,
+        mma_flops_per_sm=sm_hz * MMA_FLOPS_PER_CLOCK[known] or Device.mma_flops_per_sm,
+        dram_bytes_per_s=mem_hz * 2 * bus_bits / 8 or Device.dram_bytes_per_s,  # double data rate
     )
+
+
+def _clocks(index: int) -> dict:
+    """The SM and memory clocks (kHz) and the memory bus width (bits) Triton's CUDA driver reads; {} if it cannot."""
+    try:
+        from triton.runtime import driver
+
+        return dict(driver.active.utils.get_device_properties(index))
+    except Exception:  # another backend, or a driver without them: the defaults rank instead
+        return {}
 
 
 def of(device: torch.device) -> Device:

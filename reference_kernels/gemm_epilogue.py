@@ -42,7 +42,7 @@ from pytest_fusioncheck.budget import Budget
 from . import _gemm_common, _gemm_ws
 from ._gemm_common import _epilogue, _launch_metadata, _tile_coords, _tma_ok
 from ._common import cdiv, check_tensor, graph_device_ms, interpreting
-from ._device import sm_count
+from ._device import Device, of as device_of
 from ._launch import Calls, decline, launch as launch_kernel, library, unrecorded
 
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -257,7 +257,7 @@ def _gemm_splitk_kernel(
             acc = tl.dot(x, y, acc, input_precision=INPUT_PRECISION)
             a_ptrs += BLOCK_K * stride_ak
             b_ptrs += BLOCK_K * stride_bk
-    mn = M.to(tl.int64) * N
+    mn = tl.cast(M, tl.int64) * N  # not M.to: Triton makes an argument of 1 a Python int
     ws_ptrs = ws_ptr + split * mn + rows.to(tl.int64)[:, None] * N + cols[None, :]
     tl.store(ws_ptrs, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
@@ -286,7 +286,7 @@ def _splitk_epilogue_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows.to(tl.int64)[:, None] * N + cols[None, :]
-    mn = M.to(tl.int64) * N
+    mn = tl.cast(M, tl.int64) * N  # not M.to: Triton makes an argument of 1 a Python int
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(ws_ptr + s * mn + offs, mask=mask, other=0.0)
@@ -329,8 +329,9 @@ _TILE_SHAPES = [
 ]
 _SPLITS = (2, 3, 4, 6, 8)  # split-K factors the model considers
 _MIN_K_STEPS = 4  # BLOCK_K steps each K range keeps, so its loads still pipeline
-_SM_FLOPS = 6.0e12  # bf16 FLOP/s an H200 SM (790 TFLOP/s measured for torch.mm / 132); fp32 (TF32) half
-_DRAM_BYTES_PER_S = 4.0e12  # a device-to-device copy on the H200
+# The share of the device's peaks (``Device.mma_flops_per_sm``, ``dram_bytes_per_s``) that cuBLAS's mm and a copy
+# reach: on the H200 790 of 989 TFLOP/s and 4.0 of 4.8 TB/s. fp32 (TF32) runs at half the 16-bit rate.
+_REACHED = 0.8
 _WAVE_S = 1e-6  # pipeline fill and epilogue, per wave of tiles
 _SECOND_LAUNCH_S = 2e-6  # split-K's epilogue launch and its gap
 _CANDIDATES = 4  # ranked configs timed per shape bucket
@@ -383,20 +384,21 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, sms: int) -> float:
-    """Modelled seconds of one config: waves of tiles at the tile's rate, or the compulsory bytes
-    (plus split-K's fp32 partials written and read) at copy speed, whichever is longer."""
+def _estimate_s(M: int, N: int, K: int, tile: tuple, split: int, elt: int, device: Device) -> float:
+    """Modelled seconds of one config on ``device``: waves of tiles at the tile's share of an SM's rate, or the
+    compulsory bytes (plus split-K's fp32 partials written and read) at copy speed, whichever is longer."""
     BM, BN, BK, _, _, share = tile
     units = cdiv(M, BM) * cdiv(N, BN) * split
-    waves = cdiv(units, sms)
+    waves = cdiv(units, device.sms)
     k_steps = cdiv(cdiv(K, BK), split)
-    rate = _SM_FLOPS * share * (0.5 if elt == 4 else 1.0)
+    rate = _REACHED * device.mma_flops_per_sm * share * (0.5 if elt == 4 else 1.0)
     compute = waves * 2 * BM * BN * k_steps * BK / rate
     nbytes = elt * (M * K + K * N + M * N) + (8 * split * M * N if split > 1 else 0)
-    return max(compute, nbytes / _DRAM_BYTES_PER_S) + waves * _WAVE_S + (_SECOND_LAUNCH_S if split > 1 else 0)
+    copy_s = nbytes / (_REACHED * device.dram_bytes_per_s)
+    return max(compute, copy_s) + waves * _WAVE_S + (_SECOND_LAUNCH_S if split > 1 else 0)
 
 
-def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: bool = False) -> list[tuple]:
+def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, device: Device, ws: bool = False) -> list[tuple]:
     """The configs to time for one problem: the measured big-tile list when 128x256 tiles fill two
     waves, else the cost model's best ``_CANDIDATES`` of the smaller tiles and split-K factors; with ``ws``
     (the warp-specialised kernel runs here), 16-bit TMA problems also time ``_WS_CONFIGS``, and ``_WS_SMALL_CONFIGS``
@@ -406,6 +408,7 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
     ``_MIN_K_STEPS`` K steps a range and at most three waves. fp32 inputs halve BLOCK_K and drop the
     128x256 tile (shared memory).
     """
+    sms = device.sms
     if cdiv(M, 128) * cdiv(N, 256) >= 2 * sms:
         configs = list(_TMA_CONFIGS if path == "tma" else _TILED_CONFIGS)
     else:
@@ -418,7 +421,7 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, sms: int, ws: b
                 if split > 1 and (tiles >= sms or k_steps < split * _MIN_K_STEPS or tiles * split > 3 * sms):
                     continue
                 config = (BM, BN, BK, 8, 1, stages, warps, 1, split)
-                scored.append((_estimate_s(M, N, K, tile, split, elt, sms), config))
+                scored.append((_estimate_s(M, N, K, tile, split, elt, device), config))
         configs = [config for _, config in sorted(scored)[:_CANDIDATES]]
     short_k = path == "tma" and elt == 2 and K <= _TWO_PER_SM_MAX_K
     if short_k and cdiv(M, 128) * cdiv(N, 128) > sms and _TWO_PER_SM_CONFIG not in configs:
@@ -444,7 +447,7 @@ def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.
         return [_IEEE_CONFIG] + library_path
     elt = torch.empty((), dtype=dtype).element_size()
     ws = _WS and device.type == "cuda" and _gemm_ws.available(device.index)
-    return _ranked_configs(path, M, N, K, elt, sm_count(device), ws) + library_path
+    return _ranked_configs(path, M, N, K, elt, device_of(device), ws) + library_path
 
 
 def _bucket(n: int) -> int:
@@ -504,7 +507,7 @@ def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=N
         _stored_epilogue(ws, out, bias, residual, epi_flags)
     elif path == "tma":
         c_desc = TensorDescriptor(out, [M, N], [out.stride(0), 1], [BM, BN // SPLIT])
-        programs = per_sm * sm_count(a.device)
+        programs = per_sm * device_of(a.device).sms
         launch_kernel(_gemm_epilogue_tma_kernel, (min(programs, tiles),),
             a_arg, b_arg, c_desc, bias, residual, M, N, K, rs[0], rs[1],
             BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GROUP_M, EPILOGUE_SPLIT=SPLIT,

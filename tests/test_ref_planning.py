@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -52,6 +53,31 @@ def test_the_queried_device_has_this_gpus_figures():
     props = torch.cuda.get_device_properties(0)
     assert (dev.sms, dev.arch) == (props.multi_processor_count, props.major * 10 + props.minor)
     assert dev.smem_per_block <= dev.smem_per_sm and dev.l2_bytes == props.L2_cache_size
+    # peaks from the driver's clocks: within a factor of two of a datasheet GPU of its arch (a PCIe board clocks lower)
+    same = [d for d in DEVICES if d.arch == dev.arch]
+    for d in same:
+        assert 0.5 < dev.mma_flops_per_sm / d.mma_flops_per_sm < 2 and 0.3 < dev.dram_bytes_per_s / d.dram_bytes_per_s < 3
+
+
+def test_a_queried_devices_peak_rates_come_from_its_clocks_and_arch(monkeypatch):
+    props = SimpleNamespace(name="GPU", major=9, minor=0, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    clocks = {"sm_clock_rate": 1_980_000, "mem_clock_rate": 2_619_000, "mem_bus_width": 5120}  # an H100 SXM (kHz)
+    monkeypatch.setattr(_device, "_clocks", lambda index: clocks)
+    _device._query.cache_clear()
+    try:
+        dev = _device._query(0)
+        assert dev.mma_flops_per_sm == 1.98e9 * 4096 and dev.dram_bytes_per_s == 2.619e9 * 2 * 5120 / 8  # 3.35 TB/s
+        props.minor = 9  # an arch between two known ones takes the lower's rate a clock
+        _device._query.cache_clear()
+        assert _device._query(0).mma_flops_per_sm == 1.98e9 * 4096
+        clocks.clear()  # a driver that does not say: the defaults
+        _device._query.cache_clear()
+        dev = _device._query(0)
+        assert (dev.mma_flops_per_sm, dev.dram_bytes_per_s) == (_device.Device.mma_flops_per_sm,
+                                                                _device.Device.dram_bytes_per_s)
+    finally:
+        _device._query.cache_clear()
 
 
 # --------------------------------------------------------------------------- tuned files
