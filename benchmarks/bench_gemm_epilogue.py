@@ -4,7 +4,7 @@ Sweeps M from 1 to 16384 tokens (1000: odd) over (K, N) of public model layers (
 back, Llama-2 4096 / 11008, Mistral 14336, Llama-2-13B 5120 / 13824, Llama-2-70B 8192 / 28672, SigLIP
 1152 / 4304) and odd sizes (1000 x 1000; 4095 x 4097, whose rows break TMA's 16-byte rule), and prints,
 per shape, TFLOPS (2*M*N*K over the device time) for: ours (``fused``, exact GELU, with the config its
-shape bucket tuned to, the library's path among them: ``gemm_epilogue.LIBRARY``), ours with
+shape bucket tuned to, the library's paths among them: ``gemm_epilogue.LIBRARY``, ``LIBRARY_LT``), ours with
 ``approximate="tanh"`` (``ours_tanh``: the function cuBLASLt's epilogue computes), ``torch.mm`` alone,
 ``torch._addmm_activation`` (cuBLASLt's bias + GELU epilogue, tanh GELU), the eager chain
 ``gelu(mm + bias)`` and ``torch.compile`` of the chain (``dynamic=True``: one compilation for the
@@ -142,8 +142,8 @@ def main() -> int:
                     tanh = ge.fused(a, b, bias, "gelu", approximate="tanh").float()
                     rec["rel_err_tanh"] = ((tanh - ref).norm() / ref.norm()).item()
                 rec["path"] = "ws" if isinstance(config, ge._gemm_ws.WsConfig) else path
-                rec["path"] = "library" if config == ge.LIBRARY else rec["path"]
-                rec["config"] = [config] if config == ge.LIBRARY else list(config)
+                rec["path"] = config if config in ge._LIBRARIES else rec["path"]
+                rec["config"] = [config] if config in ge._LIBRARIES else list(config)
                 del a, b, bias, ref
                 for name in impls:
                     try:
@@ -166,7 +166,7 @@ def main() -> int:
         for key, timed in ge._timings.items():
             print(f"  {key[1]} M<={key[3]} N<={key[4]} K<={key[5]}: " + ", ".join(f"{c} {t:.4f}" for c, t in timed))
     if out:
-        cell = lambda c: [c] if c == ge.LIBRARY else list(c)  # noqa: E731
+        cell = lambda c: [c] if c in ge._LIBRARIES else list(c)  # noqa: E731
         timings = [{"bucket": [str(v) for v in key], "timed": [[cell(c), t] for c, t in timed]}
                    for key, timed in ge._timings.items()]
         (out / "bench_gemm_epilogue.json").write_text(
@@ -209,8 +209,8 @@ def _summarise(records: list[dict], impls: list[str]) -> None:
 def _config_cell(config: list) -> str:
     """A tuned config, short: the tile and split-K of the TMA / tiled kernels' nine fields, the tile of the
     warp-specialised kernel's seven (``_gemm_ws.WsConfig``, "ws"), or the library's path."""
-    if config == [ge.LIBRARY]:
-        return ge.LIBRARY
+    if len(config) == 1 and config[0] in ge._LIBRARIES:
+        return config[0]
     tile = "x".join(map(str, config[:3]))
     return f"{tile} s{config[8]}" if len(config) >= 9 else f"{tile} ws"
 

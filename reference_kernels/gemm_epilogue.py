@@ -360,9 +360,12 @@ _WS_SMALL_WAVES = 2
 # large shapes one config read 537 and 643 TF at M 8192 and 16384 of the same K and N, and a config of 579 TF in one
 # sweep was passed over for one of 534 in the next (docs/kernels.md, "gemm_epilogue": the tuning).
 _TUNING_ROUNDS = 2
-# The library's path as one more timed candidate, on CUDA (docs/kernels.md, "gemm_epilogue": the library's path):
-# cuBLAS through torch, the bias and a ReLU or tanh GELU in cuBLASLt's epilogue, the rest in the epilogue kernel.
+# The library's paths, two more timed candidates on CUDA (docs/kernels.md, "gemm_epilogue": the library's paths):
+# LIBRARY, cuBLAS's product (torch.mm) and the whole epilogue after it in the epilogue kernel; LIBRARY_LT, cuBLASLt's
+# own epilogue (torch._addmm_activation, addmm), only where that computes all of it (_lt_epilogue).
 LIBRARY = "library"
+LIBRARY_LT = "library_lt"
+_LIBRARIES = (LIBRARY, LIBRARY_LT)
 _tuned: dict = {}  # shape bucket -> the config its timing picked
 _timings: dict = {}  # shape bucket -> [(config, ms)] of its tuning, for benchmarks/bench_gemm_epilogue.py
 
@@ -438,11 +441,11 @@ def _ranked_configs(path: str, M: int, N: int, K: int, elt: int, device: Device,
 def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.bfloat16,
                   device: torch.device | None = None) -> list[tuple]:
     """Candidate configs: one under the interpreter, else ``_IEEE_CONFIG`` for IEEE fp32 or ``_ranked_configs``, and
-    on CUDA the library's path (``LIBRARY``) beside them."""
+    on CUDA the library's paths (``LIBRARY``, ``LIBRARY_LT``) beside them."""
     if interpreting():
         return [_INTERPRETER_CONFIG]
     device = device or torch.device("cuda")
-    library_path = [LIBRARY] if device.type == "cuda" else []
+    library_path = list(_LIBRARIES) if device.type == "cuda" else []
     if _input_precision(dtype) == "ieee":
         return [_IEEE_CONFIG] + library_path
     elt = torch.empty((), dtype=dtype).element_size()
@@ -469,8 +472,8 @@ def _timing_sets(a: torch.Tensor, b: torch.Tensor) -> list[tuple[torch.Tensor, t
 
 
 def _launch(path, cfg, a, b, out, bias, residual, activation_code, gelu_degree=None):
-    if cfg == LIBRARY:
-        _library(a, b, out, bias, residual, activation_code, gelu_degree)
+    if cfg in _LIBRARIES:
+        _library(a, b, out, bias, residual, activation_code, gelu_degree, lt=cfg == LIBRARY_LT)
         return
     if isinstance(cfg, _gemm_ws.WsConfig):  # the warp-specialised kernel (it maps the GELUs to fast-math itself)
         _gemm_ws.launch(a, b, out, bias, residual, activation_code, gelu_degree, cfg)
@@ -545,25 +548,32 @@ def _stored_epilogue(ws, out, bias, residual, epi_flags):
     )
 
 
-def _library(a, b, out, bias, residual, activation_code, gelu_degree=None):
-    """The library's path: cuBLAS through torch writes ``out``, the bias (and, with a bias, a ReLU or the tanh GELU)
-    in cuBLASLt's epilogue (``torch._addmm_activation``, ``torch.addmm``); what that epilogue lacks (the exact GELU,
-    an activation without a bias, a residual) follows in the epilogue kernel over ``out`` in place: a second launch,
-    ``out`` read and written once more. The product is rounded to ``out``'s dtype before that epilogue, as the
-    unfused chain rounds it (docs/kernels.md, "gemm_epilogue": the library's path)."""
+def _library(a, b, out, bias, residual, activation_code, gelu_degree=None, lt=False):
+    """The library's paths. ``lt``: cuBLASLt's epilogue alone, one op (``torch._addmm_activation``: a bias then a
+    ReLU or the tanh GELU; ``addmm``: a bias), where it computes the whole epilogue (``_lt_epilogue``). Else cuBLAS's
+    product into ``out`` (``torch.mm``), then the whole epilogue in the epilogue kernel over ``out`` in place: a
+    second launch, ``out`` read and written once more, the product rounded to ``out``'s dtype first as the unfused
+    chain rounds it (docs/kernels.md, "gemm_epilogue": the library's paths)."""
+    if lt:
+        if not _lt_epilogue(bias, residual, activation_code):
+            raise ValueError("cuBLASLt's epilogue computes a bias, then a ReLU, the tanh GELU or nothing, and no "
+                             "residual")
+        if activation_code:
+            library(torch._addmm_activation, bias, a, b, use_gelu=activation_code == 3, out=out)
+        else:
+            library(torch.addmm, bias, a, b, out=out)
+        return
     if _residual_in_out(residual, out):
         raise ValueError("the library's path writes the product into out before the residual is read: "
                          "out and residual must not share memory")
-    in_library = bias is not None and activation_code in (1, 3)  # cuBLASLt's ReLU and tanh-GELU epilogues
-    if in_library:
-        library(torch._addmm_activation, bias, a, b, use_gelu=activation_code == 3, out=out)
-    elif bias is not None:
-        library(torch.addmm, bias, a, b, out=out)
-    else:
-        library(torch.mm, a, b, out=out)
-    rest = 0 if in_library else activation_code
-    if rest or residual is not None:
-        _stored_epilogue(out, out, None, residual, _epilogue_flags(None, residual, rest, gelu_degree))
+    library(torch.mm, a, b, out=out)
+    if bias is not None or activation_code or residual is not None:
+        _stored_epilogue(out, out, bias, residual, _epilogue_flags(bias, residual, activation_code, gelu_degree))
+
+
+def _lt_epilogue(bias, residual, activation_code) -> bool:
+    """Whether cuBLASLt's epilogue computes the whole epilogue: a bias, then a ReLU, the tanh GELU or nothing."""
+    return bias is not None and residual is None and activation_code in (0, 1, 3)
 
 
 def _residual_in_out(residual, out) -> bool:
@@ -593,9 +603,10 @@ def _run(a, b, out, bias, residual, activation_code, path=None, config=None, gel
     configs = [config] if config else _gemm_configs(path, M, N, K, a.dtype, a.device)
     ws_ok = any(isinstance(c, _gemm_ws.WsConfig) for c in configs) and _gemm_ws.fits(a, b, out, bias, residual)
     if not config:  # the warp-specialised kernel's configs only where it takes these tensors, the library's likewise
-        library_ok = not _residual_in_out(residual, out)
+        takes = {LIBRARY: not _residual_in_out(residual, out),
+                 LIBRARY_LT: _lt_epilogue(bias, residual, activation_code)}
         configs = [c for c in configs
-                   if (ws_ok or not isinstance(c, _gemm_ws.WsConfig)) and (library_ok or c != LIBRARY)]
+                   if (ws_ok or not isinstance(c, _gemm_ws.WsConfig)) and takes.get(c, True)]
     if len(configs) > 1:
         key = (path, a.dtype, _input_precision(a.dtype), _bucket(M), _bucket(N), _bucket(K), bias is not None,
                activation_code, residual is not None, b.stride(0) == 1, a.device, gelu_degree, ws_ok)

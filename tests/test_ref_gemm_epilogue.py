@@ -216,11 +216,12 @@ def test_each_gelu_code_rounds_as_float64_gelu_from_tail_to_tail(monkeypatch, dt
     ref = torch.nn.functional.gelu(a.double() + bias.double(), approximate=approximate).to(dtype)
     ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
     torch.testing.assert_close(y[:, 3:], ref[:, 3:], atol=1e-6, rtol=ulp)
-    # the library's path: cuBLASLt's tanh GELU loses 1 + tanh(u) to cancellation in the negative tail (fp16: 8 ulps
-    # of outputs under 1e-5, docs/kernels.md, "gemm_epilogue"); the exact GELU is our epilogue's there too
-    ge._run(a, b, y, bias, None, code, config=ge.LIBRARY)
-    assert (y[:, 0] == float("inf")).all() and y[:, 1:3].isnan().all()
-    torch.testing.assert_close(y[:, 3:], ref[:, 3:], atol=1e-6 if approximate == "none" else 1e-5, rtol=ulp)
+    # the library's paths: after cuBLAS's product our epilogue, as exact; cuBLASLt's tanh GELU loses 1 + tanh(u) to
+    # cancellation in the negative tail (fp16: 8 ulps of outputs under 1e-5, docs/kernels.md, "gemm_epilogue")
+    for config in ge._LIBRARIES if approximate == "tanh" else (ge.LIBRARY,):
+        ge._run(a, b, y, bias, None, code, config=config)
+        assert (y[:, 0] == float("inf")).all() and y[:, 1:3].isnan().all()
+        torch.testing.assert_close(y[:, 3:], ref[:, 3:], atol=1e-5 if config == ge.LIBRARY_LT else 1e-6, rtol=ulp)
 
 
 def test_fast_math_gelu_codes_are_chosen_by_their_flags(monkeypatch):
@@ -649,9 +650,9 @@ def test_bucket_rounds_up_to_a_power_of_two():
 # --------------------------------------------------------------------------- the library's path
 
 LIBRARY_CASES = [
-    # (M, N, K), dtype, bias, activation, approximate, residual: what cuBLASLt's epilogue takes (a bias with a ReLU or
-    # the tanh GELU) and what the epilogue kernel adds after it (the exact GELU, an activation without a bias, a
-    # residual)
+    # (M, N, K), dtype, bias, activation, approximate, residual: what cuBLASLt's epilogue takes alone (a bias, then a
+    # ReLU, the tanh GELU or nothing) and what only the epilogue kernel after cuBLAS's product computes (the exact GELU,
+    # an activation without a bias, a residual)
     ((70, 56, 40), torch.bfloat16, True, "gelu", "tanh", False),
     ((70, 56, 40), torch.bfloat16, True, "gelu", "none", True),
     ((67, 45, 33), torch.float16, True, "relu", "none", False),
@@ -663,22 +664,27 @@ LIBRARY_CASES = [
 
 
 @pytest.mark.parametrize("mnk, dtype, has_bias, activation, approximate, has_residual", LIBRARY_CASES, ids=str)
-def test_the_library_path_matches_the_reference_and_writes_every_element(mnk, dtype, has_bias, activation,
-                                                                          approximate, has_residual):
+def test_the_library_paths_match_the_reference_and_write_every_element(mnk, dtype, has_bias, activation,
+                                                                        approximate, has_residual):
     a, b, bias, residual = operands(*mnk, dtype, has_bias, has_residual)
-    out = poisoned(mnk[0], mnk[1], dtype)
     code = ge._activation_code(activation, approximate)
-    assert ge._run(a, b, out, bias, residual, code, config=ge.LIBRARY)[1] == ge.LIBRARY
-    assert not out.isnan().any(), "an output element was left unwritten"
-    torch.testing.assert_close(out, ge.unfused(a, b, bias, activation, residual, approximate), **TOLERANCES[dtype])
+    for config in ge._LIBRARIES:
+        out = poisoned(mnk[0], mnk[1], dtype)
+        if config == ge.LIBRARY_LT and not ge._lt_epilogue(bias, residual, code):
+            with pytest.raises(ValueError, match="cuBLASLt's epilogue computes"):
+                ge._run(a, b, out, bias, residual, code, config=config)
+            continue
+        assert ge._run(a, b, out, bias, residual, code, config=config)[1] == config
+        assert not out.isnan().any(), f"{config}: an output element was left unwritten"
+        torch.testing.assert_close(out, ge.unfused(a, b, bias, activation, residual, approximate), **TOLERANCES[dtype])
 
 
-@pytest.mark.parametrize("approximate, has_residual, steps",
-                         [("tanh", False, ["_Call"]), ("none", False, ["_Call", "k"]), ("tanh", True, ["_Call", "k"])],
-                         ids=str)
-def test_a_problem_that_takes_the_library_path_replays_its_op_and_only_the_epilogue_launch_it_needs(
-        monkeypatch, approximate, has_residual, steps):
-    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [ge.LIBRARY])  # as if it won the timing
+@pytest.mark.parametrize("config, approximate, has_residual, steps",
+                         [("library_lt", "tanh", False, ["_Call"]), ("library", "tanh", False, ["_Call", "k"]),
+                          ("library", "none", True, ["_Call", "k"])], ids=str)
+def test_a_problem_that_takes_a_library_path_replays_its_op_and_the_epilogue_launch_it_needs(
+        monkeypatch, config, approximate, has_residual, steps):
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [config])  # as if it won the timing
     for i in range(3):
         a, b, bias, residual = operands(50, 40, 24, torch.bfloat16, residual=has_residual)
         y = ge.fused(a, b.T.contiguous().T, bias, "gelu", residual, approximate)  # a Linear's weight, transposed
@@ -689,12 +695,13 @@ def test_a_problem_that_takes_the_library_path_replays_its_op_and_only_the_epilo
     assert recorded == [s if s != "k" else ("_Bound" if DEVICE == "cuda" else "_Relaunch") for s in steps]
 
 
-def test_the_library_path_is_timed_beside_the_kernels_and_kept_where_it_is_faster(fresh_tuning, monkeypatch):
-    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [fresh_tuning.a, ge.LIBRARY])
+def test_the_library_paths_are_timed_beside_the_kernels_where_they_take_the_epilogue(fresh_tuning, monkeypatch):
+    monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [fresh_tuning.a, ge.LIBRARY, ge.LIBRARY_LT])
     fresh_tuning.readings[ge.LIBRARY] = [0.5]
     a, b, bias, residual = operands(50, 40, 24, torch.bfloat16)
     out = poisoned(50, 40, torch.bfloat16)
     assert ge._run(a, b, out, bias, residual, ge._activation_code("gelu"))[1] == ge.LIBRARY
+    # cuBLASLt's epilogue computes no exact GELU and no residual: not a candidate here
     assert fresh_tuning.timed == [fresh_tuning.a, ge.LIBRARY, ge.LIBRARY, fresh_tuning.a]
     torch.testing.assert_close(out, ge.unfused(a, b, bias, "gelu", residual), **TOLERANCES[torch.bfloat16])
     # an in-place residual add (out is the residual): the library's product would overwrite it before it is read
@@ -706,12 +713,12 @@ def test_the_library_path_is_timed_beside_the_kernels_and_kept_where_it_is_faste
         ge._run(a, b, residual, bias, residual, ge._activation_code("gelu"), config=ge.LIBRARY)
 
 
-def test_the_library_path_is_a_candidate_on_cuda_only(monkeypatch, allow_tf32):
+def test_the_library_paths_are_candidates_on_cuda_only(monkeypatch, allow_tf32):
     allow_tf32(False)
     monkeypatch.setattr(ge, "interpreting", lambda: False)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cuda) == [ge._IEEE_CONFIG, ge.LIBRARY]
-    assert ge.LIBRARY not in ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cpu)
+    assert ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cuda) == [ge._IEEE_CONFIG, *ge._LIBRARIES]
+    assert not set(ge._LIBRARIES) & set(ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, cpu))
 
 
 @pytest.mark.gpu
