@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         for shape, dtype_name, _origin in SHAPES[subject]:
             records.append(measure(subject, shape, dtype_name, args.quick, args.calls))
         print("\n" + table(records, subject), flush=True)
-    if out is not None:
-        (out / "bench_eager.json").write_text(json.dumps({"header": head, "records": records}, indent=1))
+        if out is not None:  # after each subject: a run stopped part-way keeps what it measured
+            (out / "bench_eager.json").write_text(json.dumps({"header": head, "records": records}, indent=1))
     return 0
 
 

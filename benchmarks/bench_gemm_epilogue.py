@@ -21,7 +21,7 @@ tuning took (``gemm_epilogue._timings``). docs/kernels.md, "gemm_epilogue".
     PYTHONPATH=. python3 benchmarks/bench_gemm_epilogue.py [--dtypes bfloat16,float16] [--ms 64,128]
         [--quick] [--budget-s 150] [--variants] [--set _gemm_common.TANH_FAST=False]
         [--configs "(64,128,64,8,1,4,4,1,2)"]
-        [--out DIR]
+        [--out DIR]    (DIR/bench_gemm_epilogue.json; --tables FILE prints its summary again, no GPU)
 
 ``--configs`` also times each given config (``gemm_epilogue._launch``'s tuple: BLOCK_M, BLOCK_N, BLOCK_K,
 GROUP_M, epilogue split, stages, warps, programs an SM, split-K; or ``ws(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
@@ -81,7 +81,7 @@ def rotated_device_ms(make, fn, min_bytes: int = 128 << 20, reps: int = 7) -> fl
     return graph_device_ms(lambda s: fn(*s), sets, replays=reps)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--ms", default="", help="comma-separated M values to keep (default: all)")
@@ -95,8 +95,16 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="set a reference_kernels constant first (as benchmarks/sweep.py), e.g. "
                              "_gemm_common.TANH_FAST=False")
+    parser.add_argument("--tables", metavar="FILE", help="print the summary of a recorded bench_gemm_epilogue.json "
+                        "(no GPU)")
     add_out_option(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.tables:
+        data = json.loads(Path(args.tables).read_text())
+        print(f"# gemm + bias + gelu sweep: {data['header']}")
+        impls = [x for x in IMPLS if any(x in r["tflops"] for r in data["records"])]
+        _summarise(data["records"], impls)
+        return 0
     settings = apply_settings(args.set)
     forced = _parse_configs(args.configs)
     require_cuda(__file__)

@@ -281,16 +281,16 @@ class _Call:
 
     def __init__(self, op: Callable, args: list, kwargs: dict, tensors: list) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
-        self.tensors = tensors  # (argument index or keyword, source index, byte offset, size, stride, dtype)
-        self.named = ()
+        self.tensors = tensors  # (argument index or keyword, source index, view: (byte offset, size, stride, dtype)
+        self.named = ()         # or None where the argument is the source itself, as the key keeps it)
 
     def used(self) -> list[int]:
         return [src for _, src, *_ in self.tensors]
 
     def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
         args, kwargs = self.args.copy(), self.kwargs.copy()
-        for where, src, *view in self.tensors:
-            t = _view(sources[src], *view)
+        for where, src, view in self.tensors:
+            t = sources[src] if view is None else _view(sources[src], *view)
             if where.__class__ is int:
                 args[where] = t
             else:
@@ -305,7 +305,10 @@ def _call(op: Callable, args: tuple, kwargs: dict, sources: list) -> Any:
             found = _source(value, sources)
             if isinstance(found, str):
                 return found.replace("a launch takes", f"{getattr(op, '__name__', op)} takes")
-            tensors.append((where, *found, tuple(value.shape), tuple(value.stride()), value.dtype))
+            src, delta = found
+            view = (delta, tuple(value.shape), tuple(value.stride()), value.dtype)
+            itself = view == (0, tuple(sources[src].shape), tuple(sources[src].stride()), sources[src].dtype)
+            tensors.append((where, src, None if itself else view))
         elif not isinstance(value, _PLAIN):
             return f"{getattr(op, '__name__', op)} takes a {type(value).__name__}"
     plain = lambda v: None if isinstance(v, torch.Tensor) else v  # noqa: E731

@@ -229,7 +229,7 @@ def test_the_reference_layer_norm_forward_passes_bandwidth_bound(run):
     assert_bandwidth_bound_within(0.9, report=report)
 
 
-# Every reference-kernel shape at >= 92% of copy in BENCHMARKS.md's tables.
+# Shapes at >= 92% of copy in the H200 width sweep (BENCHMARKS.md, "Width sweep").
 AT_COPY_SPEED = [
     ("softmax", torch.float32, (524288, 256)),
     ("softmax", torch.float32, (131072, 1024)),
