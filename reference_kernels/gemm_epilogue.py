@@ -695,7 +695,10 @@ CALLS = Calls("gemm_epilogue.fused")  # each problem's first call recorded, repl
 
 def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):
     """``act(a @ b + bias) + residual`` in one Triton kernel (two on the split-K path that small-M,
-    long-K problems take); fp32 accumulation, output in a's dtype.
+    long-K problems take); fp32 accumulation, output in a's dtype. On CUDA each shape bucket's
+    first call also times the library's paths and keeps one where it is faster: cuBLASLt's own
+    epilogue (one op, where it computes all of this: a bias, then a ReLU, the tanh GELU or nothing),
+    or cuBLAS's product then the epilogue kernel (two launches; docs/kernels.md, "gemm_epilogue").
 
     a: (M, K), b: (K, N) (row-major, or the transpose of a contiguous (N, K) weight),
     bias: (N,), residual: (M, N), all fp16, all bf16 or all fp32 (fp32 products in TF32 when
