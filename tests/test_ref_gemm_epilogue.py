@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reference_kernels import _device, _gemm_common, _gemm_ws
+from reference_kernels import _device, _gemm_common, _gemm_kernels, _gemm_ws
 from reference_kernels import gemm_epilogue as ge
 from reference_kernels._common import interpreting
 
@@ -346,7 +346,7 @@ def test_launch_metadata_declares_the_budget_bytes():
     a, b, bias, residual = operands(64, 32, 16, torch.float16)
     out = torch.empty(64, 32, device=DEVICE, dtype=torch.float16)
     args = dict(M=64, N=32, K=16, c_ptr=out, HAS_BIAS=True, HAS_RESIDUAL=True)
-    meta = ge._launch_metadata((1,), SimpleNamespace(name="_gemm_epilogue_kernel"), args)
+    meta = _gemm_common._launch_metadata((1,), SimpleNamespace(name="_gemm_epilogue_kernel"), args)
     assert meta["bytes"] == ge.budget(a, b, bias, "gelu", residual).total
     assert meta["flops"] == 2 * 64 * 32 * 16
 
@@ -410,10 +410,10 @@ def test_the_split_k_launches_declare_the_budget_plus_the_fp32_partials_written_
     M, N, K, S = 64, 32, 48, 3
     a, b, bias, residual = operands(M, N, K, torch.float16, has_bias, has_residual)
     out = torch.empty(M, N, device=DEVICE, dtype=torch.float16)
-    main = ge._splitk_metadata((1,), SimpleNamespace(name="_gemm_splitk_kernel"), dict(M=M, N=N, K=K, SPLIT_K=S, a=a))
+    main = _gemm_kernels._splitk_metadata((1,), SimpleNamespace(name="_gemm_splitk_kernel"), dict(M=M, N=N, K=K, SPLIT_K=S, a=a))
     kernel = SimpleNamespace(name="_splitk_epilogue_kernel")
     ws = torch.empty(S, M, N, device=DEVICE)
-    epi = ge._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=S, ws_ptr=ws, c_ptr=out, HAS_BIAS=has_bias,
+    epi = _gemm_kernels._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=S, ws_ptr=ws, c_ptr=out, HAS_BIAS=has_bias,
                                                           HAS_RESIDUAL=has_residual))
     partials = 4 * S * M * N
     assert main["bytes"] + epi["bytes"] == ge.budget(a, b, bias, "gelu", residual).total + 2 * partials
@@ -421,7 +421,7 @@ def test_the_split_k_launches_declare_the_budget_plus_the_fp32_partials_written_
     assert main["flops"] == 2 * M * N * K and epi["flops"] == (S - 1) * M * N
     assert "split=3" in main["name"] and "split=3" in epi["name"]
     # the library's path: the epilogue reads the product cuBLAS wrote into out (its dtype), in place
-    lib = ge._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=1, ws_ptr=out, c_ptr=out, HAS_BIAS=False,
+    lib = _gemm_kernels._splitk_epilogue_metadata((1,), kernel, dict(M=M, N=N, SPLIT_K=1, ws_ptr=out, c_ptr=out, HAS_BIAS=False,
                                                           HAS_RESIDUAL=has_residual))
     assert lib["bytes"] == 2 * 2 * M * N + (2 * M * N if has_residual else 0)
 
