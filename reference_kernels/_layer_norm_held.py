@@ -49,8 +49,8 @@ if gluon is not None:
         BLOCK: gl.constexpr,  # elements a segment
         NSEG: gl.constexpr,  # segments a row (_held.segments)
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
-        JOINT: gl.constexpr,  # mean and variance from one pass: sums of x - x[row, 0] and of its square (FWD_JOINT)
-        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; FWD_WIDEN)
+        JOINT: gl.constexpr,  # mean and variance from one pass: sums of x - x[row, 0] and of its square (fwd_joint)
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen)
         ROWS: gl.constexpr,  # rows a program (FWD_ROWS), VEC apart; 0: a persistent walk, rows pid, pid + programs, ...
         num_warps: gl.constexpr,
     ):
@@ -322,9 +322,9 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         RING: gl.constexpr,  # rows held at once: 1, the next row copied segment by segment as pass two leaves each;
         # R > 1, a ring of R rows, R - 1 of them in flight (each a copy of its own) while one is reduced
-        PAIRED: gl.constexpr,  # the row's two sums in one block reduction of the pair (BWD_PAIRED)
+        PAIRED: gl.constexpr,  # the row's two sums in one block reduction of the pair (paired)
         REG_SHARES: gl.constexpr,  # the dweight/dbias shares in registers, a tensor a segment (BWD_REG_SHARES)
-        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; BWD_WIDEN)
+        WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; bwd_widen)
         num_warps: gl.constexpr,
     ):
         """Rows pid, pid + programs, ... (all at one phase), x and dy held in shared memory. Pass one: the row's two
@@ -475,11 +475,10 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
 FWD_NARROW_WARPS = 4
 FWD_NARROW_BLOCK = 1024
 FWD_NARROW_MIN_PER_SM = 4
-# 16-bit rows take their mean and variance in one pass (JOINT: sums of x - x[row, 0] and of its square, as the rows
-# plan's 16-bit rows do), and bf16 is widened by a shift or an AND an element (WIDEN): the held forward is issue-bound
-# (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element; docs/kernels.md, "layer_norm: forward").
-FWD_JOINT = True
-FWD_WIDEN = True
+# The held forward is issue-bound (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element), so 16-bit rows
+# take their mean and variance in one pass (JOINT, ``fwd_joint``: sums of x - x[row, 0] and of its square, as the rows
+# plan's 16-bit rows do) and bf16 is widened by a shift or an AND an element (WIDEN, always; docs/kernels.md, "layer_norm:
+# forward"; the two-pass and compiler-widened variants: "Variants removed").
 # The streamed forward takes every row's statistics in one pass (the sums of x - x[row, 0] and of its square); fp32 rows
 # whose x[row, 0] lies far from the mean, (mean - x[row, 0])^2 > STREAM_RECENTRE_FP32 var, take their variance again
 # about the mean from the held registers (always so cost 2-5 points at 6001-22001: docs/kernels.md, "Statistics"). None:
@@ -492,9 +491,9 @@ FWD_ROWS = 0
 
 
 def fwd_joint(elem_size: int) -> bool:
-    """Whether the forward of rows of ``elem_size``-byte elements takes its statistics in one pass (``FWD_JOINT``:
-    16-bit rows; fp32 keeps the centred second pass)."""
-    return FWD_JOINT and elem_size == 2
+    """Whether the forward of rows of ``elem_size``-byte elements takes its statistics in one pass: 16-bit rows; fp32
+    keeps the centred second pass."""
+    return elem_size == 2
 
 
 def stream_recentre(elem_size: int) -> float:
@@ -538,7 +537,7 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
         grid = phase_grid(n_rows, es, fit, sm_count)
     launch_kernel(_layer_norm_fwd_held_kernel, (grid,),
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
-        WIDEN=FWD_WIDEN, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
+        WIDEN=True, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
 
 
 # Rows too wide to hold with their weight and bias (16-bit past ~37000 columns) are streamed, the weight and bias held
@@ -646,7 +645,7 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
     grid = phase_grid(n_rows, es, shape.per_sm, sm_count)
     launch_kernel(_layer_norm_fwd_stream_kernel, (grid,),
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=shape.block, NSEG=shape.nseg, VEC=vec,
-        WIDEN=FWD_WIDEN, num_warps=shape.warps, RECENTRE=stream_recentre(es), maxnreg=shape.max_regs)
+        WIDEN=True, num_warps=shape.warps, RECENTRE=stream_recentre(es), maxnreg=shape.max_regs)
 
 
 # The backward's shape (docs/kernels.md, "layer_norm: backward"): warps a program (a segment is 16 bytes a thread, 2048
@@ -658,9 +657,6 @@ BWD_WARPS = 4
 BWD_NARROW_WARPS = 2
 BWD_NARROW_MAX_SEGMENTS = 3
 BWD_RING = 2
-# The row's two sums in one block reduction of the pair where two rows are held (a ring): three barriers a row fewer
-# than two reductions (docs/kernels.md, "Rows held in shared memory (backward)").
-BWD_PAIRED = True
 # The dweight/dbias shares held in registers (two float32 tensors a segment, 16 registers a thread a segment) instead of
 # shared memory, for rows of the segment counts named here (None: always in shared memory): a column then takes 8 bytes
 # less of shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. The value is the
@@ -668,10 +664,10 @@ BWD_PAIRED = True
 # programs an SM; with another Triton (_held.tuned_triton) the shares stay in shared memory. docs/kernels.md, "Shares
 # in registers".
 BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
-# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen), as the forward's; rows of N a multiple
-# of 16 (which Triton compiles apart: it specialises an argument divisible by 16) only from BWD_WIDEN_ALIGNED_MIN_SEGMENTS
-# segments, the others take the compiler's conversion. docs/kernels.md, "Shares in registers".
-BWD_WIDEN = True
+# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen, ``bwd_widen``), as the forward's; rows of N
+# a multiple of 16 (which Triton compiles apart: it specialises an argument divisible by 16) only from
+# BWD_WIDEN_ALIGNED_MIN_SEGMENTS segments, the others take the compiler's conversion. docs/kernels.md, "Shares in
+# registers".
 BWD_WIDEN_ALIGNED_MIN_SEGMENTS = 6
 
 
@@ -705,14 +701,16 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
 
 
 def bwd_widen(shape: BwdShape, n_cols: int) -> bool:
-    """Whether the backward of rows of ``n_cols`` on this shape widens bf16 by a shift or an AND (``BWD_WIDEN``; rows
-    of N a multiple of 16 from ``BWD_WIDEN_ALIGNED_MIN_SEGMENTS`` segments)."""
-    return BWD_WIDEN and (n_cols % 16 != 0 or shape.nseg >= BWD_WIDEN_ALIGNED_MIN_SEGMENTS)
+    """Whether the backward of rows of ``n_cols`` on this shape widens bf16 by a shift or an AND (rows of N a multiple
+    of 16 from ``BWD_WIDEN_ALIGNED_MIN_SEGMENTS`` segments)."""
+    return n_cols % 16 != 0 or shape.nseg >= BWD_WIDEN_ALIGNED_MIN_SEGMENTS
 
 
 def paired(shape: BwdShape) -> bool:
-    """Whether the backward of this shape takes its row's two sums in one reduction (``BWD_PAIRED``)."""
-    return BWD_PAIRED and shape.ring > 1
+    """Whether the backward of this shape takes its row's two sums in one block reduction of the pair: where two rows
+    are held (a ring), three barriers a row fewer than two reductions (docs/kernels.md, "Rows held in shared memory
+    (backward)")."""
+    return shape.ring > 1
 
 
 def _bwd_shape(x2: torch.Tensor, weight: torch.Tensor) -> BwdShape:

@@ -77,14 +77,14 @@ def compile_case(case: str) -> dict:
                           WALK=not _softmax_held.SPLIT_ONE_TILE, SPIN=_split_walk.spin_asm(_softmax_held.SPIN_MAX_NS))
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
-        constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=_layer_norm_held.FWD_WIDEN,
+        constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=True,
                           ROWS=_layer_norm_held.FWD_ROWS,
                           num_warps=warps)
     if subject == "layer_norm_stream":  # the streamed forward: rows in registers, the weight and bias in shared memory
         shape = _layer_norm_held.stream_shape(n, elem, 2 * (4 if param == "fp32" else 2))
         if shape is None:
             raise SystemExit(f"{case}: the streamed forward does not take these rows (stream_shape)")
-        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=_layer_norm_held.FWD_WIDEN, num_warps=shape.warps,
+        constexprs.update(BLOCK=shape.block, NSEG=shape.nseg, WIDEN=True, num_warps=shape.warps,
                           RECENTRE=_layer_norm_held.stream_recentre(elem))
         max_regs = shape.max_regs
     if subject == "layer_norm_bwd":  # its launch's shape: segments, ring, warps, registers (_layer_norm_held.bwd_shape)

@@ -1566,8 +1566,6 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     assert _layer_norm_held.fwd_shape(5121, 2, 6) == (8, 2048, 3, 4)
     # 16-bit rows take their statistics in one pass (sums of x - x[row, 0] and of its square); fp32 keeps two
     assert _layer_norm_held.fwd_joint(2) and not _layer_norm_held.fwd_joint(4)
-    monkeypatch.setattr(_layer_norm_held, "FWD_JOINT", False)
-    assert not _layer_norm_held.fwd_joint(2)
 
 
 def test_the_forward_runs_its_other_plans_where_the_held_kernel_cannot(monkeypatch):
@@ -1993,9 +1991,6 @@ def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch)
     widen = _layer_norm_held.bwd_widen
     assert [n for n in (2300, 3001, 3072, 5120, 5121, 6144) if widen(_layer_norm_held.bwd_shape(n, 2, 2), n)] == [
         2300, 3001, 5121, 6144]
-    monkeypatch.setattr(_layer_norm_held, "BWD_WIDEN", False)
-    assert not widen(_layer_norm_held.bwd_shape(5121, 2, 2), 5121)
-    monkeypatch.setattr(_layer_norm_held, "BWD_WIDEN", True)
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
     assert [n for n in widths if rule(n, 2)] == [1030, 2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
