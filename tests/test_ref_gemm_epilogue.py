@@ -695,6 +695,21 @@ def test_a_problem_that_takes_a_library_path_replays_its_op_and_the_epilogue_lau
     assert recorded == [s if s != "k" else ("_Bound" if DEVICE == "cuda" else "_Relaunch") for s in steps]
 
 
+def test_the_plugin_sees_what_a_library_path_launches_and_the_bytes_it_moves_past_the_budget(monkeypatch):
+    """cuBLASLt's epilogue alone is one op at the budget; cuBLAS's product and the epilogue kernel after it are two,
+    the product written and read once more (2 M N elements past the budget)."""
+    from pytest_fusioncheck import profile
+
+    M, N, K = 50, 40, 24
+    a, b, bias, residual = operands(M, N, K, torch.bfloat16)
+    for config, kwargs, kernels, extra in ((ge.LIBRARY, dict(residual=residual), 2, 2 * 2 * M * N),
+                                           (ge.LIBRARY_LT, dict(approximate="tanh"), 1, 0)):
+        monkeypatch.setattr(ge, "_gemm_configs", lambda *args, config=config, **kw: [config])
+        report = profile(ge.fused, a, b, bias, **kwargs)
+        assert report.kernel_count == kernels, str(report)
+        assert report.bytes == ge.budget(a, b, bias, residual=kwargs.get("residual")).total + extra, str(report)
+
+
 def test_the_library_paths_are_timed_beside_the_kernels_where_they_take_the_epilogue(fresh_tuning, monkeypatch):
     monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [fresh_tuning.a, ge.LIBRARY, ge.LIBRARY_LT])
     fresh_tuning.readings[ge.LIBRARY] = [0.5]
