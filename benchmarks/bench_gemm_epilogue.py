@@ -149,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                     ref = ge.unfused(a.float(), b.float(), bias.float(), "gelu", approximate="tanh")
                     tanh = ge.fused(a, b, bias, "gelu", approximate="tanh").float()
                     rec["rel_err_tanh"] = ((tanh - ref).norm() / ref.norm()).item()
-                rec["path"] = "ws" if isinstance(config, ge._gemm_ws.WsConfig) else path
-                rec["path"] = config if config in ge._LIBRARIES else rec["path"]
-                rec["config"] = [config] if config in ge._LIBRARIES else list(config)
+                if config in ge._LIBRARIES:
+                    rec["path"], rec["config"] = config, [config]
+                else:
+                    rec["path"] = "ws" if isinstance(config, ge._gemm_ws.WsConfig) else path
+                    rec["config"] = list(config)
                 del a, b, bias, ref
                 for name in impls:
                     try:

@@ -83,8 +83,9 @@ def _query(index: int) -> Device:
     arch = p.major * 10 + p.minor
     clocks = _clocks(index)  # kHz and bits, from the driver (torch does not expose them)
     known = max([a for a in MMA_FLOPS_PER_CLOCK if a <= arch], default=min(MMA_FLOPS_PER_CLOCK))
-    sm_hz, mem_hz, bus_bits = (clocks.get(k, 0) * f for k, f in (("sm_clock_rate", 1e3), ("mem_clock_rate", 1e3),
-                                                                   ("mem_bus_width", 1)))
+    sm_hz = clocks.get("sm_clock_rate", 0) * 1e3
+    mem_hz = clocks.get("mem_clock_rate", 0) * 1e3
+    bus_bits = clocks.get("mem_bus_width", 0)
     return Device(
         name=p.name, arch=arch, sms=p.multi_processor_count,
         regs_per_sm=getattr(p, "regs_per_multiprocessor", 65536),

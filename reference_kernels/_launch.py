@@ -281,8 +281,10 @@ class _Call:
 
     def __init__(self, op: Callable, args: list, kwargs: dict, tensors: list) -> None:
         self.op, self.args, self.kwargs = op, args, kwargs
-        self.tensors = tensors  # (argument index or keyword, source index, view: (byte offset, size, stride, dtype)
-        self.named = ()         # or None where the argument is the source itself, as the key keeps it)
+        # (argument index or keyword, source index, view): the view (byte offset, size, stride, dtype), or None where
+        # the argument is the source itself, as the key keeps it
+        self.tensors = tensors
+        self.named = ()
 
     def used(self) -> list[int]:
         return [src for _, src, *_ in self.tensors]
