@@ -133,12 +133,12 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for warps in (4, 8, 16):
                 if 4 <= n // (32 * warps) <= 64:
                     plans.append((f"rows w={warps}", P("rows", 1, next_power_of_2(n), warps)))
-            if n < 16384:  # a row held by a persistent program that loads its next row before the reductions
+            if n < 16384:  # a row held by a split-walk program (one slice a row) that loads its next row first
                 warps = max(1, next_power_of_2(n) // (32 * 16))
                 for per_sm in (2, 4, 8):
                     if warps * per_sm <= 64:
-                        plans.append((f"persistent held w={warps} per_sm={per_sm}",
-                                      P("persistent", 1, next_power_of_2(n), warps, group=1, per_sm=per_sm)))
+                        plans.append((f"split, a row held w={warps} per_sm={per_sm}",
+                                      P("split", 1, next_power_of_2(n), warps, group=1, per_sm=per_sm)))
         if n > layer_norm._MAX_ROW:
             plans.append((f"looped chunk={layer_norm._CHUNK} w={layer_norm._LOOPED_WARPS}",
                           P("looped", 1, layer_norm._CHUNK, layer_norm._LOOPED_WARPS)))
@@ -147,7 +147,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             # programs, chunk bytes x warps; split slices of 16 KB steps; fp32 slices held in registers.
             for chunk_bytes, warps in ((32768, 16), (65536, 16), (65536, 32)):
                 chunk = chunk_bytes // size
-                plans.append((f"persistent chunk={chunk} w={warps}", P("persistent", 1, chunk, warps, group=1, per_sm=1)))
+                plans.append((f"split group=1 chunk={chunk} w={warps}", P("split", 1, chunk, warps, group=1, per_sm=1)))
             for slice_bytes, chunk_bytes, warps, per_sm in ((65536, 16384, 8, 3), (65536, 65536, 16, 1),
                                                              (32768, 32768, 8, 2), (16384, 16384, 4, 4)):
                 chunk = chunk_bytes // size

@@ -172,7 +172,7 @@ def _compiled(name: str, fn):
     return _COMPILED[name]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subjects", default="softmax")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
@@ -188,12 +188,19 @@ def main() -> int:
                              " backward); by default every width is timed, outside the band without a target")
     parser.add_argument("--mib", type=int, default=128, help="MiB each input reads")
     parser.add_argument("--json", default="")
+    parser.add_argument("--tables", metavar="FILE", help="print the summary and per-band tables of a recorded --json "
+                        "file (no GPU): BENCHMARKS.md's")
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="set a reference_kernels launch-plan constant first, e.g. softmax.STAGED_STAGES=2, or a "
                              "measured choice of its tuning, e.g. softmax.tuning.shift_16bit=() (VALUE a Python "
                              "literal; repeatable): the A/B runs of docs/kernels.md")
     add_out_option(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.tables:
+        data = json.loads(Path(args.tables).read_text())
+        print(f"# width sweep: {data['header']}" + (f"; set {', '.join(data['settings'])}" if data["settings"] else ""))
+        _tables(data["records"])
+        return 0
     settings = apply_settings(args.set)
     impls = parse_impls(args.impls)  # an unknown name is refused before any timing
     require_cuda(__file__)
@@ -337,35 +344,20 @@ def _by_subject(records: list[dict], keep=lambda rec: True) -> dict[tuple[str, s
 def _summarise(records: list[dict]) -> int:
     """Print the per-subject summary, the widths below target, those under their subject's share of the best anchor
     (``ANCHOR_TARGETS``) and those where ours failed; returns how many failed."""
-    rows, misses, failed, behind = [], [], [], []
+    misses, failed, behind = [], [], []
     for (name, dname), recs in _by_subject(records).items():
         ours = [r for r in recs if r["pct"].get("ours") is not None]
         failed += [[name, dname, r["width"], r.get("errors", {}).get("ours", "no figure")] for r in recs
                    if r["pct"].get("ours") is None]
-        if not ours:
-            continue
-        worst = min(ours, key=lambda r: r["pct"]["ours"])
-        ratios = [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r) for r in ours
-                  if any(v for k, v in r["pct"].items() if k != "ours")]
-        if ratios:  # none where no anchor was timed (--impls ours)
-            worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
-            ratio = f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}"
-        else:
-            ratio = "-"
         below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
-        rows.append([name, dname, f"{len(ours)} of {len(recs)}", f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
-                     f"{worst['pct']['ours']:.0f}% at {worst['width']}", ratio, len(below)])
+        ratios = _anchor_ratios(ours)
         # one decimal: a miss by under half a point would otherwise read as its target (79.6 as "80%" under 80%)
         misses += [[name, dname, r["width"], f"{r['pct']['ours']:.1f}%", f"{r['target']}%",
                     " ".join(f"{k} {v:.0f}%" for k, v in r["pct"].items() if k != "ours" and v)] for r in below]
         floor = ANCHOR_TARGETS.get(name)
         behind += [[name, dname, r["width"], f"{r['pct']['ours']:.1f}%", _best_anchor(r), f"{ratio:.3f}x", f"{floor}x"]
                    for ratio, r in sorted(ratios, key=lambda t: t[1]["width"]) if floor is not None and ratio < floor]
-    print()
-    print(markdown_table(["subject", "dtype", "widths timed", "median %copy", "worst %copy", "worst ours/best anchor", "below target"], rows))
-    print("\nBy band (aligned: a multiple of 16 columns; min / median % of copy):\n")
-    print(markdown_table(["subject", "dtype", "band", "widths", "at target", "aligned", "ragged", "ours/best anchor, min"],
-                         band_rows(records)))
+    _tables(records)
     if misses:
         print("\nBelow target, in runs (consecutive widths timed, none of them at target):\n")
         print(markdown_table(["subject", "dtype", "widths", "count", "ours %copy, min-max", "target"], miss_runs(records)))
@@ -379,6 +371,38 @@ def _summarise(records: list[dict]) -> int:
         print("\nOurs failed:\n")
         print(markdown_table(["subject", "dtype", "width", "error"], failed))
     return len(failed)
+
+
+def _anchor_ratios(ours: list[dict]) -> list[tuple[float, dict]]:
+    """(ours / the best anchor, record) at each width an anchor was timed (none with --impls ours)."""
+    return [(r["pct"]["ours"] / max(v for k, v in r["pct"].items() if k != "ours" and v), r) for r in ours
+            if any(v for k, v in r["pct"].items() if k != "ours")]
+
+
+def _tables(records: list[dict]) -> None:
+    """The per-subject summary (median and worst % of copy, the worst ratio to the best anchor, widths below target)
+    and the per-band table: what a run prints first, and ``--tables`` prints from its JSON."""
+    rows = []
+    for (name, dname), recs in _by_subject(records).items():
+        ours = [r for r in recs if r["pct"].get("ours") is not None]
+        if not ours:
+            continue
+        worst = min(ours, key=lambda r: r["pct"]["ours"])
+        ratios = _anchor_ratios(ours)
+        ratio = "-"
+        if ratios:
+            worst_ratio, worst_ratio_rec = min(ratios, key=lambda t: t[0])
+            ratio = f"{worst_ratio:.2f}x at {worst_ratio_rec['width']}"
+        below = [r for r in ours if r["target"] is not None and r["pct"]["ours"] < r["target"]]
+        rows.append([name, dname, f"{len(ours)} of {len(recs)}",
+                     f"{statistics.median(r['pct']['ours'] for r in ours):.0f}%",
+                     f"{worst['pct']['ours']:.0f}% at {worst['width']}", ratio, len(below)])
+    print()
+    print(markdown_table(["subject", "dtype", "widths timed", "median %copy", "worst %copy", "worst ours/best anchor",
+                          "below target"], rows))
+    print("\nBy band (aligned: a multiple of 16 columns; min / median % of copy):\n")
+    print(markdown_table(["subject", "dtype", "band", "widths", "at target", "aligned", "ragged", "ours/best anchor, min"],
+                         band_rows(records)))
 
 
 def miss_runs(records: list[dict]) -> list[list]:

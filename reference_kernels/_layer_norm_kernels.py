@@ -2,9 +2,8 @@
 "layer_norm: backward").
 
 Forward: whole rows in registers (``_layer_norm_fwd_kernel``: aligned rows, rows read as aligned vectors, rows in
-pieces), chunks on a persistent grid (``_layer_norm_fwd_looped_kernel``), the split walk
-(``_layer_norm_fwd_split_kernel``, ``_split_walk``) and the walk of one phase a program
-(``_layer_norm_fwd_walk_kernel``). Backward: row groups or chunked rows (``_layer_norm_bwd_kernel``,
+pieces), a wide row a program in chunks (``_layer_norm_fwd_looped_kernel``) and the split walk
+(``_layer_norm_fwd_split_kernel``, ``_split_walk``). Backward: row groups or chunked rows (``_layer_norm_bwd_kernel``,
 ``_layer_norm_bwd_lean_kernel``), pipelined whole rows (``_layer_norm_bwd_phased_kernel``), rows laid flat
 (``_layer_norm_bwd_flat_kernel``); every backward writes float32 shares that ``_layer_norm_dwdb_kernel`` sums in a
 fixed order. The Gluon kernels that hold rows in shared memory are ``_layer_norm_held``'s.
@@ -24,8 +23,6 @@ from ._ragged import (
     in_row,
     row_origin,
     vec_end,
-    word_columns,
-    word_vectors,
 )
 from ._split_walk import COUNTER_STRIDE, exchange_partials, first_tile, prefetch_target, tile_start
 
@@ -335,36 +332,23 @@ def _layer_norm_fwd_looped_kernel(
     stride_x,  # elements between rows of x
     stride_y,  # elements between rows of y
     eps,  # added to the variance
-    n_rows,  # M
     BLOCK_N: tl.constexpr,  # columns per step
-    STAGES: tl.constexpr = 1,  # software-pipelining depth of each pass's chunk loop (1: none)
 ):
-    """A row at a time, any width: a pass for the statistics, then a normalising pass.
+    """A row a program, any width: a pass for the statistics, then a normalising pass.
 
     The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
     variance from cancelling when the mean is large against the spread); the second
-    re-reads the row, which the first has just brought into L2. Program p takes rows p,
-    p + grid, ...: wide rows get a program each (a smaller grid, bounding the rows in flight,
-    measured no better at 65536), the chunked plan of aligned 16-bit rows (8193-9216) a persistent
-    grid, with each pass's chunk loop software-pipelined (STAGES) (docs/kernels.md, "layer_norm:
-    forward").
+    re-reads the row, which the first has just brought into L2 (a smaller grid, bounding the
+    rows in flight, measured no better at 65536; docs/kernels.md, "layer_norm: forward").
     """
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, tl.cast(row, tl.int64), n_cols,
-                               stride_x, stride_y, eps, BLOCK_N, STAGES)
-
-
-@triton.jit
-def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, stride_x, stride_y, eps,
-                           BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
-    """``_layer_norm_fwd_looped_kernel``'s two passes over one row."""
+    row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     cols = tl.arange(0, BLOCK_N)
     shift = tl.load(x_row).to(tl.float32)
     s1 = tl.zeros([BLOCK_N], tl.float32)
     s2 = tl.zeros([BLOCK_N], tl.float32)
-    for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
         offs = start + cols
         mask = offs < n_cols
         d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
@@ -377,7 +361,7 @@ def _layer_norm_looped_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, 
     rstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
-    for start in tl.range(0, n_cols, BLOCK_N, num_stages=STAGES):
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
         offs = start + cols
         mask = offs < n_cols
         x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
@@ -412,7 +396,6 @@ def _layer_norm_fwd_split_kernel(
     HOLD: tl.constexpr,  # a tile is one step (slice_cols == BLOCK_N): pass two reuses the registers, no re-read
     EARLY: tl.constexpr,  # HOLD and GROUP == 1: the next tile's loads go out before this one's reductions
     VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-    RECENTRE: tl.constexpr = 0.0,  # EARLY only, > 0: rows whose (mean - shift)^2 > RECENTRE var redo var centred
 ):
     """The split walk (``_split_walk``, as ``softmax._softmax_split_kernel``) for layer norm: persistent programs, each
     taking tiles (a row, or one of a row's GROUP slices) twice, statistics then normalise,
@@ -422,8 +405,7 @@ def _layer_norm_fwd_split_kernel(
     and its square, so the slices' sums simply add (the shift keeps the variance from
     cancelling, as in the looped kernel); GROUP > 1 exchanges them through ``part`` with
     the walk's ticketed, deadlock-free wait, adding them in slice order (the
-    result does not depend on arrival order); with ``RECENTRE`` a held row whose shift lay far from its mean takes its
-    variance again as the mean square of x - mean (``_SPLIT_RECENTRE``). Slice 0 writes the row's mean and rstd.
+    result does not depend on arrival order). Slice 0 writes the row's mean and rstd.
     Columns are virtual (``_ragged``, as in softmax's walk): slices are cut in that space, a
     row with a small phase can leave its last slice empty (it publishes zero sums), and the
     row's edge elements are loaded before pass one and stored after pass two.
@@ -474,10 +456,6 @@ def _layer_norm_fwd_split_kernel(
         mean_d = t1 / n_cols
         var = t2 / n_cols - mean_d * mean_d
         var = tl.where(var < 0.0, 0.0, var)  # rounding; not tl.maximum, which would drop a nan
-        if RECENTRE > 0:  # EARLY: the whole row is x_held; where the shift lay far from the mean, its squares about it
-            if mean_d * mean_d > RECENTRE * var:
-                c = tl.where(_own(lo + cols, ph, n_cols, VEC), x_held.to(tl.float32) - (shift + mean_d), 0.0)
-                var = tl.sum(c * c, axis=0) / n_cols
         mean = shift + mean_d
         rstd = 1.0 / tl.sqrt(var + eps)
         if tile % GROUP == 0:
@@ -531,157 +509,6 @@ def _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
     """x[row, 0] in float32: the shift of the split walk's sums."""
     base, ph = row_origin(x_phase, row, stride_x, VEC)
     return tl.load(x_ptr + base + ph).to(tl.float32)
-
-
-@triton.jit
-def _walk_piece(w_ptr, b_ptr, start: tl.constexpr, SIZE: tl.constexpr, ph, n_cols, first, last, VEC: tl.constexpr):
-    """A piece's loop-invariant lanes of the forward walk: (columns, own, load mask, body, weight, bias);
-    weight and bias in their own dtype, widened at each use (``_walk_out``)."""
-    v = start + tl.arange(0, SIZE)
-    mine = _own(v, ph, n_cols, VEC)
-    w = tl.load(w_ptr + (v - ph), mask=mine, other=0.0)
-    b = tl.load(b_ptr + (v - ph), mask=mine, other=0.0)
-    return v, mine, v < vec_end(ph, n_cols, VEC), _in_body(v, first, last, VEC), w, b
-
-
-@triton.jit
-def _walk_load(x_ptr, base, v, load_ok, mine, VEC: tl.constexpr):
-    """A piece of the row at ``x_ptr + base`` in float32, 0 outside the row's own elements."""
-    x = tl.load(x_ptr + base + v, mask=load_ok, other=0.0).to(tl.float32)
-    if VEC > 1:  # whole vectors: the neighbouring rows' elements of the first and last one
-        x = tl.where(mine, x, 0.0)
-    return x
-
-
-@triton.jit
-def _walk_out(y_ptr, base, v, d, rstd, w, b, ok):
-    """y at virtual columns ``v`` where ``ok`` (a piece's body vectors, or words), from centred values ``d``."""
-    tl.store(y_ptr + base + v, (d * rstd * w.to(tl.float32) + b.to(tl.float32)).to(y_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _walk_words_wb(w_ptr, b_ptr, c, ok):
-    """(weight, bias) in float32 at row columns ``c`` where ``ok``."""
-    return (tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32),
-            tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32))
-
-
-@triton.jit
-def _layer_norm_fwd_walk_kernel(
-    x_ptr,  # input: row r's first element at x_ptr + x_phase + r * stride_x; column stride 1
-    w_ptr,  # (N,) weight
-    b_ptr,  # (N,) bias
-    y_ptr,  # output, rows at x's phase (_ragged.phased_rows)
-    mean_ptr,  # (M,) float32 row means
-    rstd_ptr,  # (M,) float32 reciprocal row standard deviations
-    x_phase,  # phase of row 0 (0 when VEC == 1)
-    n_rows,  # M
-    n_cols,  # N
-    stride_x,  # elements between rows of x
-    stride_y,  # elements between rows of y
-    eps,  # added to the variance
-    n_groups,  # programs; a multiple of VEC where rows start at several phases
-    BLOCK_N: tl.constexpr,  # virtual columns of the row's first piece (the pieces and TAIL: every phase's row)
-    BLOCK_T: tl.constexpr,  # of the second piece, from BLOCK_N on; 0: none
-    BLOCK_U: tl.constexpr,  # of the third piece, from BLOCK_N + BLOCK_T on; 0: none
-    VEC: tl.constexpr,  # elements in 16 bytes for rows that start unaligned, 1 when every row is aligned
-    STAGES: tl.constexpr,  # software-pipelining depth of the row loop: STAGES - 1 rows in flight in shared memory
-    TAIL: tl.constexpr,  # 16-bit unaligned rows: the vectors after the body or past the pieces, as words; 0: _ragged.edges
-):
-    """Whole rows walked by persistent programs: program g takes rows g, g + n_groups, ...
-
-    The backward's phased walk for the forward (docs/kernels.md, "layer_norm: forward", "The
-    walk"): every row of a program has one phase, so weight and bias are loaded once, at that
-    phase, and held in registers (the rows kernels read them at each row's own shift, scalar
-    loads for unaligned rows). The row loop is software-pipelined (``tl.range``): the next rows'
-    x are ``cp.async`` copies into shared memory while this row is reduced. A row is held as up
-    to three power-of-two pieces; y is stored as whole vectors plus the row's edges, whose x is
-    loaded apart. 16-bit rows (TAIL > 0) read as 32-bit words (``cp.async`` takes no 2-byte
-    loads) the vector before the body and TAIL vectors from the body's end or the pieces' end,
-    whichever is first: the pieces then need not reach the widest phase (4097: 4096 lanes, the
-    vector past them in words; a one-vector piece would be 2-byte loads outside the pipeline).
-    """
-    tl.static_assert(TAIL == 0 or VEC == 8, "words after the pieces are for 16-bit rows")
-    g = tl.program_id(0)
-    _origin, ph = row_origin(x_phase, g, stride_x, VEC)
-    first, last = body_bounds(ph, n_cols, VEC)
-    v, mine, load_ok, body, w, b = _walk_piece(w_ptr, b_ptr, 0, BLOCK_N, ph, n_cols, first, last, VEC)
-    if BLOCK_T > 0:
-        v_t, mine_t, load_ok_t, body_t, w_t, b_t = _walk_piece(w_ptr, b_ptr, BLOCK_N, BLOCK_T, ph, n_cols, first,
-                                                               last, VEC)
-    if BLOCK_U > 0:
-        v_u, mine_u, load_ok_u, body_u, w_u, b_u = _walk_piece(w_ptr, b_ptr, BLOCK_N + BLOCK_T, BLOCK_U, ph, n_cols,
-                                                               first, last, VEC)
-    if TAIL > 0:  # words: lo at columns c, hi at c + 1; the after run counts in the sums past the pieces only
-        tile = BLOCK_N + BLOCK_T + BLOCK_U
-        after = tl.minimum(tl.maximum(last, first), tile)
-        c_b = word_columns(first - VEC, 1, VEC)
-        c_a = word_columns(after, TAIL, VEC)
-        b_ok, b_ok_hi = in_row(c_b, ph, n_cols), in_row(c_b + 1, ph, n_cols)
-        a_ok, a_ok_hi = in_row(c_a, ph, n_cols), in_row(c_a + 1, ph, n_cols)
-        a_sum, a_sum_hi = a_ok & (c_a >= tile), a_ok_hi & (c_a + 1 >= tile)
-        w_b, b_b = _walk_words_wb(w_ptr, b_ptr, c_b - ph, b_ok)
-        w_b_hi, b_b_hi = _walk_words_wb(w_ptr, b_ptr, c_b + 1 - ph, b_ok_hi)
-        w_a, b_a = _walk_words_wb(w_ptr, b_ptr, c_a - ph, a_ok)
-        w_a_hi, b_a_hi = _walk_words_wb(w_ptr, b_ptr, c_a + 1 - ph, a_ok_hi)
-    elif VEC > 1:
-        e, e_ok = edges(ph, n_cols, VEC)
-        w_e = tl.load(w_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
-        b_e = tl.load(b_ptr + (e - ph), mask=e_ok, other=0.0).to(tl.float32)
-    for r in tl.range(g, n_rows, n_groups, num_stages=STAGES):
-        row = tl.cast(r, tl.int64)
-        x_base, _ph = row_origin(x_phase, row, stride_x, VEC)
-        y_base, _ph = row_origin(x_phase, row, stride_y, VEC)
-        x = _walk_load(x_ptr, x_base, v, load_ok, mine, VEC)
-        if BLOCK_T > 0:
-            x_t = _walk_load(x_ptr, x_base, v_t, load_ok_t, mine_t, VEC)
-        if BLOCK_U > 0:
-            x_u = _walk_load(x_ptr, x_base, v_u, load_ok_u, mine_u, VEC)
-        if TAIL > 0:
-            x_b, x_b_hi, _cols = word_vectors(x_ptr, x_base, first - VEC, ph, n_cols, 1, VEC)
-            x_a, x_a_hi, _cols = word_vectors(x_ptr, x_base, after, ph, n_cols, TAIL, VEC)
-        elif VEC > 1:
-            x_e = tl.load(x_ptr + x_base + e, mask=e_ok, other=0.0).to(tl.float32)
-        # the sums take the edges from the whole vectors (mine); their loads apart serve the stores, and the
-        # sums only past the pieces (TAIL)
-        total = tl.sum(x, axis=0)
-        if BLOCK_T > 0:
-            total += tl.sum(x_t, axis=0)
-        if BLOCK_U > 0:
-            total += tl.sum(x_u, axis=0)
-        if TAIL > 0:
-            total += tl.sum(tl.where(a_sum, x_a, 0.0) + tl.where(a_sum_hi, x_a_hi, 0.0), axis=None)
-        mean = total / n_cols
-        d = tl.where(mine, x - mean, 0.0)
-        var = tl.sum(d * d, axis=0)
-        if BLOCK_T > 0:
-            d_t = tl.where(mine_t, x_t - mean, 0.0)
-            var += tl.sum(d_t * d_t, axis=0)
-        if BLOCK_U > 0:
-            d_u = tl.where(mine_u, x_u - mean, 0.0)
-            var += tl.sum(d_u * d_u, axis=0)
-        if TAIL > 0:
-            d_a = tl.where(a_sum, x_a - mean, 0.0)
-            d_a_hi = tl.where(a_sum_hi, x_a_hi - mean, 0.0)
-            var += tl.sum(d_a * d_a + d_a_hi * d_a_hi, axis=None)
-        rstd = 1.0 / tl.sqrt(var / n_cols + eps)
-        _walk_out(y_ptr, y_base, v, d, rstd, w, b, body)
-        if BLOCK_T > 0:
-            _walk_out(y_ptr, y_base, v_t, d_t, rstd, w_t, b_t, body_t)
-        if BLOCK_U > 0:
-            _walk_out(y_ptr, y_base, v_u, d_u, rstd, w_u, b_u, body_u)
-        if TAIL > 0:
-            _walk_out(y_ptr, y_base, c_b, x_b - mean, rstd, w_b, b_b, b_ok)
-            _walk_out(y_ptr, y_base, c_b + 1, x_b_hi - mean, rstd, w_b_hi, b_b_hi, b_ok_hi)
-            _walk_out(y_ptr, y_base, c_a, x_a - mean, rstd, w_a, b_a, a_ok)
-            _walk_out(y_ptr, y_base, c_a + 1, x_a_hi - mean, rstd, w_a_hi, b_a_hi, a_ok_hi)
-        elif VEC > 1:
-            _walk_out(y_ptr, y_base, e, x_e - mean, rstd, w_e, b_e, e_ok)
-        tl.store(mean_ptr + row, mean)
-        tl.store(rstd_ptr + row, rstd)
-
-
-# --------------------------------------------------------------------------- kernels: backward
 
 
 @triton.jit

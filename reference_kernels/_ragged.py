@@ -150,32 +150,11 @@ def _edge_vector_starts(ph, n_cols, VEC: tl.constexpr, TILE: tl.constexpr = 0):
 
 
 @triton.jit
-def word_vectors(ptr, base, start, ph, n_cols, K: tl.constexpr, VEC: tl.constexpr):
-    """K aligned 16-bit vectors from virtual column ``start`` as 32-bit words: ``(lo, hi, v)``, (K, VEC // 2).
-
-    As ``edge_words`` (``lo`` at the even columns ``v``, ``hi`` at ``v + 1``, float32), for any run of
-    vectors: ``cp.async`` copies the 4-byte loads where 2-byte ones would stay synchronous in a pipelined
-    loop. Vectors holding none of the row read 0 (their words may lie past the allocation)."""
-    c = start + VEC * tl.arange(0, K)[:, None]
-    words_ptr = tl.cast(ptr + base, tl.pointer_type(tl.int32))
-    holds = (c < ph + n_cols) & (c + VEC > ph)
-    words = tl.load(words_ptr + (c // 2 + tl.arange(0, VEC // 2)[None, :]), mask=holds, other=0)
-    lo, hi = _split_words(words, ptr)
-    return lo, hi, word_columns(start, K, VEC)
-
-
-@triton.jit
 def _split_words(words, ptr):
     """The two 16-bit elements (of ``ptr``'s dtype) of each 32-bit word, in float32: (low, high)."""
     lo = (words & 0xFFFF).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
     hi = (words >> 16).to(tl.int16).to(ptr.dtype.element_ty, bitcast=True).to(tl.float32)
     return lo, hi
-
-
-@triton.jit
-def word_columns(start, K: tl.constexpr, VEC: tl.constexpr):
-    """The virtual columns of ``word_vectors``' ``lo`` values, without loading."""
-    return start + VEC * tl.arange(0, K)[:, None] + 2 * tl.arange(0, VEC // 2)[None, :]
 
 
 def vector_elems(t: torch.Tensor) -> int:
@@ -352,5 +331,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "word_vectors",
-           "word_columns", "phased", "phased_rows", "launch_width", "vector_elems", "row_pieces"]
+__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased",
+           "phased_rows", "launch_width", "vector_elems", "row_pieces"]

@@ -42,7 +42,6 @@ from ._layer_norm_kernels import (
     _layer_norm_fwd_kernel,
     _layer_norm_fwd_looped_kernel,
     _layer_norm_fwd_split_kernel,
-    _layer_norm_fwd_walk_kernel,
 )
 
 # --------------------------------------------------------------------------- plan
@@ -51,20 +50,19 @@ from ._layer_norm_kernels import (
 class _Plan(NamedTuple):
     """How one layer-norm pass is launched; ``_layer_norm_settings`` makes it."""
 
-    mode: str  # "rows"; forward "persistent", "split", "looped"; backward "one_pass", "two_pass"
+    mode: str  # "rows"; forward "split", "looped"; backward "one_pass", "two_pass"
     block_m: int
     block_n: int
     num_warps: int
-    n_groups: int = 1  # backward: row groups, each summed into its own dweight/dbias share; forward "walk", "looped": programs
+    n_groups: int = 1  # backward: row groups, each summed into its own dweight/dbias share
     variant: str = "measured"  # backward only: "measured" (_layer_norm_bwd_kernel) or "lean" (_layer_norm_bwd_lean_kernel)
-    max_regs: int | None = None  # backward lean and phased, forward unaligned rows and walk: ptxas register cap (maxnreg), None for ptxas's choice
-    group: int = 1  # forward "split": programs (slices) per row; "persistent" is "split" with 1
-    per_sm: int = 0  # forward "persistent", "split", "looped" (0: a program a row): programs launched per SM
+    max_regs: int | None = None  # backward lean and phased, forward unaligned rows: ptxas register cap (maxnreg), None for ptxas's choice
+    group: int = 1  # forward "split": programs (slices) per row
+    per_sm: int = 0  # forward "split": programs launched per SM
     prefetch: bool = False  # backward "rows" (measured kernel): the next row block's loads in flight meanwhile
-    stages: int = 1  # backward "phased", forward "walk": pipelining depth of the row loop (rows in flight: stages - 1); "looped": of the chunk loops
-    block_t: int = 0  # backward "phased", forward "walk": a second piece of the row, from block_n on (_ragged.row_pieces)
-    block_u: int = 0  # forward "walk", backward "phased": a third piece, from block_n + block_t on
-    tail: int = 0  # forward "walk", 16-bit unaligned rows: vectors read as words after the pieces (0: none)
+    stages: int = 1  # backward "phased" and "flat": pipelining depth of the row loop (rows in flight: stages - 1)
+    block_t: int = 0  # backward "phased": a second piece of the row, from block_n on (_ragged.row_pieces)
+    block_u: int = 0  # backward "phased": a third piece, from block_n + block_t on
 
 
 # The plans' shape parameters: what each plan is and why is docs/kernels.md, "layer_norm: forward" and "layer_norm:
@@ -88,44 +86,26 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 _STREAM_FWD_16BIT_MOST = (5, 8)
 _STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
 _HELD_FWD_FP32_ALONE_MIN_COLS = 16385
-# backward rows held by _layer_norm_held ("Rows held in shared memory (backward)", "Shares in registers"): narrower
-# than the phased plan's widest row only where the row's segments hold at most _HELD_BWD_REG_SLOTS times the phased
-# plan's lanes (shares in registers) or fill _HELD_BWD_MIN_GAIN more of their lanes (shares in shared memory)
-_HELD_BWD_REG_SLOTS = 1.9
-_HELD_BWD_MIN_GAIN = 0.1
 # aligned 16-bit rows whose power-of-two tile masks lanes take _MASKED_ROWS_TILE elements a program, twice the rows
 # ("Aligned 16-bit rows"), for N a multiple of _MASKED_ROWS_MULTIPLE
 _MASKED_ROWS_TILE = 4096
 _MASKED_ROWS_MULTIPLE = 16
-# rows past _HELD_ROWS_MIN: fp32 ones "persistent" with the row held on _HELD_ROWS_WARPS warps, 16-bit ones the rows
-# plan at _HELD_ROWS_ELEMS_16BIT elements a thread
+# 16-bit rows past _HELD_ROWS_MIN: the rows plan at _HELD_ROWS_ELEMS_16BIT elements a thread
 _HELD_ROWS_MIN = 8192
-_HELD_ROWS_WARPS = 32
 _HELD_ROWS_ELEMS_16BIT = 64
 # rows past _MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
 # 16-bit "looped"; ``wide=`` names another)
 _CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
-_WIDE_PLANS = ("auto", "persistent", "split", "looped")
-_PERSISTENT_CHUNK_BYTES = 65536
-_PERSISTENT_WARPS = 16
+_WIDE_PLANS = ("auto", "split", "looped")
 _SPLIT_CHUNK_BYTES = 16384  # steps of a slice that is not held
 _SPLIT_WARPS = 8
 _SPLIT_PER_SM = 3
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
-# a row held whole by the split kernel whose shift lies far from its mean, (mean - shift)^2 > _SPLIT_RECENTRE var,
-# would take its variance again about the mean; off, None: the branch spilled ("Statistics")
-_SPLIT_RECENTRE: float | None = None
 _MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
-# "looped" on a persistent grid (aligned 16-bit rows in looped_fwd_bands; "Aligned 16-bit rows"): chunks of at most
-# _LOOPED_FWD_CHUNK_BYTES leaving at most _LOOPED_FWD_WASTE of the last one masked
-_LOOPED_FWD_CHUNK_BYTES = 2048
-_LOOPED_FWD_WASTE = 1 / 8
-_LOOPED_FWD_WARPS_PER_SM = 32
-_LOOPED_FWD_STAGES = 4  # software-pipelining depth of the chunk loops (chunks in flight: stages - 1)
 
 # backward, rows ("layer_norm: backward"): rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps on _BWD_WARPS
 # warps, _BWD_PROGRAMS_PER_SM row groups an SM; narrow 16-bit rows a row a step (_BWD_NARROW_HALF); fp32 rows of
@@ -210,23 +190,6 @@ _FLAT_BWD_STAGES = 3
 _FLAT_BWD_STAGES_WIDE = 4  # windows on the 8192-lane tile, fp16 ones or ones that mask no segment
 _FLAT_BWD_MAX_REGS = 64
 
-# forward, the walk ("The walk"): the phased backward's pipelined walk for the forward, weight and bias held at the
-# program's phase; rows in walk_fwd_bands / walk_fwd_aligned that it holds in _WALK_FWD_MAX_LANES lanes, up to
-# _WALK_FWD_PIECES pieces, _WALK_FWD_ELEMS elements a thread (fewer warps where a piece gets under
-# _WALK_FWD_MIN_PIECE_BYTES a thread; _WALK_FWD_HALVE_UNREACHED by element size)
-_WALK_FWD_MAX_LANES = 16384 + 1024
-_WALK_FWD_PIECES = 2
-_WALK_FWD_ELEMS = {2: 16, 4: 8}
-_WALK_FWD_MAX_ELEMS = 16  # elements a thread of the first piece at most
-_WALK_FWD_MIN_PIECE_BYTES = 4
-_WALK_FWD_HALVE_UNREACHED = {2: True, 4: False}
-_WALK_FWD_MIN_PIECE = 256  # 16-bit unaligned rows: a narrower last piece goes as words
-_WALK_FWD_MAX_TAIL = 16
-_WALK_FWD_WARPS_PER_SM = 32
-_WALK_FWD_MAX_REGS = 64
-_WALK_FWD_MAX_REGS_16 = 80  # a thread holding 16 elements of the widest piece, <= 16 warps
-_WALK_FWD_STAGES = 3
-
 # backward, the lean kernel: rows to _LEAN_MAX_ROW, else _LEAN_CHUNK chunks; register caps (64: 32 resident warps an
 # SM; 16-bit chunks spill there and take 80)
 _LEAN_MAX_ROW = 4096
@@ -249,7 +212,7 @@ def _phased_smem(device: Device) -> int:
 class Tuning:
     """The width bands measured on one kind of GPU and Triton (``tuned/<arch>.json``, "layer_norm"): where a plan or a
     kernel option won there. By element size: pairs (2 or 4, value). The defaults take none of them: the base plans
-    (rows, the split walk and the looped walk forward; rows, phased past the rows plan's widest row, lean and chunked
+    (rows, the split walk and the looped rows forward; rows, phased past the rows plan's widest row, lean and chunked
     backward) and the held kernels nowhere.
     docs/kernels.md, "layer_norm: forward" and "layer_norm: backward", gives each band with its figures."""
 
@@ -259,9 +222,6 @@ class Tuning:
     stream_fwd_min_cols: tuple = ()  # ragged rows streamed past the held weight from this width
     stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width
     stream_fwd_bands: tuple = ()  # ragged rows streamed in these bands before the held plan is asked
-    walk_fwd_bands: tuple = ()  # ragged rows on the walk
-    walk_fwd_aligned: tuple = ()  # aligned rows on the walk
-    looped_fwd_bands: tuple = ()  # aligned rows on the looped plan
     packed_rows_band: tuple | None = None  # packed ragged rows of a multiple of 4 on the rows plan, NARROW
     # forward: the rows kernel's options
     masked_rows_16bit: tuple | None = None  # 16-bit rows that mask lanes take the masked-rows tile
@@ -272,8 +232,7 @@ class Tuning:
     rows_widen_bands: tuple = ()  # bf16 aligned rows widened by a shift (CUDA)
     fwd_params_first_min_cols: int | None = None  # fp32 aligned rows load weight and bias first from here
     # backward: which plan
-    held_bwd_bands: tuple = ()  # a band of ragged rows held
-    held_bwd_aligned_bands: tuple = ()  # aligned rows held in these bands
+    held_bwd_bands: tuple = ()  # a band of ragged rows held where the phased plan does not take them
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
     # longer fits one rows program and the phased plan still holds it whole (not a band; docs/kernels.md, "Planning")
     phased_bwd_min_cols: int | None = _BWD_MAX_ROW + 1
@@ -326,7 +285,7 @@ def _layer_norm_settings(
     dy contiguous from a 16-byte aligned address), else
     ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster. ``packed`` (the
     rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
-    not the forward's walk or the phased backward.
+    not the phased backward.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
@@ -346,14 +305,7 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
-    if not backward and max_row is None and _looped_forward(n_cols, elem_size, t):
-        return _looped_forward_plan(n_rows, n_cols, elem_size, device)
-    if not backward and max_row is None and _walk_forward(n_cols, elem_size, t) and not (packed and _packed_rows(n_cols, t)):
-        vec = 1 if n_cols % 16 == 0 else max(1, 16 // elem_size)  # contiguous rows (the launcher checks)
-        return _walk_forward_plan(n_rows, n_cols, elem_size, vec, device)
     held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
-    if held and elem_size >= 4:
-        return _Plan("persistent", 1, next_power_of_2(n_cols), _HELD_ROWS_WARPS, group=1, per_sm=1)
     if not backward and width != n_cols and width <= widest:  # unaligned rows read as aligned vectors
         block_n = next_power_of_2(width)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
@@ -367,7 +319,7 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if held:  # 16-bit
+            if held and elem_size == 2:
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
                 warps = _BWD_FP32_ROW_WARPS
@@ -397,9 +349,8 @@ def _layer_norm_settings(
 def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: int | None) -> _Plan:
     """The forward's plan for rows wider than ``_MAX_ROW`` (``wide`` or ``_WIDE_ROWS_PLAN``).
 
-    "looped": one program a row. "persistent" and "split": ``_layer_norm_fwd_split_kernel``;
-    "split" holds fp32 slices of one step in registers (32 elements a thread, a few programs an
-    SM) while they fit, else takes 16 KB steps.
+    "looped": one program a row. "split": ``_layer_norm_fwd_split_kernel``, fp32 slices of one step
+    held in registers (32 elements a thread, a few programs an SM) while they fit, else 16 KB steps.
     """
     plan = wide or _WIDE_ROWS_PLAN
     if plan not in _WIDE_PLANS:
@@ -410,9 +361,6 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
         chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
         return _Plan("looped", 1, max(chunk, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
     row_bytes = n_cols * elem_size
-    if plan == "persistent":
-        chunk = next_power_of_2(max_row) if max_row is not None else _PERSISTENT_CHUNK_BYTES // elem_size
-        return _Plan(plan, 1, chunk, _PERSISTENT_WARPS, group=1, per_sm=1)
     slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, _MAX_SPLIT_GROUP)))
     hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
     if max_row is not None:
@@ -632,7 +580,7 @@ def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device
 
 def _packed_rows(n_cols: int, t: Tuning | None = None) -> bool:
     """Whether unaligned rows of ``n_cols`` that lie packed take the rows plan with a compile-time width
-    (``NARROW``) instead of the forward's walk or the phased backward: in ``packed_rows_band``, a multiple of
+    (``NARROW``) instead of the held or streamed forward or the phased backward: in ``packed_rows_band``, a multiple of
     ``_PACKED_ROWS_MULTIPLE`` and at most ``_PACKED_N_MAX``."""
     band = (t or DEFAULT_TUNING).packed_rows_band
     return (band is not None and band[0] <= n_cols <= min(band[1], _PACKED_N_MAX) and n_cols % 16 != 0
@@ -663,86 +611,6 @@ def _in(band: tuple | None, n: int) -> bool:
 
 def _in_any(bands: tuple | None, n: int) -> bool:
     return any(lo <= n <= hi for lo, hi in bands or ())
-
-
-def _walk_forward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
-    """Whether the forward's default plan for contiguous rows of ``n_cols`` is "walk" (``walk_fwd_bands``
-    for unaligned rows, ``walk_fwd_aligned`` for aligned ones)."""
-    aligned = n_cols % 16 == 0
-    t = t or DEFAULT_TUNING
-    if not _in_bands(t.walk_fwd_aligned if aligned else t.walk_fwd_bands, n_cols, elem_size):
-        return False
-    pieces, _ = _walk_pieces(n_cols, elem_size, 1 if aligned else max(1, 16 // elem_size))
-    return sum(pieces) <= _WALK_FWD_MAX_LANES
-
-
-def _looped_forward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
-    """Whether the forward's default plan for contiguous rows of ``n_cols`` is the chunked "looped" one
-    (aligned rows in a band of ``looped_fwd_bands``)."""
-    return n_cols % 16 == 0 and _in_bands((t or DEFAULT_TUNING).looped_fwd_bands, n_cols, elem_size)
-
-
-def _looped_forward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
-    """``_layer_norm_fwd_looped_kernel`` on a persistent grid for aligned rows of ``n_cols``: the widest
-    chunk of at most ``_LOOPED_FWD_CHUNK_BYTES`` whose last one masks at most ``_LOOPED_FWD_WASTE`` of the
-    row, warps for one 16-byte vector of x a thread a chunk, ``_LOOPED_FWD_WARPS_PER_SM`` warps an SM."""
-    per_vector = 16 // elem_size
-    chunk = next_power_of_2(max(1, _LOOPED_FWD_CHUNK_BYTES // elem_size))
-    smallest = 32 * per_vector  # one warp
-    while chunk > smallest and cdiv(n_cols, chunk) * chunk - n_cols > _LOOPED_FWD_WASTE * n_cols:
-        chunk //= 2
-    chunk = max(chunk, smallest)
-    warps = max(1, min(16, chunk // smallest))
-    per_sm = max(1, _LOOPED_FWD_WARPS_PER_SM // warps)
-    return _Plan("looped", 1, chunk, warps, n_groups=max(1, min(n_rows, per_sm * device.sms)), per_sm=per_sm,
-                 stages=_LOOPED_FWD_STAGES)
-
-
-def _walk_pieces(n_cols: int, elem_size: int, vec: int) -> tuple[tuple[int, int, int], int]:
-    """((BLOCK_N, BLOCK_T, BLOCK_U), TAIL) of the forward walk for rows read ``vec`` elements a vector.
-
-    16-bit unaligned rows (edges read as words): the pieces cover all but the last vector the widest
-    phase reaches, which goes as words (``TAIL`` 1), or a last piece under ``_WALK_FWD_MIN_PIECE`` lanes
-    does (up to ``_WALK_FWD_MAX_TAIL`` vectors). Other rows: pieces covering every phase, no words."""
-    if not (vec == 8 and elem_size == 2):
-        return row_pieces(launch_width(n_cols, vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK), 0
-    reach = cdiv(n_cols + vec - 1, vec) * vec  # the end of the last vector of the widest phase
-    pieces = row_pieces(max(vec, reach - vec), vec, _WALK_FWD_PIECES, _PIECE_SLACK)
-    last = max(i for i in range(3) if pieces[i])
-    if last > 0 and pieces[last] < _WALK_FWD_MIN_PIECE:
-        rest = next_power_of_2(cdiv(reach - sum(pieces[:last]), vec))
-        if rest <= _WALK_FWD_MAX_TAIL:
-            return tuple(p if i < last else 0 for i, p in enumerate(pieces)), rest
-    return pieces, 1
-
-
-def _walk_forward_plan(n_rows: int, n_cols: int, elem_size: int, vec: int, device: Device) -> _Plan:
-    """The plan of ``_layer_norm_fwd_walk_kernel`` for rows read ``vec`` elements a vector (1: aligned): the
-    pieces (``_walk_pieces``), warps for ``_WALK_FWD_ELEMS`` elements a thread (fewer where a piece would
-    get under ``_WALK_FWD_MIN_PIECE_BYTES`` a thread, never over ``_WALK_FWD_MAX_ELEMS``; fp32 only where the
-    fewest reach the bytes: ``_WALK_FWD_HALVE_UNREACHED``), as many
-    programs as fill ``_WALK_FWD_WARPS_PER_SM`` warps, their registers (64; 80 where a thread holds 16
-    elements of the first piece) and the shared memory of ``_WALK_FWD_STAGES - 1`` rows in flight."""
-    pieces, tail = _walk_pieces(n_cols, elem_size, vec)
-    lanes = sum(pieces)
-    warps = max(4, min(32, next_power_of_2(cdiv(lanes, 32 * _WALK_FWD_ELEMS[4 if elem_size >= 4 else 2]))))
-    # pieces too narrow to reach the bytes even at 4 warps (a one-vector tail) are left out of the rule
-    narrowest = min((p for p in pieces if p * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 128), default=pieces[0])
-    fewest = max(4, min(32, pieces[0] // (32 * _WALK_FWD_MAX_ELEMS)))
-    reached = narrowest * elem_size >= _WALK_FWD_MIN_PIECE_BYTES * 32 * fewest
-    if reached or _WALK_FWD_HALVE_UNREACHED[4 if elem_size >= 4 else 2]:
-        while warps > fewest and narrowest * elem_size < _WALK_FWD_MIN_PIECE_BYTES * 32 * warps:
-            warps //= 2
-    max_regs = _WALK_FWD_MAX_REGS_16 if warps <= 16 and pieces[0] >= 16 * 32 * warps else _WALK_FWD_MAX_REGS
-    per_sm = max(1, min(_WALK_FWD_WARPS_PER_SM // warps, device.regs_per_sm // (max_regs * 32 * warps)))
-    stages = _WALK_FWD_STAGES
-    if stages > 1:
-        per_sm = max(1, min(per_sm, _phased_smem(device) // ((stages - 1) * lanes * elem_size)))
-    n_groups = min(device.sms * per_sm, n_rows)
-    if vec > 1:  # one phase a program: a multiple of vec programs, rounded down (as the phased backward)
-        n_groups = max(vec, n_groups // vec * vec)
-    return _Plan("walk", 1, pieces[0], warps, n_groups, max_regs=max_regs, stages=stages,
-                 block_t=pieces[1], block_u=pieces[2], tail=tail)
 
 
 def _lean_backward_plan(
@@ -843,13 +711,10 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
             PARAMS_FIRST=_params_first(n_cols, pieces, x2.element_size(), r.vec, t),
             WIDEN=r.vec == 1 and _rows_widen(x2, n_cols, t), num_warps=warps, **_reg_cap(cap),
         )
-    elif plan.mode == "walk":
-        _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps, plan)
-        return
-    elif plan.mode == "looped":  # a program a row, or (per_sm) a persistent grid of n_groups programs
-        launch_kernel(_layer_norm_fwd_looped_kernel, (plan.n_groups if plan.per_sm else n_rows,),
-            x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps, n_rows,
-            BLOCK_N=plan.block_n, STAGES=plan.stages, num_warps=plan.num_warps,
+    elif plan.mode == "looped":  # a program a row
+        launch_kernel(_layer_norm_fwd_looped_kernel, (n_rows,),
+            x2, weight, bias, y2, mean, rstd, n_cols, x2.stride(0), y2.stride(0), eps,
+            BLOCK_N=plan.block_n, num_warps=plan.num_warps,
         )
     else:
         _forward_launch_split(r, weight, bias, mean, rstd, n_rows, n_cols, eps, plan)
@@ -897,26 +762,6 @@ def _joint_tile(n_cols: int, dtype: torch.dtype, t: Tuning | None = None) -> boo
     return least is not None and n_cols >= least
 
 
-def _forward_launch_walk(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
-    n_rows, n_cols = x2.shape
-    r = phased_rows((x2,), (y2,))
-    words = r.vec == 8
-    tail = plan.tail if words else 0
-    # the columns the kernel must hold: every phase's row (with words: up to the end of its last vector)
-    need = cdiv(n_cols + r.vec - 1, r.vec) * r.vec if words else launch_width(n_cols, r.vec)
-    if (words and tail == 0) or plan.block_n + plan.block_t + plan.block_u + tail * r.vec < need:
-        plan = _walk_forward_plan(n_rows, n_cols, x2.element_size(), r.vec, _device.of(x2.device))  # other phases
-        tail = plan.tail if words else 0
-    if r.vec > 1:  # every row of a program at one phase (as the phased backward)
-        plan = plan._replace(n_groups=max(r.vec, plan.n_groups // r.vec * r.vec))
-    launch_kernel(_layer_norm_fwd_walk_kernel, (plan.n_groups,),
-        *r.reads, weight, bias, *r.writes, mean, rstd, r.phase, n_rows, n_cols, *r.read_strides, *r.write_strides,
-        eps, plan.n_groups, BLOCK_N=plan.block_n, BLOCK_T=plan.block_t, BLOCK_U=plan.block_u, VEC=r.vec,
-        STAGES=plan.stages, TAIL=tail, num_warps=plan.num_warps, **_reg_cap(plan),
-    )
-    r.finish()
-
-
 def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_cols: int, eps: float, plan: _Plan) -> None:
     group, slice_cols = split_group(launch_width(n_cols, r.vec), plan.block_n, plan.group)
     early = group == 1 and slice_cols == plan.block_n
@@ -928,7 +773,7 @@ def _forward_launch_split(r: Phased, weight, bias, mean, rstd, n_rows: int, n_co
         n_rows, group, plan.per_sm, r.x.device, mean,
         GROUP=group, BLOCK_N=plan.block_n, BLOCK_G=next_power_of_2(group),
         SUB=max(1, min(plan.block_n, 16 // r.x.element_size())), HOLD=slice_cols == plan.block_n,
-        EARLY=early, VEC=r.vec, RECENTRE=float(_SPLIT_RECENTRE or 0.0) if early else 0.0, num_warps=plan.num_warps,
+        EARLY=early, VEC=r.vec, num_warps=plan.num_warps,
     )
 
 
@@ -1165,28 +1010,14 @@ def _in_aligned_band(bands: tuple, n_cols: int, elem_size: int) -> bool:
 
 
 def _held_bwd_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
-    """Whether the backward takes the held plan for rows of ``n_cols`` where it can run (``held_bwd_bands``): widths
-    that are not a multiple of 16, inside the band of their element size, past the phased plan's widest row or, with
-    two programs an SM or more, holding at most ``_HELD_BWD_REG_SLOTS`` times the phased plan's lanes where the shares
-    are held in registers, else filling their segments better than the phased plan's tile (``_HELD_BWD_MIN_GAIN``).
-    Aligned rows: in ``held_bwd_aligned_bands`` with the shares in registers (what was measured)."""
+    """Whether the backward takes the held plan for rows of ``n_cols`` where it can run: ragged rows (N not a multiple
+    of 16) in ``held_bwd_bands`` that the phased plan does not take (``_phased_backward``: under its first width, past
+    its widest row), so that no Triton plan would read them element by element; not the packed rows ``_narrow_packed``
+    names (the rows plan's compile-time width)."""
     t = t or DEFAULT_TUNING
-    if n_cols % 16 == 0:
-        return (_in_aligned_band(t.held_bwd_aligned_bands, n_cols, elem_size)
-                and _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size).reg_shares)
-    if not _in(_sized(t.held_bwd_bands, elem_size), n_cols) or _narrow_packed(n_cols, t):
+    if n_cols % 16 == 0 or not _in(_sized(t.held_bwd_bands, elem_size), n_cols) or _narrow_packed(n_cols, t):
         return False
-    if n_cols > _PHASED_BWD_MAX_ROW:
-        return True
-    shape = _layer_norm_held.bwd_shape(n_cols, elem_size, elem_size)
-    pieces = _phased_bwd_pieces(n_cols, elem_size, t)
-    if shape.per_sm < 2 or pieces is None:
-        return False
-    phased_fill = min(1.0, n_cols / sum(pieces))  # its tile and pieces (a tail in words past them: full)
-    if shape.reg_shares:  # the slots of its segments against the phased plan's lanes
-        return shape.nseg * shape.block <= _HELD_BWD_REG_SLOTS * n_cols / phased_fill
-    held_fill = (n_cols + 16 // elem_size - 1) / (shape.nseg * shape.block)  # from the widest phase's aligned start
-    return held_fill >= phased_fill + _HELD_BWD_MIN_GAIN
+    return not _phased_backward(n_cols, elem_size, t)
 
 
 def _held_backward(dy2: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, dx2: torch.Tensor,

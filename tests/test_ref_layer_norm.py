@@ -20,10 +20,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-import triton.language as tl
-
 from reference_kernels import _device, layer_norm
-from reference_kernels._ragged import row_origin, word_vectors
 from test_ref_held import compile_for_sm90
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
@@ -431,8 +428,8 @@ def test_the_two_pass_backward_matches_on_the_gpu_too():
 
 @pytest.mark.parametrize(
     "wide, expected_mode",
-    [(None, "split"), ("persistent", "persistent"), ("looped", "looped")],
-    ids=["split (the fp32 default)", "persistent", "looped"],
+    [(None, "split"), ("looped", "looped")],
+    ids=["split (the fp32 default)", "looped"],
 )
 def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_mode, monkeypatch):
     if wide is not None:
@@ -444,9 +441,8 @@ def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_
     torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
 
 
-# The persistent / split forward (the wide-row default, softmax's walk): under the
-# interpreter 3 programs walk several rows each; split with programs waiting on each other
-# runs on the GPU only.
+# The split forward with one slice a row (the wide-row default, softmax's walk): under the
+# interpreter 3 programs walk several rows each; slices waiting on each other run on the GPU only.
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "shape, max_row",
@@ -458,11 +454,11 @@ def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_
     ],
     ids=str,
 )
-def test_persistent_forward_writes_every_output_and_matches_torch(shape, max_row, dtype):
+def test_the_split_forward_with_one_slice_a_row_writes_every_output_and_matches_torch(shape, max_row, dtype):
     x, weight, bias = inputs(shape, dtype)
     x += 50.0
-    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=max_row, wide="persistent")
-    assert (plan.mode, plan.group) == ("persistent", 1)
+    plan = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=max_row, wide="split")
+    assert (plan.mode, plan.group) == ("split", 1)
     y = torch.full_like(x, float("nan"))
     mean = torch.full(shape[:1], float("nan"), device=DEVICE)
     rstd = torch.full_like(mean, float("nan"))
@@ -475,41 +471,12 @@ def test_persistent_forward_writes_every_output_and_matches_torch(shape, max_row
     torch.testing.assert_close(rstd.double(), 1 / (x64.var(-1, unbiased=False) + 1e-5).sqrt(), atol=0, rtol=1e-4)
 
 
-def _held_row_error(recentre, monkeypatch):
-    """y's error (relative to max |y|) of the split kernel holding fp32 rows of 1000 whose column 0 is a massive
-    activation (3000 against a unit spread: the shift x[row, 0] lies ~130 deviations from the mean)."""
-    monkeypatch.setattr(layer_norm, "_SPLIT_RECENTRE", recentre)
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn((6, 1000), generator=gen).to(DEVICE)
-    x[:, 0] = 3000.0
-    weight, bias = (torch.randn(1000, generator=gen).to(DEVICE) for _ in range(2))
-    plan = layer_norm._layer_norm_settings(6, 1000, 4, max_row=600, wide="persistent")
-    assert (plan.mode, plan.group, plan.block_n) == ("persistent", 1, 1024)  # one step a row: held, EARLY
-    y = torch.empty_like(x)
-    mean, rstd = torch.empty(6, device=DEVICE), torch.empty(6, device=DEVICE)
-    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
-    expected = torch_reference(x, weight, bias, torch.zeros_like(x))[0]
-    return ((y.double() - expected).abs().max() / expected.abs().max()).item()
-
-
-def test_a_held_fp32_row_whose_shift_lies_far_from_its_mean_takes_its_variance_about_the_mean(monkeypatch):
-    # _SPLIT_RECENTRE: the shifted one-pass sums alone lose ~1e-3 of the variance here (the input is one that bites)
-    # (off by default: the "persistent" plan's cost; docs/kernels.md, "Statistics")
-    assert _held_row_error(None, monkeypatch) > 4 * TOLERANCES[torch.float32]
-    assert _held_row_error(4.0, monkeypatch) <= TOLERANCES[torch.float32] / 10
-
-
-_PERSISTENT_ONE_PASS = pytest.mark.xfail(strict=True, reason="the persistent plan's one-pass sums (_SPLIT_RECENTRE off)")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1000, 4097, 8192, 12345, 16383,  # rows, stream, rows, stream, stream
-                               8320, 9216, 11008,  # the walk (fp32 aligned 8193-11520)
-                               pytest.param(12288, marks=_PERSISTENT_ONE_PASS),
-                               pytest.param(16384, marks=_PERSISTENT_ONE_PASS)])
+                               8320, 9216, 11008, 12288, 16384])  # the rows plan on a 16384 block
 def test_fp32_rows_with_a_massive_activation_in_column_0_keep_fp32_accuracy_on_every_plan(n):
     # x[row, 0] is every plan's shift: the shifted one-pass sums alone lose ~N float32 ulps of the variance
-    # (docs/kernels.md, "Statistics"); fp32 rows past 16384 in slices, and the persistent plan's, still do
+    # (docs/kernels.md, "Statistics"); fp32 rows past 16384 in slices still do
     gen = torch.Generator().manual_seed(n)
     x = torch.randn((512, n), generator=gen).to(DEVICE)
     x[:, 0] = 3000.0
@@ -543,12 +510,9 @@ def test_settings_pick_the_measured_wide_forward_plans(monkeypatch):
     assert settings(4, 1 << 22, 4) == P("split", 1, 4096, 8, group=16, per_sm=3)  # slices too big to hold
     assert settings(2048, 65536, 2) == P("looped", 1, 4096, 16)  # 16-bit rows: one program a row
     assert settings(2048, 65536, 2, wide="split") == P("split", 1, 8192, 8, group=8, per_sm=3)
-    assert settings(2048, 65536, 2, wide="persistent") == P("persistent", 1, 32768, 16, group=1, per_sm=1)
-    # up to _MAX_ROW: whole rows; fp32 rows of 8K-16K held by one 32-warp program an SM that walks rows (aligned
-    # ones to 11520 on the walk: walk_fwd_aligned), 16-bit ones there 64 elements a thread
-    assert settings(2048, 16384, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert settings(2048, 11536, 4) == P("persistent", 1, 16384, 32, group=1, per_sm=1)
-    assert [settings(2048, n, 4).mode for n in (8208, 9216, 11520)] == ["walk"] * 3
+    # up to _MAX_ROW: whole rows, a row a program; 16-bit ones past 8192 64 elements a thread
+    assert settings(2048, 16384, 4) == P("rows", 1, 16384, 16)
+    assert [settings(2048, n, 4) for n in (8208, 9216, 11520)] == [P("rows", 1, 16384, 16)] * 3
     assert settings(2048, 8192, 4) == P("rows", 1, 8192, 8)
     assert settings(2048, 16384, 2) == P("rows", 1, 16384, 8)
     assert settings(2048, 16384, 4, max_row=16384).mode == "rows"  # tests' max_row keeps the rows plan
@@ -605,7 +569,7 @@ RAGGED = [
     (7, 50),  # a body of whole vectors between the edges
     (3, 2051),  # one row a program, 2051 + 7 virtual columns: a 4096 block
 ]
-# Rows plans only (the walks' 8-wide steps take minutes under the interpreter at these widths)
+# Rows plans only (the split walk's 8-wide steps take minutes under the interpreter at these widths)
 RAGGED_PIECES = [
     (9, 2049),  # two pieces (2048 + a vector, _row_pieces) at every phase
     (9, 7001),  # three pieces (4096 + 2048 + 1024) at every phase
@@ -626,12 +590,10 @@ def _check_forward(x, weight, bias, y, mean, rstd, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape, plan", [(shape, plan) for shape in RAGGED
-                                         for plan in ("rows", "rows, scalar", "persistent", "split walk, steps")]
+                                         for plan in ("rows", "rows, scalar", "split walk, held", "split walk, steps")]
                          + [(shape, plan) for shape in RAGGED_PIECES for plan in ("rows", "rows, scalar")], ids=str)
 def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, plan, dtype, monkeypatch):
     x, weight, bias = inputs(shape, dtype)
-    tune(monkeypatch, walk_fwd_bands={2: None, 4: None})  # the walk: its own tests
-    tune(monkeypatch, walk_fwd_aligned={2: None, 4: None})
     if plan == "rows":  # aligned vectors at every width (normally from _PHASED_ROWS_MIN_COLS)
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1)
         monkeypatch.setattr(layer_norm, "_PHASED_MIN_ELEM_SIZE", 1)  # 16-bit rows too
@@ -641,8 +603,8 @@ def test_forward_rows_at_every_phase_match_torch_and_write_every_element(shape, 
         monkeypatch.setattr(layer_norm, "_PHASED_ROWS_MIN_COLS", 1 << 30)
         chosen = layer_norm._layer_norm_settings(*shape, x.element_size())
     else:  # one step a row held (HOLD, EARLY), or 8-wide steps walked twice
-        chosen = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=8, wide="persistent")
-        if plan == "persistent":
+        chosen = layer_norm._layer_norm_settings(*shape, x.element_size(), max_row=8, wide="split")
+        if plan == "split walk, held":
             chosen = chosen._replace(block_n=triton.next_power_of_2(shape[1] + 7))
     y, mean, rstd = _poisoned(shape, dtype), _poisoned(shape[:1], torch.float32), _poisoned(shape[:1], torch.float32)
     layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, chosen)
@@ -1044,183 +1006,23 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert settings(8192, 255, 2, backward=True).variant == "measured"  # narrow rows: many a step
     assert settings(8192, 4097, 4) == P("rows", 1, 8192, 16, max_regs=64)  # 16 elements a thread
     assert settings(8192, 12345, 4) == P("rows", 1, 16384, 32, max_regs=64)  # not the held plan: it spills
-    assert settings(8192, 16383, 4).mode == "walk"  # 16384 + 2: past the rows plan's block (was "split")
+    assert settings(8192, 16383, 4).mode == "split"  # 16384 + 2: past the rows plan's block
     for n in (999, 1023):  # 16-bit rows under 1025: Triton's scalar path in the plain rows plan
         assert settings(8192, n, 2).max_regs is None and settings(8192, n, 2).mode == "rows"
     tune(monkeypatch, phased_bwd_tail_max_regs=None)
     assert settings(8192, 1025, 2, backward=True, device=H200).max_regs == 64
 
 
-# ------------------------------------------------------------------ the forward walk (_layer_norm_fwd_walk_kernel)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n_groups", [8, 3, 64], ids=["every row of a phase in one program", "rounded up to VEC",
-                                                      "more programs than rows"])
-# 16-bit: 27 -> 32 lanes and the last vector in words; 300 -> 256 lanes and 8 vectors in words; 1300 -> 1024 + 512
-# and a vector; fp32: pieces reaching every phase (27 + 3 -> 32; 300 + 3 -> 256 + 64; 1300 + 3 -> 1024 + 512)
-@pytest.mark.parametrize("n", [27, 300, 1300])
-def test_the_forward_walk_matches_torch_at_every_phase_and_writes_every_element(n, n_groups, dtype):
-    x, weight, bias = inputs((37, n), dtype)  # 37 rows: rows start at every phase, a program takes several
-    vec = 16 // x.element_size()
-    plan = layer_norm._walk_forward_plan(37, n, x.element_size(), vec, on(4))._replace(n_groups=n_groups)
-    if dtype != torch.float32:
-        assert plan.tail >= 1 and plan.block_n + plan.block_t + plan.tail * vec >= -(-(n + vec - 1) // vec) * vec
-    y, mean, rstd = _poisoned(x.shape, dtype), _poisoned((37,), torch.float32), _poisoned((37,), torch.float32)
-    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
-    _check_forward(x, weight, bias, y, mean, rstd, dtype)
-
-
-def test_the_forward_walk_takes_its_pieces_and_words_as_planned():
-    pieces = layer_norm._walk_pieces
-    assert pieces(27, 2, 8) == ((32, 0, 0), 1)  # 27 + 7 -> vectors to 40: 32 lanes and the last vector in words
-    assert pieces(300, 2, 8) == ((256, 0, 0), 8)  # 256 + 56: the narrow second piece goes as 8 vectors of words
-    assert pieces(1300, 2, 8) == ((1024, 512, 0), 1)
-    assert pieces(4097, 2, 8) == ((4096, 0, 0), 1)
-    assert pieces(12345, 2, 8) == ((16384, 0, 0), 1)  # two pieces (8192 + 8192) are no fewer lanes than one
-    assert pieces(4097, 4, 4) == ((4096, 4, 0), 0)  # fp32: edges as elements, pieces to the widest phase
-    assert pieces(5120, 2, 1) == ((4096, 1024, 0), 0)  # aligned
-    for n in range(1, 20000, 97):
-        for size, vec in ((2, 8), (4, 4), (2, 1), (4, 1)):
-            (a, b, c), tail = pieces(n, size, vec)
-            reach = -(-(n + vec - 1) // vec) * vec if tail else n + vec - 1 if vec > 1 else n
-            assert a + b + c + tail * vec >= reach, (n, size, vec)
-
-
-def test_the_forward_walks_the_rows_where_it_measured_faster():
-    # H200 A/B (docs/kernels.md, "layer_norm: forward", "The walk"): 16-bit unaligned rows of 1025-16383 and
-    # fp32 ones at the top of the rows plan's blocks; aligned rows keep the rows plan
-    settings = layer_norm._layer_norm_settings
-    walked = {(n, s): settings(8192, n, s, device=H200).mode == "walk"
-              for n in (999, 1024, 1025, 2049, 4096, 4097, 5120, 8191, 12345, 16383, 16384, 16385, 8189, 8190, 16377)
-              for s in (2, 4)}
-    assert {k for k, v in walked.items() if v} == {(1025, 2), (2049, 2), (4097, 2), (8189, 2), (8190, 2), (8191, 2),
-                                                    (12345, 2), (16377, 2), (16383, 2), (8190, 4), (8191, 4),
-                                                    (16377, 4), (16383, 4)}
-    assert settings(8192, 4097, 2, max_row=256).mode != "walk"  # tests' wide-row plans
-    P = layer_norm._Plan
-    # 4096 lanes, 16 elements a thread on 8 warps at 80 registers: three programs an SM, a multiple of 8 of them
-    assert settings(8192, 4097, 2, device=H200) == P("walk", 1, 4096, 8, 392, max_regs=80, stages=3, tail=1)
-    # a 32-warp program fills the SM: 64 registers, one an SM (128 of them: a multiple of 8)
-    assert settings(8192, 12345, 2, device=H200) == P("walk", 1, 16384, 32, 128, max_regs=64, stages=3, tail=1)
-    assert settings(8192, 16383, 4, device=H200) == P("walk", 1, 16384, 32, SMS, max_regs=64, stages=3, block_t=4)
-    assert settings(7, 4097, 2, device=H200).n_groups == 8  # fewer rows than programs: still one phase a program
-
-
-def test_the_fp32_forward_walk_keeps_its_warps_where_fewer_would_not_give_its_short_piece_the_bytes(monkeypatch):
-    # _WALK_FWD_HALVE_UNREACHED: fp32 8192 + 128 on 16 warps still reads 1 byte a thread of the second piece (under
-    # _WALK_FWD_MIN_PIECE_BYTES): 32 warps at 64 registers; 8192 + 512 reaches 4 bytes on 16 warps (80 registers)
-    shape = lambda n, size=4: settings(8192, n, size, device=H200)[3:5] + (settings(8192, n, size, device=H200).max_regs,)
-    settings = layer_norm._layer_norm_settings
-    assert [shape(n) for n in (8256, 8320, 8448, 8512, 9216)] == [
-        (32, SMS, 64), (32, SMS, 64), (32, SMS, 64), (16, SMS, 80), (32, SMS, 64)]
-    assert shape(4240, 2) == (8, 396, 80)  # 16-bit keeps the rule that halves to the fewest
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: True, 4: True})
-    assert [shape(n) for n in (8320, 8448, 8512)] == [(16, SMS, 80)] * 3
-    monkeypatch.setattr(layer_norm, "_WALK_FWD_HALVE_UNREACHED", {2: False, 4: False})
-    assert shape(4240, 2) == (16, 264, 64)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("offset, out_offset", [(0, 0), (1, 0), (3, 5)], ids=["contiguous", "a column slice",
-                                                                             "a slice into an odd out"])
-def test_the_forward_walk_on_slices_and_odd_outputs_matches_torch_and_writes_only_its_output(offset, out_offset, dtype,
-                                                                                           monkeypatch):
-    tune(monkeypatch, walk_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    tune(monkeypatch, walk_fwd_aligned={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    for n in (40, 43):  # aligned (then planned so) and unaligned rows
-        big, weight, bias = inputs((11, n + 9), dtype)
-        x = big[:, offset:offset + n]
-        assert layer_norm._layer_norm_settings(11, n, x.element_size()).mode == "walk"
-        buf = _poisoned((11 * n + out_offset + 4,), dtype)
-        out = buf[out_offset:out_offset + 11 * n].view(11, n)
-        y, mean, rstd = layer_norm.forward(x, weight[:n], bias[:n], out=out)
-        assert y is out and buf[:out_offset].isnan().all() and buf[out_offset + 11 * n:].isnan().all()
-        _check_forward(x, weight[:n], bias[:n], y, mean, rstd, dtype)
-
-
-def test_the_forward_walk_gives_nan_rows_as_torch_does(monkeypatch):
-    tune(monkeypatch, walk_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    x, weight, bias = inputs((9, 43), torch.bfloat16)
-    x[2, 5] = float("inf")
-    x[4, 42] = float("nan")
-    y, _, _ = layer_norm.forward(x, weight, bias)
-    expected = F.layer_norm(x.float(), (43,), weight.float(), bias.float())
-    assert torch.equal(y.float().isnan(), expected.isnan())
-    keep = ~expected.isnan()
-    assert_close(torch.where(keep, y.float(), 0.0), torch.where(keep, expected, 0.0).double(), torch.bfloat16, "y")
-
-
-@triton.jit
-def _word_vectors_probe(x_ptr, lo_ptr, hi_ptr, col_ptr, x_phase, n_cols, stride, start, VEC: tl.constexpr,
-                        K: tl.constexpr):
-    """``_ragged.word_vectors`` for row r from virtual column ``start``: lo, hi and the columns of lo, at out[r]."""
-    row = tl.program_id(0)
-    base, ph = row_origin(x_phase, tl.cast(row, tl.int64), stride, VEC)
-    lo, hi, c = word_vectors(x_ptr, base, start, ph, n_cols, K, VEC)
-    out = row * K * (VEC // 2) + (VEC // 2) * tl.arange(0, K)[:, None] + tl.arange(0, VEC // 2)[None, :]
-    tl.store(lo_ptr + out, lo)
-    tl.store(hi_ptr + out, hi)
-    tl.store(col_ptr + out, c - ph)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_word_vectors_read_each_element_at_its_column_and_zero_past_the_row(dtype):
-    from reference_kernels._ragged import phased
-
-    n, k = 21, 4
-    x = torch.randn(16, n, device=DEVICE).to(dtype)  # 8 elements a vector: rows start at every phase
-    r = phased(x, torch.empty_like(x))
-    assert r.vec == 8
-    lo, hi = (torch.empty(16, k * 4, device=DEVICE) for _ in range(2))
-    cols = torch.empty(16, k * 4, dtype=torch.int32, device=DEVICE)
-    _word_vectors_probe[(16,)](r.x, lo, hi, cols, r.phase, n, r.stride_x, 8, VEC=8, K=k)  # vectors at 8..40
-    for row in range(16):
-        ph = (r.phase + row * r.stride_x) % 8
-        for values, shift in ((lo[row], 0), (hi[row], 1)):
-            for j in range(k * 4):
-                col = int(cols[row, j]) + shift  # the row's own column (virtual column - phase)
-                vector = (col + ph) // 8
-                if 0 <= col < n:
-                    assert float(values[j]) == float(x[row, col]), (row, col)
-                elif not (vector * 8 < ph + n and vector * 8 + 8 > ph):  # a vector holding none of the row
-                    assert float(values[j]) == 0.0, (row, col)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1025, 2049, 4097, 7001, 8191, 10468, 12345, 16377, 16383])
-def test_the_forward_walk_matches_torch_at_ragged_model_widths(n, dtype):
-    x, weight, bias = inputs((1000, n + 1), dtype)
-    for rows in (x[:, :n], x[:, 1:]):  # rows at several phases, from the plan's own and from other ones
-        rows = rows.contiguous() if rows is x[:, :n] else rows
-        y, mean, rstd = layer_norm.forward(rows, weight[:n], bias[:n])
-        _check_forward(rows, weight[:n], bias[:n], y, mean, rstd, dtype)
-
-
 def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     # H200 sweep (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows")
     settings = layer_norm._layer_norm_settings
     P = layer_norm._Plan
-    # 8193-9216: chunked rows, 1024-wide chunks on 4 warps, 8 programs an SM, three chunks in flight
-    assert settings(8192, 8704, 2, device=H200) == P("looped", 1, 1024, 4, 1056, per_sm=8, stages=4)
-    assert settings(8192, 9216, 2, device=H200).mode == "looped"
-    assert settings(100, 8704, 2, device=H200).n_groups == 100  # fewer rows than programs
-    assert settings(8192, 9472, 2, device=H200).mode == "rows"  # one tile, JOINT statistics (_forward_launch)
+    # past 8192: one tile, JOINT statistics (_forward_launch)
+    assert [settings(8192, n, 2, device=H200).mode for n in (8704, 9216, 9472)] == ["rows"] * 3
     joint = layer_norm._joint_tile  # on one tile: bf16 from 8193, fp16 from 6145 (its 8192-lane tile)
     assert [joint(n, torch.bfloat16) for n in (4608, 6656, 8192, 9472)] == [False, False, False, True]
     assert [joint(n, torch.float16) for n in (4608, 6144, 6656, 8192, 9472)] == [False, False, True, True, True]
-    assert settings(8192, 8704, 4, device=H200).mode == "walk"  # fp32 its own plan (walk_fwd_aligned)
-    assert settings(8192, 8712, 2, device=H200).mode == "walk"  # unaligned
-    assert settings(8192, 8704, 2, max_row=256).per_sm == 0  # tests' wide-row plan: a program a row
-    # the widest chunk up to 2048 bytes whose last one masks at most an eighth of the row
-    assert layer_norm._looped_forward_plan(100, 8960, 2, H200).block_n == 1024  # 9 x 1024 = 8960 + 256
-    assert layer_norm._looped_forward_plan(100, 4160, 2, H200)[2:5] == (512, 2, 100)  # 1024s would mask 960
-    # past 2^k + 2^k / 16 up to 2^k + 2^k / 8 for 2^k = 2048, 4096: the walk
-    widths = (2112, 2176, 2192, 2304, 2560, 4160, 4224, 4240, 4352, 4608, 4864)
-    modes = {n: settings(8192, n, 2, device=H200).mode for n in widths}
-    assert modes == {2112: "rows", 2176: "rows", 2192: "walk", 2304: "walk", 2560: "rows", 4160: "rows", 4224: "rows",
-                     4240: "walk", 4352: "walk", 4608: "walk", 4864: "rows"}
+    assert settings(8192, 8704, 2, max_row=256) == P("looped", 1, 256, 16)  # tests' wide-row plan: a program a row
     # 4097-8192: two pieces where the second has 1024 lanes or more
     pieces = layer_norm._aligned_16bit_pieces
     assert [pieces(n) for n in (4864, 5120, 5632, 6144)] == [(4096, 1024, 0)] * 2 + [(4096, 2048, 0)] * 2
@@ -1258,23 +1060,6 @@ def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(
     expected = F.layer_norm(x.float(), (n,), weight.float(), bias.float(), 1e-5)
     assert y[7].isnan().all() and y[8].isnan().all()
     torch.testing.assert_close(y.float(), expected, equal_nan=True, atol=0.1, rtol=2e-2)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_the_chunked_forward_on_a_persistent_grid_matches_torch_and_writes_every_element(dtype, monkeypatch):
-    tune(monkeypatch, looped_fwd_bands={2: ((1, 1 << 20),), 4: ((1, 1 << 20),)})
-    monkeypatch.setattr(layer_norm, "_LOOPED_FWD_WARPS_PER_SM", 2)  # few programs: each walks several rows
-    for n in (128, 400, 1040):  # one chunk (fp32); a ragged last chunk; 1040 = 2^k + 16
-        plan = layer_norm._layer_norm_settings(50, n, x_size := torch.tensor([], dtype=dtype).element_size())
-        assert plan.mode == "looped" and plan.n_groups < 50 and plan.stages == layer_norm._LOOPED_FWD_STAGES
-        assert plan.block_n * x_size >= 512 and -(-n // plan.block_n) > (1 if n > 128 else 0)
-        x, weight, bias = inputs((50, n), dtype)
-        if dtype != torch.float32:  # (fp32 rows never take this plan; its shifted sums lose ~N ulps there)
-            x[2, 0] = 40.0  # the shift far from the row's mean
-        out = _poisoned((50, n), dtype)
-        y, mean, rstd = layer_norm.forward(x, weight, bias, out=out)
-        assert y is out
-        _check_forward(x, weight, bias, y, mean, rstd, dtype)
 
 
 @pytest.mark.gpu
@@ -1354,9 +1139,7 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [9216, 10240, 11008, 12288, 16384])
 def test_the_fp32_aligned_plans_match_torch_at_model_widths(n):
-    # to 11520 the walk (walk_fwd_aligned), past it the persistent plan
-    mode = layer_norm._layer_norm_settings(1000, n, 4, device=H200).mode
-    assert mode == ("walk" if n <= 11520 else "persistent")
+    assert layer_norm._layer_norm_settings(1000, n, 4, device=H200).mode == "rows"  # a row a program
     torch.manual_seed(n)
     x, weight, bias = inputs((1000, n), torch.float32)
     x[0, 0] = 40.0  # the shift 13 deviations from the row's mean: its one-pass sums lose ~1e-5 of y (seeded: it
@@ -1488,8 +1271,7 @@ def test_packed_unaligned_rows_take_the_rows_plan_at_a_compile_time_width_and_ma
     settings = functools.partial(layer_norm._layer_norm_settings, 64, n, torch.tensor([], dtype=dtype).element_size())
     fwd, bwd = settings(device=H200, packed=True), settings(backward=True, device=H200, packed=True)
     assert (fwd.mode, bwd.mode, bwd.variant) == ("rows", "rows", "measured")
-    if dtype != torch.float32:  # rows that do not lie packed keep the walk (forward, 16-bit) and the phased backward
-        assert settings(device=H200).mode == "walk"
+    # rows that do not lie packed keep the phased backward
     assert settings(backward=True, device=H200).variant == "phased"
     assert not any(layer_norm._packed_rows(w) for w in (1024, 1030, 1031, 2052))  # aligned, 2 x odd, odd, past the band
     big = (torch.randn(5, n + 4, device=DEVICE) * 3 + 1).to(dtype)
@@ -1762,9 +1544,9 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
     assert not band(258, 2) and not band(750, 2) and band(259, 2)
     monkeypatch.setattr(layer_norm, "_STREAM_FWD_16BIT_MOST", (6, 16))
     assert band(3001, 2) and band(12345, 2)
-    # fp32: rows of no multiple of 16 columns from 1025 to 16383, but the walk's 8190-8191 and packed rows under 2048
+    # fp32: rows of no multiple of 16 columns from 1025 to 16383, but packed rows under 2048
     assert [n for n in (1023, 1025, 1500, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 12288, 16383, 16385) if band(n, 4)] == [
-        1025, 1501, 3001, 6001, 8189, 9001, 16383]
+        1025, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 16383]
     tune(monkeypatch, stream_fwd_bands=None)
     assert not band(999, 2) and not band(4097, 4)
     # the forward streams a banded row before it asks the held plan, and asks it where the streamed kernel cannot run
@@ -1801,7 +1583,6 @@ def test_aligned_rows_in_pieces_keep_their_blocks_warps_only_where_the_pieces_pa
     # first piece's 4; shorter tails (4112, 4160), rows read as unaligned vectors (vec > 1), JOINT pieces and tails past
     # the range keep theirs
     monkeypatch.setattr(layer_norm, "_layer_norm_fwd_kernel", recorded_kernel)
-    tune(monkeypatch, walk_fwd_aligned={2: None, 4: None})  # 4352: the rows plan, not the walk
 
     def warps(n):
         x = torch.empty(3, n, dtype=torch.bfloat16)
@@ -1846,7 +1627,7 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     monkeypatch.setattr(_layer_norm_held, "fits_stream", lambda *args: True)
     assert layer_norm._stream_forward(x, weight, bias, y)
     # rows of N a multiple of 16 in their own band: 16-bit past 32768 (the other plans were faster at 24576 and
-    # 32768); fp32 aligned rows not (the walk faster at 8193-11520, the persistent plan past it)
+    # 32768); fp32 aligned rows not (the rows plan faster at 8193-16384)
     aligned = [n for n in (24576, 32768, 32784, 40960, 49152) if layer_norm._stream_forward(x[:, :n], weight, bias, y)]
     assert aligned == [32784, 40960, 49152]
     x32 = torch.empty(2, 24576)
@@ -1963,50 +1744,34 @@ def test_narrower_streamed_rows_match_torch_and_write_every_output_and_statistic
 # float32 dweight/dbias shares, summed afterwards as every plan's shares are (_sum_shares).
 
 
-def test_the_backward_holds_rows_in_shared_memory_only_in_its_bands(monkeypatch):
+def test_the_backward_holds_rows_in_shared_memory_only_where_the_phased_plan_does_not_take_them(monkeypatch):
     from reference_kernels import _layer_norm_held
 
-    rule = layer_norm._held_bwd_default
+    rule = functools.partial(layer_norm._held_bwd_default, t=TUNED)
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)  # the Triton its register choices came from
-    # 16-bit rows under 1025 from 257, but the packed rows' widths (a multiple of 4) and 257 (the phased plan's 256-lane
-    # tile and a tail in words fill better than its one 512-element segment)
+    # 16-bit ragged rows under the phased plan's first width (1025) from 257, but the packed rows' widths (a multiple of
+    # 4: the rows plan's compile-time width)
     assert [n for n in (255, 256, 257, 258, 322, 332, 333, 777, 998, 999, 1000, 1004, 1023) if rule(n, 2)] == [
-        258, 322, 333, 777, 998, 999, 1023]
-    # 16-bit rows not a multiple of 16: past 8192 wherever a row fits (16383 does not: 16 segments of 1024 over 228
-    # KiB); up to 8192 where two programs an SM fit and, with the shares in registers (up to six segments), the row's
-    # segments hold at most 1.9 times the phased plan's lanes (every unaligned width of 1025-8185: 1025 on three 512-element
-    # segments of a 2-warp program, 1536 slots against 1024 and a tail in words); 8191's nine segments keep the shares
-    # in shared memory, and then the row must fill 10% more of them than of the phased plan's tile
-    widths = (1000, 1025, 1030, 1040, 1900, 2049, 2300, 2800, 3001, 3072, 3300, 4089, 4097, 4300, 6001, 6137, 6200,
-              7001, 8191, 8192, 9001, 12345, 16383)
-    assert [n for n in widths if rule(n, 2)] == [1025, 1030, 1900, 2049, 2300, 3001, 3072, 3300, 4089, 4097, 4300,
-                                                 6001, 6137, 6200, 7001, 9001, 12345, 16383]  # 3072: aligned, below
-    assert not any(rule(n, 4) for n in (1025, 3001, 8191, 5120))  # fp32: not taken
-    # aligned 16-bit rows (no slack before a row: 5120 is five segments): in their bands, 1600, 3072 and 4097-7168
-    aligned = (1536, 1584, 1600, 1616, 2048, 2560, 2816, 3056, 3072, 3136, 3584, 4096, 4112, 4608, 5120, 6144, 7168, 7184,
-               8176, 8192, 10240)
-    assert [n for n in aligned if rule(n, 2)] == [1600, 3072, 4112, 4608, 5120, 6144, 7168]
-    assert _layer_norm_held.bwd_shape(5120, 2, 2).nseg == 5 and _layer_norm_held.bwd_shape(5121, 2, 2).nseg == 6
+        257, 258, 322, 333, 777, 998, 999, 1023]
+    # past it, only rows wider than the phased plan holds (8192 lanes and a tail): 9001 on
+    widths = (1025, 1030, 1900, 2049, 3001, 3072, 4097, 6001, 7001, 8191, 8192, 9001, 12345, 16383)
+    assert [n for n in widths if rule(n, 2)] == [9001, 12345, 16383]
+    assert not any(rule(n, 4) for n in (1025, 3001, 8191, 9001))  # fp32: not taken
+    assert not any(rule(n, 2) for n in (1600, 3072, 5120, 10240))  # aligned rows: never
+    # where the phased plan starts later (its default: past the rows plan's 4096), the held plan takes the rows before
+    assert rule(3001, 2, t=dataclasses.replace(TUNED, phased_bwd_min_cols=4097))
+    assert not rule(3001, 2, t=dataclasses.replace(TUNED, held_bwd_bands=()))
+    assert not layer_norm._held_bwd_default(999, 2, layer_norm.Tuning())  # the defaults hold no row
     # bf16 widened by a shift or an AND in ragged rows; in aligned rows (compiled apart) from six segments
     widen = _layer_norm_held.bwd_widen
     assert [n for n in (2300, 3001, 3072, 5120, 5121, 6144) if widen(_layer_norm_held.bwd_shape(n, 2, 2), n)] == [
         2300, 3001, 5121, 6144]
-    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", None)  # shares in shared memory: the fill rule alone
-    assert [n for n in widths if rule(n, 2)] == [1030, 2300, 3001, 4300, 6001, 6137, 9001, 12345, 16383]
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: False)  # another Triton: in shared memory too
     assert not _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)
     assert _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
     monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
-    tune(monkeypatch, held_bwd_bands=None)
-    assert not rule(3001, 2)
-    assert rule(5120, 2)  # aligned rows have their own bands
-    tune(monkeypatch, held_bwd_aligned_bands={2: ((1, 16384),)})
-    assert rule(2560, 2) and not rule(3001, 2) and not rule(4096, 2)
-    assert not rule(10240, 2)  # ten segments: the shares would be in shared memory, which aligned rows never measured
-    tune(monkeypatch, held_bwd_aligned_bands=None)
-    assert not rule(5120, 2)
     # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
     # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
     # they need (BWD_REG_SHARES: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
