@@ -210,7 +210,8 @@ LN_TUNINGS = {"default": layer_norm.DEFAULT_TUNING,
 @pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.name)
 def test_every_layer_norm_plan_fits_the_device(dev, tuning):
     """Warps a program can have; a register cap that lets the programs an SM the plan launches fit the register file
-    (persistent grids: ``n_groups`` programs over the SMs); no more programs than the rows need."""
+    (persistent grids: ``n_groups`` programs over the SMs); the rows a pipelined plan keeps in flight (x and dy,
+    ``stages - 1`` rows each) within an SM's shared memory; no more programs than the rows need."""
     t = LN_TUNINGS[tuning]
     for n in [w for w in WIDTHS if w <= 262144]:
         for es in (2, 4):
@@ -221,16 +222,19 @@ def test_every_layer_norm_plan_fits_the_device(dev, tuning):
                     where = f"{dev.name} {tuning}: {'backward' if backward else 'forward'} {n} x {es} bytes -> {p}"
                     assert p.num_warps in (1, 2, 4, 8, 16, 32), where
                     assert 1 <= p.n_groups <= max(8192, dev.sms * dev.warps_per_sm), where
+                    resident = -(-p.n_groups // dev.sms) if p.n_groups > 1 else 1
                     if p.max_regs:
-                        resident = -(-p.n_groups // dev.sms) if p.n_groups > 1 else 1
                         assert p.max_regs * 32 * p.num_warps * resident <= dev.regs_per_sm, where
+                    if p.variant == "phased":
+                        in_flight = (p.stages - 1) * (p.block_n + p.block_t + p.block_u) * es * 2
+                        assert in_flight * resident <= dev.smem_per_sm, where
 
 
 def test_the_default_layer_norm_choices_take_no_measured_band():
     h200, t = _device.DESCRIPTIONS["H200"], layer_norm.DEFAULT_TUNING
     plans = {(n, es, b): layer_norm._layer_norm_settings(8192, n, es, backward=b, device=h200, tuning=t)
              for n in WIDTHS if n <= 262144 for es in (2, 4) for b in (False, True)}
-    assert {p.mode for p in plans.values()} <= {"rows", "split", "looped", "one_pass", "two_pass", "persistent"}
+    assert {p.mode for p in plans.values()} <= {"rows", "split", "looped", "one_pass", "two_pass"}
     # no flat backward without a band; the phased one exactly where a row outgrows the rows plan and it holds it whole
     assert {p.variant for p in plans.values()} <= {"measured", "lean", "phased"}
     for (n, es, b), p in plans.items():
