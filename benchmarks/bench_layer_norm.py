@@ -14,7 +14,7 @@ in the same run. Inputs are 256 to 512 MiB, well over the H200's 60 MB L2.
 A width given with ``--widths`` that the anchor shapes lack is timed with 2^27 elements.
 
 ``--sweep`` times, for the backward, the measured plans and the register-lean kernel
-(``layer_norm._BWD_VARIANT = "lean"``) with a few of its neighbours, in the same run.
+(``variant="lean"``) with a few of its neighbours, in the same run.
 
 Liger-Kernel is optional (``pip install liger-kernel``); without it its column reads n/a.
 """
@@ -170,7 +170,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
             for mode, chunk, warps in (("one_pass", 4096, 8), ("one_pass", 4096, 16), ("two_pass", 4096, 8)):
                 groups = max(1, min(m, sm * ppsm // triton.cdiv(n, chunk)))
                 plans.append((f"{mode} chunk={chunk} w={warps} ppsm={ppsm}", P(mode, 1, chunk, warps, groups)))
-    # The register-lean kernel (layer_norm._BWD_VARIANT = "lean"): its own plan, then the
+    # The register-lean kernel (variant="lean"): its own plan, then the
     # neighbours worth a look: the other register cap, the other chunk, one program fewer an SM.
     lean = layer_norm._layer_norm_settings(m, n, size, backward=True, device=_sm_device(sm), variant="lean")
     plans.append((f"lean {lean.mode} bn={lean.block_n} w={lean.num_warps} regs={lean.max_regs} groups={lean.n_groups}", lean))

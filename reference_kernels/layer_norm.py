@@ -122,8 +122,7 @@ _DWDB_GROUPS_PER_SPLIT = 32
 _DWDB_BLOCK_G = 16
 _DWDB_BLOCK_N = 256
 # the backward kernel where no other plan takes the row: "lean" (a row a step, the next row's loads in flight) past
-# _BWD_MAX_ROW, fp32 to _LEAN_FP32_MAX_ROW; "measured" elsewhere
-_BWD_VARIANT = "lean"
+# _BWD_MAX_ROW, fp32 to _LEAN_FP32_MAX_ROW; "measured" elsewhere (it lost past _BWD_MAX_ROW)
 _LEAN_FP32_MAX_ROW = 16384
 _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
 
@@ -282,8 +281,8 @@ def _layer_norm_settings(
     unaligned (N not a multiple of 16) from
     ``phased_bwd_min_cols`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
-    dy contiguous from a 16-byte aligned address), else
-    ``_BWD_VARIANT`` decides, "lean" only at the widths where it measured faster. ``packed`` (the
+    dy contiguous from a 16-byte aligned address), else "lean" past the rows plan's widest row (fp32 to
+    ``_LEAN_FP32_MAX_ROW``), where it measured faster, and "measured" elsewhere. ``packed`` (the
     rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
     not the phased backward.
     ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
@@ -299,9 +298,9 @@ def _layer_norm_settings(
                                               and _phased_backward(n_cols, elem_size, t)
                                               and not (packed and _packed_rows(n_cols, t)))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, device)
-    if backward and (variant or _BWD_VARIANT) == "lean":
-        if variant == "lean" or _BWD_MAX_ROW < n_cols <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols):
-            return _lean_backward_plan(n_rows, n_cols, elem_size, device, max_row, one_pass)
+    if backward and (variant == "lean" or (variant is None and _BWD_MAX_ROW < n_cols
+                                           <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols))):
+        return _lean_backward_plan(n_rows, n_cols, elem_size, device, max_row, one_pass)
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols

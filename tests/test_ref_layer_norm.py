@@ -327,15 +327,16 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
     assert sm * resident - chunks < plan.n_groups * chunks <= sm * resident  # one wave, all co-resident
 
 
-def test_the_lean_backward_takes_over_only_where_it_measured_faster(monkeypatch):
+def test_the_lean_backward_takes_over_only_where_it_measured_faster():
     settings = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True, device=H200,  # noqa: E731
                                                                    flat_ok=False)  # 16-bit 4096: flat where rows lie flat
     widths = [(1024, 4), (4096, 4), (3072, 2), (4096, 2), (16384, 4), (16400, 4), (65536, 4), (16384, 2), (65536, 2)]
     assert [settings(n, s).variant for n, s in widths] == [
         "measured", "measured", "measured", "measured", "lean", "measured", "measured", "lean", "lean",
     ]
-    monkeypatch.setattr(layer_norm, "_BWD_VARIANT", "measured")
-    assert all(settings(n, s).variant == "measured" for n, s in widths)
+    forced = lambda width, size: layer_norm._layer_norm_settings(8192, width, size, backward=True,  # noqa: E731
+                                                                 device=H200, variant="measured")
+    assert all(forced(n, s).variant == "measured" for n, s in widths)
     assert layer_norm._layer_norm_settings(8192, 128, 4, device=H200).variant == "measured"  # forward untouched
     with pytest.raises(ValueError, match="unknown backward variant 'fast'"):
         layer_norm._layer_norm_settings(8192, 128, 4, backward=True, variant="fast")
