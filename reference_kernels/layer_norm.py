@@ -304,7 +304,6 @@ def _layer_norm_settings(
     widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
-    held = not backward and max_row is None and _HELD_ROWS_MIN < n_cols <= _MAX_ROW and width == n_cols
     if not backward and width != n_cols and width <= widest:  # unaligned rows read as aligned vectors
         block_n = next_power_of_2(width)
         block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
@@ -318,7 +317,7 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if held and elem_size == 2:
+            if not backward and elem_size == 2 and max_row is None and n_cols > _HELD_ROWS_MIN:
                 warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
             if backward and elem_size >= 4 and block_m == 1 and max_row is None:
                 warps = _BWD_FP32_ROW_WARPS

@@ -1014,6 +1014,17 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert settings(8192, 1025, 2, backward=True, device=H200).max_regs == 64
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1025, 2049, 4097, 7001, 8191, 10468, 12345, 16377, 16383])
+def test_the_forward_matches_torch_at_ragged_model_widths(n, dtype):
+    # packed rows (the streamed and held plans) and a column slice at another phase (the rows plan)
+    x, weight, bias = inputs((1000, n + 1), dtype)
+    for rows in (x[:, :n].contiguous(), x[:, 1:]):
+        y, mean, rstd = layer_norm.forward(rows, weight[:n], bias[:n])
+        _check_forward(rows, weight[:n], bias[:n], y, mean, rstd, dtype)
+
+
 def test_aligned_16_bit_rows_take_the_plans_that_measured_faster():
     # H200 sweep (docs/kernels.md, "layer_norm: forward", "Aligned 16-bit rows")
     settings = layer_norm._layer_norm_settings
