@@ -15,6 +15,7 @@ neighbouring widths (``miss_runs``: the dense sweep's 130 fp32 misses at 8256-16
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --set softmax.STAGED_STAGES=2  # an A/B
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 28672,32000 --impls ours --set ...  # an A/B, ours alone
     PYTHONPATH=. python3 benchmarks/sweep.py --widths 1000,12345 --set "softmax.tuning.shift_16bit=()"  # a tuned choice
+    PYTHONPATH=. python3 benchmarks/sweep.py --tables benchmarks/data/sweep_layer_norm_h100.json  # a recorded run, no GPU
 
 ``--set MODULE.tuning.CHOICE=VALUE`` sets a measured choice (a field of the module's ``Tuning``, ``tuned/<arch>.json``):
 the module then plans with it on every device, over its tuned file and its defaults.
