@@ -21,6 +21,7 @@ from ._ragged import (
     edge_words,
     edges,
     in_row,
+    row_first,
     row_origin,
     vec_end,
 )
@@ -415,7 +416,7 @@ def _layer_norm_fwd_split_kernel(
     cols = tl.arange(0, BLOCK_N)
     row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
     x_next = _fwd_row_chunk(x_ptr, x_phase, row, stride_x, lo, cols, n_cols, VEC)
-    shift_next = _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC)
+    shift_next = row_first(x_ptr, x_phase, row, stride_x, VEC)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
@@ -462,7 +463,7 @@ def _layer_norm_fwd_split_kernel(
             tl.store(mean_ptr + row, mean)
             tl.store(rstd_ptr + row, rstd)
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
-        shift_next = _fwd_row_first(x_ptr, x_phase, next_row, stride_x, VEC)
+        shift_next = row_first(x_ptr, x_phase, next_row, stride_x, VEC)
         first, last = body_bounds(ph, n_cols, VEC)
         for start in range(lo, hi, BLOCK_N):
             if EARLY:
@@ -502,13 +503,6 @@ def _fwd_row_chunk(x_ptr, x_phase, row, stride_x, start, cols, n_cols, VEC: tl.c
     """The chunk of ``row`` at virtual columns ``start + cols``, whole vectors (_ragged), 0 past the row's last vector."""
     base, ph = row_origin(x_phase, row, stride_x, VEC)
     return tl.load(x_ptr + base + start + cols, mask=start + cols < vec_end(ph, n_cols, VEC), other=0.0)
-
-
-@triton.jit
-def _fwd_row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
-    """x[row, 0] in float32: the shift of the split walk's sums."""
-    base, ph = row_origin(x_phase, row, stride_x, VEC)
-    return tl.load(x_ptr + base + ph).to(tl.float32)
 
 
 @triton.jit

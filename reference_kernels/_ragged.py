@@ -57,6 +57,13 @@ def row_origin(phase0, row, stride, VEC: tl.constexpr):
 
 
 @triton.jit
+def row_first(x_ptr, phase0, row, stride, VEC: tl.constexpr):
+    """``row``'s first element in float32 (the shift the split walks' one-pass sums take)."""
+    base, ph = row_origin(phase0, row, stride, VEC)
+    return tl.load(x_ptr + base + ph).to(tl.float32)
+
+
+@triton.jit
 def vec_end(ph, n_cols, VEC: tl.constexpr):
     """End of the last vector a row of ``n_cols`` at phase ``ph`` touches: the load bound (``ph``: as in
     ``body_bounds``)."""
@@ -331,5 +338,5 @@ def launch_width(n_cols: int, vec: int) -> int:
     return n_cols + vec - 1 if vec > 1 else n_cols
 
 
-__all__ = ["row_origin", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns", "phased",
-           "phased_rows", "launch_width", "vector_elems", "row_pieces"]
+__all__ = ["row_origin", "row_first", "vec_end", "in_row", "body_bounds", "edges", "edge_words", "edge_word_columns",
+           "phased", "phased_rows", "launch_width", "vector_elems", "row_pieces"]

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ._math import exp
-from ._ragged import body_bounds, edge_words, edges, in_row, row_origin, vec_end
+from ._ragged import body_bounds, edge_words, edges, in_row, row_first, row_origin, vec_end
 from ._split_walk import exchange_partials, first_tile, gather_partials, next_ticket, prefetch_target, tile_start
 
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -276,7 +276,7 @@ def _softmax_split_kernel(
     row, lo = tile_start(tile, n_rows, slice_cols, GROUP)
     x_next = _load_row_chunk(x_ptr, x_phase, row, stride_x, lo, cols, n_cols, VEC)
     if SHIFT:  # the tile's c, loaded a tile ahead
-        shift_next = _row_first(x_ptr, x_phase, row, stride_x, VEC)
+        shift_next = row_first(x_ptr, x_phase, row, stride_x, VEC)
     while tile < n_tiles:
         row = tile // GROUP
         lo = (tile % GROUP) * slice_cols
@@ -327,7 +327,7 @@ def _softmax_split_kernel(
         inv_sum = 1.0 / row_sum
         next_row, next_lo = tile_start(next_tile, n_rows, slice_cols, GROUP)
         if SHIFT:
-            shift_next = _row_first(x_ptr, x_phase, next_row, stride_x, VEC)
+            shift_next = row_first(x_ptr, x_phase, next_row, stride_x, VEC)
         first, last = body_bounds(ph, n_cols, VEC)
         for start in range(lo, hi, BLOCK_N):
             if EARLY:
@@ -389,13 +389,6 @@ def _pass_one(x_next, x_row, lo, hi, cols, ph, n_cols, shift, BLOCK_N: tl.conste
     else:
         tile_max = tl.max(run_max, axis=0)
         return x_next, tile_max, tl.sum(run_sum * exp(run_max - tile_max, FAST_EXP), axis=0)
-
-
-@triton.jit
-def _row_first(x_ptr, x_phase, row, stride_x, VEC: tl.constexpr):
-    """The first element of ``row`` in float32 (SHIFT's c)."""
-    base, ph = row_origin(x_phase, row, stride_x, VEC)
-    return tl.load(x_ptr + base + ph).to(tl.float32)
 
 
 @triton.jit
