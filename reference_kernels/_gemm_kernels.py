@@ -65,6 +65,25 @@ def _gemm_epilogue_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
+@triton.jit
+def _tma_dot(a_desc, b_desc, acc, off_m, off_n, k_lo, k_hi, BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr,
+             DOT_IN_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """``acc`` plus the tile at (off_m, off_n) of a @ b over K tiles k_lo..k_hi, both operands by TMA (b's descriptor
+    over (N, K) where B_KMAJOR): the main loop of the persistent and the split-K kernels."""
+    for ki in range(k_lo, k_hi):
+        off_k = ki * BLOCK_K
+        x = a_desc.load([off_m, off_k])
+        if B_KMAJOR:
+            y = b_desc.load([off_n, off_k]).T
+        else:
+            y = b_desc.load([off_k, off_n])
+        if DOT_IN_FP32:
+            x = x.to(tl.float32)
+            y = y.to(tl.float32)
+        acc = tl.dot(x, y, acc, input_precision=INPUT_PRECISION)
+    return acc
+
+
 @triton.jit(launch_metadata=_launch_metadata)
 def _gemm_epilogue_tma_kernel(
     a_desc,  # (M, K) descriptor, block (BLOCK_M, BLOCK_K)
@@ -103,17 +122,7 @@ def _gemm_epilogue_tma_kernel(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
-            a = a_desc.load([off_m, off_k])
-            if B_KMAJOR:
-                b = b_desc.load([off_n, off_k]).T
-            else:
-                b = b_desc.load([off_k, off_n])
-            if DOT_IN_FP32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        acc = _tma_dot(a_desc, b_desc, acc, off_m, off_n, 0, k_tiles, BLOCK_K, B_KMAJOR, DOT_IN_FP32, INPUT_PRECISION)
 
         tile_id_c += NUM_PROGRAMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_m, num_pid_n, GROUP_M)
@@ -191,17 +200,7 @@ def _gemm_splitk_kernel(
     cols = off_n + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if USE_TMA:
-        for ki in range(k_lo, k_hi):
-            off_k = ki * BLOCK_K
-            x = a.load([off_m, off_k])
-            if B_KMAJOR:
-                y = b.load([off_n, off_k]).T
-            else:
-                y = b.load([off_k, off_n])
-            if DOT_IN_FP32:
-                x = x.to(tl.float32)
-                y = y.to(tl.float32)
-            acc = tl.dot(x, y, acc, input_precision=INPUT_PRECISION)
+        acc = _tma_dot(a, b, acc, off_m, off_n, k_lo, k_hi, BLOCK_K, B_KMAJOR, DOT_IN_FP32, INPUT_PRECISION)
     else:
         rows_in = tl.where(rows < M, rows, 0).to(tl.int64)  # past the edge: row/column 0, never stored
         cols_in = tl.where(cols < N, cols, 0).to(tl.int64)
