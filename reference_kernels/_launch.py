@@ -8,9 +8,11 @@ a call by: each tensor argument's shape, strides, dtype, device and 16-byte alig
 Triton specialises on), which arguments are the same tensor, and the other arguments. The
 first call of a key runs the public call's body recorded; later calls replay the record: the
 tensors it allocated (outputs and scratch) allocated again, each launch through the compiled
-kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last) with the
-new data pointers, and what the body returned rebuilt from the new tensors. The checks are not
-run again: a key is recorded only by a call that passed them, and all they read is in the key.
+kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last; its compiled
+launch function itself where the layout is Triton 3.6's and the kernel takes no scratch) with
+the new data pointers, and what the body returned rebuilt from the new tensors; a record's replay
+is Python generated for it, straight-line. The checks are not run again: a key is recorded only
+by a call that passed them, and all they read is in the key.
 
 A record is kept only where replaying it does the same work. Every tensor a launch takes is
 one of the call's tensors, a view of one at a fixed offset, or one the call allocated
@@ -240,24 +242,48 @@ class _Relaunch(_Launch):
 
 
 class _Bound(_Launch):
-    """One recorded launch through the compiled kernel's launcher: new data pointers, nothing else re-derived."""
+    """One recorded launch through the compiled kernel's launcher: new data pointers, nothing else re-derived. A
+    replay calls the launcher from generated code (``_Replay``); ``source`` writes that call."""
 
     def __init__(self, compiled, grid, values, tensors, named, descriptors):
         self.run, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.values, self.named, self.tensors, self.descriptors = values, named, tensors, descriptors
-        self.pointers = [(i, src, delta) for i, src, delta, *_ in tensors]
+        self.direct = _direct_launch(self.run)
 
-    def __call__(self, sources: list, scalars: dict, stream: int | None) -> None:
-        values = self.values.copy()
-        for i, src, delta in self.pointers:
-            values[i] = sources[src].data_ptr() + delta
+    def source(self, const: Callable[[Any], str], var: Callable[[int], str]) -> str:
+        """The launcher's call as Python: ``const(value)`` names a value the replay holds, ``var(i)`` source i."""
+        args = [const(v) for v in self.values]
+        for i, src, delta, *_ in self.tensors:
+            args[i] = f"{var(src)}.data_ptr()" + (f" + {delta}" if delta else "")
         for i, src, delta, desc in self.descriptors:
-            values[i] = _rebased(desc, _Address(sources[src].data_ptr() + delta, desc.base.dtype))
+            address = f"_Address({var(src)}.data_ptr() + {delta}, {const(desc.base.dtype)})"
+            args[i] = f"_rebased({const(desc)}, {address})"
         for i, name in self.named:
-            values[i] = scalars[name]
-        g0, g1, g2 = self.grid
-        self.run(g0, g1, g2, stream, self.function, self.metadata, None, None, None, *values)
+            args[i] = f"scalars[{name!r}]"
+        grid = [*map(str, self.grid), "stream", const(self.function)]
+        if self.direct:  # the launcher's own call, as its __call__ makes it without scratch (_direct_launch)
+            run = self.run
+            head = [*grid, const(run.launch_cooperative_grid), const(run.launch_pdl), "None", "None"]
+            return f"{const(run.launch)}({', '.join(head + [const(self.metadata), 'None', 'None', 'None'] + args)})"
+        return f"{const(self.run)}({', '.join(grid + [const(self.metadata), 'None', 'None', 'None'] + args)})"
+
+
+def _direct_launch(run: Any) -> bool:
+    """Whether a replay may call ``run``'s compiled launch function itself, skipping the Python ``__call__`` in front
+    of it (~1 us a launch). Only for a launcher laid out as Triton 3.6's ``CudaLauncher``: ``__call__(self, gridX,
+    gridY, gridZ, stream, function, *args)`` passes ``launch`` the grid, stream, function, its cooperative-grid and
+    PDL flags, the global and profile scratch (None where the kernel takes none) and ``args`` unchanged. Any other
+    layout, or a kernel that takes scratch, launches through ``run``."""
+    call = getattr(type(run), "__call__", None)
+    try:
+        params = list(inspect.signature(call).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    layout = [p.name for p in params] == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+    return (layout and params[-1].kind is inspect.Parameter.VAR_POSITIONAL and callable(getattr(run, "launch", None))
+            and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
+            and all(hasattr(run, a) for a in ("launch_cooperative_grid", "launch_pdl")))
 
 
 class _Copy:
@@ -318,25 +344,68 @@ def _call(op: Callable, args: tuple, kwargs: dict, sources: list) -> Any:
 
 
 class _Replay:
-    __slots__ = ("allocs", "launches", "result", "bound")
+    """A record, replayed by ``run(slots, scalars)``: Python generated for it (``_replay_source``), so that a replay
+    costs its allocations, views and launches, not a walk over the record (docs/kernels.md, "Host time a call")."""
 
-    def __init__(self, allocs: list, launches: list, result: Any) -> None:
+    __slots__ = ("allocs", "launches", "result", "run")
+
+    def __init__(self, n_slots: int, allocs: list, launches: list, result: Any) -> None:
         self.allocs, self.launches, self.result = allocs, launches, result
-        self.bound = any(one.__class__ is _Bound for one in launches)  # asks for the current stream, once a call
+        text, names = _replay_source(n_slots, allocs, launches, result)
+        exec(compile(text, f"<replay of {len(launches)} launches>", "exec"), names)  # noqa: S102 - our own text
+        self.run = names["replay"]
 
-    def __call__(self, slots: tuple, scalars: dict) -> Any:
-        sources = list(slots)
-        for alloc in self.allocs:  # None: an allocation nothing takes, not made again (indices stay the record's)
-            if alloc is None:
-                sources.append(None)
-                continue
-            shape, stride, dtype, device, zero = alloc
-            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            sources.append(t.zero_() if zero else t)
-        stream = _current_stream() if self.bound else None
-        for one in self.launches:
-            one(sources, scalars, stream)
-        return _rebuild(self.result, sources)
+
+def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> tuple[str, dict]:
+    """The text of ``replay(slots, scalars)`` for a record, and the names it reads: the slots unpacked, each
+    allocation made again, the launches on the new pointers, the result rebuilt. Values of the record (shapes,
+    dtypes, compiled kernels) are names bound to the objects themselves, never written out as text."""
+    names: dict = {"_empty": torch.empty_strided, "_stream": _current_stream, "_view": _view, "_rebased": _rebased,
+                   "_Address": _Address}
+    held: dict = {}
+
+    def const(value: Any) -> str:
+        if value is None or value.__class__ in (bool, int):
+            return repr(value)
+        name = held.setdefault(id(value), f"c{len(held)}")
+        names[name] = value
+        return name
+
+    var = lambda i: f"s{i}"  # noqa: E731
+    lines = ["def replay(slots, scalars):"]
+    if n_slots:
+        lines.append(f"    {''.join(var(i) + ', ' for i in range(n_slots))}= slots")
+    for n, alloc in enumerate(allocs, n_slots):
+        if alloc is None:  # made by the record, taken by nothing: not made again
+            lines.append(f"    {var(n)} = None")
+            continue
+        shape, stride, dtype, device, zero = alloc
+        zeroed = ".zero_()" if zero else ""
+        lines.append(f"    {var(n)} = _empty({const(shape)}, {const(stride)}, dtype={const(dtype)}, "
+                     f"device={const(device)}){zeroed}")
+    bound = [one.__class__ is _Bound for one in launches]
+    lines.append("    stream = _stream()" if any(bound) else "    stream = None")
+    if not all(bound):
+        lines.append(f"    sources = [{', '.join(var(i) for i in range(n_slots + len(allocs)))}]")
+    for one, is_bound in zip(launches, bound):
+        lines.append("    " + (one.source(const, var) if is_bound else f"{const(one)}(sources, scalars, stream)"))
+    lines.append(f"    return {_result_source(result, const, var, allocs, n_slots)}")
+    return "\n".join(lines) + "\n", names
+
+
+def _result_source(result: Any, const: Callable[[Any], str], var: Callable[[int], str], allocs: list,
+                   n_slots: int) -> str:
+    if result.__class__ is _Out:
+        if result.view is None:
+            return var(result.src)
+        delta, size, stride, dtype = result.view
+        alloc = allocs[result.src - n_slots] if result.src >= n_slots else None
+        if alloc is not None and alloc[2] == dtype and delta % dtype.itemsize == 0:  # its storage starts at an allocation
+            return f"{var(result.src)}.as_strided({const(size)}, {const(stride)}, {delta // dtype.itemsize})"
+        return f"_view({var(result.src)}, *{const(result.view)})"
+    if result.__class__ is tuple:
+        return f"({''.join(_result_source(r, const, var, allocs, n_slots) + ', ' for r in result)})"
+    return const(result)
 
 
 class _Planned:
@@ -491,15 +560,6 @@ def _result_of(value: Any, sources: list) -> Any:
     return f"the call returns a {type(value).__name__}"
 
 
-def _rebuild(result: Any, sources: list) -> Any:
-    if result.__class__ is _Out:
-        base = sources[result.src]
-        return base if result.view is None else _view(base, *result.view)
-    if result.__class__ is tuple:
-        return tuple([_rebuild(r, sources) for r in result])
-    return result
-
-
 def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Replay | _Planned:
     if rec.unsafe:
         return _Planned(rec.unsafe)
@@ -522,7 +582,7 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Repl
     used = {i for one in launches for i in one.used()}
     used |= {r.src for r in _outs(result)}
     allocs = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero) for t, zero in rec.allocs]
-    return _Replay([a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches, result)
+    return _Replay(len(slots), [a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches, result)
 
 
 def _outs(result: Any) -> list:
@@ -578,8 +638,9 @@ class Calls:
             self.last = "planned: replays off"
             return run()
         try:
-            if not all(_keyable(p) for p in params):
-                raise TypeError
+            for p in params:
+                if p.__class__ not in _KEYABLE and not _keyable(p):
+                    raise TypeError
             key = (params, _slot_key(slots))
         except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
             self.last = "planned: no key"
@@ -589,7 +650,7 @@ class Calls:
             return self._record(key, slots, run, scalars or {})
         if entry.__class__ is _Replay:
             self.last = "replayed"
-            return entry(slots, scalars or {})
+            return entry.run(slots, scalars or {})
         self.last = f"planned: {entry.why}"
         return run()
 

@@ -334,6 +334,76 @@ def test_a_library_op_on_a_tensor_the_call_was_not_given_plans_each_time():
     torch.testing.assert_close(out, a @ elsewhere)
 
 
+class _Launcher:
+    """A compiled kernel's launcher laid out as Triton 3.6's ``CudaLauncher``: ``__call__`` passes ``launch`` its flags
+    and scratch (none: ``scratch`` 0), ``launch`` keeps what it gets but those instead of launching."""
+
+    profile_scratch_size, launch_cooperative_grid, launch_pdl = 0, False, True
+
+    def __init__(self, scratch):
+        self.global_scratch_size, self.calls, self.through_call = scratch, [], 0
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # noqa: N803 - Triton's names
+        self.through_call += 1
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, None, None,
+                    *args)
+
+    def launch(self, *args):
+        assert args[5:9] == (False, True, None, None)
+        self.calls.append(args[:5] + args[9:])
+
+
+class _FakeCompiled:
+    """What a GPU's compiled kernel gives a bound replay: ``run`` (a ``_Launcher``), ``function``, ``packed_metadata``."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, scratch):
+        self.run = _Launcher(scratch)
+
+
+@pytest.mark.parametrize("scratch", [0, 256], ids=["direct", "through_call"])
+def test_a_bound_replay_calls_the_launcher_as_triton_does_with_each_new_pointer(monkeypatch, scratch):
+    # the path a GPU takes, on CPU: the record's launches bound to a launcher, which a generated replay calls; its
+    # compiled launch function directly where the kernel takes no scratch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.setattr(_launch, "_INTERPRETED", False)
+    monkeypatch.setattr(_launch, "_current_stream", lambda: 77)
+    compiled = [_FakeCompiled(scratch), _FakeCompiled(scratch)]
+
+    def record(x, out):
+        rec = _launch._Recorder()
+        with rec:
+            scratch = torch.zeros(2, 16)
+        desc = TensorDescriptor.from_tensor(out, [4, 4])
+        rec.launches.append(("launch", _add_into_kernel, (3,), (x[1:], scratch[1], desc, 8, 2.5), {"BLOCK": 8},
+                             compiled[0]))
+        rec.launches.append(("copy", out[0], scratch[1, :4]))
+        rec.launches.append(("launch", _scaled_kernel, (1, 2), (scratch, out, 8, 3), {"BLOCK": 16}, compiled[1]))
+        return _launch._replay_of(rec, (x, out), {"k": 2.5}, (out[1:], scratch, 4, scratch[1]))
+
+    x, out = torch.randn(24), torch.zeros(4, 4)
+    entry = record(x, out)
+    assert [type(s).__name__ for s in entry.launches] == ["_Bound", "_Copy", "_Bound"]
+    x2, out2 = torch.randn(24), torch.zeros(4, 4)
+    got_out, got_scratch, four, row = entry.run((x2, out2), {"k": 9.0})
+    assert four == 4 and got_out.data_ptr() == out2[1:].data_ptr() and got_out.shape == (3, 4)
+    assert row.data_ptr() == got_scratch.data_ptr() + 64 and row.shape == (16,)  # views rebuilt on the new tensors
+    assert got_scratch.shape == (2, 16) and not got_scratch.any()  # allocated again, zeroed as recorded
+    (first,), (second,) = compiled[0].run.calls, compiled[1].run.calls
+    assert first[:9] == (3, 1, 1, 77, "function", "metadata", None, None, None)
+    assert first[9] == x2.data_ptr() + 4 and first[10] == got_scratch.data_ptr() + 64  # views at their offsets
+    desc = first[11]
+    assert desc.base.data_ptr() == out2.data_ptr() and list(desc.block_shape) == [4, 4]  # the descriptor rebased
+    assert first[12:] == (8, 9.0, 8)  # the per-call value of the do_not_specialize argument, the rest as recorded
+    assert second[:3] == (1, 2, 1) and second[9:] == (got_scratch.data_ptr(), out2.data_ptr(), 8, 3, 16)
+    out2[0] = 5.0
+    entry.run((x2, out2), {"k": 1.0})
+    assert not out2[0].any()  # the copy between the launches ran again (scratch's zeros into out's first row)
+    assert compiled[0].run.through_call == (0 if scratch == 0 else 2)
+
+
 # --------------------------------------------------------------------------- on a GPU: the bound launches
 
 
