@@ -1064,7 +1064,7 @@ def forward(
 def _forward(x, weight, bias, eps, out, max_row):
     _check_params(x, weight, bias)
     y = output_like(x, out)
-    # two allocations: a replay makes one as fast as a view of a shared one (docs/kernels.md, "Host time a call")
+    # apart: a replayed allocation costs about what a view of a shared one does (docs/kernels.md, "Host time a call")
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if x.numel() == 0:
