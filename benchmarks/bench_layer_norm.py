@@ -139,7 +139,7 @@ def plan_variants(m: int, n: int, size: int, backward: bool, sm: int) -> list[tu
                     if warps * per_sm <= 64:
                         plans.append((f"split, a row held w={warps} per_sm={per_sm}",
                                       P("split", 1, next_power_of_2(n), warps, group=1, per_sm=per_sm)))
-        if n > layer_norm._MAX_ROW:
+        if n > layer_norm.MAX_ROW:
             plans.append((f"looped chunk={layer_norm._CHUNK} w={layer_norm._LOOPED_WARPS}",
                           P("looped", 1, layer_norm._CHUNK, layer_norm._LOOPED_WARPS)))
         if n >= 16384:

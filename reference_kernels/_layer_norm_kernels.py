@@ -753,7 +753,6 @@ def _layer_norm_bwd_phased_kernel(
     EDGE_WORDS: tl.constexpr = False,  # 16-bit rows: the edges read as 32-bit words (_ragged.edge_words)
     TAIL: tl.constexpr = False,  # with EDGE_WORDS: the pieces stop a vector short of the widest phase, whose
     # last vector the words then hold (a body vector past the pieces: in the sums and the shares too)
-    PAIRS: tl.constexpr = False,  # a piece's two row sums (x-hat . w dy, sum of w dy) in one reduction
     MERGE: tl.constexpr = 0,  # > 0 (the program's threads, dividing both pieces): both pieces' sums in one reduction
     BLOCK_U: tl.constexpr = 0,  # virtual columns of a third piece, from BLOCK_N + BLOCK_T on (MERGE dividing it too); 0: none
     AHEAD: tl.constexpr = False,  # the third piece loaded a row ahead into registers: 16-bit pieces of under two lanes
@@ -897,23 +896,16 @@ def _layer_norm_bwd_phased_kernel(
                 p1 += tl.sum(tl.reshape(xhat_u * wdy_u, (MERGE, BLOCK_U // MERGE)), axis=1)
                 p2 += tl.sum(tl.reshape(wdy_u, (MERGE, BLOCK_U // MERGE)), axis=1)
             s1, s2 = tl.reduce((p1, p2), 0, _add_pairs)
-        elif PAIRS:  # both row sums in one reduction
+        else:  # a piece's two row sums (x-hat . w dy, sum of w dy) in one reduction
             s1, s2 = tl.reduce((xhat * wdy, wdy), 0, _add_pairs)
-        else:
-            s1 = tl.sum(xhat * wdy, axis=0)
-            s2 = tl.sum(wdy, axis=0)
         if BLOCK_T > 0 and MERGE == 0:
             dy_t, xhat_t = _bwd_row_terms(x_t_in, dy_t_in, mine_t, mean, rstd)
             dw_acc_t += dy_t * xhat_t
             db_acc_t += dy_t
             wdy_t = w_t * dy_t
-            if PAIRS:
-                t1, t2 = tl.reduce((xhat_t * wdy_t, wdy_t), 0, _add_pairs)
-                s1 += t1
-                s2 += t2
-            else:
-                s1 += tl.sum(xhat_t * wdy_t, axis=0)
-                s2 += tl.sum(wdy_t, axis=0)
+            t1, t2 = tl.reduce((xhat_t * wdy_t, wdy_t), 0, _add_pairs)
+            s1 += t1
+            s2 += t2
         if TAIL:
             xhat_e = tl.where(e_sum, (x_e - mean) * rstd, 0.0)
             xhat_e_hi = tl.where(e_sum_hi, (x_e_hi - mean) * rstd, 0.0)

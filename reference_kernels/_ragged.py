@@ -39,6 +39,14 @@ from ._common import next_power_of_2
 
 VECTOR_BYTES = 16
 _TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments divisible by 16
+# The rows plans' rules for ragged rows (softmax's and the layer-norm forward's): packed rows of no multiple of 16 up to
+# PACKED_N_MAX take N as a compile-time constant ("Packed rows"); unaligned rows are read as aligned vectors from
+# PHASED_ROWS_MIN_COLS ("Ragged rows"); a row in power-of-two pieces (``row_pieces``) takes a second piece only where
+# more than PIECE_SLACK of its lanes would be masked, from PIECES_MIN_COLS
+PACKED_N_MAX = 2047
+PHASED_ROWS_MIN_COLS = 2048
+PIECE_SLACK = 0.125
+PIECES_MIN_COLS = 256
 
 
 @triton.jit

@@ -25,6 +25,13 @@ from ._common import cdiv, interpreting
 from ._device import sm_count
 from ._launch import launch as launch_kernel
 
+# The walk sized for the L2 (softmax's and the layer-norm forward's "split" plans): slices not held in registers walked
+# in SPLIT_CHUNK_BYTES steps by SPLIT_PER_SM 8-warp programs an SM (3 x 132 x 64 KiB in flight: 26 MB), a row in at
+# most MAX_SPLIT_GROUP slices (programs that wait on each other: far below what a GPU holds at once)
+SPLIT_CHUNK_BYTES = 16384
+SPLIT_PER_SM = 3
+MAX_SPLIT_GROUP = 16
+
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row
 # do not queue behind those spinning on the next (docs/kernels.md, "The split walk").
 COUNTER_STRIDE_INTS = 32

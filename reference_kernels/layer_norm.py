@@ -23,11 +23,12 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import (as_rows, cdiv, check_tensor, float32_pair, interpreting, next_power_of_2, output_like, rows_cols,
-                      warps_for)
+from ._common import (MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair, interpreting, next_power_of_2,
+                      output_like, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import VECTOR_BYTES, Phased, launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces
-from ._split_walk import COUNTER_STRIDE_INTS, split_group, split_run
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
+                      launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
+from ._split_walk import COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, split_group, split_run
 from ._launch import Calls, launch as launch_kernel
 from ._layer_norm_kernels import (
     _FROM_STATS,
@@ -69,9 +70,8 @@ class _Plan(NamedTuple):
 # backward" (each section named below); the widths where a plan is taken are data (``Tuning``, tuned/<arch>.json).
 # The figures behind each value are in those sections and in git's history, not here.
 
-# forward, whole rows ("The rows kernel", as softmax's): rows up to _MAX_ROW held whole, _ROWS_TILE elements a program
-_MAX_ROW = 16384
-_ROWS_TILE = 2048
+# forward, whole rows ("The rows kernel", as softmax's): rows up to MAX_ROW held whole, ROWS_TILE elements a program
+# (_common), ragged rows as softmax's (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS: _ragged)
 # fp32 aligned rows load weight and bias before x (``_params_first``: blocks filled to a share of their lanes;
 # "fp32 aligned rows against Liger's shape")
 _FWD_PARAMS_FIRST_LANE_USE = 0.7
@@ -80,97 +80,71 @@ _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
 # forward rows held or streamed by _layer_norm_held ("One pass for the statistics", "Rows streamed past the held
 # weight", "Rows under 1025"): even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS keep the rows plan's 4-byte pairs or
 # stream on at most _STREAM_FWD_EVEN_MAX_WARPS warps (None: never); 16-bit rows stream only on programs of at most
-# _STREAM_FWD_16BIT_MOST (segments, warps); fp32 rows under _HELD_FWD_FP32_ALONE_MIN_COLS are held only where two
-# programs an SM fit
+# _STREAM_FWD_16BIT_MOST (segments, warps)
 _HELD_FWD_EVEN_MIN_COLS = 1025
 _STREAM_FWD_16BIT_MOST = (5, 8)
 _STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
-_HELD_FWD_FP32_ALONE_MIN_COLS = 16385
-# aligned 16-bit rows whose power-of-two tile masks lanes take _MASKED_ROWS_TILE elements a program, twice the rows
-# ("Aligned 16-bit rows"), for N a multiple of _MASKED_ROWS_MULTIPLE
-_MASKED_ROWS_TILE = 4096
-_MASKED_ROWS_MULTIPLE = 16
-# 16-bit rows past _HELD_ROWS_MIN: the rows plan at _HELD_ROWS_ELEMS_16BIT elements a thread
-_HELD_ROWS_MIN = 8192
-_HELD_ROWS_ELEMS_16BIT = 64
-# rows past _MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
+# aligned 16-bit rows whose power-of-two tile masks lanes take twice ROWS_TILE elements a program, twice the rows
+# ("Aligned 16-bit rows"; packed ones of a multiple of _PACKED_ROWS_MULTIPLE too)
+# rows past MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
 # 16-bit "looped"; ``wide=`` names another)
 _CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "split", "looped")
-_SPLIT_CHUNK_BYTES = 16384  # steps of a slice that is not held
 _SPLIT_WARPS = 8
-_SPLIT_PER_SM = 3
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
-_SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to _MAX_SPLIT_GROUP a row
+_SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
-_MAX_SPLIT_GROUP = 16
 _LOOPED_WARPS = 16
 
-# backward, rows ("layer_norm: backward"): rows up to _BWD_MAX_ROW in _BWD_ROWS_TILE-element steps on _BWD_WARPS
-# warps, _BWD_PROGRAMS_PER_SM row groups an SM; narrow 16-bit rows a row a step (_BWD_NARROW_HALF); fp32 rows of
-# 4096 on _BWD_FP32_ROW_WARPS; wider rows in _BWD_CHUNK chunks ("one_pass"), or on the lean kernel
-_BWD_MAX_ROW = 4096
+# backward, rows ("layer_norm: backward"): rows up to one _BWD_ROWS_TILE-element tile, a tile a step, on _BWD_WARPS
+# warps, _BWD_PROGRAMS_PER_SM row groups an SM; narrow 16-bit rows a row a step (_BWD_NARROW_HALF); wider rows on the
+# lean kernel, whole or in _BWD_CHUNK chunks ("one_pass"; the measured kernel's chunks where it is asked for)
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
-_BWD_FP32_ROW_WARPS = 16
 _BWD_PROGRAMS_PER_SM = 2
 _BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
-_BWD_CHUNK = 4096
+_BWD_CHUNK = 2048
 # dweight/dbias: share rows summed per program of the first level (the second adds the splits)
 _DWDB_GROUPS_PER_SPLIT = 32
 _DWDB_BLOCK_G = 16
 _DWDB_BLOCK_N = 256
 # the backward kernel where no other plan takes the row: "lean" (a row a step, the next row's loads in flight) past
-# _BWD_MAX_ROW, fp32 to _LEAN_FP32_MAX_ROW; "measured" elsewhere (it lost past _BWD_MAX_ROW)
-_LEAN_FP32_MAX_ROW = 16384
+# _BWD_ROWS_TILE; "measured" up to it (it lost past it, its chunks too)
 _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
 
 # rows that start unaligned ("Ragged rows", "Packed rows"): the forward rows plan reads aligned vectors from
-# _PHASED_ROWS_MIN_COLS columns; packed rows take N at compile time up to _PACKED_N_MAX, those of a multiple of
-# _PACKED_ROWS_MULTIPLE in packed_rows_band on the rows plan, 16-bit ones of a multiple of
-# _MASKED_ROWS_PACKED_MULTIPLE on the masked-rows tile
-_PHASED_ROWS_MIN_COLS = 2048
-_PACKED_N_MAX = 2047
+# PHASED_ROWS_MIN_COLS columns; packed rows take N at compile time up to PACKED_N_MAX, those of a multiple of
+# _PACKED_ROWS_MULTIPLE (8-byte 16-bit vectors) in packed_rows_band on the rows plan, and the masked-rows tile
 _PACKED_ROWS_MULTIPLE = 4
-_MASKED_ROWS_PACKED_MULTIPLE = 4
 # pieces ("Rows in pieces, ragged or aligned (forward)"; softmax's rule, _ragged.row_pieces): up to _ROW_PIECES; aligned
 # rows keep their power of two unless it masks _PIECE_WASTE_ALIGNED, or unless the later pieces are a sliver (at most
-# 1/_SLIVER of its lanes, blocks up to _SLIVER_MAX_SINGLE; fp32 only on blocks of _SLIVER_FP32_MIN_SINGLE)
+# 1/_SLIVER of its lanes, blocks up to _SLIVER_MAX_SINGLE; 16-bit rows only)
 _ROW_PIECES = 3
-_PIECE_SLACK = 0.125
-_PIECES_MIN_COLS = 256
 _PIECE_WASTE_ALIGNED = 0.45
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
-_SLIVER = {2: 128, 4: 64}
-_SLIVER_FP32_MIN_SINGLE = 8192
+_SLIVER = 128
 # aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
-# _ALIGNED_PIECE_MIN_LANES or more, _ALIGNED_PIECES_MAX_REGS registers
+# _ALIGNED_PIECE_MIN_LANES or more, capped for _RESIDENT_WARPS
 _ALIGNED_PIECE_MIN_LANES = 1024
-_ALIGNED_PIECES_MAX_REGS = 64
 # the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread
 _PHASED_MIN_ELEM_SIZE = 4
-_PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped
-_PHASED_MAX_REGS = 64  # two 16-warp (or four 8-warp) programs an SM
+_PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped: capped for _RESIDENT_WARPS
 
 # backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): rows of up to
 # _PHASED_BWD_MAX_ROW lanes and a _PHASED_BWD_MAX_TAIL tail, _PHASED_BWD_VECTORS 16-byte vectors a thread, up to
-# _PHASED_BWD_WARPS_PER_SM warps an SM, _PHASED_BWD_STAGES - 1 rows of x and dy in flight within the shared memory
+# _RESIDENT_WARPS warps an SM, _PHASED_BWD_STAGES - 1 rows of x and dy in flight within the shared memory
 # an SM has (at most _PHASED_BWD_SMEM_BYTES)
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
-_PHASED_BWD_WARPS_PER_SM = 32
 _PHASED_BWD_STAGES = 3
 _PHASED_BWD_SMEM_BYTES = 196608
-_PHASED_BWD_MIN_ELEM_SIZE = 2
 # two pieces where the power of two masks _PHASED_BWD_PIECE_WASTE of the lanes (ragged rows, fp32 under 4096)
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
 # a 16-bit one-vector tail read with the edges as 32-bit words (TAIL) up to this first piece
 _PHASED_BWD_TAIL_WORDS_MAX = 4096
-# a piece's two row sums in one reduction (PAIRS) from this many lanes (and narrower 16-bit rows of several reductions)
-_PHASED_BWD_PAIRS_MIN_LANES = 2048
 # 16-bit aligned rows in two pieces: a second piece of at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES, the register cap
 # by its lanes; three pieces, a one-lane third piece loaded a row ahead (AHEAD), first pieces unmasked (FULL), pieces
 # merged into one reduction (MERGE): _phased_ahead, _full_first, _merge_pieces
@@ -179,26 +153,32 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pie
 
 # backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE (or
 # _FLAT_BWD_SMALL_TILE) lanes cut in _FLAT_BWD_SEGMENT-lane segments, where the tile holds _FLAT_BWD_MIN_GAIN more of
-# its lanes in use than the plan it replaces
+# its lanes in use than the plan it replaces; _RESIDENT_WARPS warps an SM
 _FLAT_BWD_TILE = 8192
 _FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 _FLAT_BWD_STAGES = 3
-_FLAT_BWD_STAGES_WIDE = 4  # windows on the 8192-lane tile, fp16 ones or ones that mask no segment
-_FLAT_BWD_MAX_REGS = 64
 
-# backward, the lean kernel: rows to _LEAN_MAX_ROW, else _LEAN_CHUNK chunks; register caps (64: 32 resident warps an
-# SM; 16-bit chunks spill there and take 80)
-_LEAN_MAX_ROW = 4096
-_LEAN_CHUNK = 2048
-_LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size: fp32 4096 = 32 warps x 32 lanes x 4
-_LEAN_MAX_REGS = {("rows", 4): 64, ("rows", 2): 64, ("chunks", 4): 64, ("chunks", 2): 80}
+# backward, the lean kernel: one 16-byte vector a thread, so rows to _LEAN_MAX_WARPS warps of them (4096 columns), else
+# _BWD_CHUNK chunks; the register cap for _RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
+_LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size
+_LEAN_CHUNKS_16BIT_REGS = 80
 # chunked plans: one_pass needs a row's chunks co-resident, so past this many it gives way to two_pass; beyond
 # _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen
 _MAX_ONE_PASS_CHUNKS = 128
 _MAX_CHUNKS = 4096
+
+
+# Register-capped plans keep _RESIDENT_WARPS warps an SM resident (half an SM's 64 warp slots: two 16-warp programs,
+# four 8-warp ones, ...); their cap is the register file over those warps (``_resident_regs``)
+_RESIDENT_WARPS = 32
+
+
+def _resident_regs(device: Device) -> int:
+    """The register cap (``maxnreg``) that lets ``_RESIDENT_WARPS`` warps an SM reside: 64 on sm_80-sm_100."""
+    return device.regs_per_sm // (_RESIDENT_WARPS * 32) // 8 * 8
 
 
 def _phased_smem(device: Device) -> int:
@@ -234,8 +214,8 @@ class Tuning:
     held_bwd_bands: tuple = ()  # a band of ragged rows held where the phased plan does not take them
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
     # longer fits one rows program and the phased plan still holds it whole (not a band; docs/kernels.md, "Planning")
-    phased_bwd_min_cols: int | None = _BWD_MAX_ROW + 1
-    phased_bwd_aligned_min_cols: int | None = _BWD_MAX_ROW + 1  # ...
+    phased_bwd_min_cols: int | None = _BWD_ROWS_TILE + 1
+    phased_bwd_aligned_min_cols: int | None = _BWD_ROWS_TILE + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
     phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
     flat_bwd_16bit: tuple | None = None  # 16-bit aligned rows laid flat in this band (where their tile fills) ...
@@ -282,10 +262,10 @@ def _layer_norm_settings(
     ``phased_bwd_min_cols`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
     dy contiguous from a 16-byte aligned address), else "lean" past the rows plan's widest row (fp32 to
-    ``_LEAN_FP32_MAX_ROW``), where it measured faster, and "measured" elsewhere. ``packed`` (the
+, where it measured faster, and "measured" elsewhere. ``packed`` (the
     rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
     not the phased backward.
-    ``wide`` names the forward plan for rows wider than ``_MAX_ROW`` instead of
+    ``wide`` names the forward plan for rows wider than ``MAX_ROW`` instead of
     ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
@@ -298,17 +278,16 @@ def _layer_norm_settings(
                                               and _phased_backward(n_cols, elem_size, t)
                                               and not (packed and _packed_rows(n_cols, t)))):
         return _phased_backward_plan(n_rows, n_cols, elem_size, device)
-    if backward and (variant == "lean" or (variant is None and _BWD_MAX_ROW < n_cols
-                                           <= (_LEAN_FP32_MAX_ROW if elem_size >= 4 else n_cols))):
+    if backward and (variant == "lean" or (variant is None and n_cols > _BWD_ROWS_TILE)):
         return _lean_backward_plan(n_rows, n_cols, elem_size, device, max_row, one_pass)
-    widest = max_row if max_row is not None else (_BWD_MAX_ROW if backward else _MAX_ROW)
+    widest = max_row if max_row is not None else (_BWD_ROWS_TILE if backward else MAX_ROW)
     # the columns a forward rows program covers: the widest phase too where it reads aligned vectors (_ragged)
     width = ragged_width(n_cols, elem_size) if not backward and _phase_rows(n_cols, elem_size) else n_cols
     if not backward and width != n_cols and width <= widest:  # unaligned rows read as aligned vectors
         block_n = next_power_of_2(width)
-        block_m = max(1, min(_ROWS_TILE // block_n, next_power_of_2(n_rows)))
+        block_m = max(1, min(ROWS_TILE // block_n, next_power_of_2(n_rows)))
         warps = max(warps_for(block_m * block_n), min(32, block_m * block_n // (32 * _PHASED_ROWS_ELEMS)))
-        return _Plan("rows", block_m, block_n, warps, max_regs=_PHASED_MAX_REGS)
+        return _Plan("rows", block_m, block_n, warps, max_regs=_resident_regs(device))
     if width <= widest:
         block_n = next_power_of_2(width)
         if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
@@ -317,10 +296,6 @@ def _layer_norm_settings(
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
             warps = _BWD_WARPS if backward else warps_for(block_m * block_n)
-            if not backward and elem_size == 2 and max_row is None and n_cols > _HELD_ROWS_MIN:
-                warps = max(4, block_n // (32 * _HELD_ROWS_ELEMS_16BIT))
-            if backward and elem_size >= 4 and block_m == 1 and max_row is None:
-                warps = _BWD_FP32_ROW_WARPS
             per_sm = _BWD_PROGRAMS_PER_SM
         least = t.bwd_prefetch_16bit_min
         prefetch = backward and elem_size == 2 and max_row is None and least is not None and n_cols > least
@@ -345,7 +320,7 @@ def _layer_norm_settings(
 
 
 def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: int | None) -> _Plan:
-    """The forward's plan for rows wider than ``_MAX_ROW`` (``wide`` or ``_WIDE_ROWS_PLAN``).
+    """The forward's plan for rows wider than ``MAX_ROW`` (``wide`` or ``_WIDE_ROWS_PLAN``).
 
     "looped": one program a row. "split": ``_layer_norm_fwd_split_kernel``, fp32 slices of one step
     held in registers (32 elements a thread, a few programs an SM) while they fit, else 16 KB steps.
@@ -359,17 +334,17 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
         chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
         return _Plan("looped", 1, max(chunk, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
     row_bytes = n_cols * elem_size
-    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, _MAX_SPLIT_GROUP)))
+    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, MAX_SPLIT_GROUP)))
     hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
     if max_row is not None:
-        chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, _SPLIT_PER_SM
+        chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, SPLIT_PER_SM
     elif hold:
         chunk = slice_bytes // elem_size
         warps = warps_for(chunk)
         per_sm = max(1, 16 // warps)
     else:
-        chunk, warps, per_sm = _SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, _SPLIT_PER_SM
-    group = split_group(n_cols, chunk, min(_MAX_SPLIT_GROUP, cdiv(row_bytes, slice_bytes)))[0]
+        chunk, warps, per_sm = SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, SPLIT_PER_SM
+    group = split_group(n_cols, chunk, min(MAX_SPLIT_GROUP, cdiv(row_bytes, slice_bytes)))[0]
     if group > 1 and interpreting():
         if wide == "split":
             raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
@@ -379,7 +354,7 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
 
 def _phase_rows(n_cols: int, elem_size: int) -> bool:
     """Whether the forward ``rows`` plan reads unaligned rows as aligned vectors (``_ragged``)."""
-    return n_cols >= _PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
+    return n_cols >= PHASED_ROWS_MIN_COLS and elem_size >= _PHASED_MIN_ELEM_SIZE
 
 
 def _phased_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
@@ -390,7 +365,7 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> 
         return aligned
     vec = max(1, 16 // elem_size)
     need = ragged_width(n_cols, elem_size)
-    block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, _PIECE_SLACK)
+    block_n, block_t, _ = row_pieces(need, vec, _PHASED_BWD_PIECES, PIECE_SLACK)
     pieces = n_cols % 16 != 0 or (elem_size >= 4 and n_cols < 4096)
     if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
         pieces = False
@@ -446,14 +421,6 @@ def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
     return vec == 8 and block_t == 0 and block_n < launch_width(n_cols, vec)
 
 
-def _phased_pairs(block_n: int, block_t: int, tail: bool, elem_size: int) -> bool:
-    """``PAIRS`` of the phased backward: rows of ``_PHASED_BWD_PAIRS_MIN_LANES`` or more, and where
-    narrower 16-bit rows that take more than one reduction a row (a second piece, or a
-    tail in words; ``MERGE``, where it applies, takes the row in one reduction of its own). fp32 pieces lost with it
-    (docs/kernels.md, "Aligned 16-bit rows in pieces")."""
-    return block_n + block_t >= _PHASED_BWD_PAIRS_MIN_LANES or (
-        elem_size == 2 and (block_t > 0 or tail))
-
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
     """The pieces (BLOCK_N, BLOCK_T, BLOCK_U) in which the phased backward holds a 16-bit aligned row, or None (one
@@ -464,7 +431,7 @@ def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = No
     if elem_size >= 4 or n_cols % 16:
         return None
     if _in_any(t.phased_bwd_aligned_pieces_16bit, n_cols):
-        block_n, block_t, _ = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
+        block_n, block_t, _ = row_pieces(n_cols, 1, 2, PIECE_SLACK)
         if block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW:
             return block_n, block_t, 0
     if _in_any(t.phased_bwd_aligned_three_pieces_16bit, n_cols):
@@ -487,13 +454,13 @@ def _phased_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bo
         least = t.phased_bwd_aligned_min_cols
         return (least is not None and n_cols >= least) or _in(band, n_cols) or held[2] > 0
     least = t.phased_bwd_min_cols
-    return least is not None and n_cols >= least and elem_size >= _PHASED_BWD_MIN_ELEM_SIZE
+    return least is not None and n_cols >= least
 
 
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
-    (no spills in an sm_90 compile), as many programs as fill ``_PHASED_BWD_WARPS_PER_SM``. Aligned 16-bit
+    (no spills in an sm_90 compile), as many programs as fill ``_RESIDENT_WARPS``. Aligned 16-bit
     rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
     ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
     vec = max(1, 16 // elem_size)
@@ -506,8 +473,8 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size, t) is not None
     first_only = aligned_pieces
     warps = _phased_bwd_warps(block_n if first_only else block_n + block_t, elem_size)
-    per_sm = max(1, _PHASED_BWD_WARPS_PER_SM // warps)
-    max_regs = _PHASED_MAX_REGS
+    per_sm = max(1, _RESIDENT_WARPS // warps)
+    max_regs = _resident_regs(device)
     if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
@@ -568,20 +535,20 @@ def _flat_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool
 
 def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_flat_kernel`` (``_flat_shape``): block_m R rows a window, block_n P lanes a
-    segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as 32 warps hold."""
+    segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as ``_RESIDENT_WARPS`` hold."""
     seg, _, r, segments = _flat_shape(n_cols)
     vec = max(1, 16 // elem_size)
     warps = max(1, min(32, next_power_of_2(cdiv(segments * seg, 32 * vec))))
-    n_groups = max(1, min(device.sms * max(1, 32 // warps), cdiv(n_rows, r)))
-    return _Plan("rows", r, seg, warps, n_groups, "flat", _FLAT_BWD_MAX_REGS, stages=_FLAT_BWD_STAGES)
+    n_groups = max(1, min(device.sms * max(1, _RESIDENT_WARPS // warps), cdiv(n_rows, r)))
+    return _Plan("rows", r, seg, warps, n_groups, "flat", _resident_regs(device), stages=_FLAT_BWD_STAGES)
 
 
 def _packed_rows(n_cols: int, t: Tuning | None = None) -> bool:
     """Whether unaligned rows of ``n_cols`` that lie packed take the rows plan with a compile-time width
     (``NARROW``) instead of the held or streamed forward or the phased backward: in ``packed_rows_band``, a multiple of
-    ``_PACKED_ROWS_MULTIPLE`` and at most ``_PACKED_N_MAX``."""
+    ``_PACKED_ROWS_MULTIPLE`` and at most ``PACKED_N_MAX``."""
     band = (t or DEFAULT_TUNING).packed_rows_band
-    return (band is not None and band[0] <= n_cols <= min(band[1], _PACKED_N_MAX) and n_cols % 16 != 0
+    return (band is not None and band[0] <= n_cols <= min(band[1], PACKED_N_MAX) and n_cols % 16 != 0
             and n_cols % _PACKED_ROWS_MULTIPLE == 0)
 
 
@@ -617,12 +584,12 @@ def _lean_backward_plan(
     """The plan of ``_layer_norm_bwd_lean_kernel``: one 16-byte vector per tensor a thread."""
     vector = 16 // elem_size
     size = 4 if elem_size >= 4 else 2
-    widest = max_row if max_row is not None else _LEAN_MAX_ROW
+    widest = max_row if max_row is not None else _LEAN_MAX_WARPS[size] * 32 * vector
     if n_cols <= widest:
         mode, block_n, n_chunks = "rows", next_power_of_2(n_cols), 1
-        max_regs = _LEAN_MAX_REGS[("rows", size)]
+        max_regs = _resident_regs(device)
     else:
-        block_n = next_power_of_2(max_row) if max_row is not None else _LEAN_CHUNK
+        block_n = next_power_of_2(max_row) if max_row is not None else _BWD_CHUNK
         block_n = max(block_n, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS)))
         n_chunks = cdiv(n_cols, block_n)
         if one_pass and interpreting():
@@ -630,7 +597,7 @@ def _lean_backward_plan(
         if one_pass is None:
             one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
         mode = "one_pass" if one_pass else "two_pass"
-        max_regs = _LEAN_MAX_REGS[("chunks", size)]
+        max_regs = _LEAN_CHUNKS_16BIT_REGS if size == 2 else _resident_regs(device)
     warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
     resident = max(1, min(device.warps_per_sm // warps, device.regs_per_sm // (max_regs * 32 * warps)))
     n_groups = max(1, min(n_rows, (device.sms * resident) // n_chunks))
@@ -648,19 +615,19 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
     keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
-    ``_PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows.
+    ``PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows.
     Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE[elem_size]`` take it
-    whole, unless the pieces past the first hold at most 1/``_SLIVER[elem_size]`` of its lanes and the rows are 16-bit
-    (1028 = 1024 + 8, 2064 = 2048 + 16) or fp32 on a block of ``_SLIVER_FP32_MIN_SINGLE`` (4160 = 4096 + 64)."""
+    whole, unless the rows are 16-bit and the pieces past the first hold at most 1/``_SLIVER`` of its lanes
+    (1028 = 1024 + 8, 2064 = 2048 + 16)."""
     pieces = _ROW_PIECES if max_pieces is None else max_pieces
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
     aligned = n_cols % 16 == 0 or packed
-    if n_cols < _PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
+    if n_cols < PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
         pieces = 1
-    split = row_pieces(need, vec, pieces, _PIECE_SLACK)
+    split = row_pieces(need, vec, pieces, PIECE_SLACK)
     key = 4 if elem_size >= 4 else 2
-    sliver = ((key == 2 or single >= _SLIVER_FP32_MIN_SINGLE) and split[1] + split[2] <= split[0] // _SLIVER[key])
+    sliver = key == 2 and split[1] + split[2] <= split[0] // _SLIVER
     if aligned and split[1] and single <= _SLIVER_MAX_SINGLE[key] and not sliver:
         return single, 0, 0
     return split
@@ -671,7 +638,7 @@ def _aligned_16bit_pieces(n_cols: int, t: Tuning | None = None) -> tuple[int, in
     ``_ALIGNED_PIECE_MIN_LANES`` lanes (5120 = 4096 + 1024, 5632 and 6144 = 4096 + 2048), else None."""
     if not _in((t or DEFAULT_TUNING).aligned_pieces_16bit, n_cols):
         return None
-    pieces = row_pieces(n_cols, 1, 2, _PIECE_SLACK)
+    pieces = row_pieces(n_cols, 1, 2, PIECE_SLACK)
     return pieces if pieces[1] >= _ALIGNED_PIECE_MIN_LANES else None
 
 
@@ -684,7 +651,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     if plan.mode == "rows":
         t = _tuning(_device.of(x2.device))
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
-        narrow = r.packed_width(n_cols, _PACKED_N_MAX)
+        narrow = r.packed_width(n_cols, PACKED_N_MAX)
         pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0, elem_size=x2.element_size())
                   if block_n == next_power_of_2(launch_width(n_cols, r.vec))
                   else (block_n, 0, 0))
@@ -693,7 +660,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
             split = _aligned_16bit_pieces(n_cols, t)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
-                pieces, joint, cap = split, True, plan._replace(max_regs=_ALIGNED_PIECES_MAX_REGS)
+                pieces, joint, cap = split, True, plan._replace(max_regs=_resident_regs(_device.of(x2.device)))
                 packed = True
             else:
                 joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype, t)
@@ -742,14 +709,13 @@ def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int, t: Tunin
 
 
 def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False, t: Tuning | None = None) -> int:
-    """Elements a forward rows program holds (rows of the tile times its lanes): ``_MASKED_ROWS_TILE`` for
-    16-bit rows of a multiple of ``_MASKED_ROWS_MULTIPLE`` columns (``_MASKED_ROWS_PACKED_MULTIPLE`` where they
-    lie ``packed``) in ``masked_rows_16bit`` that mask lanes, else ``_ROWS_TILE``."""
+    """Elements a forward rows program holds (rows of the tile times its lanes): twice ``ROWS_TILE`` for 16-bit rows
+    of a multiple of 16 columns (``_PACKED_ROWS_MULTIPLE`` where they lie ``packed``) in ``masked_rows_16bit`` that
+    mask lanes, else ``ROWS_TILE``."""
     band = (t or DEFAULT_TUNING).masked_rows_16bit
     masked = n_cols != next_power_of_2(n_cols)
-    aligned = n_cols % _MASKED_ROWS_MULTIPLE == 0 or (packed and _MASKED_ROWS_PACKED_MULTIPLE > 0
-                                                        and n_cols % _MASKED_ROWS_PACKED_MULTIPLE == 0)
-    return _MASKED_ROWS_TILE if elem_size == 2 and aligned and masked and _in(band, n_cols) else _ROWS_TILE
+    aligned = n_cols % 16 == 0 or (packed and n_cols % _PACKED_ROWS_MULTIPLE == 0)
+    return 2 * ROWS_TILE if elem_size == 2 and aligned and masked and _in(band, n_cols) else ROWS_TILE
 
 
 def _joint_tile(n_cols: int, dtype: torch.dtype, t: Tuning | None = None) -> bool:
@@ -836,7 +802,7 @@ def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Pla
         *r.reads, weight, mean, rstd, *r.writes, dw_part, db_part, r.phase, n_rows, n_cols, *r.read_strides,
         *r.write_strides, n_groups,
         BLOCK_N=block_n, VEC=r.vec, PREFETCH=plan.prefetch, STAGES=plan.stages, BLOCK_T=block_t,
-        EDGE_WORDS=block_t == 0, TAIL=tail, PAIRS=_phased_pairs(block_n, block_t, tail, x2.element_size()),
+        EDGE_WORDS=block_t == 0, TAIL=tail,
         MERGE=_merge_pieces(block_n, block_t, plan.num_warps, x2.element_size(), block_u), BLOCK_U=block_u,
         AHEAD=ahead, FULL=_full_first(block_n, block_t, n_cols, r.vec, plan.prefetch, ahead),
         num_warps=plan.num_warps, **_reg_cap(plan),
@@ -869,17 +835,6 @@ def _flat_layout(*tensors: torch.Tensor) -> bool:
     return all(t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
 
 
-def _flat_stages(plan: _Plan, n_cols: int, dtype: torch.dtype) -> int:
-    """The flat backward's pipelining depth: the plan's, or ``_FLAT_BWD_STAGES_WIDE`` for windows on the
-    ``_FLAT_BWD_TILE``-lane tile that are fp16 or mask no segment (the dtype is the launch's; the plan knows only
-    the element size)."""
-    segments = plan.block_m * n_cols // plan.block_n  # in use; the tile holds their power of two
-    wide = next_power_of_2(segments) * plan.block_n >= _FLAT_BWD_TILE
-    full = segments == next_power_of_2(segments)
-    if wide and (dtype == torch.float16 or full) and plan.stages == _FLAT_BWD_STAGES:
-        return _FLAT_BWD_STAGES_WIDE
-    return plan.stages
-
 
 def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
     n_rows, n_cols = x2.shape
@@ -892,7 +847,7 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
     dw_part, db_part = float32_pair(_share_rows(plan), n_cols, x2.device)
     launch_kernel(_layer_norm_bwd_flat_kernel, (plan.n_groups,),
         x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, n_rows, plan.n_groups,
-        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=_flat_stages(plan, n_cols, x2.dtype),
+        N=n_cols, P=seg, K=k, R=r, S=next_power_of_2(r * k), STAGES=plan.stages,
         num_warps=plan.num_warps,
         **_reg_cap(plan),
     )
@@ -901,9 +856,9 @@ def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan)
 
 def _packed_width(*rows: torch.Tensor) -> int:
     """N where every (M, N) tensor's rows lie back to back (strides N), N is not a multiple of 16 elements and at
-    most ``_PACKED_N_MAX``, else 0 (``_ragged.packed_width``): the rows backward's ``NARROW``, and what makes
+    most ``PACKED_N_MAX``, else 0 (``_ragged.packed_width``): the rows backward's ``NARROW``, and what makes
     ``packed`` for the plans of both passes."""
-    return packed_width(rows[0].shape[1], tuple(t.stride(0) for t in rows), _PACKED_N_MAX)
+    return packed_width(rows[0].shape[1], tuple(t.stride(0) for t in rows), PACKED_N_MAX)
 
 
 def _rows_widen(x: torch.Tensor, n_cols: int, t: Tuning | None = None) -> bool:
@@ -939,22 +894,17 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
 # --------------------------------------------------------------------------- public functions
 
 
-def _held_default(n_cols: int, elem_size: int, col_bytes: int | None = None, t: Tuning | None = None) -> bool:
+def _held_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether the forward takes the held plan for rows of ``n_cols`` where it can run (``held_fwd_min_cols``):
-    widths that are not a multiple of 16, from the band's first width on; fp32 rows under
-    ``_HELD_FWD_FP32_ALONE_MIN_COLS`` only where two programs an SM fit (``col_bytes``: shared memory a column, default
-    the row's, the weight's and the bias's element alike); aligned rows in ``held_fwd_aligned_bands``."""
+    widths that are not a multiple of 16, from the band's first width on (fp32 rows under 16385 where the streamed
+    plan does not take them first, ``_stream_band``); aligned rows in ``held_fwd_aligned_bands``."""
     t = t or DEFAULT_TUNING
     if n_cols % 16 == 0:
         return _in_aligned_band(t.held_fwd_aligned_bands, n_cols, elem_size)
     least = _sized(t.held_fwd_min_cols, elem_size)
     if least is None or n_cols < least or _packed_rows(n_cols, t) or _narrow_packed(n_cols, t):
         return False
-    if n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS:
-        return False
-    if elem_size >= 4 and n_cols < _HELD_FWD_FP32_ALONE_MIN_COLS:
-        return _layer_norm_held.fwd_shape(n_cols, elem_size, col_bytes or 3 * elem_size)[3] >= 2
-    return True
+    return not (n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS)
 
 
 def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
@@ -962,7 +912,7 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
     """Whether this forward runs on ``_layer_norm_held``: the width's rule (``t``, default the tensors' device's), this
     machine, and tensors it takes."""
     t = _tuning(_device.of(x2.device)) if t is None else t
-    return (_held_default(x2.shape[1], x2.element_size(), _layer_norm_held.col_bytes(x2, weight, bias), t)
+    return (_held_default(x2.shape[1], x2.element_size(), t)
             and _layer_norm_held.available() and _layer_norm_held.fits(x2, weight, bias, y2))
 
 

@@ -34,30 +34,24 @@ import torch
 from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
-from ._common import (ELEMS_PER_THREAD, as_rows, cdiv, check_tensor, interpreting, next_power_of_2, output_like, rows_cols,
-                      warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
+                      output_like, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import Phased, launch_width, phased, ragged_width, row_pieces
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, Phased, launch_width, phased,
+                      ragged_width, row_pieces)
 from ._softmax_kernels import _softmax_fwd_kernel, _softmax_split_kernel
-from ._split_walk import split_group, split_run
+from ._split_walk import MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, split_group, split_run
 from ._launch import Calls, launch as launch_kernel
 
 
 # --------------------------------------------------------------------------- plan
 
-# What every plan is built from (docs/kernels.md, "softmax"): a rows program holds up to MAX_ROW elements of a row
-# (32 warps x 32 threads x 16 fp32) and ROWS_TILE elements in all (4 warps x 32 x 16); wider rows are held in shared
-# memory ("held", sm_90) or walked twice, the second time from L2 ("persistent", "split").
-MAX_ROW = 16384
-ROWS_TILE = 2048
+# What every plan is built from (docs/kernels.md, "softmax"): the rows plan (MAX_ROW, ROWS_TILE: _common; the ragged
+# rows' PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS: _ragged); wider rows are held in shared
+# memory ("held", sm_90) or walked twice, the second time from L2 ("persistent", "split"; the walk's MAX_SPLIT_GROUP,
+# SPLIT_CHUNK_BYTES, SPLIT_PER_SM: _split_walk).
 MAX_REGS = 255  # the most registers a thread may have
-MAX_SPLIT_GROUP = 16  # programs a row's slices wait on: far below what a GPU holds at once
-PACKED_N_MAX = 2047  # packed rows of no multiple of 16 up to this width take N as a compile-time constant (_narrow)
-PHASED_ROWS_MIN_COLS = 2048  # the rows plan reads unaligned rows as aligned vectors from here ("Ragged rows")
-# Rows in up to two power-of-two pieces (_row_pieces: a third lost 13-27 points), a second piece only while over
-# PIECE_SLACK of the lanes would be masked, from PIECES_MIN_COLS; PIECE_MIN_WARPS warps at least.
-PIECE_SLACK = 0.125
-PIECES_MIN_COLS = 256
+# Rows in up to two power-of-two pieces (_row_pieces: a third lost 13-27 points); PIECE_MIN_WARPS warps at least.
 PIECE_MIN_WARPS = 2
 # The staged plan: one row a step, STAGED_ELEMS a thread, up to STAGED_STAGES - 1 rows in flight in the shared memory
 # a block may take less STAGED_SMEM_SPARE.
@@ -65,12 +59,10 @@ STAGED_ELEMS = 32
 STAGED_STAGES = 3
 STAGED_SMEM_SPARE = 35840
 # The walk (_split_walk) sized for the L2: a persistent program an SM with one 64 KiB chunk in flight; split slices
-# of SPLIT_SLICE_BYTES walked in SPLIT_CHUNK_BYTES steps by three 8-warp programs an SM (3 x 132 x 64 KiB: 26 MB);
-# fp32 slices of one step held in registers by one 16-warp program an SM from SPLIT_HOLD_MIN_ROW_BYTES.
+# of SPLIT_SLICE_BYTES; fp32 slices of one step held in registers by one 16-warp program an SM from
+# SPLIT_HOLD_MIN_ROW_BYTES.
 PERSISTENT_CHUNK_BYTES = 65536
-SPLIT_CHUNK_BYTES = 16384
 SPLIT_SLICE_BYTES = 65536
-SPLIT_PER_SM = 3
 SPLIT_HOLD_MIN_ROW_BYTES = 262144
 WIDE_PLANS = ("staged", "persistent", "split")
 

@@ -189,6 +189,31 @@ def test_sweep_set_changes_a_launch_plan_constant_or_a_tuned_choice_and_refuses_
             sweep.apply_settings([bad])
 
 
+def test_plan_launches_lists_the_widths_whose_launches_a_setting_changes_and_only_those(capsys):
+    import subprocess
+
+    from benchmarks import plan_launches
+
+    # in-process: the H100 with its tuned file; the rows plan's loads of weight and bias first (fp32 aligned rows from
+    # 2048 filling their block) reach fp32 forward launches alone, and each call plans the same twice
+    widths = [1000, 2048, 3000, 4096, 4100]
+    before = plan_launches.plan_all("H100", widths, ["float32", "bfloat16"])
+    assert before == plan_launches.plan_all("H100", widths, ["float32", "bfloat16"])
+    assert all(v and v[0][0] != "error" for v in before.values())  # every call launches
+    assert {v[0][0] for k, v in before.items() if k[1] == "backward"} >= {"_layer_norm_bwd_flat_kernel"}  # bf16 4096
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_launches.py"
+    run = subprocess.run([sys.executable, str(script), "--widths", ",".join(map(str, widths)), "--dtypes",
+                          "float32,bfloat16", "--set", "layer_norm.tuning.fwd_params_first_min_cols=None"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()[1:]
+    assert lines == ["float32   forward  aligned    2 widths: 2048, 4096",
+                     "float32   forward  packed     2 widths: 2048, 4096"], run.stdout
+    assert plan_launches.runs([768, 1008, 1040, 3000]) == "768, 1008-1040, 3000"
+    with pytest.raises(SystemExit, match="choose one of"):
+        plan_launches.main(["--device", "V100"])
+
+
 def test_the_gemm_bench_parses_forced_configs_and_refuses_bad_ones():
     from benchmarks.bench_gemm_epilogue import _parse_configs
 

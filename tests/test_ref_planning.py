@@ -239,7 +239,7 @@ def test_the_default_layer_norm_choices_take_no_measured_band():
     assert {p.variant for p in plans.values()} <= {"measured", "lean", "phased"}
     for (n, es, b), p in plans.items():
         whole = layer_norm._phased_bwd_pieces(n, es, t) is not None
-        assert (p.variant == "phased") == (b and n > layer_norm._BWD_MAX_ROW and whole), (n, es, b, p)
+        assert (p.variant == "phased") == (b and n > layer_norm._BWD_ROWS_TILE and whole), (n, es, b, p)
     assert not any(p.prefetch for p in plans.values())
 
 

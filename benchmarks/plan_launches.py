@@ -1,0 +1,183 @@
+"""Which layer-norm launches a plan setting changes, without a GPU (docs/kernels.md, "Planning").
+
+An A/B on the GPU (``sweep.py --set``) times the widths a setting reaches; this script finds them. It plans
+``layer_norm.forward`` and ``backward`` for a GPU description (``_device.DESCRIPTIONS``, its tuned file where there is
+one) at many widths, dtypes and two row layouts (packed; rows 16-element aligned with a gap), records each launch's
+kernel, grid, arguments and options instead of running it, and prints the widths whose launches differ between the
+default planning and the planning under ``--set`` (the same settings as ``sweep.py``'s):
+
+    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --set "layer_norm.tuning.fwd_params_first_min_cols=None"
+    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --device A100 --set layer_norm._SLIVER=1 --widths 1000,2064
+
+The held kernels are planned as on sm_90 wherever the description's arch is 9.x; the Triton release is taken to be the
+tuned file's, so that the file applies as on the GPU it was measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+from typing import Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_widths() -> list[int]:
+    """Narrow widths every third, 256-20000 every 37th, model widths, powers of two and their neighbours, wide rows."""
+    w = set(range(1, 300, 3)) | set(range(256, 20000, 37))
+    w |= {768, 999, 1000, 1152, 1280, 1600, 2304, 3072, 5120, 7168, 11008, 12288, 14336, 28672, 30522, 50257, 100000}
+    for p in range(4, 19):
+        w |= {(1 << p) + d for d in (-17, -16, -15, -8, -1, 0, 1, 8, 15, 16, 17, 64)}
+    return sorted(v for v in w if v > 0)
+
+
+class _OnGpu(torch.Tensor):
+    """A CPU tensor the planners take for a CUDA one (they read ``is_cuda``; launches are recorded, never run)."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def planning_for(name: str, launches: list) -> Iterator[None]:
+    """Inside, the reference kernels plan for the GPU described as ``name`` and append each launch to ``launches``."""
+    import triton
+
+    from reference_kernels import _device, _held, _launch, _layer_norm_held, layer_norm  # noqa: F401 (all loaded)
+
+    dev = _device.DESCRIPTIONS[name]
+    modules = [m for key, m in sys.modules.items() if key.startswith("reference_kernels") and m is not None]
+    saved = [(m, attr, getattr(m, attr)) for m in modules for attr in ("interpreting", "launch_kernel", "sm_count")
+             if hasattr(m, attr)]
+    saved += [(_device, "of", _device.of), (_held, "available", _held.available),
+              (_layer_norm_held, "available", _layer_norm_held.available), (_launch, "ENABLED", _launch.ENABLED),
+              (triton, "__version__", triton.__version__)]
+    tuned = _device._files().get(dev.arch)
+
+    def record(kernel, grid, *args, **options):
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
+        shown = tuple((tuple(a.shape), tuple(a.stride()), str(a.dtype)) if isinstance(a, torch.Tensor) else a
+                      for a in args)
+        launches.append((name, tuple(grid), shown, tuple(sorted((k, repr(v)) for k, v in options.items()))))
+
+    try:
+        for m, attr, _ in saved[: len(saved) - 5]:
+            setattr(m, attr, {"interpreting": lambda: False, "launch_kernel": record,
+                              "sm_count": lambda device: dev.sms}[attr])
+        _device.of = lambda device: dev
+        held = dev.arch // 10 == 9
+        _held.available = _layer_norm_held.available = lambda device_index=None: held
+        _launch.ENABLED = False  # every call plans
+        if tuned is not None:
+            triton.__version__ = tuned["triton"] + "0"
+        yield
+    finally:
+        for m, attr, value in saved:
+            setattr(m, attr, value)
+
+
+def _tensor(n_rows: int, n_cols: int, dtype: torch.dtype, stride: int | None = None) -> torch.Tensor:
+    t = torch.empty(n_rows, n_cols, dtype=dtype) if stride is None else torch.empty(n_rows, stride, dtype=dtype)[:, :n_cols]
+    return t.as_subclass(_OnGpu)
+
+
+def launches_of(direction: str, n_rows: int, n_cols: int, dtype: torch.dtype, layout: str) -> list:
+    """The launches of one forward or backward call (inside ``planning_for``); an error is one entry."""
+    from reference_kernels import layer_norm
+
+    stride = None if layout == "packed" else -(-n_cols // 16) * 16 + 16
+    x = _tensor(n_rows, n_cols, dtype, stride)
+    w, b = _tensor(1, n_cols, dtype)[0], _tensor(1, n_cols, dtype)[0]
+    mean, rstd = _tensor(1, n_rows, torch.float32)[0], _tensor(1, n_rows, torch.float32)[0]
+    out = _tensor(n_rows, n_cols, dtype, stride)
+    try:
+        if direction == "forward":
+            layer_norm._forward_any(x, w, b, out, mean, rstd, 1e-5, None)
+        else:
+            dw, db = _tensor(1, n_cols, dtype)[0], _tensor(1, n_cols, dtype)[0]
+            layer_norm._backward_any(_tensor(n_rows, n_cols, dtype, stride), x, w, mean, rstd, out, dw, db, None, None,
+                                     None)
+    except (ValueError, RuntimeError) as exc:
+        return [("error", type(exc).__name__, str(exc))]
+    return []
+
+
+def plan_all(device: str, widths: list[int], dtypes: list[str]) -> dict:
+    """{(dtype, direction, layout, rows, width): launches} for every case."""
+    table = {}
+    for dname in dtypes:
+        for n in widths:
+            for rows in ((4096, 5) if n <= 20000 else (64,)):
+                for layout in ("packed", "aligned"):
+                    for direction in ("forward", "backward"):
+                        launches: list = []
+                        with planning_for(device, launches):
+                            error = launches_of(direction, rows, n, DTYPES[dname], layout)
+                        table[(dname, direction, layout, rows, n)] = error or launches
+    return table
+
+
+def runs(widths: list[int], gap: int = 40) -> str:
+    """Widths as runs of neighbours (``gap`` apart at most): '768, 1008-1107'."""
+    out: list[list[int]] = []
+    for w in sorted(widths):
+        if out and w - out[-1][1] <= gap:
+            out[-1][1] = w
+        else:
+            out.append([w, w])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def changed(before: dict, after: dict) -> dict:
+    """{(dtype, direction, layout): widths} where the launches differ."""
+    found: dict = {}
+    for key, value in after.items():
+        if before[key] != value:
+            dname, direction, layout, _, n = key
+            found.setdefault((dname, direction, layout), set()).add(n)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="H100", help="a _device.DESCRIPTIONS name (default H100)")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--widths", default="", help="comma-separated widths instead of the generated list")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="as sweep.py's --set (repeatable); the planning under it is compared with the default")
+    args = parser.parse_args(argv)
+    from reference_kernels import _device
+
+    if args.device not in _device.DESCRIPTIONS:
+        raise SystemExit(f"--device {args.device!r}: choose one of {', '.join(_device.DESCRIPTIONS)}")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:
+        raise SystemExit(f"--dtypes: unknown {unknown}; choose from {', '.join(DTYPES)}")
+    widths = [int(w) for w in args.widths.split(",") if w] or default_widths()
+    before = plan_all(args.device, widths, dtypes)
+    if not args.set:
+        n = sum(len(v) for v in before.values())
+        print(f"{len(before)} calls planned for the {args.device}, {n} launches; --set compares a setting with them")
+        return 0
+    from benchmarks.sweep import apply_settings
+
+    settings = apply_settings(args.set)
+    diff = changed(before, plan_all(args.device, widths, dtypes))
+    print(f"# {args.device}: launches that {', '.join(settings)} changes ({len(widths)} widths)")
+    for (dname, direction, layout), ws in sorted(diff.items()):
+        print(f"{dname:9s} {direction:8s} {layout:7s} {len(ws):4d} widths: {runs(sorted(ws))}")
+    if not diff:
+        print("none: the setting reaches no planned launch")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
