@@ -133,13 +133,11 @@ _PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped: capped for _RES
 
 # backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): rows of up to
 # _PHASED_BWD_MAX_ROW lanes and a _PHASED_BWD_MAX_TAIL tail, _PHASED_BWD_VECTORS 16-byte vectors a thread, up to
-# _RESIDENT_WARPS warps an SM, _PHASED_BWD_STAGES - 1 rows of x and dy in flight within the shared memory
-# an SM has (at most _PHASED_BWD_SMEM_BYTES)
+# _RESIDENT_WARPS warps an SM, _BWD_STAGES - 1 rows of x and dy in flight within the shared memory an SM has
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
-_PHASED_BWD_STAGES = 3
-_PHASED_BWD_SMEM_BYTES = 196608
+_BWD_STAGES = 3  # the pipelined backward plans (phased, flat): two rows or windows in flight
 # two pieces where the power of two masks _PHASED_BWD_PIECE_WASTE of the lanes (ragged rows, fp32 under 4096)
 _PHASED_BWD_PIECES = 2
 _PHASED_BWD_PIECE_WASTE = 0.1
@@ -159,7 +157,6 @@ _FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
-_FLAT_BWD_STAGES = 3
 
 # backward, the lean kernel: one 16-byte vector a thread, so rows to _LEAN_MAX_WARPS warps of them (4096 columns), else
 # _BWD_CHUNK chunks; the register cap for _RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
@@ -179,12 +176,6 @@ _RESIDENT_WARPS = 32
 def _resident_regs(device: Device) -> int:
     """The register cap (``maxnreg``) that lets ``_RESIDENT_WARPS`` warps an SM reside: 64 on sm_80-sm_100."""
     return device.regs_per_sm // (_RESIDENT_WARPS * 32) // 8 * 8
-
-
-def _phased_smem(device: Device) -> int:
-    """Shared memory the pipelined rows of an SM's programs may take: _PHASED_BWD_SMEM_BYTES, or less where the device
-    has less."""
-    return min(_PHASED_BWD_SMEM_BYTES, device.smem_per_sm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,10 +473,10 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
         max_regs = max(max_regs, min(t.phased_bwd_tail_max_regs, device.regs_per_sm // (warps * 32) // 8 * 8))
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
-    stages = _PHASED_BWD_STAGES
+    stages = _BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
         held_bytes = (stages - 1) * (block_n + block_t + block_u) * elem_size * 2
-        per_sm = max(1, min(per_sm, _phased_smem(device) // held_bytes))
+        per_sm = max(1, min(per_sm, device.smem_per_sm // held_bytes))
     n_groups = min(device.sms * per_sm, n_rows)
     if n_cols % vec:  # rows at several phases: a multiple of vec programs, rounded down (one more than the
         n_groups = max(vec, n_groups // vec * vec)  # SMs hold runs its whole share after the rest: bf16 8192 45% -> 78%)
@@ -540,7 +531,7 @@ def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device
     vec = max(1, 16 // elem_size)
     warps = max(1, min(32, next_power_of_2(cdiv(segments * seg, 32 * vec))))
     n_groups = max(1, min(device.sms * max(1, _RESIDENT_WARPS // warps), cdiv(n_rows, r)))
-    return _Plan("rows", r, seg, warps, n_groups, "flat", _resident_regs(device), stages=_FLAT_BWD_STAGES)
+    return _Plan("rows", r, seg, warps, n_groups, "flat", _resident_regs(device), stages=_BWD_STAGES)
 
 
 def _packed_rows(n_cols: int, t: Tuning | None = None) -> bool:
