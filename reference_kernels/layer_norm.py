@@ -138,9 +138,8 @@ _PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
 _BWD_STAGES = 3  # the pipelined backward plans (phased, flat): two rows or windows in flight
-# two pieces where the power of two masks _PHASED_BWD_PIECE_WASTE of the lanes (ragged rows, fp32 under 4096)
+# two pieces where the power of two masks PIECE_SLACK of the lanes (ragged rows, fp32 under 4096), as the forward's
 _PHASED_BWD_PIECES = 2
-_PHASED_BWD_PIECE_WASTE = 0.1
 # a 16-bit one-vector tail read with the edges as 32-bit words (TAIL) up to this first piece
 _PHASED_BWD_TAIL_WORDS_MAX = 4096
 # 16-bit aligned rows in two pieces: a second piece of at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES, the register cap
@@ -361,7 +360,7 @@ def _phased_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> 
     if elem_size < 4 and block_t > vec:  # 16-bit: only a one-vector tail (wider ones lost to edge words)
         pieces = False
     if (not pieces
-            or next_power_of_2(need) - need < _PHASED_BWD_PIECE_WASTE * next_power_of_2(need)):
+            or next_power_of_2(need) - need < PIECE_SLACK * next_power_of_2(need)):
         block_n, block_t = next_power_of_2(need), 0
     if block_n > _PHASED_BWD_MAX_ROW or (block_n + block_t > _PHASED_BWD_MAX_ROW and block_t > _PHASED_BWD_MAX_TAIL):
         return None

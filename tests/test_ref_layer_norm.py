@@ -949,7 +949,7 @@ def test_the_backward_takes_the_pipelined_phased_plan_where_it_measured_faster(m
     assert (settings(8192, 8191, 2, backward=True).block_n, settings(8192, 8191, 2, backward=True).block_t) == (8192, 8)
     with pytest.raises(ValueError, match="holds whole rows up to 8192 columns"):
         settings(8192, 10000, 2, backward=True, variant="phased")  # 8192 + 2048: a tail past 1024
-    # unaligned rows (and fp32 ones under 4096) in two pieces where their power of two masks 10% of the
+    # unaligned rows (and fp32 ones under 4096) in two pieces where their power of two masks 12.5% of the
     # lanes: 4097 + 3 on 4096 + 4 lanes, one 32-warp program an SM, two rows in flight
     assert bwd[1] == P("rows", 1, 4096, 32, SMS, "phased", 64, stages=3, block_t=4)
     assert (bwd[11].block_n, bwd[11].block_t) == (1024, 256)  # fp32 1280
