@@ -161,9 +161,8 @@ _FLAT_BWD_MIN_GAIN = 0.05
 # _BWD_CHUNK chunks; the register cap for _RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size
 _LEAN_CHUNKS_16BIT_REGS = 80
-# chunked plans: one_pass needs a row's chunks co-resident, so past this many it gives way to two_pass; beyond
-# _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen
-_MAX_ONE_PASS_CHUNKS = 128
+# chunked plans: one_pass while a row's chunks are co-resident (the device's SMs x programs an SM), else two_pass;
+# beyond _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen
 _MAX_CHUNKS = 4096
 
 
@@ -299,10 +298,10 @@ def _layer_norm_settings(
         n_chunks = cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-        if one_pass is None:
-            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
-        plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, _BWD_WARPS)
         per_sm = _BWD_PROGRAMS_PER_SM
+        if one_pass is None:  # while a row's chunks are co-resident, as the one pass's exchange needs
+            one_pass = not interpreting() and n_chunks <= device.sms * per_sm
+        plan = _Plan("one_pass" if one_pass else "two_pass", 1, block_n, _BWD_WARPS)
     if backward:
         row_blocks = cdiv(n_rows, plan.block_m)
         plan = plan._replace(n_groups=max(1, min(row_blocks, (device.sms * per_sm) // n_chunks)))
@@ -584,12 +583,13 @@ def _lean_backward_plan(
         n_chunks = cdiv(n_cols, block_n)
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
-        if one_pass is None:
-            one_pass = not interpreting() and n_chunks <= _MAX_ONE_PASS_CHUNKS
-        mode = "one_pass" if one_pass else "two_pass"
-        max_regs = _LEAN_CHUNKS_16BIT_REGS if size == 2 else _resident_regs(device)
+        mode, max_regs = "chunks", _LEAN_CHUNKS_16BIT_REGS if size == 2 else _resident_regs(device)
     warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
     resident = max(1, min(device.warps_per_sm // warps, device.regs_per_sm // (max_regs * 32 * warps)))
+    if mode == "chunks":  # one pass while a row's chunks are co-resident, as its exchange needs
+        if one_pass is None:
+            one_pass = not interpreting() and n_chunks <= device.sms * resident
+        mode = "one_pass" if one_pass else "two_pass"
     n_groups = max(1, min(n_rows, (device.sms * resident) // n_chunks))
     return _Plan(mode, 1, block_n, warps, n_groups, "lean", max_regs)
 

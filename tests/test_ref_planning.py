@@ -243,6 +243,27 @@ def test_the_default_layer_norm_choices_take_no_measured_band():
     assert not any(p.prefetch for p in plans.values())
 
 
+@pytest.mark.parametrize("dev", DEVICES + [dataclasses.replace(DEVICES[0], name="8 SMs", sms=8)], ids=lambda d: d.name)
+def test_a_one_pass_backward_keeps_every_chunk_of_its_rows_resident_at_once(dev, monkeypatch):
+    """A one-pass program waits on its row's other chunks: all the programs launched must fit the GPU at once (by warps,
+    and by registers where capped), else the chunks exchange through two passes."""
+    monkeypatch.setattr(layer_norm, "interpreting", lambda: False)
+    modes = set()
+    for n in (16385, 65536, 262144, 1 << 20, 1 << 22):
+        for es in (2, 4):
+            for variant in ("lean", "measured"):
+                p = layer_norm._layer_norm_settings(64, n, es, backward=True, device=dev, variant=variant)
+                modes.add(p.mode)
+                if p.mode != "one_pass":
+                    continue
+                threads = 32 * p.num_warps
+                fit = dev.threads_per_sm // threads
+                if p.max_regs:
+                    fit = min(fit, dev.regs_per_sm // (p.max_regs * threads))
+                assert p.n_groups * -(-n // p.block_n) <= dev.sms * fit, (dev.name, n, es, variant, p)
+    assert modes == {"one_pass", "two_pass"} if dev.sms == 8 else "one_pass" in modes
+
+
 @pytest.mark.parametrize("dev", DEVICES, ids=lambda d: d.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_layer_norm_plans_with_the_default_choices_match_torch(dev, dtype, monkeypatch):
