@@ -85,7 +85,7 @@ _HELD_FWD_EVEN_MIN_COLS = 1025
 _STREAM_FWD_16BIT_MOST = (5, 8)
 _STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
 # aligned 16-bit rows whose power-of-two tile masks lanes take twice ROWS_TILE elements a program, twice the rows
-# ("Aligned 16-bit rows"; packed ones of a multiple of _PACKED_ROWS_MULTIPLE too)
+# ("Aligned 16-bit rows"; packed ones of a multiple of _PACKED_ROWS_MULTIPLE too: ``_forward_rows_tile``)
 # rows past MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
 # 16-bit "looped"; ``wide=`` names another)
 _CHUNK = 4096  # looped steps
@@ -250,8 +250,8 @@ def _layer_norm_settings(
     unaligned (N not a multiple of 16) from
     ``phased_bwd_min_cols`` up to ``_PHASED_BWD_MAX_ROW`` take "phased" where ``phased_ok`` (dy in
     x's dtype), 16-bit aligned rows that ``_flat_backward`` names take "flat" where ``flat_ok`` too (x and
-    dy contiguous from a 16-byte aligned address), else "lean" past the rows plan's widest row (fp32 to
-, where it measured faster, and "measured" elsewhere. ``packed`` (the
+    dy contiguous from a 16-byte aligned address), else "lean" past the rows plan's widest row, where it measured
+    faster, and "measured" elsewhere. ``packed`` (the
     rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
     not the phased backward.
     ``wide`` names the forward plan for rows wider than ``MAX_ROW`` instead of
@@ -408,7 +408,6 @@ def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
     one piece that stops short of the launch's width (``_phased_bwd_pieces`` turned a one-vector tail piece into
     words), so the words hold the row's last vector."""
     return vec == 8 and block_t == 0 and block_n < launch_width(n_cols, vec)
-
 
 
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
@@ -676,7 +675,6 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     r.finish()
 
 
-
 def _block_warps(pieces: tuple, vec: int, joint: bool, t: Tuning | None = None) -> bool:
     """Whether aligned rows in pieces (``vec`` 1, not JOINT) keep the warps of their whole block instead of those of
     their first piece: pieces past the first whose lanes lie in ``aligned_pieces_block_warps_tails``."""
@@ -823,7 +821,6 @@ def _backward_share_rows(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor
 def _flat_layout(*tensors: torch.Tensor) -> bool:
     """Whether each (M, N) tensor's rows lie back to back from a 16-byte aligned address (the flat backward's)."""
     return all(t.is_contiguous() and t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
-
 
 
 def _backward_launch_flat(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:
