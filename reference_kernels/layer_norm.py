@@ -98,12 +98,13 @@ _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 f
 _LOOPED_WARPS = 16
 
 # backward, rows ("layer_norm: backward"): rows up to one _BWD_ROWS_TILE-element tile, a tile a step, on _BWD_WARPS
-# warps, _BWD_PROGRAMS_PER_SM row groups an SM; narrow 16-bit rows a row a step (_BWD_NARROW_HALF); wider rows on the
+# warps, _BWD_PROGRAMS_PER_SM row groups an SM; 16-bit rows that fill a program of one 16-byte vector a thread (513-1024
+# on 4 warps) a row a step (_BWD_NARROW_HALF; narrower ones lost to the tile, bf16 64 89 -> 18); wider rows on the
 # lean kernel, whole or in _BWD_CHUNK chunks ("one_pass"; the measured kernel's chunks where it is asked for)
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
 _BWD_PROGRAMS_PER_SM = 2
-_BWD_NARROW_HALF = dict(max_width=1024, block_m=1, num_warps=4, programs_per_sm=8)
+_BWD_NARROW_HALF = dict(block_m=1, num_warps=4, programs_per_sm=8)
 _BWD_CHUNK = 2048
 # dweight/dbias: share rows summed per program of the first level (the second adds the splits)
 _DWDB_GROUPS_PER_SPLIT = 32
@@ -279,7 +280,7 @@ def _layer_norm_settings(
         return _Plan("rows", block_m, block_n, warps, max_regs=_resident_regs(device))
     if width <= widest:
         block_n = next_power_of_2(width)
-        if backward and elem_size == 2 and n_cols <= _BWD_NARROW_HALF["max_width"]:
+        if backward and elem_size == 2 and block_n == 32 * _BWD_NARROW_HALF["num_warps"] * 8:
             block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
         else:
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
