@@ -26,10 +26,11 @@ from ._device import sm_count
 from ._launch import launch as launch_kernel
 
 # The walk sized for the L2 (softmax's and the layer-norm forward's "split" plans): slices not held in registers walked
-# in SPLIT_CHUNK_BYTES steps by SPLIT_PER_SM 8-warp programs an SM (3 x 132 x 64 KiB in flight: 26 MB), a row in at
-# most MAX_SPLIT_GROUP slices (programs that wait on each other: far below what a GPU holds at once)
+# in SPLIT_CHUNK_BYTES steps by SPLIT_PER_SM programs of SPLIT_WARPS warps an SM (3 x 132 x 64 KiB in flight: 26 MB),
+# a row in at most MAX_SPLIT_GROUP slices (programs that wait on each other: far below what a GPU holds at once)
 SPLIT_CHUNK_BYTES = 16384
 SPLIT_PER_SM = 3
+SPLIT_WARPS = 8
 MAX_SPLIT_GROUP = 16
 
 # Arrival counters sit one 128-byte line apart, so that the programs spinning on one row

@@ -28,7 +28,8 @@ from ._common import (MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, float32_p
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
                       launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
-from ._split_walk import COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, split_group, split_run
+from ._split_walk import (COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS,
+                          split_group, split_run)
 from ._launch import Calls, launch as launch_kernel
 from ._layer_norm_kernels import (
     _FROM_STATS,
@@ -91,7 +92,6 @@ _STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
 _CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "split", "looped")
-_SPLIT_WARPS = 8
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
 _SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to MAX_SPLIT_GROUP a row
 _SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
@@ -327,13 +327,13 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
     slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, MAX_SPLIT_GROUP)))
     hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
     if max_row is not None:
-        chunk, warps, per_sm = next_power_of_2(max_row), _SPLIT_WARPS, SPLIT_PER_SM
+        chunk, warps, per_sm = next_power_of_2(max_row), SPLIT_WARPS, SPLIT_PER_SM
     elif hold:
         chunk = slice_bytes // elem_size
         warps = warps_for(chunk)
         per_sm = max(1, 16 // warps)
     else:
-        chunk, warps, per_sm = SPLIT_CHUNK_BYTES // elem_size, _SPLIT_WARPS, SPLIT_PER_SM
+        chunk, warps, per_sm = SPLIT_CHUNK_BYTES // elem_size, SPLIT_WARPS, SPLIT_PER_SM
     group = split_group(n_cols, chunk, min(MAX_SPLIT_GROUP, cdiv(row_bytes, slice_bytes)))[0]
     if group > 1 and interpreting():
         if wide == "split":

@@ -40,7 +40,7 @@ from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, Phased, launch_width, phased,
                       ragged_width, row_pieces)
 from ._softmax_kernels import _softmax_fwd_kernel, _softmax_split_kernel
-from ._split_walk import MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, split_group, split_run
+from ._split_walk import MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS, split_group, split_run
 from ._launch import Calls, launch as launch_kernel
 
 
@@ -49,7 +49,7 @@ from ._launch import Calls, launch as launch_kernel
 # What every plan is built from (docs/kernels.md, "softmax"): the rows plan (MAX_ROW, ROWS_TILE: _common; the ragged
 # rows' PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS: _ragged); wider rows are held in shared
 # memory ("held", sm_90) or walked twice, the second time from L2 ("persistent", "split"; the walk's MAX_SPLIT_GROUP,
-# SPLIT_CHUNK_BYTES, SPLIT_PER_SM: _split_walk).
+# SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS: _split_walk).
 MAX_REGS = 255  # the most registers a thread may have
 # Rows in up to two power-of-two pieces (_row_pieces: a third lost 13-27 points); PIECE_MIN_WARPS warps at least.
 PIECE_MIN_WARPS = 2
@@ -155,7 +155,7 @@ def plan(n_rows: int, n_cols: int, elem_size: int, device: Device, *, tuning: Tu
     split = mode == "split"
     hold = (split and max_row is None and elem_size >= 4
             and SPLIT_HOLD_MIN_ROW_BYTES <= n_cols * elem_size <= MAX_SPLIT_GROUP * SPLIT_SLICE_BYTES)
-    warps, per_sm = (16, 1) if hold else (8, SPLIT_PER_SM) if split else (16, 1)
+    warps, per_sm = (16, 1) if hold else (SPLIT_WARPS, SPLIT_PER_SM) if split else (16, 1)
     if max_row is None:
         chunk = (SPLIT_SLICE_BYTES if hold else SPLIT_CHUNK_BYTES if split else PERSISTENT_CHUNK_BYTES) // elem_size
     else:
