@@ -23,8 +23,8 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import (MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair, interpreting, next_power_of_2,
-                      output_like, rows_cols, warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair, interpreting,
+                      next_power_of_2, output_like, rows_cols, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
                       launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
@@ -93,8 +93,8 @@ _CHUNK = 4096  # looped steps
 _WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "split", "looped")
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
-_SPLIT_SLICE_BYTES = 16384  # smallest held slice; wider rows get wider slices, up to MAX_SPLIT_GROUP a row
-_SPLIT_HOLD_MAX_BYTES = 65536  # widest slice held in registers (16 warps x 32 fp32 a thread)
+# held slices: one SPLIT_CHUNK_BYTES step at least, wider for wider rows (up to MAX_SPLIT_GROUP a row), while a
+# ``warps_for`` program holds one at ELEMS_PER_THREAD a thread (fp32: 64 KiB on 16 warps)
 _LOOPED_WARPS = 16
 
 # backward, rows ("layer_norm: backward"): rows up to one _BWD_ROWS_TILE-element tile, a tile a step, on _BWD_WARPS
@@ -324,12 +324,14 @@ def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: i
         chunk = next_power_of_2(max_row) if max_row is not None else _CHUNK
         return _Plan("looped", 1, max(chunk, next_power_of_2(cdiv(n_cols, _MAX_CHUNKS))), _LOOPED_WARPS)
     row_bytes = n_cols * elem_size
-    slice_bytes = next_power_of_2(max(_SPLIT_SLICE_BYTES, cdiv(row_bytes, MAX_SPLIT_GROUP)))
-    hold = max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE and slice_bytes <= _SPLIT_HOLD_MAX_BYTES
+    slice_bytes = next_power_of_2(max(SPLIT_CHUNK_BYTES, cdiv(row_bytes, MAX_SPLIT_GROUP)))
+    slice_cols = slice_bytes // elem_size
+    hold = (max_row is None and elem_size >= _SPLIT_HOLD_MIN_ELEM_SIZE
+            and slice_cols <= 32 * warps_for(slice_cols) * ELEMS_PER_THREAD)
     if max_row is not None:
         chunk, warps, per_sm = next_power_of_2(max_row), SPLIT_WARPS, SPLIT_PER_SM
     elif hold:
-        chunk = slice_bytes // elem_size
+        chunk = slice_cols
         warps = warps_for(chunk)
         per_sm = max(1, 16 // warps)
     else:
