@@ -512,7 +512,7 @@ def _wait_for_peers(count_ptr, n_peers):
     The wait is safe because the one-pass programs take their tile numbers from an atomic
     counter in the order they start, so the tiles handed out always form a prefix: every row
     but the last handed-out one has all its chunk programs running, and a row needs only
-    ``n_chunks`` co-resident programs (``_MAX_ONE_PASS_CHUNKS``, far below what a GPU holds).
+    ``n_chunks`` co-resident programs (the plan takes one pass only where the device holds them at once).
     The first barrier puts every thread's earlier stores into this program's release; the
     spin reads through to L2 without an atomic, and one acquire afterwards orders the reads
     of the peers' partials after their releases.
