@@ -60,6 +60,9 @@ def check_tensor(t: object, name: str, *, dtypes=FLOAT_DTYPES, ndim: int | None 
 
 INTERPRETER_SMS = 3  # "SMs" off CUDA and under the interpreter: few, so persistent programs walk several tiles
 ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (docs/kernels.md, "softmax")
+# Register-capped plans keep RESIDENT_WARPS warps an SM resident (half an SM's 64 warp slots: two 16-warp programs, four
+# 8-warp ones, ...); their cap is the register file over those warps (64 registers on sm_80-sm_100)
+RESIDENT_WARPS = 32
 # The rows plan of softmax and the layer-norm forward (docs/kernels.md, "The rows kernel"): a program holds rows of up
 # to MAX_ROW elements (32 warps x 32 threads x 16 fp32) and ROWS_TILE elements in all (4 warps x 32 x 16)
 MAX_ROW = 16384

@@ -24,14 +24,14 @@ try:  # Gluon: Triton 3.5+; its names move between releases, so any failure mean
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
-from ._common import cdiv, disable_after_compile_failure, interpreting
+from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting
 from ._device import DESCRIPTIONS, Device
 
 BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
 WARPS = 8
-MAX_REGS = 64  # registers a thread: four 8-warp programs an SM fit the register file
 SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
 SM90 = DESCRIPTIONS["H100"]  # the shared memory, registers and warps an SM of the GPUs the held kernels run on
+MAX_REGS = SM90.regs_per_sm // (RESIDENT_WARPS * 32)  # registers a thread: four 8-warp programs an SM (64)
 SMEM_PER_SM = SM90.smem_per_sm  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
 SMEM_PER_BLOCK = SM90.smem_per_block  # the most one block may take (sm_90 opt-in)
 

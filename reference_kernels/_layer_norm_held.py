@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import cdiv, float32_pair
+from ._common import RESIDENT_WARPS, cdiv, float32_pair
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start, segments,
@@ -569,7 +569,7 @@ def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
 # Rows of up to STREAM_NARROW_MAX_COLS columns are streamed by several narrower programs an SM instead (one 8-warp
 # program an SM holds too little in flight for short rows): each the fewest warps of
 # STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
-# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as STREAM_WARPS_PER_SM warps, shared memory and
+# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as RESIDENT_WARPS warps (_common), shared memory and
 # STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed past the held
 # weight").
 STREAM_NARROW_MAX_COLS = 16384
@@ -580,7 +580,6 @@ STREAM_NARROW_MAX_SEGMENTS = 6
 # 12289-16383 in seven or eight 2048-element segments, two programs an SM, not four 4096-element ones on one 32-warp
 # program (docs/kernels.md, "Rows streamed past the held weight").
 STREAM_NARROW_MAX_SEGMENTS_BY_WARPS: dict[int, int] | None = {1: 3, 16: 8}  # None: STREAM_NARROW_MAX_SEGMENTS for all
-STREAM_WARPS_PER_SM = 32
 # Registers a thread by segments a row (64 where not named: rows of five or six segments lost on 64), and as many
 # programs as those registers leave, but at least STREAM_NARROW_MIN_PER_SM where the warps allow (then on 64).
 STREAM_NARROW_REGS = {5: 80, 6: 80}
@@ -616,7 +615,7 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     smem = nseg * block * wb_bytes + SMEM_RESERVED
     if smem > SMEM_PER_BLOCK:
         return None
-    most = max(1, min(STREAM_WARPS_PER_SM // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
+    most = max(1, min(RESIDENT_WARPS // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
     programs = min(most, 65536 // (STREAM_NARROW_REGS.get(nseg, 64) * warps * 32))
     programs = max(1, programs, min(most, STREAM_NARROW_MIN_PER_SM))
     return StreamShape(warps, block, nseg, programs, min(STREAM_MAX_REGS, 65536 // (programs * warps * 32) // 8 * 8))

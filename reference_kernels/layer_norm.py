@@ -23,8 +23,8 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair, interpreting,
-                      next_power_of_2, output_like, rows_cols, warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
+                      interpreting, next_power_of_2, output_like, rows_cols, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
                       launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
@@ -126,15 +126,15 @@ _PIECE_WASTE_ALIGNED = 0.45
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = 128
 # aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
-# _ALIGNED_PIECE_MIN_LANES or more, capped for _RESIDENT_WARPS
+# _ALIGNED_PIECE_MIN_LANES or more, capped for RESIDENT_WARPS
 _ALIGNED_PIECE_MIN_LANES = 1024
 # the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread
 _PHASED_MIN_ELEM_SIZE = 4
-_PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped: capped for _RESIDENT_WARPS
+_PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped: capped for RESIDENT_WARPS
 
 # backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): rows of up to
 # _PHASED_BWD_MAX_ROW lanes and a _PHASED_BWD_MAX_TAIL tail, _PHASED_BWD_VECTORS 16-byte vectors a thread, up to
-# _RESIDENT_WARPS warps an SM, _BWD_STAGES - 1 rows of x and dy in flight within the shared memory an SM has
+# RESIDENT_WARPS warps an SM, _BWD_STAGES - 1 rows of x and dy in flight within the shared memory an SM has
 _PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
 _PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
 _PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
@@ -151,7 +151,7 @@ _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pie
 
 # backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE (or
 # _FLAT_BWD_SMALL_TILE) lanes cut in _FLAT_BWD_SEGMENT-lane segments, where the tile holds _FLAT_BWD_MIN_GAIN more of
-# its lanes in use than the plan it replaces; _RESIDENT_WARPS warps an SM
+# its lanes in use than the plan it replaces; RESIDENT_WARPS warps an SM
 _FLAT_BWD_TILE = 8192
 _FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
@@ -159,7 +159,7 @@ _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segment
 _FLAT_BWD_MIN_GAIN = 0.05
 
 # backward, the lean kernel: one 16-byte vector a thread, so rows to _LEAN_MAX_WARPS warps of them (4096 columns), else
-# _BWD_CHUNK chunks; the register cap for _RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
+# _BWD_CHUNK chunks; the register cap for RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
 _LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size
 _LEAN_CHUNKS_16BIT_REGS = 80
 # chunked plans: one_pass while a row's chunks are co-resident (the device's SMs x programs an SM), else two_pass;
@@ -167,14 +167,9 @@ _LEAN_CHUNKS_16BIT_REGS = 80
 _MAX_CHUNKS = 4096
 
 
-# Register-capped plans keep _RESIDENT_WARPS warps an SM resident (half an SM's 64 warp slots: two 16-warp programs,
-# four 8-warp ones, ...); their cap is the register file over those warps (``_resident_regs``)
-_RESIDENT_WARPS = 32
-
-
 def _resident_regs(device: Device) -> int:
-    """The register cap (``maxnreg``) that lets ``_RESIDENT_WARPS`` warps an SM reside: 64 on sm_80-sm_100."""
-    return device.regs_per_sm // (_RESIDENT_WARPS * 32) // 8 * 8
+    """The register cap (``maxnreg``) that lets ``RESIDENT_WARPS`` warps an SM reside: 64 on sm_80-sm_100."""
+    return device.regs_per_sm // (RESIDENT_WARPS * 32) // 8 * 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,7 +446,7 @@ def _phased_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bo
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
     ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
-    (no spills in an sm_90 compile), as many programs as fill ``_RESIDENT_WARPS``. Aligned 16-bit
+    (no spills in an sm_90 compile), as many programs as fill ``RESIDENT_WARPS``. Aligned 16-bit
     rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
     ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
     vec = max(1, 16 // elem_size)
@@ -464,7 +459,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     aligned_pieces = _aligned_16bit_bwd_pieces(n_cols, elem_size, t) is not None
     first_only = aligned_pieces
     warps = _phased_bwd_warps(block_n if first_only else block_n + block_t, elem_size)
-    per_sm = max(1, _RESIDENT_WARPS // warps)
+    per_sm = max(1, RESIDENT_WARPS // warps)
     max_regs = _resident_regs(device)
     if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
         max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
@@ -526,11 +521,11 @@ def _flat_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool
 
 def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_flat_kernel`` (``_flat_shape``): block_m R rows a window, block_n P lanes a
-    segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as ``_RESIDENT_WARPS`` hold."""
+    segment, warps for one 16-byte vector a thread (up to 32), as many programs an SM as ``RESIDENT_WARPS`` hold."""
     seg, _, r, segments = _flat_shape(n_cols)
     vec = max(1, 16 // elem_size)
     warps = max(1, min(32, next_power_of_2(cdiv(segments * seg, 32 * vec))))
-    n_groups = max(1, min(device.sms * max(1, _RESIDENT_WARPS // warps), cdiv(n_rows, r)))
+    n_groups = max(1, min(device.sms * max(1, RESIDENT_WARPS // warps), cdiv(n_rows, r)))
     return _Plan("rows", r, seg, warps, n_groups, "flat", _resident_regs(device), stages=_BWD_STAGES)
 
 

@@ -1507,7 +1507,7 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", {1: 3})
     assert shape(12345, 4, 8) == (32, 4096, 4, 1, 64)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
-    monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 16)
+    monkeypatch.setattr(_layer_norm_held, "RESIDENT_WARPS", 16)
     assert shape(999, 2, 4) == (2, 512, 2, 8, 128)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)  # never fewer than one program
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 2)
@@ -1517,7 +1517,7 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     # programs an SM as shared memory holds the weight and bias: fp32 parameters of bf16 rows (8 bytes a column)
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2, 4, 8, 16, 32))
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 6)
-    monkeypatch.setattr(_layer_norm_held, "STREAM_WARPS_PER_SM", 64)
+    monkeypatch.setattr(_layer_norm_held, "RESIDENT_WARPS", 64)
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_REGS", {})
     assert shape(12288, 2, 8) == (8, 2048, 6, 2, 128)  # 96 KiB a program: two an SM, not eight
     x = torch.empty(4, 12288, dtype=torch.bfloat16)
