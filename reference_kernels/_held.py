@@ -27,8 +27,16 @@ except Exception:  # pragma: no cover - depends on the Triton build
 from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting
 from ._device import DESCRIPTIONS, Device
 
-BLOCK = 2048  # elements a segment: 8 warps x 32 threads x one 16-byte vector (16-bit) or two (fp32)
 WARPS = 8
+
+
+def segment_block(warps: int) -> int:
+    """Elements a segment of ``warps``-warp programs: 32 threads a warp x 8 elements, one 16-byte vector of 16-bit
+    elements (two of fp32) a thread."""
+    return 256 * warps
+
+
+BLOCK = segment_block(WARPS)  # 2048
 SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
 SM90 = DESCRIPTIONS["H100"]  # the shared memory, registers and warps an SM of the GPUs the held kernels run on
 MAX_REGS = SM90.regs_per_sm // (RESIDENT_WARPS * 32)  # registers a thread: four 8-warp programs an SM (64)

@@ -28,8 +28,8 @@ import torch
 from ._common import RESIDENT_WARPS, cdiv, float32_pair
 from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
-                    land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start, segments,
-                    tuned_triton, widen)
+                    land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start,
+                    segment_block, segments, tuned_triton, widen)
 from ._launch import launch as launch_kernel
 
 if gluon is not None:
@@ -470,10 +470,9 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
                        aligned=phase0(n_cols, x2.element_size())) > 0)
 
 
-# The forward's shape: 4-warp programs on 1024-element segments where FWD_NARROW_MIN_PER_SM of them fit an SM, else
-# 8-warp programs on 2048-element ones (docs/kernels.md, "One pass for the statistics").
+# The forward's shape: 4-warp programs (on 1024-element segments, ``segment_block``) where FWD_NARROW_MIN_PER_SM of them
+# fit an SM, else 8-warp programs on 2048-element ones (docs/kernels.md, "One pass for the statistics").
 FWD_NARROW_WARPS = 4
-FWD_NARROW_BLOCK = 1024
 FWD_NARROW_MIN_PER_SM = 4
 # The held forward is issue-bound (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element), so 16-bit rows
 # take their mean and variance in one pass (JOINT, ``fwd_joint``: sums of x - x[row, 0] and of its square, as the rows
@@ -504,7 +503,6 @@ def stream_recentre(elem_size: int) -> float:
 # Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (4-warp ones on 1024 lost
 # there; docs/kernels.md, "One pass for the statistics").
 FWD_NARROWEST_WARPS = 2
-FWD_NARROWEST_BLOCK = 512
 FWD_NARROWEST_MAX_COLS = 2099
 
 
@@ -513,11 +511,12 @@ def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, in
     start on 16-byte boundaries, ``_held.phase0``, without the slack before a row's start)."""
     p0 = phase0(n_cols, elem_size)
     if n_cols <= FWD_NARROWEST_MAX_COLS:
-        w, b = FWD_NARROWEST_WARPS, FWD_NARROWEST_BLOCK
+        w, b = FWD_NARROWEST_WARPS, segment_block(FWD_NARROWEST_WARPS)
         return w, b, segments(n_cols, elem_size, b, p0), per_sm(n_cols, elem_size, col_bytes, w, b, p0)
-    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, FWD_NARROW_BLOCK, p0)
+    block = segment_block(FWD_NARROW_WARPS)
+    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, block, p0)
     if FWD_NARROW_MIN_PER_SM and narrow >= FWD_NARROW_MIN_PER_SM:
-        return FWD_NARROW_WARPS, FWD_NARROW_BLOCK, segments(n_cols, elem_size, FWD_NARROW_BLOCK, p0), narrow
+        return FWD_NARROW_WARPS, block, segments(n_cols, elem_size, block, p0), narrow
     return WARPS, BLOCK, segments(n_cols, elem_size, None, p0), per_sm(n_cols, elem_size, col_bytes, aligned=p0)
 
 
@@ -684,9 +683,9 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
     warps, p0 = BWD_WARPS, phase0(n_cols, elem_size)  # rows on 16-byte boundaries need no slack (_held.phase0)
-    if segments(n_cols, elem_size, 256 * BWD_NARROW_WARPS, p0) <= BWD_NARROW_MAX_SEGMENTS:
+    if segments(n_cols, elem_size, segment_block(BWD_NARROW_WARPS), p0) <= BWD_NARROW_MAX_SEGMENTS:
         warps = BWD_NARROW_WARPS
-    block = 256 * warps  # 16 bytes a thread in 16-bit, two 16-byte vectors in fp32: 8 elements a thread either way
+    block = segment_block(warps)
     nseg = segments(n_cols, elem_size, block, p0)
     need = (BWD_REG_SHARES or {}).get(nseg) if tuned_triton() else None  # registers a thread with the shares held
     reg = need is not None
