@@ -55,13 +55,8 @@ def planning_for(name: str, launches: list) -> Iterator[None]:
     from reference_kernels import _device, _held, _launch, _layer_norm_held
 
     dev = _device.DESCRIPTIONS[name]
-    modules = [m for key, m in sys.modules.items() if key.startswith("reference_kernels") and m is not None]
-    saved = [(m, attr, getattr(m, attr)) for m in modules for attr in ("interpreting", "launch_kernel", "sm_count")
-             if hasattr(m, attr)]
-    saved += [(_device, "of", _device.of), (_held, "available", _held.available),
-              (_layer_norm_held, "available", _layer_norm_held.available), (_launch, "ENABLED", _launch.ENABLED),
-              (triton, "__version__", triton.__version__)]
     tuned = _device._files().get(dev.arch)
+    held = dev.arch // 10 == 9
 
     def record(kernel, grid, *args, **options):
         name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
@@ -69,16 +64,19 @@ def planning_for(name: str, launches: list) -> Iterator[None]:
                       for a in args)
         launches.append((name, tuple(grid), shown, tuple(sorted((k, repr(v)) for k, v in options.items()))))
 
+    # in every module of the package that has them: not the interpreter, launches recorded, the description's SMs
+    everywhere = {"interpreting": lambda: False, "launch_kernel": record, "sm_count": lambda device: dev.sms}
+    patches = [(m, attr, value) for key, m in list(sys.modules.items()) if key.startswith("reference_kernels") and m
+               for attr, value in everywhere.items() if hasattr(m, attr)]
+    patches += [(_device, "of", lambda device: dev), (_held, "available", lambda device_index=None: held),
+                (_layer_norm_held, "available", lambda device_index=None: held),
+                (_launch, "ENABLED", False)]  # every call plans
+    if tuned is not None:  # the file applies as on the GPU it was measured on
+        patches.append((triton, "__version__", tuned["triton"] + "0"))
+    saved = [(m, attr, getattr(m, attr)) for m, attr, _ in patches]
     try:
-        for m, attr, _ in saved[: len(saved) - 5]:
-            setattr(m, attr, {"interpreting": lambda: False, "launch_kernel": record,
-                              "sm_count": lambda device: dev.sms}[attr])
-        _device.of = lambda device: dev
-        held = dev.arch // 10 == 9
-        _held.available = _layer_norm_held.available = lambda device_index=None: held
-        _launch.ENABLED = False  # every call plans
-        if tuned is not None:
-            triton.__version__ = tuned["triton"] + "0"
+        for m, attr, value in patches:
+            setattr(m, attr, value)
         yield
     finally:
         for m, attr, value in saved:
