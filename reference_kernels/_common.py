@@ -69,6 +69,12 @@ MAX_ROW = 16384
 ROWS_TILE = 2048
 
 
+def reg_cap(regs_per_sm: int, warps_an_sm: int) -> int:
+    """Registers a thread (``maxnreg``, in Triton's steps of 8) at which ``warps_an_sm`` warps fit an SM's register file
+    at once."""
+    return regs_per_sm // (warps_an_sm * 32) // 8 * 8
+
+
 def warps_for(elements: int) -> int:
     """Warps for a program holding ``elements`` in registers: ``ELEMS_PER_THREAD`` a thread, 4 to 16 warps."""
     return max(4, min(16, elements // (32 * ELEMS_PER_THREAD)))

@@ -24,7 +24,7 @@ try:  # Gluon: Triton 3.5+; its names move between releases, so any failure mean
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
-from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting
+from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting, reg_cap
 from ._device import DESCRIPTIONS, Device
 
 WARPS = 8
@@ -39,7 +39,7 @@ def segment_block(warps: int) -> int:
 BLOCK = segment_block(WARPS)  # 2048
 SMEM_RESERVED = 1024  # what the driver keeps per block, and the reductions' scratch
 SM90 = DESCRIPTIONS["H100"]  # the shared memory, registers and warps an SM of the GPUs the held kernels run on
-MAX_REGS = SM90.regs_per_sm // (RESIDENT_WARPS * 32)  # registers a thread: four 8-warp programs an SM (64)
+MAX_REGS = reg_cap(SM90.regs_per_sm, RESIDENT_WARPS)  # registers a thread: four 8-warp programs an SM (64)
 SMEM_PER_SM = SM90.smem_per_sm  # bytes of shared memory an SM gives its blocks (sm_90: 228 KiB)
 SMEM_PER_BLOCK = SM90.smem_per_block  # the most one block may take (sm_90 opt-in)
 

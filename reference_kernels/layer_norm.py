@@ -24,7 +24,7 @@ from pytest_fusioncheck.budget import Budget
 from . import _layer_norm_held
 from . import _device
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
-                      interpreting, next_power_of_2, output_like, rows_cols, warps_for)
+                      interpreting, next_power_of_2, output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
                       launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
@@ -169,7 +169,7 @@ _MAX_CHUNKS = 4096
 
 def _resident_regs(device: Device) -> int:
     """The register cap (``maxnreg``) that lets ``RESIDENT_WARPS`` warps an SM reside: 64 on sm_80-sm_100."""
-    return device.regs_per_sm // (RESIDENT_WARPS * 32) // 8 * 8
+    return reg_cap(device.regs_per_sm, RESIDENT_WARPS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,7 +466,7 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and t.phased_bwd_tail_max_regs:
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
-        max_regs = max(max_regs, min(t.phased_bwd_tail_max_regs, device.regs_per_sm // (warps * 32) // 8 * 8))
+        max_regs = max(max_regs, min(t.phased_bwd_tail_max_regs, reg_cap(device.regs_per_sm, warps)))
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     stages = _BWD_STAGES
     if stages > 1:  # x and dy, stages - 1 rows each, in shared memory
@@ -636,7 +636,8 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
     else:
         r = phased(x2, y2)
     if plan.mode == "rows":
-        t = _tuning(_device.of(x2.device))
+        dev = _device.of(x2.device)
+        t = _tuning(dev)
         block_n = max(plan.block_n, next_power_of_2(launch_width(n_cols, r.vec)))
         narrow = r.packed_width(n_cols, PACKED_N_MAX)
         pieces = (_row_pieces(n_cols, r.vec, packed=narrow > 0, elem_size=x2.element_size())
@@ -647,7 +648,7 @@ def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -
         if r.vec == 1 and x2.element_size() == 2 and block_n == next_power_of_2(n_cols):
             split = _aligned_16bit_pieces(n_cols, t)
             if split is not None:  # two pieces, their statistics in one reduction each, 64 registers
-                pieces, joint, cap = split, True, plan._replace(max_regs=_resident_regs(_device.of(x2.device)))
+                pieces, joint, cap = split, True, plan._replace(max_regs=_resident_regs(dev))
                 packed = True
             else:
                 joint = pieces[1] == 0 and _joint_tile(n_cols, x2.dtype, t)

@@ -35,7 +35,7 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
-                      output_like, rows_cols, warps_for)
+                      output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, Phased, launch_width, phased,
                       ragged_width, row_pieces)
@@ -238,7 +238,7 @@ def _resident_regs(warps: int, per_sm: int, device: Device) -> int:
     steps of 8), or 0 when one program an SM needs no cap."""
     if per_sm <= 1:
         return 0
-    return min(MAX_REGS, device.regs_per_sm // (warps * 32 * per_sm) // 8 * 8)
+    return min(MAX_REGS, reg_cap(device.regs_per_sm, warps * per_sm))
 
 
 def _auto_wide_plan(n_cols: int, elem_size: int, t: Tuning) -> str:
