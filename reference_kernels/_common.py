@@ -63,6 +63,7 @@ ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (doc
 # Register-capped plans keep RESIDENT_WARPS warps an SM resident (half an SM's 64 warp slots: two 16-warp programs, four
 # 8-warp ones, ...); their cap is the register file over those warps (64 registers on sm_80-sm_100)
 RESIDENT_WARPS = 32
+THREAD_MAX_REGS = 255  # the most registers a thread may have (every GPU the kernels run on)
 # The rows plan of softmax and the layer-norm forward (docs/kernels.md, "The rows kernel"): a program holds rows of up
 # to MAX_ROW elements (32 warps x 32 threads x 16 fp32) and ROWS_TILE elements in all (4 warps x 32 x 16)
 MAX_ROW = 16384
@@ -70,9 +71,9 @@ ROWS_TILE = 2048
 
 
 def reg_cap(regs_per_sm: int, warps_an_sm: int) -> int:
-    """Registers a thread (``maxnreg``, in Triton's steps of 8) at which ``warps_an_sm`` warps fit an SM's register file
-    at once."""
-    return regs_per_sm // (warps_an_sm * 32) // 8 * 8
+    """Registers a thread (``maxnreg``, in Triton's steps of 8, at most ``THREAD_MAX_REGS``) at which ``warps_an_sm``
+    warps fit an SM's register file at once."""
+    return min(THREAD_MAX_REGS, regs_per_sm // (warps_an_sm * 32) // 8 * 8)
 
 
 def warps_for(elements: int) -> int:

@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import RESIDENT_WARPS, cdiv, float32_pair
-from ._held import (BLOCK, MAX_REGS, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
+from ._common import RESIDENT_WARPS, THREAD_MAX_REGS, cdiv, float32_pair, reg_cap
+from ._held import (BLOCK, MAX_REGS, SM90, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start,
                     segment_block, segments, tuned_triton, widen)
@@ -546,7 +546,6 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
 # thread a segment, 32 in fp32; fp32 past 12 segments spilled more than it gained). docs/kernels.md, "Rows streamed past
 # the held weight".
 STREAM_WARPS = 8
-STREAM_MAX_REGS = 255
 STREAM_MAX_SEGMENTS: dict[int, int] | None = {2: 28, 4: 12}
 
 
@@ -599,7 +598,7 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     program an SM on ``BLOCK``-element segments (``stream_segments``); narrower ones: the narrow shape above."""
     if n_cols > STREAM_NARROW_MAX_COLS:
         nseg = stream_segments(n_cols, elem_size, wb_bytes)
-        return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, STREAM_MAX_REGS) if nseg else None
+        return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, THREAD_MAX_REGS) if nseg else None
     vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
     caps = STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}
     best = None  # (warps, elements a segment, segments): the fewest slots, the fewest warps among equals
@@ -615,9 +614,9 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     if smem > SMEM_PER_BLOCK:
         return None
     most = max(1, min(RESIDENT_WARPS // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
-    programs = min(most, 65536 // (STREAM_NARROW_REGS.get(nseg, 64) * warps * 32))
+    programs = min(most, SM90.regs_per_sm // (STREAM_NARROW_REGS.get(nseg, MAX_REGS) * warps * 32))
     programs = max(1, programs, min(most, STREAM_NARROW_MIN_PER_SM))
-    return StreamShape(warps, block, nseg, programs, min(STREAM_MAX_REGS, 65536 // (programs * warps * 32) // 8 * 8))
+    return StreamShape(warps, block, nseg, programs, reg_cap(SM90.regs_per_sm, programs * warps))
 
 
 def fits_stream(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor) -> bool:
@@ -692,9 +691,9 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     for ring in range(BWD_RING, 0, -1):  # a column: x and dy for each row held, the weight, two float32 shares
         progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + (0 if reg else 8), warps, block, p0)
         if reg:
-            progs = min(progs, 65536 // (warps * 32 * need))
+            progs = min(progs, SM90.regs_per_sm // (warps * 32 * need))
         if progs:
-            return BwdShape(warps, block, nseg, ring, progs, min(255, 65536 // (warps * 32 * progs) // 8 * 8), reg)
+            return BwdShape(warps, block, nseg, ring, progs, reg_cap(SM90.regs_per_sm, warps * progs), reg)
     return BwdShape(warps, block, nseg, 1, 0, 0, reg)
 
 

@@ -98,17 +98,18 @@ _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
 _LOOPED_WARPS = 16
 
 # backward, rows ("layer_norm: backward"): rows up to one _BWD_ROWS_TILE-element tile, a tile a step, on _BWD_WARPS
-# warps, _BWD_PROGRAMS_PER_SM row groups an SM; 16-bit rows that fill a program of one 16-byte vector a thread (513-1024
-# on 4 warps) a row a step (_BWD_NARROW_HALF; narrower ones lost to the tile, bf16 64 89 -> 18); wider rows on the
+# warps, _BWD_PROGRAMS_PER_SM row groups an SM; 16-bit rows that fill a program of _BWD_NARROW_WARPS warps at one
+# 16-byte vector a thread (513-1024) a row a step, RESIDENT_WARPS an SM (narrower ones lost to the tile, bf16 64
+# 89 -> 18); wider rows on the
 # lean kernel, whole or in _BWD_CHUNK chunks ("one_pass"; the measured kernel's chunks where it is asked for)
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
 _BWD_PROGRAMS_PER_SM = 2
-_BWD_NARROW_HALF = dict(block_m=1, num_warps=4, programs_per_sm=8)
+_BWD_NARROW_WARPS = 4
 _BWD_CHUNK = 2048
-# dweight/dbias: share rows summed per program of the first level (the second adds the splits)
+# dweight/dbias: share rows summed per program of the first level (the second adds the splits), a step a tile of
+# _BWD_ROWS_TILE elements in _DWDB_BLOCK_N-column rows on the warps that hold it (``warps_for``)
 _DWDB_GROUPS_PER_SPLIT = 32
-_DWDB_BLOCK_G = 16
 _DWDB_BLOCK_N = 256
 # the backward kernel where no other plan takes the row: "lean" (a row a step, the next row's loads in flight) past
 # _BWD_ROWS_TILE; "measured" up to it (it lost past it, its chunks too)
@@ -128,16 +129,18 @@ _SLIVER = 128
 # aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
 # _ALIGNED_PIECE_MIN_LANES or more, capped for RESIDENT_WARPS
 _ALIGNED_PIECE_MIN_LANES = 1024
-# the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread
+# the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread (the phased backward's
+# threads hold as many: half of x, half of dy)
 _PHASED_MIN_ELEM_SIZE = 4
 _PHASED_ROWS_ELEMS = 16  # 8-32 warps, 80-84 registers uncapped: capped for RESIDENT_WARPS
 
-# backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): rows of up to
-# _PHASED_BWD_MAX_ROW lanes and a _PHASED_BWD_MAX_TAIL tail, _PHASED_BWD_VECTORS 16-byte vectors a thread, up to
-# RESIDENT_WARPS warps an SM, _BWD_STAGES - 1 rows of x and dy in flight within the shared memory an SM has
-_PHASED_BWD_MAX_ROW = 8192  # 16384 columns spill at 32 warps
-_PHASED_BWD_MAX_TAIL = 1024  # a second piece of one element a thread at 32 warps: 8191 holds as 8192 + 8
-_PHASED_BWD_VECTORS = {4: 2, 2: 1}  # by element size
+# backward, pipelined whole rows ("Pipelined whole rows", "Aligned 16-bit rows in pieces"): _PHASED_BWD_ELEMS elements
+# of x and of dy a thread, so rows of up to _PHASED_BWD_MAX_ROW lanes on RESIDENT_WARPS warps (16384 spilled there) and
+# a tail of one element a thread (8191 holds as 8192 + 8), programs to RESIDENT_WARPS warps an SM, _BWD_STAGES - 1
+# rows of x and dy in flight within the shared memory an SM has
+_PHASED_BWD_ELEMS = _PHASED_ROWS_ELEMS // 2
+_PHASED_BWD_MAX_ROW = 32 * RESIDENT_WARPS * _PHASED_BWD_ELEMS
+_PHASED_BWD_MAX_TAIL = 32 * RESIDENT_WARPS
 _BWD_STAGES = 3  # the pipelined backward plans (phased, flat): two rows or windows in flight
 # two pieces where the power of two masks PIECE_SLACK of the lanes (ragged rows, fp32 under 4096), as the forward's
 _PHASED_BWD_PIECES = 2
@@ -149,18 +152,17 @@ _PHASED_BWD_TAIL_WORDS_MAX = 4096
 _PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
 
-# backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE (or
-# _FLAT_BWD_SMALL_TILE) lanes cut in _FLAT_BWD_SEGMENT-lane segments, where the tile holds _FLAT_BWD_MIN_GAIN more of
-# its lanes in use than the plan it replaces; RESIDENT_WARPS warps an SM
-_FLAT_BWD_TILE = 8192
+# backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes (16-bit: one
+# 16-byte vector a thread on RESIDENT_WARPS warps) or _FLAT_BWD_SMALL_TILE, cut in _FLAT_BWD_SEGMENT-lane segments,
+# where the tile holds _FLAT_BWD_MIN_GAIN more of its lanes in use than the plan it replaces; RESIDENT_WARPS warps an SM
+_FLAT_BWD_TILE = 32 * RESIDENT_WARPS * VECTOR_BYTES // 2
 _FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
 
-# backward, the lean kernel: one 16-byte vector a thread, so rows to _LEAN_MAX_WARPS warps of them (4096 columns), else
+# backward, the lean kernel: one 16-byte vector a thread, whole rows up to the rows plan's tile (_BWD_ROWS_TILE), else
 # _BWD_CHUNK chunks; the register cap for RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
-_LEAN_MAX_WARPS = {4: 32, 2: 16}  # by element size
 _LEAN_CHUNKS_16BIT_REGS = 80
 # chunked plans: one_pass while a row's chunks are co-resident (the device's SMs x programs an SM), else two_pass;
 # beyond _MAX_CHUNKS chunks a row the chunks (and the looped forward's steps) widen
@@ -275,8 +277,8 @@ def _layer_norm_settings(
         return _Plan("rows", block_m, block_n, warps, max_regs=_resident_regs(device))
     if width <= widest:
         block_n = next_power_of_2(width)
-        if backward and elem_size == 2 and block_n == 32 * _BWD_NARROW_HALF["num_warps"] * 8:
-            block_m, warps, per_sm = (_BWD_NARROW_HALF[k] for k in ("block_m", "num_warps", "programs_per_sm"))
+        if backward and elem_size == 2 and block_n == 32 * _BWD_NARROW_WARPS * VECTOR_BYTES // elem_size:
+            block_m, warps, per_sm = 1, _BWD_NARROW_WARPS, RESIDENT_WARPS // _BWD_NARROW_WARPS
         else:
             tile = _BWD_ROWS_TILE if backward else _forward_rows_tile(n_cols, elem_size, packed, t)
             block_m = max(1, min(tile // block_n, next_power_of_2(n_rows)))
@@ -396,9 +398,8 @@ def _full_first(block_n: int, block_t: int, n_cols: int, vec: int, prefetch: boo
 
 
 def _phased_bwd_warps(spread: int, elem_size: int) -> int:
-    """Warps of the phased backward for ``spread`` lanes at ``_PHASED_BWD_VECTORS`` 16-byte vectors a thread (4..32)."""
-    lanes = 32 * max(1, 16 // elem_size) * _PHASED_BWD_VECTORS[4 if elem_size >= 4 else 2]  # a warp's
-    return max(4, min(32, next_power_of_2(cdiv(spread, lanes))))
+    """Warps of the phased backward for ``spread`` lanes at ``_PHASED_BWD_ELEMS`` a thread (4 to RESIDENT_WARPS)."""
+    return max(4, min(RESIDENT_WARPS, next_power_of_2(cdiv(spread, 32 * _PHASED_BWD_ELEMS))))
 
 
 def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
@@ -445,7 +446,7 @@ def _phased_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bo
 
 def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
     """The plan of ``_layer_norm_bwd_phased_kernel``: whole rows, a multiple of VEC programs walking rows,
-    ``_PHASED_BWD_VECTORS`` vectors of x and dy a thread (up to 32 warps), capped at 64 registers
+    ``_PHASED_BWD_ELEMS`` elements of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``RESIDENT_WARPS``. Aligned 16-bit
     rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
     ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
@@ -570,7 +571,7 @@ def _lean_backward_plan(
     """The plan of ``_layer_norm_bwd_lean_kernel``: one 16-byte vector per tensor a thread."""
     vector = 16 // elem_size
     size = 4 if elem_size >= 4 else 2
-    widest = max_row if max_row is not None else _LEAN_MAX_WARPS[size] * 32 * vector
+    widest = max_row if max_row is not None else _BWD_ROWS_TILE
     if n_cols <= widest:
         mode, block_n, n_chunks = "rows", next_power_of_2(n_cols), 1
         max_regs = _resident_regs(device)
@@ -581,7 +582,7 @@ def _lean_backward_plan(
         if one_pass and interpreting():
             raise ValueError("the one-pass chunked plan waits on other programs: it cannot run under the interpreter")
         mode, max_regs = "chunks", _LEAN_CHUNKS_16BIT_REGS if size == 2 else _resident_regs(device)
-    warps = max(1, min(_LEAN_MAX_WARPS[size], block_n // (32 * vector)))
+    warps = max(1, min(RESIDENT_WARPS, block_n // (32 * vector)))
     resident = max(1, min(device.warps_per_sm // warps, device.regs_per_sm // (max_regs * 32 * warps)))
     if mode == "chunks":  # one pass while a row's chunks are co-resident, as its exchange needs
         if one_pass is None:
@@ -864,16 +865,17 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
     n_groups, n_cols = dw_part.shape
     block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
     col_blocks = cdiv(n_cols, block_n)
+    block_g, warps = _BWD_ROWS_TILE // _DWDB_BLOCK_N, warps_for(_BWD_ROWS_TILE)
     if n_groups > _DWDB_GROUPS_PER_SPLIT:
         n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
         dw_mid, db_mid = float32_pair(n_splits, n_cols, dw_part.device)
         launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, n_splits),
             dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
-            BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4,
+            BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
         )
         dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
     launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, 1),
-        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=_DWDB_BLOCK_G, BLOCK_N=block_n, num_warps=4
+        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps
     )
 
 

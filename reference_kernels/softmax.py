@@ -50,7 +50,6 @@ from ._launch import Calls, launch as launch_kernel
 # rows' PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS: _ragged); wider rows are held in shared
 # memory ("held", sm_90) or walked twice, the second time from L2 ("persistent", "split"; the walk's MAX_SPLIT_GROUP,
 # SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS: _split_walk).
-MAX_REGS = 255  # the most registers a thread may have
 # Rows in up to two power-of-two pieces (_row_pieces: a third lost 13-27 points); PIECE_MIN_WARPS warps at least.
 PIECE_MIN_WARPS = 2
 # The staged plan: one row a step, STAGED_ELEMS a thread, up to STAGED_STAGES - 1 rows in flight in the shared memory
@@ -238,7 +237,7 @@ def _resident_regs(warps: int, per_sm: int, device: Device) -> int:
     steps of 8), or 0 when one program an SM needs no cap."""
     if per_sm <= 1:
         return 0
-    return min(MAX_REGS, reg_cap(device.regs_per_sm, warps * per_sm))
+    return reg_cap(device.regs_per_sm, warps * per_sm)
 
 
 def _auto_wide_plan(n_cols: int, elem_size: int, t: Tuning) -> str:

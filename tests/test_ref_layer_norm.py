@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import triton
 
 from reference_kernels import _device, layer_norm
+from reference_kernels._common import THREAD_MAX_REGS
 from test_ref_held import compile_for_sm90
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
@@ -304,7 +305,8 @@ def test_settings_split_rows_into_groups_that_fill_the_gpu():
     plan = layer_norm._layer_norm_settings(131072, 1024, 4, backward=True, device=H200)
     assert plan.mode == "rows" and plan.n_groups == SMS * layer_norm._BWD_PROGRAMS_PER_SM
     half = layer_norm._layer_norm_settings(131072, 1024, 2, backward=True, device=H200)
-    assert (half.block_m, half.n_groups) == (1, SMS * layer_norm._BWD_NARROW_HALF["programs_per_sm"])
+    assert (half.block_m, half.num_warps) == (1, layer_norm._BWD_NARROW_WARPS)
+    assert half.n_groups * half.num_warps == SMS * layer_norm.RESIDENT_WARPS  # the resident warps, a row a step
     # a 16-bit row a step only where it fills 4 warps' 16-byte vectors (513-1024); narrower rows fill the rows tile
     # (bf16 64: 18 -> 89% of copy on the H100)
     narrow = [layer_norm._layer_norm_settings(131072, n, 2, backward=True, device=H200)
@@ -328,7 +330,7 @@ def test_lean_plans_fit_their_register_cap_and_fill_the_gpu_without_outgrowing_i
     assert resident >= 1 and resident * plan.num_warps >= 16  # at least half the SM's warp slots
     chunks = -(-width // plan.block_n)
     chunked = "two_pass" if layer_norm.interpreting() else "one_pass"
-    widest = 16 * 32 * layer_norm._LEAN_MAX_WARPS[elem_size] // elem_size  # a 16-byte vector a thread, the most warps
+    widest = layer_norm._BWD_ROWS_TILE  # whole rows up to the rows plan's tile, chunks past it
     assert plan.mode == ("rows" if width <= widest else chunked)
     assert sm * resident - chunks < plan.n_groups * chunks <= sm * resident  # one wave, all co-resident
 
@@ -1508,7 +1510,7 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(16383, 4, 8) == (32, 4096, 5, 1, 64)  # its slack before the start: 16386 slots, nine of 2048
     assert shape(12345, 2, 4) == (16, 4096, 4, 2, 64)  # 16-bit rows: no seventh segment under 16385 columns
     # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
-    assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, _layer_norm_held.STREAM_MAX_REGS)
+    assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, THREAD_MAX_REGS)
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", {1: 3})
     assert shape(12345, 4, 8) == (32, 4096, 4, 1, 64)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from reference_kernels import _device, _softmax_held, layer_norm, softmax
+from reference_kernels._common import THREAD_MAX_REGS
 from reference_kernels._split_walk import split_group
 
 # The interpreter computes masked-off lanes with numpy, which warns about their nan.
@@ -146,7 +147,7 @@ def test_every_softmax_plan_fits_the_device_and_covers_the_row(dev, tuning):
     for n, es, p in softmax_plans(dev, t):
         where = f"{dev.name} {tuning}: {n} x {es} bytes -> {p}"
         assert p.num_warps in (1, 2, 4, 8, 16, 32) and p.num_warps <= dev.warps_per_sm, where
-        assert _fits_registers(p, dev) and p.max_regs <= softmax.MAX_REGS, where
+        assert _fits_registers(p, dev) and p.max_regs <= THREAD_MAX_REGS, where
         assert p.device == dev and p.tuning == t, where
         if p.mode == "rows":  # the row whole in one program's registers
             assert p.block_n >= n and p.block_m * p.block_n <= max(softmax.MAX_ROW, softmax.ROWS_TILE * 2), where

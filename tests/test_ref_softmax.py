@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from reference_kernels import _device, _softmax_held, _split_walk, softmax
-from reference_kernels._common import ELEMS_PER_THREAD, next_power_of_2
+from reference_kernels._common import ELEMS_PER_THREAD, THREAD_MAX_REGS, next_power_of_2
 from reference_kernels._ragged import Phased, edge_words, in_row, phased, ragged_width, row_origin
 from reference_kernels._split_walk import split_group
 
@@ -476,9 +476,9 @@ def test_registers_are_capped_so_that_the_programs_an_sm_a_plan_counts_on_are_re
         for per_sm in (2, 3, 4, 5):
             regs = softmax._resident_regs(warps, per_sm, dev)
             threads = warps * 32 * per_sm
-            assert 0 < regs <= softmax.MAX_REGS and regs * threads <= dev.regs_per_sm
-            assert regs % 8 == 0 or regs == softmax.MAX_REGS  # Triton's steps of 8
-            assert regs == softmax.MAX_REGS or (regs + 8) * threads > dev.regs_per_sm
+            assert 0 < regs <= THREAD_MAX_REGS and regs * threads <= dev.regs_per_sm
+            assert regs % 8 == 0 or regs == THREAD_MAX_REGS  # Triton's steps of 8
+            assert regs == THREAD_MAX_REGS or (regs + 8) * threads > dev.regs_per_sm
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)
