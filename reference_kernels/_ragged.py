@@ -42,11 +42,14 @@ _TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments divisible by 1
 # The rows plans' rules for ragged rows (softmax's and the layer-norm forward's): packed rows of no multiple of 16 up to
 # PACKED_N_MAX take N as a compile-time constant ("Packed rows"); unaligned rows are read as aligned vectors from
 # PHASED_ROWS_MIN_COLS ("Ragged rows"); a row in power-of-two pieces (``row_pieces``) takes a second piece only where
-# more than PIECE_SLACK of its lanes would be masked, from PIECES_MIN_COLS
+# more than PIECE_SLACK of its lanes would be masked, from PIECES_MIN_COLS; a row goes in pieces at all only where its
+# own power of two masks PIECE_WASTE of its lanes (a piece costs two row reductions; softmax's default, the layer-norm
+# forward's aligned rows)
 PACKED_N_MAX = 2047
 PHASED_ROWS_MIN_COLS = 2048
 PIECE_SLACK = 0.125
 PIECES_MIN_COLS = 256
+PIECE_WASTE = 0.45
 
 
 @triton.jit

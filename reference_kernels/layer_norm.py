@@ -26,7 +26,7 @@ from . import _device
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
                       interpreting, next_power_of_2, output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
                       launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
 from ._split_walk import (COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS,
                           split_group, split_run)
@@ -120,10 +120,9 @@ _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
 # _PACKED_ROWS_MULTIPLE (8-byte 16-bit vectors) in packed_rows_band on the rows plan, and the masked-rows tile
 _PACKED_ROWS_MULTIPLE = 4
 # pieces ("Rows in pieces, ragged or aligned (forward)"; softmax's rule, _ragged.row_pieces): up to _ROW_PIECES; aligned
-# rows keep their power of two unless it masks _PIECE_WASTE_ALIGNED, or unless the later pieces are a sliver (at most
+# rows keep their power of two unless it masks PIECE_WASTE (_ragged), or unless the later pieces are a sliver (at most
 # 1/_SLIVER of its lanes, blocks up to _SLIVER_MAX_SINGLE; 16-bit rows only)
 _ROW_PIECES = 3
-_PIECE_WASTE_ALIGNED = 0.45
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = 128
 # aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
@@ -146,17 +145,15 @@ _BWD_STAGES = 3  # the pipelined backward plans (phased, flat): two rows or wind
 _PHASED_BWD_PIECES = 2
 # a 16-bit one-vector tail read with the edges as 32-bit words (TAIL) up to this first piece
 _PHASED_BWD_TAIL_WORDS_MAX = 4096
-# 16-bit aligned rows in two pieces: a second piece of at least _PHASED_BWD_ALIGNED_PIECE_MIN_LANES, the register cap
+# 16-bit aligned rows in two pieces (the second at least 16 lanes: the rows are), the register cap
 # by its lanes; three pieces, a one-lane third piece loaded a row ahead (AHEAD), first pieces unmasked (FULL), pieces
 # merged into one reduction (MERGE): _phased_ahead, _full_first, _merge_pieces
-_PHASED_BWD_ALIGNED_PIECE_MIN_LANES = 16
 _PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
 
 # backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes (16-bit: one
-# 16-byte vector a thread on RESIDENT_WARPS warps) or _FLAT_BWD_SMALL_TILE, cut in _FLAT_BWD_SEGMENT-lane segments,
-# where the tile holds _FLAT_BWD_MIN_GAIN more of its lanes in use than the plan it replaces; RESIDENT_WARPS warps an SM
+# 16-byte vector a thread on RESIDENT_WARPS warps) or half of it (two programs an SM), cut in _FLAT_BWD_SEGMENT-lane
+# segments, where the tile holds _FLAT_BWD_MIN_GAIN more of its lanes in use than the plan it replaces
 _FLAT_BWD_TILE = 32 * RESIDENT_WARPS * VECTOR_BYTES // 2
-_FLAT_BWD_SMALL_TILE: int | None = 4096
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
 _FLAT_BWD_MIN_GAIN = 0.05
@@ -412,14 +409,14 @@ def _tail_in_words(block_n: int, block_t: int, n_cols: int, vec: int) -> bool:
 def _aligned_16bit_bwd_pieces(n_cols: int, elem_size: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
     """The pieces (BLOCK_N, BLOCK_T, BLOCK_U) in which the phased backward holds a 16-bit aligned row, or None (one
     power of two): two in a band of ``phased_bwd_aligned_pieces_16bit`` (the second of at least
-    ``_PHASED_BWD_ALIGNED_PIECE_MIN_LANES`` lanes), three in a band of ``phased_bwd_aligned_three_pieces_16bit``
+    16 lanes, as the aligned row's remainder is), three in a band of ``phased_bwd_aligned_three_pieces_16bit``
     where all three merge on the first piece's warps (``_merge_pieces``: one reduction a row)."""
     t = t or DEFAULT_TUNING
     if elem_size >= 4 or n_cols % 16:
         return None
     if _in_any(t.phased_bwd_aligned_pieces_16bit, n_cols):
         block_n, block_t, _ = row_pieces(n_cols, 1, 2, PIECE_SLACK)
-        if block_t >= _PHASED_BWD_ALIGNED_PIECE_MIN_LANES and block_n + block_t <= _PHASED_BWD_MAX_ROW:
+        if block_t > 0 and block_n + block_t <= _PHASED_BWD_MAX_ROW:
             return block_n, block_t, 0
     if _in_any(t.phased_bwd_aligned_three_pieces_16bit, n_cols):
         block_n, block_t, block_u = row_pieces(n_cols, 1, 3, 0.0)
@@ -483,21 +480,19 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
 def _flat_shape(n_cols: int) -> tuple[int, int, int, int]:
     """(P, K, R, S) of the flat backward for rows of ``n_cols``: segments of P lanes (the widest power of two up
     to ``_FLAT_BWD_SEGMENT`` that divides the row), K of them a row, R rows a window, S segments a tile (a power
-    of two, at most ``_FLAT_BWD_TILE`` lanes and ``_FLAT_BWD_MAX_SEGMENTS`` segments). The tile is
-    ``_FLAT_BWD_SMALL_TILE`` lanes instead where that holds as large a share of its lanes in use and two rows or
-    more. ValueError where one row does not fit."""
-    tile, small, segments = _FLAT_BWD_TILE, _FLAT_BWD_SMALL_TILE, _FLAT_BWD_MAX_SEGMENTS
+    of two, at most ``_FLAT_BWD_TILE`` lanes and ``_FLAT_BWD_MAX_SEGMENTS`` segments), or at most half that many
+    lanes where those hold as large a share of their lanes in use and two rows or more. ValueError where one row does
+    not fit."""
+    tile, segments = _FLAT_BWD_TILE, _FLAT_BWD_MAX_SEGMENTS
     seg = min(_FLAT_BWD_SEGMENT, n_cols & -n_cols)
     k = n_cols // seg
     most = min(tile // seg, segments)
     if k > most:
         raise ValueError(f"the flat plan holds rows of up to {most} segments of {seg} lanes, not {n_cols} columns")
     r = most // k
-    if small and small < tile:
-        few = min(small // seg, segments)
-        r_small = few // k
-        if r_small >= 2 and r_small * k * next_power_of_2(r * k) >= r * k * next_power_of_2(r_small * k):
-            r = r_small
+    r_small = min(tile // 2 // seg, segments) // k
+    if r_small >= 2 and r_small * k * next_power_of_2(r * k) >= r * k * next_power_of_2(r_small * k):
+        r = r_small
     return seg, k, r, next_power_of_2(r * k)
 
 
@@ -602,7 +597,7 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     forward"): unaligned rows gain from them at every width (fp32 4097 51 -> 80% of copy with the
     vector-masked body), three pieces best (12345: 63 vs 51% on two); aligned rows (N a multiple of 16)
     lost up to 32 points in pieces (bf16 768-6144, 11008-13824) and gained nowhere for sure, so they
-    keep their own power of two unless it masks ``_PIECE_WASTE_ALIGNED`` of the lanes. Rows under
+    keep their own power of two unless it masks ``PIECE_WASTE`` of the lanes. Rows under
     ``PIECES_MIN_COLS``: one piece. ``packed`` (a compile-time width, ``NARROW``): as aligned rows.
     Aligned rows whose power of two is at most ``_SLIVER_MAX_SINGLE[elem_size]`` take it
     whole, unless the rows are 16-bit and the pieces past the first hold at most 1/``_SLIVER`` of its lanes
@@ -611,7 +606,7 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
     need = launch_width(n_cols, vec)
     single = next_power_of_2(need)
     aligned = n_cols % 16 == 0 or packed
-    if n_cols < PIECES_MIN_COLS or (aligned and single - need < _PIECE_WASTE_ALIGNED * single):
+    if n_cols < PIECES_MIN_COLS or (aligned and single - need < PIECE_WASTE * single):
         pieces = 1
     split = row_pieces(need, vec, pieces, PIECE_SLACK)
     key = 4 if elem_size >= 4 else 2

@@ -37,7 +37,7 @@ from . import _device, _softmax_held
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
                       output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS, Phased, launch_width, phased,
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased, launch_width, phased,
                       ragged_width, row_pieces)
 from ._softmax_kernels import _softmax_fwd_kernel, _softmax_split_kernel
 from ._split_walk import MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS, split_group, split_run
@@ -81,7 +81,7 @@ class Tuning:
     narrow_packed_multiple: int = 0  # ... but packed ones of a multiple of this (0: none), at a compile-time width
     tail_regs_16bit: tuple | None = None  # (least, most, regs): aligned 16-bit rows of 8192 lanes + a piece in [least, most]
     # masked share from which a row goes in pieces: under 4096 lanes; wider 16-bit; wider fp32, unaligned / aligned
-    piece_waste: tuple = (0.45, 0.45, 0.45, 0.45)
+    piece_waste: tuple = (PIECE_WASTE,) * 4
     staged_cols: tuple | None = None  # (lo, hi): rows the staged plan takes (None: never) ...
     staged_lane_use_16bit: float = 0.0  # ... 16-bit ones only filling this much of their power of two
     held_ragged_16bit_from: int = 0  # 16-bit rows of no multiple of 16 held from this width (0: from MAX_ROW + 1)

@@ -295,7 +295,7 @@ def test_every_section_of_docs_kernels_md_that_the_code_names_exists():
 
 
 TUNING_MAX = 30  # module-level tuning constants a kernel module (issue 55)
-TUNING_MISSED = {"layer_norm.py": 36}  # docs/kernels.md, "Where the targets are missed" (planning)
+TUNING_MISSED = {"layer_norm.py": 33}  # docs/kernels.md, "Where the targets are missed" (planning)
 
 
 def tuning_constants(source: str) -> list[str]:

@@ -747,7 +747,6 @@ def test_the_backward_in_two_merged_pieces_matches_torch(merge, monkeypatch):
 def test_aligned_16_bit_backward_rows_in_two_pieces_match_torch(n, pieces, dtype, monkeypatch):
     # the band moved down to widths the interpreter runs: the pieces' sums, shares and dx against torch
     tune(monkeypatch, phased_bwd_aligned_pieces_16bit=((16, 8192),))
-    monkeypatch.setattr(layer_norm, "_PHASED_BWD_ALIGNED_PIECE_MIN_LANES", 16)
     shape = (11, n)
     x, weight, bias = inputs(shape, dtype)
     x[3] += 50.0  # a row far from zero: x-hat from the forward's mean, not from x
@@ -1167,7 +1166,6 @@ def _small_flat(monkeypatch):
     """Segments of 16 lanes in tiles of 128 (or 64): windows of whole rows that the interpreter runs quickly."""
     monkeypatch.setattr(layer_norm, "_FLAT_BWD_SEGMENT", 16)
     monkeypatch.setattr(layer_norm, "_FLAT_BWD_TILE", 128)
-    monkeypatch.setattr(layer_norm, "_FLAT_BWD_SMALL_TILE", 64)
 
 
 def _flat_backward_checked(x, weight, bias, dy, plan):
