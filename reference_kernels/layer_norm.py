@@ -79,12 +79,7 @@ _FWD_PARAMS_FIRST_LANE_USE = 0.7
 _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
 _FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
 # forward rows held or streamed by _layer_norm_held ("One pass for the statistics", "Rows streamed past the held
-# weight", "Rows under 1025"): even 16-bit rows under _HELD_FWD_EVEN_MIN_COLS keep the rows plan's 4-byte pairs or
-# stream on at most _STREAM_FWD_EVEN_MAX_WARPS warps (None: never); 16-bit rows stream only on programs of at most
-# _STREAM_FWD_16BIT_MOST (segments, warps)
-_HELD_FWD_EVEN_MIN_COLS = 1025
-_STREAM_FWD_16BIT_MOST = (5, 8)
-_STREAM_FWD_EVEN_MAX_WARPS: int | None = 1
+# weight", "Rows under 1025"): where and on which programs are the Tuning's choices (sm_90 only)
 # aligned 16-bit rows whose power-of-two tile masks lanes take twice ROWS_TILE elements a program, twice the rows
 # ("Aligned 16-bit rows"; packed ones of a multiple of _PACKED_ROWS_MULTIPLE too: ``_forward_rows_tile``)
 # rows past MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
@@ -185,6 +180,9 @@ class Tuning:
     stream_fwd_min_cols: tuple = ()  # ragged rows streamed past the held weight from this width
     stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width
     stream_fwd_bands: tuple = ()  # ragged rows streamed in these bands before the held plan is asked
+    held_fwd_even_min_cols: int = 0  # even rows under this width keep the rows plan's 4-byte pairs, not held ...
+    stream_fwd_even_max_warps: int = 0  # ... nor streamed but 16-bit ones on programs of at most these warps
+    stream_fwd_16bit_most: tuple | None = None  # 16-bit rows stream on programs of at most (segments, warps)
     packed_rows_band: tuple | None = None  # packed ragged rows of a multiple of 4 on the rows plan, NARROW
     # forward: the rows kernel's options
     masked_rows_16bit: tuple | None = None  # 16-bit rows that mask lanes take the masked-rows tile
@@ -887,7 +885,7 @@ def _held_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     least = _sized(t.held_fwd_min_cols, elem_size)
     if least is None or n_cols < least or _packed_rows(n_cols, t) or _narrow_packed(n_cols, t):
         return False
-    return not (n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS)
+    return not (n_cols % 2 == 0 and n_cols < t.held_fwd_even_min_cols)
 
 
 def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
@@ -902,21 +900,21 @@ def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2
 def _stream_band(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether rows of ``n_cols`` are streamed before the held plan is asked (``stream_fwd_bands``): N not a multiple
     of 16 inside a band of their element size, and not rows the packed rows plan takes (``_packed_rows``,
-    ``_narrow_packed``, even rows under ``_HELD_FWD_EVEN_MIN_COLS`` but 16-bit ones on programs of at most
-    ``_STREAM_FWD_EVEN_MAX_WARPS`` warps); 16-bit rows only where their streamed shape has at
-    most ``_STREAM_FWD_16BIT_MOST`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
+    ``_narrow_packed``, even rows under ``held_fwd_even_min_cols`` but 16-bit ones on programs of at most
+    ``stream_fwd_even_max_warps`` warps); 16-bit rows only where their streamed shape has at most
+    ``stream_fwd_16bit_most`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
     call's)."""
     t = t or DEFAULT_TUNING
-    even = n_cols % 2 == 0 and n_cols < _HELD_FWD_EVEN_MIN_COLS  # the rows plan's 4-byte pairs, as for the held plan
+    even = n_cols % 2 == 0 and n_cols < t.held_fwd_even_min_cols  # the rows plan's 4-byte pairs, as for the held plan
     if (n_cols % 16 == 0 or not _in_bands(t.stream_fwd_bands, n_cols, elem_size) or _packed_rows(n_cols, t)
             or _narrow_packed(n_cols, t)):
         return False
     shape = _layer_norm_held.stream_shape(n_cols, elem_size, 2 * elem_size)  # the shape with parameters of x's dtype
-    if even and (shape is None or elem_size >= 4 or shape.warps > (_STREAM_FWD_EVEN_MAX_WARPS or 0)):
+    if even and (shape is None or elem_size >= 4 or shape.warps > t.stream_fwd_even_max_warps):
         return False
-    if shape is None or elem_size >= 4:
+    if shape is None or elem_size >= 4 or t.stream_fwd_16bit_most is None:
         return shape is not None
-    most_segments, most_warps = _STREAM_FWD_16BIT_MOST
+    most_segments, most_warps = t.stream_fwd_16bit_most
     return shape.nseg <= most_segments and shape.warps <= most_warps
 
 

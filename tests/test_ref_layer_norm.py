@@ -1541,9 +1541,9 @@ def test_narrower_rows_are_streamed_before_the_held_plan_in_their_bands(monkeypa
                         2600, 3001, 4200, 8192, 10001, 12345) if band(n, 2)] == [
         258, 259, 333, 514, 555, 750, 777, 999, 1023, 1025, 1027, 2049, 4200, 10001]
     assert _layer_norm_held.stream_shape(750, 2, 4).warps == 1 and _layer_norm_held.stream_shape(762, 2, 4).warps == 2
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_EVEN_MAX_WARPS", None)
+    tune(monkeypatch, stream_fwd_even_max_warps=0)
     assert not band(258, 2) and not band(750, 2) and band(259, 2)
-    monkeypatch.setattr(layer_norm, "_STREAM_FWD_16BIT_MOST", (6, 16))
+    tune(monkeypatch, stream_fwd_16bit_most=(6, 16))
     assert band(3001, 2) and band(12345, 2)
     # fp32: rows of no multiple of 16 columns from 1025 to 16383, but packed rows under 2048
     assert [n for n in (1023, 1025, 1500, 1501, 3001, 6001, 8189, 8190, 8191, 9001, 12288, 16383, 16385) if band(n, 4)] == [
