@@ -174,7 +174,7 @@ CASES = {
     "ln_fwd_bf16_1023": lambda: _ln_forward(None, 1023, torch.bfloat16),
     "ln_fwd_bf16_384": lambda: _ln_forward(None, 384, torch.bfloat16),
     "ln_fwd_bf16_5120": lambda: _ln_forward(None, 5120, torch.bfloat16),
-    "ln_fwd_fp16_5120": lambda: _ln_forward(None, 5120, torch.float16),  # against bf16 5120 ("bf16 widened by a shift")
+    "ln_fwd_fp16_5120": lambda: _ln_forward(None, 5120, torch.float16),  # against bf16 5120 ("Aligned 16-bit rows")
     "ln_fwd_fp32_9216": lambda: _ln_forward(None, 9216, torch.float32),
     "ln_fwd_fp32_16384": lambda: _ln_forward(None, 16384, torch.float32),
     "ln_bwd_bf16_1600": lambda: _ln_backward(None, 1600, torch.bfloat16),

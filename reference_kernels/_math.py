@@ -47,7 +47,7 @@ def exp(x, FAST: tl.constexpr):
 def widen(x, WIDEN: tl.constexpr = False):
     """x in float32. ``WIDEN`` (CUDA only: inline PTX) with bf16 x: each pair of elements straight from its 32-bit
     register, the low one by a shift and the high one by an AND, where the compiler's conversion spends a PRMT and
-    a shift on one of the two (docs/kernels.md, "bf16 widened by a shift"); other dtypes convert as usual."""
+    a shift on one of the two (docs/kernels.md, "Aligned 16-bit rows"); other dtypes convert as usual."""
     if WIDEN:
         if x.dtype == tl.bfloat16:
             bits = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r",

@@ -702,7 +702,7 @@ def test_fp32_rows_take_the_tunings_rows_tile_and_16_bit_rows_the_default_one(tu
 @pytest.mark.parametrize("tuning", TUNINGS)
 def test_16_bit_rows_masking_the_tuned_share_of_their_lanes_take_more_rows_a_program(tuning):
     # Tuning.masked_rows (sm_90: a quarter or more of 1024 lanes masked, 4096 elements a program; docs/kernels.md,
-    # "More rows a program": 600 86 -> 92%, 768 95 -> 99% bf16): multiples of 8 held in one piece (520 = 512 + 8 in
+    # "The rows kernel": 600 86 -> 92%, 768 95 -> 99% bf16): multiples of 8 held in one piece (520 = 512 + 8 in
     # pieces lost 92 -> 85); odd rows and other blocks keep ROWS_TILE; the defaults have no such band
     t = TUNINGS[tuning]
     taken = set()
