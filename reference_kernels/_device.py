@@ -11,7 +11,9 @@ Choices measured on one kind of GPU with one Triton release (a width band where 
 data, not code: ``reference_kernels/tuned/<arch>.json`` holds them by subject, with the GPU and the Triton release
 they were measured with. ``tuning(subject, device, defaults)`` returns the subject's defaults (a frozen dataclass:
 the principled choice that runs anywhere) with that file's values over them where the device's compute capability
-and this Triton match the file's; elsewhere the defaults alone.
+and this Triton match the file's, and over those the values of the file's ``models`` section for the GPU whose name
+holds its key (GPUs of one compute capability differ: the H200 has the H100's SMs and 1.4x its bandwidth); elsewhere
+the defaults alone.
 """
 
 from __future__ import annotations
@@ -151,20 +153,31 @@ def tuning(subject: str, device: Device, defaults: T) -> T:
     covers ``device`` and this Triton (``tuned_here``). A name the dataclass lacks is an error, not a silent skip."""
     if not tuned_here(device):
         return defaults
-    return tuned(subject, device.arch, defaults)
+    return tuned(subject, device.arch, defaults, model_of(device))
+
+
+def model_of(device: Device) -> str:
+    """The key of its tuned file's ``models`` section that ``device``'s name holds (the longest), or ""."""
+    models = _files().get(device.arch, {}).get("models", {})
+    return max((m for m in models if m in device.name), key=len, default="")
 
 
 @functools.cache
-def tuned(subject: str, arch: int, defaults: T) -> T:
-    """``defaults`` with ``tuned/<arch>.json``'s values for ``subject`` over them, whatever this Triton is (tests and
-    benchmarks plan for a GPU they do not have with it)."""
+def tuned(subject: str, arch: int, defaults: T, model: str = "") -> T:
+    """``defaults`` with ``tuned/<arch>.json``'s values for ``subject`` over them, and its ``models[model]`` values
+    over those, whatever this Triton is (tests and benchmarks plan for a GPU they do not have with it)."""
     if arch not in _files():
         raise ValueError(f"no tuned file for compute capability {arch}; there are {sorted(_files())}")
-    values = _files()[arch].get(subject, {})
+    data = _files()[arch]
+    if model and model not in data.get("models", {}):
+        raise ValueError(f"tuned/{arch}.json has no model {model!r}; it has {sorted(data.get('models', {}))}")
+    values = dict(data.get(subject, {}))
+    values.update(data.get("models", {}).get(model, {}).get(subject, {}) if model else {})
     names = {f.name for f in dataclasses.fields(defaults)}
     unknown = set(values) - names
     if unknown:
-        raise ValueError(f"tuned/{arch}.json, {subject}: no such choice {sorted(unknown)}")
+        where = f"models.{model}." if model else ""
+        raise ValueError(f"tuned/{arch}.json, {where}{subject}: no such choice {sorted(unknown)}")
     return dataclasses.replace(defaults, **{k: _frozen(v) for k, v in values.items()})
 
 

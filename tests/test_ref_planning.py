@@ -123,6 +123,31 @@ def test_a_tuned_file_naming_a_choice_the_subject_lacks_is_an_error_not_a_silent
         _device.tuned.cache_clear()
 
 
+def test_a_tuned_files_model_section_applies_over_it_on_the_gpu_whose_name_holds_its_key(monkeypatch, tmp_path):
+    # GPUs of one compute capability differ (the H200: the H100's SMs, 1.4x its bandwidth): a model's own choices
+    (tmp_path / "90.json").write_text(json.dumps({
+        "arch": 90, "triton": "3.6.", "measured_on": "a test", "softmax": {"rows_tile_fp32": 1024, "shift_16bit": []},
+        "models": {"H200": {"softmax": {"rows_tile_fp32": 512}}, "H20": {"softmax": {"no_such_choice": 1}}}}))
+    monkeypatch.setattr(_device, "TUNED_DIR", tmp_path)
+    monkeypatch.setattr(_device.triton, "__version__", "3.6.0")
+    _device._files.cache_clear()
+    _device.tuned.cache_clear()
+    try:
+        h100, h200 = _device.DESCRIPTIONS["H100"], dataclasses.replace(_device.DESCRIPTIONS["H200"], name="NVIDIA H200")
+        assert (_device.model_of(h100), _device.model_of(h200)) == ("", "H200")  # the longest key the name holds
+        assert _device.tuning("softmax", h100, softmax.DEFAULT_TUNING).rows_tile_fp32 == 1024
+        assert _device.tuning("softmax", h200, softmax.DEFAULT_TUNING).rows_tile_fp32 == 512
+        assert _device.tuning("softmax", h200, softmax.DEFAULT_TUNING).shift_16bit == ()  # the file's, kept
+        with pytest.raises(ValueError, match=r"tuned/90.json, models.H20.softmax: no such choice"):
+            _device.tuned("softmax", 90, softmax.DEFAULT_TUNING, "H20")
+        with pytest.raises(ValueError, match="has no model 'B200'"):
+            _device.tuned("softmax", 90, softmax.DEFAULT_TUNING, "B200")
+    finally:
+        monkeypatch.undo()
+        _device._files.cache_clear()
+        _device.tuned.cache_clear()
+
+
 # --------------------------------------------------------------------------- softmax plans
 
 
