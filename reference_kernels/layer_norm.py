@@ -26,8 +26,8 @@ from . import _device
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
                       interpreting, next_power_of_2, output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, VECTOR_BYTES, Phased,
-                      launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, VECTOR_BYTES,
+                      Phased, launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
 from ._split_walk import (COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS,
                           split_group, split_run)
 from ._launch import Calls, launch as launch_kernel
@@ -95,8 +95,8 @@ _LOOPED_WARPS = 16
 # backward, rows ("layer_norm: backward"): rows up to one _BWD_ROWS_TILE-element tile, a tile a step, on _BWD_WARPS
 # warps, _BWD_PROGRAMS_PER_SM row groups an SM; 16-bit rows that fill a program of _BWD_NARROW_WARPS warps at one
 # 16-byte vector a thread (513-1024) a row a step, RESIDENT_WARPS an SM (narrower ones lost to the tile, bf16 64
-# 89 -> 18); wider rows on the
-# lean kernel, whole or in _BWD_CHUNK chunks ("one_pass"; the measured kernel's chunks where it is asked for)
+# 89 -> 18); wider rows on the lean kernel, whole or in _BWD_CHUNK chunks ("one_pass"; the measured kernel's chunks
+# where it is asked for)
 _BWD_ROWS_TILE = 4096
 _BWD_WARPS = 8
 _BWD_PROGRAMS_PER_SM = 2
