@@ -5,7 +5,7 @@ Every other script times the device (CUDA-graph replays); this one times the Pyt
 what is measured. A call's planning (the launch-plan rules) and Triton's launcher are most of it. Prints one table:
 
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--profile] [--out DIR]
-    PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h100.json   # no GPU
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h200.json   # no GPU
 
 Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
 (replays off) and torch's own op.

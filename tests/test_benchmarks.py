@@ -525,9 +525,9 @@ def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
 def test_the_host_bench_prints_its_table_from_a_recorded_file(capsys):
     import benchmarks.bench_host as bh
 
-    bh.main(["--tables", str(_ROOT / "benchmarks" / "data" / "bench_host_h100.json")])
+    bh.main(["--tables", str(_ROOT / "benchmarks" / "data" / "bench_host_h200.json")])
     out = capsys.readouterr().out
-    assert out.startswith("NVIDIA H100") and "| softmax 8x4096 bfloat16 |" in out
+    assert out.startswith("NVIDIA H200") and "| softmax 8x4096 bfloat16 |" in out
     assert all(row.endswith("| replayed |") for row in out.splitlines() if row.startswith("| softmax"))
 
 
