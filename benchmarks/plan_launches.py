@@ -1,13 +1,17 @@
-"""Which layer-norm launches a plan setting changes, without a GPU (docs/kernels.md, "Planning").
+"""Which layer-norm or softmax launches a plan setting or a code change alters, without a GPU (docs/kernels.md,
+"Planning").
 
 An A/B on the GPU (``sweep.py --set``) times the widths a setting reaches; this script finds them. It plans
-``layer_norm.forward`` and ``backward`` for a GPU description (``_device.DESCRIPTIONS``, its tuned file where there is
-one) at many widths, dtypes and two row layouts (packed; rows 16-element aligned with a gap), records each launch's
-kernel, grid, arguments and options instead of running it, and prints the widths whose launches differ between the
-default planning and the planning under ``--set`` (the same settings as ``sweep.py``'s):
+``layer_norm.forward`` and ``backward`` (``--subject softmax``: softmax) for a GPU description
+(``_device.DESCRIPTIONS``, its tuned file where there is one) at many widths, dtypes and two row layouts (packed; rows
+16-element aligned with a gap), records each launch's kernel, grid, arguments and options instead of running it, and
+prints the widths whose launches differ between the default planning and the planning under ``--set`` (the same
+settings as ``sweep.py``'s), or between a planning ``--save``d before a code change and the code's now (``--against``):
 
     PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --set "layer_norm.tuning.fwd_params_first_min_cols=None"
     PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --device A100 --set layer_norm._SLIVER=1 --widths 1000,2064
+    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --subject softmax --save /tmp/before.json   # then change code
+    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --subject softmax --against /tmp/before.json
 
 The held kernels are planned as on sm_90 wherever the description's arch is 9.x; the Triton release is taken to be the
 tuned file's, so that the file applies as on the GPU it was measured on.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DIRECTIONS = {"layer_norm": ("forward", "backward"), "softmax": ("softmax",)}
 
 
 def default_widths() -> list[int]:
@@ -51,8 +57,9 @@ def planning_for(name: str, launches: list) -> Iterator[None]:
     """Inside, the reference kernels plan for the GPU described as ``name`` and append each launch to ``launches``."""
     import triton
 
-    importlib.import_module("reference_kernels.layer_norm")  # first: every module a plan reaches is patched below
-    from reference_kernels import _device, _held, _launch, _layer_norm_held
+    for subject in DIRECTIONS:  # first: every module a plan reaches is patched below
+        importlib.import_module(f"reference_kernels.{subject}")
+    from reference_kernels import _device, _held, _launch, _layer_norm_held, _softmax_held
 
     dev = _device.DESCRIPTIONS[name]
     tuned = _device._files().get(dev.arch)
@@ -70,6 +77,7 @@ def planning_for(name: str, launches: list) -> Iterator[None]:
                for attr, value in everywhere.items() if hasattr(m, attr)]
     patches += [(_device, "of", lambda device: dev), (_held, "available", lambda device_index=None: held),
                 (_layer_norm_held, "available", lambda device_index=None: held),
+                (_softmax_held, "available", lambda device_index=None: held),
                 (_launch, "ENABLED", False)]  # every call plans
     if tuned is not None:  # the file applies as on the GPU it was measured on
         patches.append((triton, "__version__", tuned["triton"] + "0"))
@@ -89,11 +97,19 @@ def _tensor(n_rows: int, n_cols: int, dtype: torch.dtype, stride: int | None = N
 
 
 def launches_of(direction: str, n_rows: int, n_cols: int, dtype: torch.dtype, layout: str) -> list:
-    """The launches of one forward or backward call (inside ``planning_for``); an error is one entry."""
-    from reference_kernels import layer_norm
+    """The launches of one layer-norm forward or backward call, or softmax's (inside ``planning_for``); an error is one
+    entry."""
+    from reference_kernels import _device, layer_norm, softmax
 
     stride = None if layout == "packed" else -(-n_cols // 16) * 16 + 16
     x = _tensor(n_rows, n_cols, dtype, stride)
+    if direction == "softmax":
+        try:
+            softmax._launch(x, _tensor(n_rows, n_cols, dtype), softmax.plan(n_rows, n_cols, x.element_size(),
+                                                                            _device.of(x.device)))
+        except (ValueError, RuntimeError) as exc:
+            return [("error", type(exc).__name__, str(exc))]
+        return []
     w, b = _tensor(1, n_cols, dtype)[0], _tensor(1, n_cols, dtype)[0]
     mean, rstd = _tensor(1, n_rows, torch.float32)[0], _tensor(1, n_rows, torch.float32)[0]
     out = _tensor(n_rows, n_cols, dtype, stride)
@@ -109,14 +125,14 @@ def launches_of(direction: str, n_rows: int, n_cols: int, dtype: torch.dtype, la
     return []
 
 
-def plan_all(device: str, widths: list[int], dtypes: list[str]) -> dict:
-    """{(dtype, direction, layout, rows, width): launches} for every case."""
+def plan_all(device: str, widths: list[int], dtypes: list[str], subject: str = "layer_norm") -> dict:
+    """{(dtype, direction, layout, rows, width): launches} for every case of ``subject``."""
     table = {}
     for dname in dtypes:
         for n in widths:
             for rows in ((4096, 5) if n <= 20000 else (64,)):
                 for layout in ("packed", "aligned"):
-                    for direction in ("forward", "backward"):
+                    for direction in DIRECTIONS[subject]:
                         launches: list = []
                         with planning_for(device, launches):
                             error = launches_of(direction, rows, n, DTYPES[dname], layout)
@@ -135,11 +151,21 @@ def runs(widths: list[int], gap: int = 40) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
 
 
+def saved_form(table: dict) -> dict:
+    """``table`` as ``--save`` writes it and ``--against`` reads it back: keys joined by "|", values through JSON."""
+    return json.loads(json.dumps({"|".join(map(str, key)): value for key, value in table.items()}))
+
+
+def _keyed(saved: dict) -> dict:
+    """``saved_form``'s table with its keys split again (widths and rows as ints)."""
+    return {tuple(int(p) if p.isdigit() else p for p in key.split("|")): value for key, value in saved.items()}
+
+
 def changed(before: dict, after: dict) -> dict:
-    """{(dtype, direction, layout): widths} where the launches differ."""
+    """{(dtype, direction, layout): widths} where the launches differ (or ``after`` has a case ``before`` lacks)."""
     found: dict = {}
     for key, value in after.items():
-        if before[key] != value:
+        if before.get(key) != value:
             dname, direction, layout, _, n = key
             found.setdefault((dname, direction, layout), set()).add(n)
     return found
@@ -150,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="H100", help="a _device.DESCRIPTIONS name (default H100)")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
     parser.add_argument("--widths", default="", help="comma-separated widths instead of the generated list")
+    parser.add_argument("--subject", default="layer_norm", choices=sorted(DIRECTIONS))
     parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
                         help="as sweep.py's --set (repeatable); the planning under it is compared with the default")
+    parser.add_argument("--save", metavar="FILE", help="write the planning's launches (JSON) for a later --against")
+    parser.add_argument("--against", metavar="FILE", help="compare the planning now with one --save wrote")
     args = parser.parse_args(argv)
     from reference_kernels import _device
 
@@ -162,20 +191,33 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--dtypes: unknown {unknown}; choose from {', '.join(DTYPES)}")
     widths = [int(w) for w in args.widths.split(",") if w] or default_widths()
-    before = plan_all(args.device, widths, dtypes)
-    if not args.set:
+    before = plan_all(args.device, widths, dtypes, args.subject)
+    if args.save:
+        Path(args.save).write_text(json.dumps({"device": args.device, "subject": args.subject,
+                                               "launches": saved_form(before)}))
+    if args.against:
+        if args.set:
+            raise SystemExit("--against compares code, --set a setting: one at a time")
+        saved = json.loads(Path(args.against).read_text())
+        if (saved["device"], saved["subject"]) != (args.device, args.subject):
+            raise SystemExit(f"--against {args.against}: planned for {saved['device']} {saved['subject']}, "
+                             f"not {args.device} {args.subject}")
+        diff = changed(_keyed(saved["launches"]), _keyed(saved_form(before)))
+        print(f"# {args.device} {args.subject}: launches the code now plans otherwise than {args.against}")
+    elif not args.set:
         n = sum(len(v) for v in before.values())
         print(f"{len(before)} calls planned for the {args.device}, {n} launches; --set compares a setting with them")
         return 0
-    from benchmarks.sweep import apply_settings
+    else:
+        from benchmarks.sweep import apply_settings
 
-    settings = apply_settings(args.set)
-    diff = changed(before, plan_all(args.device, widths, dtypes))
-    print(f"# {args.device}: launches that {', '.join(settings)} changes ({len(widths)} widths)")
+        settings = apply_settings(args.set)
+        diff = changed(before, plan_all(args.device, widths, dtypes, args.subject))
+        print(f"# {args.device}: launches that {', '.join(settings)} changes ({len(widths)} widths)")
     for (dname, direction, layout), ws in sorted(diff.items()):
         print(f"{dname:9s} {direction:8s} {layout:7s} {len(ws):4d} widths: {runs(sorted(ws))}")
     if not diff:
-        print("none: the setting reaches no planned launch")
+        print("none: no planned launch changed")
     return 0
 
 

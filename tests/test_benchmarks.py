@@ -214,6 +214,28 @@ def test_plan_launches_lists_the_widths_whose_launches_a_setting_changes_and_onl
         plan_launches.main(["--device", "V100"])
 
 
+def test_plan_launches_compares_a_saved_planning_with_the_codes_now_for_softmax_too(tmp_path, capsys, monkeypatch):
+    # --save before a code change, --against after: the widths whose launches the change moved (here a constant the
+    # softmax plan reads: no pieces below it, so 4097 loses its two pieces)
+    from benchmarks import plan_launches
+    from reference_kernels import softmax
+
+    saved = tmp_path / "before.json"
+    args = ["--subject", "softmax", "--widths", "2048,4097", "--dtypes", "bfloat16"]
+    plan_launches.main(args + ["--save", str(saved)])
+    capsys.readouterr()
+    plan_launches.main(args + ["--against", str(saved)])
+    assert capsys.readouterr().out.splitlines()[1:] == ["none: no planned launch changed"]
+    monkeypatch.setattr(softmax, "PIECES_MIN_COLS", 1 << 20)
+    plan_launches.main(args + ["--against", str(saved)])
+    assert capsys.readouterr().out.splitlines()[1:] == ["bfloat16  softmax  aligned    1 widths: 4097",
+                                                        "bfloat16  softmax  packed     1 widths: 4097"]
+    with pytest.raises(SystemExit, match="planned for H100 softmax, not H100 layer_norm"):
+        plan_launches.main(["--widths", "2048", "--against", str(saved)])
+    with pytest.raises(SystemExit, match="one at a time"):
+        plan_launches.main(args + ["--against", str(saved), "--set", "softmax.PIECES_MIN_COLS=1"])
+
+
 def test_the_gemm_bench_parses_forced_configs_and_refuses_bad_ones():
     from benchmarks.bench_gemm_epilogue import _parse_configs
 
