@@ -37,8 +37,8 @@ from . import _device, _softmax_held
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
                       output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
-from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased, launch_width, phased,
-                      ragged_width, row_pieces)
+from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased,
+                      launch_width, phased, ragged_width, row_pieces)
 from ._softmax_kernels import _softmax_fwd_kernel, _softmax_split_kernel
 from ._split_walk import MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS, split_group, split_run
 from ._launch import Calls, launch as launch_kernel
