@@ -178,7 +178,9 @@ class Tuning:
     held_fwd_min_cols: tuple = ()  # ragged rows held (_layer_norm_held) from this width
     held_fwd_aligned_bands: tuple = ()  # aligned rows held in these bands
     stream_fwd_min_cols: tuple = ()  # ragged rows streamed past the held weight from this width
-    stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width
+    stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width ...
+    # ... and where the rows plan's power-of-two block holds at most this share of lanes (docs/kernels.md, "Planning")
+    stream_fwd_aligned_max_use: tuple = ()
     stream_fwd_bands: tuple = ()  # ragged rows streamed in these bands before the held plan is asked
     held_fwd_even_min_cols: int = 0  # even rows under this width keep the rows plan's 4-byte pairs, not held ...
     stream_fwd_even_max_warps: int = 0  # ... nor streamed but 16-bit ones on programs of at most these warps
@@ -196,7 +198,7 @@ class Tuning:
     held_bwd_bands: tuple = ()  # a band of ragged rows held where the phased plan does not take them
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
     # longer fits one rows program and the phased plan still holds it whole (not a band; docs/kernels.md, "Planning")
-    phased_bwd_min_cols: int | None = _BWD_ROWS_TILE + 1
+    phased_bwd_min_cols: tuple = ((2, _BWD_ROWS_TILE + 1), (4, _BWD_ROWS_TILE + 1))
     phased_bwd_aligned_min_cols: int | None = _BWD_ROWS_TILE + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
     phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
@@ -435,7 +437,7 @@ def _phased_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bo
         band = t.phased_bwd_aligned_16bit if elem_size < 4 else t.phased_bwd_aligned_fp32
         least = t.phased_bwd_aligned_min_cols
         return (least is not None and n_cols >= least) or _in(band, n_cols) or held[2] > 0
-    least = t.phased_bwd_min_cols
+    least = _sized(t.phased_bwd_min_cols, elem_size)
     return least is not None and n_cols >= least
 
 
@@ -922,14 +924,22 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
                     band: bool | None = None, t: Tuning | None = None) -> bool:
     """Whether this forward streams its rows past the held weight and bias: rows in ``_stream_band`` (``band``: its
     answer, where the caller has it), and rows from the width of their element size on (``stream_fwd_min_cols``; N a
-    multiple of 16 from ``stream_fwd_aligned_min_cols``), on a machine that runs
-    the held kernels, of tensors ``launch_stream`` takes."""
-    t, n_cols = t or DEFAULT_TUNING, x2.shape[1]
-    least = _sized(t.stream_fwd_aligned_min_cols if n_cols % 16 == 0 else t.stream_fwd_min_cols, x2.element_size())
+    multiple of 16 from ``stream_fwd_aligned_min_cols``, or where ``_block_underused``), on a machine that runs the
+    held kernels, of tensors ``launch_stream`` takes."""
+    t, n_cols, elem_size = t or DEFAULT_TUNING, x2.shape[1], x2.element_size()
+    aligned = n_cols % 16 == 0
+    least = _sized(t.stream_fwd_aligned_min_cols if aligned else t.stream_fwd_min_cols, elem_size)
     if band is None:
-        band = _stream_band(n_cols, x2.element_size(), t)
-    wanted = band or (least is not None and n_cols >= least)
+        band = _stream_band(n_cols, elem_size, t)
+    wanted = band or (least is not None and n_cols >= least) or (aligned and _block_underused(n_cols, elem_size, t))
     return wanted and _layer_norm_held.available() and _layer_norm_held.fits_stream(x2, weight, bias, y2)
+
+
+def _block_underused(n_cols: int, elem_size: int, t: Tuning) -> bool:
+    """Whether aligned rows of ``n_cols`` are streamed for the rows plan's power-of-two block, of which a row fills
+    at most ``stream_fwd_aligned_max_use`` (the rows plan's other lanes idle; the stream reads a row in segments)."""
+    most = _sized(t.stream_fwd_aligned_max_use, elem_size)
+    return most is not None and n_cols <= most * next_power_of_2(n_cols)
 
 
 def _in_aligned_band(bands: tuple, n_cols: int, elem_size: int) -> bool:

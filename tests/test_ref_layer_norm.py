@@ -847,7 +847,7 @@ def test_the_phased_backward_walks_its_rows_with_any_multiple_of_vec_programs(n_
 
 @pytest.mark.parametrize("x_offset, dy_offset", [(1, 1), (1, 0), (0, 2)], ids=["same phase", "x unaligned", "dy unaligned"])
 def test_the_phased_backward_on_slices_at_different_phases_matches_torch(x_offset, dy_offset, monkeypatch):
-    tune(monkeypatch, phased_bwd_min_cols=1)
+    tune(monkeypatch, phased_bwd_min_cols={2: 1, 4: 1})
     assert layer_norm._layer_norm_settings(9, 50, 4, backward=True).variant == "phased"
     big_x, weight, bias = inputs((9, 60), torch.float32)
     big_dy = torch.randn(9, 60, device=DEVICE)
@@ -1637,6 +1637,12 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     assert streamed() == []
     tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769, 4: 8193})
     assert streamed() == [8208, 9216, 9728, 9744, 16384, 24576]
+    # or where the rows plan's power-of-two block would hold at most a share of lanes: not 8192 or 16384 (all used)
+    tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769}, stream_fwd_aligned_max_use={4: 0.75})
+    assert streamed() == [8208, 9216, 9728, 9744, 24576]
+    wider = torch.empty(2, 24592)  # 24592 of 32768 lanes: over 0.75
+    assert not layer_norm._stream_forward(wider, wider[0], wider[0], wider)
+    assert not layer_norm._stream_forward(x[:, :24576], weight, bias, y)  # 16-bit rows: no share given
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
     tune(monkeypatch, stream_fwd_min_cols={2: 60000})
     assert not layer_norm._stream_forward(x, weight, bias, y)
@@ -1760,7 +1766,7 @@ def test_the_backward_holds_rows_in_shared_memory_only_where_the_phased_plan_doe
     assert not any(rule(n, 4) for n in (1025, 3001, 8191, 9001))  # fp32: not taken
     assert not any(rule(n, 2) for n in (1600, 3072, 5120, 10240))  # aligned rows: never
     # where the phased plan starts later (its default: past the rows plan's 4096), the held plan takes the rows before
-    assert rule(3001, 2, t=dataclasses.replace(TUNED, phased_bwd_min_cols=4097))
+    assert rule(3001, 2, t=dataclasses.replace(TUNED, phased_bwd_min_cols=((2, 4097), (4, 4097))))
     assert not rule(3001, 2, t=dataclasses.replace(TUNED, held_bwd_bands=()))
     assert not layer_norm._held_bwd_default(999, 2, layer_norm.Tuning())  # the defaults hold no row
     # bf16 widened by a shift or an AND in ragged rows; in aligned rows (compiled apart) from six segments
