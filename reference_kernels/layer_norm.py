@@ -887,7 +887,13 @@ def _held_default(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     least = _sized(t.held_fwd_min_cols, elem_size)
     if least is None or n_cols < least or _packed_rows(n_cols, t) or _narrow_packed(n_cols, t):
         return False
-    return not (n_cols % 2 == 0 and n_cols < t.held_fwd_even_min_cols)
+    return not _paired_rows(n_cols, t)
+
+
+def _paired_rows(n_cols: int, t: Tuning) -> bool:
+    """Whether rows of ``n_cols`` are even and under ``held_fwd_even_min_cols``: rows the rows plan reads as 4-byte
+    pairs, which the held plan leaves to it and the streamed plan takes only on its narrowest programs."""
+    return n_cols % 2 == 0 and n_cols < t.held_fwd_even_min_cols
 
 
 def _held_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.Tensor,
@@ -907,7 +913,7 @@ def _stream_band(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     ``stream_fwd_16bit_most`` segments and warps (the shape of parameters in x's dtype: the rule's, whatever the
     call's)."""
     t = t or DEFAULT_TUNING
-    even = n_cols % 2 == 0 and n_cols < t.held_fwd_even_min_cols  # the rows plan's 4-byte pairs, as for the held plan
+    even = _paired_rows(n_cols, t)
     if (n_cols % 16 == 0 or not _in_bands(t.stream_fwd_bands, n_cols, elem_size) or _packed_rows(n_cols, t)
             or _narrow_packed(n_cols, t)):
         return False
