@@ -18,6 +18,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+# the H200's plans of a few widths are its own (reference_kernels/tuned/90.json, "models"): elsewhere the H100's floors
+H200 = torch.cuda.is_available() and "H200" in torch.cuda.get_device_name()
 
 # (subject, dtype, shape, most kernels, bandwidth floor or None for shapes too small to be bandwidth-bound)
 CASES = [
@@ -48,9 +50,8 @@ CASES = [
     ("softmax", BF16, (1 << 20, 60), 1, 0.78),  # a 60-expert MoE router, packed rows at a compile-time width: 94-97% (was 31%)
     ("layer_norm", BF16, (8192, 5120), 1, 0.7),  # 84%
     ("layer_norm", FP32, (4096, 11008), 1, 0.65),  # 82%
-    # aligned: the rows plan, its 16384-lane tile 53% used, 59% on the H200 (streamed 84% before the H100 A/Bs moved it:
-    # docs/kernels.md, "Where the targets are missed", "LN, H200")
-    ("layer_norm", FP32, (4096, 8704), 1, 0.47),
+    # aligned, streamed on the H200 (the rows plan's 16384-lane tile 53% used: 59%); the H100 keeps the rows plan
+    ("layer_norm", FP32, (4096, 8704), 1, 0.68 if H200 else 0.47),
     ("layer_norm", FP32, (8192, 4097), 1, 0.72),  # ragged, streamed, three 8-warp programs an SM: 88% (pieces: 81%)
     ("layer_norm", FP32, (65536, 1025), 1, 0.72),  # streamed, 12 2-warp programs an SM: 87% (pieces: 62%)
     ("layer_norm", FP32, (8192, 9001), 1, 0.65),  # streamed, two 16-warp programs an SM: 79% (held: 54%)
@@ -65,7 +66,8 @@ CASES = [
     ("layer_norm", FP32, (2048, 22001), 1, 0.55),  # streamed, rows in registers: 62-64% at 22618-23247 (split walk: 45%)
     ("layer_norm", BF16, (8, 768), 1, None),  # small
     ("layer_norm", BF16, (8192, 8704), 1, 0.7),  # aligned 16-bit, held (no slack before a row): 86% (chunked rows: 74%)
-    ("layer_norm", BF16, (8192, 4608), 1, 0.52),  # aligned 16-bit, an 8192-lane tile 56% used: 66% (the walk: 88%)
+    # aligned 16-bit, streamed on the H200 (the rows plan's 8192-lane tile 56% used: 66%)
+    ("layer_norm", BF16, (8192, 4608), 1, 0.7 if H200 else 0.52),
     ("layer_norm", FP16, (8192, 5120), 1, 0.75),  # aligned 16-bit, two pieces with one reduction each: 91% (was 69%)
     ("layer_norm", BF16, (65536, 1000), 1, 0.8),  # packed ragged rows at a compile-time width: 97% (was 65%)
     ("layer_norm", BF16, (32768, 1500), 1, 0.78),  # packed, the rows plan held as aligned rows: 94% (walk: 69%)
@@ -92,7 +94,7 @@ CASES = [
     ("layer_norm_backward", BF16, (32768, 1025), 3, 0.58),  # held on three 512-element segments: 74% (phased: 67%)
     ("layer_norm_backward", BF16, (16384, 7001), 3, 0.54),  # held, seven segments, two programs an SM: 68% (phased 56%)
     ("layer_norm_backward", BF16, (32768, 1000), 3, 0.6),  # packed ragged rows at a compile-time width: 77% (was 51%)
-    ("layer_norm_backward", BF16, (16384, 3001), 3, 0.4),  # phased: 50% on the H200 (held, two rows at once: 75%)
+    ("layer_norm_backward", BF16, (16384, 3001), 3, 0.48 if H200 else 0.4),  # H200 held: 61% (phased: 50%)
     ("layer_norm_backward", BF16, (8192, 10468), 3, 0.33),  # rows held in shared memory: 43% (one_pass 30%)
     # GEMM + bias + GELU, shape (M, K, N): compute-bound, so a kernel count and bytes only; at K = 768 the tuning picks
     # the warp-specialised kernel (docs/kernels.md, "gemm_epilogue"), whose bytes come from its launch metadata
