@@ -179,7 +179,8 @@ class Tuning:
     held_fwd_aligned_bands: tuple = ()  # aligned rows held in these bands
     stream_fwd_min_cols: tuple = ()  # ragged rows streamed past the held weight from this width
     stream_fwd_aligned_min_cols: tuple = ()  # aligned rows streamed from this width ...
-    # ... and where the rows plan's power-of-two block holds at most this share of lanes (docs/kernels.md, "Planning")
+    # ... and (from width, share): from that width, where the rows plan's power-of-two block holds at most that share
+    # of lanes, while the narrow streamed shape holds the row (_block_underused)
     stream_fwd_aligned_max_use: tuple = ()
     stream_fwd_bands: tuple = ()  # ragged rows streamed in these bands before the held plan is asked
     held_fwd_even_min_cols: int = 0  # even rows under this width keep the rows plan's 4-byte pairs, not held ...
@@ -943,9 +944,13 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
 
 def _block_underused(n_cols: int, elem_size: int, t: Tuning) -> bool:
     """Whether aligned rows of ``n_cols`` are streamed for the rows plan's power-of-two block, of which a row fills
-    at most ``stream_fwd_aligned_max_use`` (the rows plan's other lanes idle; the stream reads a row in segments)."""
-    most = _sized(t.stream_fwd_aligned_max_use, elem_size)
-    return most is not None and n_cols <= most * next_power_of_2(n_cols)
+    at most a share (the rows plan's other lanes idle; the stream reads a row in segments): ``stream_fwd_aligned_max_use``
+    gives the width it starts at and the share; rows the narrow streamed shape holds (``STREAM_NARROW_MAX_COLS``)."""
+    rule = _sized(t.stream_fwd_aligned_max_use, elem_size)
+    if rule is None or n_cols > _layer_norm_held.STREAM_NARROW_MAX_COLS:
+        return False
+    least, most = rule
+    return n_cols >= least and n_cols <= most * next_power_of_2(n_cols)
 
 
 def _in_aligned_band(bands: tuple, n_cols: int, elem_size: int) -> bool:

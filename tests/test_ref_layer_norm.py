@@ -1637,10 +1637,14 @@ def test_the_forward_streams_rows_only_from_its_widths_on_a_machine_that_runs_th
     assert streamed() == []
     tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769, 4: 8193})
     assert streamed() == [8208, 9216, 9728, 9744, 16384, 24576]
-    # or where the rows plan's power-of-two block would hold at most a share of lanes: not 8192 or 16384 (all used)
-    tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769}, stream_fwd_aligned_max_use={4: 0.75})
-    assert streamed() == [8208, 9216, 9728, 9744, 24576]
-    wider = torch.empty(2, 24592)  # 24592 of 32768 lanes: over 0.75
+    # or from a width where the rows plan's power-of-two block would hold at most a share of lanes: not 8192 or 16384
+    # (all used), nor 24576, past the narrow streamed shape
+    tune(monkeypatch, stream_fwd_aligned_min_cols={2: 32769}, stream_fwd_aligned_max_use={4: (8193, 0.75)})
+    assert streamed() == [8208, 9216, 9728, 9744]
+    assert not layer_norm._stream_forward(x32[:, :4160], x32[0, :4160], x32[0, :4160], x32[:, :4160])  # under 8193
+    tune(monkeypatch, stream_fwd_aligned_max_use={4: (4097, 0.75)})
+    assert layer_norm._stream_forward(x32[:, :4160], x32[0, :4160], x32[0, :4160], x32[:, :4160])
+    wider = torch.empty(2, 12304)  # 12304 of 16384 lanes: over 0.75
     assert not layer_norm._stream_forward(wider, wider[0], wider[0], wider)
     assert not layer_norm._stream_forward(x[:, :24576], weight, bias, y)  # 16-bit rows: no share given
     assert layer_norm._stream_forward(x32[:, :24001], x32[0], x32[0], x32)
