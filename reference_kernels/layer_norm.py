@@ -199,7 +199,7 @@ class Tuning:
     held_bwd_bands: tuple = ()  # a band of ragged rows held where the phased plan does not take them
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
     # longer fits one rows program and the phased plan still holds it whole (not a band; docs/kernels.md, "Planning")
-    phased_bwd_min_cols: tuple = ((2, _BWD_ROWS_TILE + 1), (4, _BWD_ROWS_TILE + 1))
+    phased_bwd_min_cols: tuple = ((2, _BWD_ROWS_TILE + 1), (4, _BWD_ROWS_TILE + 1))  # by element size
     phased_bwd_aligned_min_cols: int | None = _BWD_ROWS_TILE + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
     phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
@@ -944,8 +944,9 @@ def _stream_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, 
 
 def _block_underused(n_cols: int, elem_size: int, t: Tuning) -> bool:
     """Whether aligned rows of ``n_cols`` are streamed for the rows plan's power-of-two block, of which a row fills
-    at most a share (the rows plan's other lanes idle; the stream reads a row in segments): ``stream_fwd_aligned_max_use``
-    gives the width it starts at and the share; rows the narrow streamed shape holds (``STREAM_NARROW_MAX_COLS``)."""
+    at most a share (the rows plan's other lanes idle; the stream reads a row in segments):
+    ``stream_fwd_aligned_max_use`` gives the width it starts at and the share; only rows the narrow streamed shape
+    holds (``STREAM_NARROW_MAX_COLS``)."""
     rule = _sized(t.stream_fwd_aligned_max_use, elem_size)
     if rule is None or n_cols > _layer_norm_held.STREAM_NARROW_MAX_COLS:
         return False
