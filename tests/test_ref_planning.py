@@ -90,13 +90,12 @@ def test_every_tuned_file_names_its_gpu_and_triton_and_only_choices_the_subjects
     for arch, data in files.items():
         assert data["triton"] and data["measured_on"]
         assert _device.tuned("softmax", arch, softmax.DEFAULT_TUNING) != softmax.DEFAULT_TUNING or "softmax" not in data
+        defaults = {"softmax": softmax.DEFAULT_TUNING, "layer_norm": layer_norm.DEFAULT_TUNING}
+        base = {subject: _device.tuned(subject, arch, d) for subject, d in defaults.items()}
         for model, subjects in data.get("models", {}).items():  # a GPU's own choices: known names that change a value
-            base = {"softmax": _device.tuned("softmax", arch, softmax.DEFAULT_TUNING),
-                    "layer_norm": _device.tuned("layer_norm", arch, layer_norm.DEFAULT_TUNING)}
-            assert subjects and set(subjects) <= set(base), (arch, model)
-            for subject, defaults in (("softmax", softmax.DEFAULT_TUNING), ("layer_norm", layer_norm.DEFAULT_TUNING)):
-                mine = _device.tuned(subject, arch, defaults, model)
-                assert (mine != base[subject]) == (subject in subjects), (arch, model, subject)
+            assert subjects and set(subjects) <= set(defaults), (arch, model)
+            for subject, d in defaults.items():
+                assert (_device.tuned(subject, arch, d, model) != base[subject]) == (subject in subjects), (arch, model)
 
 
 def test_a_tuned_file_applies_only_on_its_compute_capability_with_its_triton(monkeypatch):
