@@ -52,6 +52,8 @@ except ImportError:  # pragma: no cover - every supported Triton has it
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
 _MAX_KEYS = 1024  # a table that grows past this starts again
+_MAX_ADDRESSES = 64  # a replayed descriptor's encodings kept (_Encoded)
+_BASE_ARGS = 13  # Triton 3.6's launch function's arguments before the kernel's: grid, stream, function, flags, ...
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -233,9 +235,8 @@ class _Relaunch(_Launch):
         values = self.values.copy()
         for i, src, delta, size, stride, dtype in self.tensors:
             values[i] = _view(sources[src], delta, size, stride, dtype)
-        for i, src, delta, desc in self.descriptors:
-            base = desc.base
-            values[i] = _rebased(desc, _view(sources[src], delta, tuple(base.shape), tuple(base.stride()), base.dtype))
+        for i, src, delta, desc, (shape, stride) in self.descriptors:
+            values[i] = _rebased(desc, _view(sources[src], delta, shape, stride, desc.base.dtype))
         for i, name in self.named:
             values[i] = scalars[name]
         self.kernel[self.grid](*values, **self.options)
@@ -250,22 +251,27 @@ class _Bound(_Launch):
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.values, self.named, self.tensors, self.descriptors = values, named, tensors, descriptors
         self.direct = _direct_launch(self.run)
+        self.encoded = _encoders(self.run.launch, descriptors) if self.direct and descriptors else None
 
     def source(self, const: Callable[[Any], str], var: Callable[[int], str]) -> str:
         """The launcher's call as Python: ``const(value)`` names a value the replay holds, ``var(i)`` source i."""
         args = [const(v) for v in self.values]
         for i, src, delta, *_ in self.tensors:
             args[i] = f"{var(src)}.data_ptr()" + (f" + {delta}" if delta else "")
-        for i, src, delta, desc in self.descriptors:
-            address = f"_Address({var(src)}.data_ptr() + {delta}, {const(desc.base.dtype)})"
-            args[i] = f"_rebased({const(desc)}, {address})"
+        launch, encoders = self.encoded or (self.run.launch, {})
+        for i, src, delta, desc, _ in self.descriptors:
+            address = f"{var(src)}.data_ptr() + {delta}"
+            if i in encoders:  # the launcher's arguments for the descriptor at this address (_Encoded)
+                args[i] = f"*{const(encoders[i])}[{address}]"
+            else:
+                args[i] = f"_rebased({const(desc)}, _Address({address}, {const(desc.base.dtype)}))"
         for i, name in self.named:
             args[i] = f"scalars[{name!r}]"
         grid = [*map(str, self.grid), "stream", const(self.function)]
         if self.direct:  # the launcher's own call, as its __call__ makes it without scratch (_direct_launch)
             run = self.run
             head = [*grid, const(run.launch_cooperative_grid), const(run.launch_pdl), "None", "None"]
-            return f"{const(run.launch)}({', '.join(head + [const(self.metadata), 'None', 'None', 'None'] + args)})"
+            return f"{const(launch)}({', '.join(head + [const(self.metadata), 'None', 'None', 'None'] + args)})"
         return f"{const(self.run)}({', '.join(grid + [const(self.metadata), 'None', 'None', 'None'] + args)})"
 
 
@@ -284,6 +290,46 @@ def _direct_launch(run: Any) -> bool:
     return (layout and params[-1].kind is inspect.Parameter.VAR_POSITIONAL and callable(getattr(run, "launch", None))
             and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0
             and all(hasattr(run, a) for a in ("launch_cooperative_grid", "launch_pdl")))
+
+
+def _encoders(launch: Any, descriptors: list) -> tuple[Any, dict] | None:
+    """(the compiled launch function, {argument index: ``_Encoded``}) where ``launch`` is Triton 3.6's
+    ``wrap_handle_tensordesc`` wrapper over it, else None. The wrapper turns each descriptor argument into the
+    launcher's arguments (``make_tensordesc_arg``: the TMA descriptor, encoded in C, then shapes and strides) on every
+    launch, with a Python walk over all the arguments; a replay calls the function under it with each descriptor's
+    arguments as Triton made them for its address, kept (docs/kernels.md, "Host time a call")."""
+    code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None) or ()
+    free = dict(zip(getattr(code, "co_freevars", ()), (c.cell_contents for c in cells)))
+    names = getattr(launch, "__globals__", {})
+    encode = names.get("make_tensordesc_arg")
+    if (set(free) != {"launcher", "tensordesc_indices", "tensordesc_meta"} or not callable(encode)
+            or names.get("_BASE_ARGS_FORMAT_LEN") != _BASE_ARGS):
+        return None
+    indices = sorted(free["tensordesc_indices"])
+    metas = free["tensordesc_meta"] or [None] * len(indices)
+    if indices != sorted(i for i, *_ in descriptors) or len(metas) != len(indices):
+        return None
+    by_index = {i: desc for i, _, _, desc, _ in descriptors}
+    return free["launcher"], {i: _Encoded(encode, by_index[i], meta) for i, meta in zip(indices, metas)}
+
+
+class _Encoded(dict):
+    """A recorded descriptor's launcher arguments by its base's address: Triton's own ``make_tensordesc_arg`` of the
+    descriptor rebased there, made on an address's first replay and kept (all it encodes but the address is the
+    key's); a replay's lookup is a dict's. Past ``_MAX_ADDRESSES`` addresses it starts again."""
+
+    __slots__ = ("encode", "desc", "meta")
+
+    def __init__(self, encode: Callable, desc: Any, meta: Any) -> None:
+        super().__init__()
+        self.encode, self.desc, self.meta = encode, desc, meta
+
+    def __missing__(self, address: int) -> tuple:
+        if len(self) >= _MAX_ADDRESSES:
+            self.clear()
+        made = self[address] = tuple(self.encode(_rebased(self.desc, _Address(address, self.desc.base.dtype)),
+                                                 self.meta))
+        return made
 
 
 class _Copy:
@@ -518,7 +564,9 @@ def _bind(launch_record: tuple, sources: list, scalars: dict) -> Any:
             where = _source(value.base, sources)
             if isinstance(where, str):
                 return where
-            descriptors.append((i, *where, value))
+            base = value.base  # kept as a dtype: a record holds no tensor of the call (its memory stays the caller's)
+            descriptors.append((i, *where, _rebased(value, _Address(0, base.dtype)), (tuple(base.shape),
+                                                                                      tuple(base.stride()))))
             values[i] = None
         elif name in scalars and value == scalars[name]:
             if name not in no_spec:
