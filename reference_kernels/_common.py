@@ -70,6 +70,12 @@ MAX_ROW = 16384
 ROWS_TILE = 2048
 
 
+def tma_ok(t: torch.Tensor) -> bool:
+    """Whether TMA can describe ``t``: a unit innermost stride, the others and the base address 16-byte aligned."""
+    elt = t.element_size()
+    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s * elt % 16 == 0 for s in t.stride()[:-1])
+
+
 def reg_cap(regs_per_sm: int, warps_an_sm: int) -> int:
     """Registers a thread (``maxnreg``, in Triton's steps of 8, at most ``THREAD_MAX_REGS``) at which ``warps_an_sm``
     warps fit an SM's register file at once."""

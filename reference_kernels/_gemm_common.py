@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import tma_ok
 from ._math import gelu
 
 # The exact GELU's fit in the epilogue (see _math.gelu): 9 (erfcc), 7 (as accurate, two FMAs fewer), or 5
@@ -95,13 +96,8 @@ def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
-    """TMA needs a unit inner stride, a 16-byte-aligned outer stride and base address."""
-    return (
-        t.dim() == 2
-        and t.stride(1) == 1
-        and (t.stride(0) * t.element_size()) % 16 == 0
-        and t.data_ptr() % 16 == 0
-    )
+    """A matrix TMA can describe (``_common.tma_ok``)."""
+    return t.dim() == 2 and tma_ok(t)
 
 
 def fast_activation(code: int) -> int:

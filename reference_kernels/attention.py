@@ -36,7 +36,8 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import cdiv, check_tensor, interpreting, next_power_of_2
+from . import _device
+from ._common import cdiv, check_tensor, interpreting, next_power_of_2, tma_ok
 from ._math import exp2
 from ._launch import Calls, launch as launch_kernel
 
@@ -64,6 +65,51 @@ def _launch_metadata(grid, kernel, args):
 
 
 @triton.jit
+def _online_softmax(
+    raw,  # (BLOCK_M, BLOCK_N) float32 scores q @ k^T of one key block, unscaled
+    m_i,  # (BLOCK_M,) running max of the scaled scores
+    l_i,  # (BLOCK_M,) running sum of exponentials
+    offs_m,  # (BLOCK_M,) query row indices
+    offs_n,  # (BLOCK_N,) key column indices
+    seq_len,
+    qk_scale,  # softmax scale x log2(e)
+    MASKED: tl.constexpr,  # mask columns >= N and (CAUSAL) above the diagonal; else every column is seen
+    CAUSAL: tl.constexpr,
+    FAST_EXP: tl.constexpr,  # ex2.approx.ftz (not under the interpreter)
+    SCALE_FMA: tl.constexpr,  # qk_scale > 0: the scaled max is max(raw) x scale, each exponent's argument one FMA
+):
+    """The online softmax's step over one key block: (p, alpha, m_new, l_new), alpha rescaling what was summed
+    under the old max."""
+    if MASKED:
+        seen = (offs_n < seq_len)[None, :]
+        if CAUSAL:
+            seen = seen & (offs_m[:, None] >= offs_n[None, :])
+        s = tl.where(seen, raw * qk_scale, -float("inf"))
+        # m starts at -FLT_MAX, not -inf: a row with no column in this block adds exp2(-inf) = 0, not nan.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = exp2(s - m_new[:, None], FAST_EXP)
+    elif SCALE_FMA:
+        m_new = tl.maximum(m_i, tl.max(raw, axis=1) * qk_scale)
+        p = exp2(raw * qk_scale - m_new[:, None], FAST_EXP)
+    else:
+        s = raw * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = exp2(s - m_new[:, None], FAST_EXP)
+    alpha = exp2(m_i - m_new, FAST_EXP)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _accumulate(acc, p, alpha, v, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """``acc`` rescaled by ``alpha`` plus ``p @ v``, on the tensor cores in the input's precision (FlashAttention's)."""
+    p = p.to(v.dtype)
+    if DOT_IN_FP32:  # interpreter only: its tl.dot multiplies bf16 bit patterns
+        p = p.to(tl.float32)
+        v = v.to(tl.float32)
+    return tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _attention_blocks(
     acc,  # (BLOCK_M, HEAD_DIM) float32 output accumulator, scaled by the running sum's terms
     l_i,  # (BLOCK_M,) float32 running sum of exponentials
@@ -80,45 +126,63 @@ def _attention_blocks(
     seq_len,  # N
     qk_scale,  # softmax scale x log2(e)
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,  # mask columns >= N and (CAUSAL) above the diagonal; else every column is seen
+    MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    FAST_EXP: tl.constexpr,  # ex2.approx.ftz (not under the interpreter)
-    DOT_IN_FP32: tl.constexpr,  # interpreter only: its tl.dot multiplies bf16 bit patterns
+    FAST_EXP: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 inputs and under the interpreter (exact fp32 products)
+    SCALE_FMA: tl.constexpr,
 ):
-    """One stage of the walk over key/value blocks [lo, hi): the online-softmax update per block."""
+    """One stage of the walk over key/value blocks [lo, hi), k and v through pointers."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
         if MASKED:
-            in_seq = offs_n < seq_len
-            k = tl.load(k_ptrs, mask=in_seq[:, None], other=0.0)
+            k = tl.load(k_ptrs, mask=(offs_n < seq_len)[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
         if DOT_IN_FP32:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N) float32
+        raw = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p, alpha, m_i, l_i = _online_softmax(raw, m_i, l_i, offs_m, offs_n, seq_len, qk_scale, MASKED, CAUSAL,
+                                             FAST_EXP, SCALE_FMA)
         if MASKED:
-            seen = in_seq[None, :]
-            if CAUSAL:
-                seen = seen & (offs_m[:, None] >= offs_n[None, :])
-            s = tl.where(seen, s, -float("inf"))
-        # m starts at -FLT_MAX, not -inf: a row with no column in this block adds exp2(-inf) = 0, not nan.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = exp2(s - m_new[:, None], FAST_EXP)
-        alpha = exp2(m_i - m_new, FAST_EXP)  # rescales what was summed under the old max
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n < seq_len)[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-        p = p.to(v.dtype)  # p @ v on the tensor cores in the input's precision, as FlashAttention does
+        acc = _accumulate(acc, p, alpha, v, DOT_IN_FP32, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attention_tma_blocks(
+    acc, l_i, m_i, q,  # as _attention_blocks'
+    k_desc,  # (B, H, N, HEAD_DIM) descriptor of k, blocks of (1, 1, BLOCK_N, HEAD_DIM); rows past N read 0
+    v_desc,  # of v, the same blocks
+    b,  # batch index
+    h,  # head index
+    offs_m, lo, hi, seq_len, qk_scale,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    FAST_EXP: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SCALE_FMA: tl.constexpr,
+):
+    """One stage of the walk over key/value blocks [lo, hi), k and v through TMA (``_attention_fwd_tma_kernel``)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = k_desc.load([b, h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         if DOT_IN_FP32:
-            p = p.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+            k = k.to(tl.float32)
+        raw = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p, alpha, m_i, l_i = _online_softmax(raw, m_i, l_i, offs_m, offs_n, seq_len, qk_scale, MASKED, CAUSAL,
+                                             FAST_EXP, SCALE_FMA)
+        v = v_desc.load([b, h, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        acc = _accumulate(acc, p, alpha, v, DOT_IN_FP32, DOT_PRECISION)
     return acc, l_i, m_i
 
 
@@ -140,6 +204,7 @@ def _attention_fwd_kernel(
     FAST_EXP: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SCALE_FMA: tl.constexpr,
 ):
     """Grid (query blocks, B x H). One pass over k and v; (N, N) scores stay on chip."""
     if CAUSAL:  # heaviest first: the last query block has the most key blocks to walk
@@ -173,16 +238,67 @@ def _attention_fwd_kernel(
         masked_hi = seq_len
     acc, l_i, m_i = _attention_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-        0, full_hi, seq_len, qk_scale, BLOCK_N, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
+        0, full_hi, seq_len, qk_scale, BLOCK_N, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
     )
     acc, l_i, m_i = _attention_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
-        full_hi, masked_hi, seq_len, qk_scale, BLOCK_N, True, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION,
+        full_hi, masked_hi, seq_len, qk_scale, BLOCK_N, True, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
     )
     # Every row saw column 0 (the walk starts there), so l_i >= 1.
     out = acc / l_i[:, None]
     o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit(launch_metadata=_launch_metadata)
+def _attention_fwd_tma_kernel(
+    q_desc, k_desc, v_desc,  # (B, H, N, HEAD_DIM) descriptors: q's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's BLOCK_N
+    o_desc,  # the output's, blocks as q's
+    n_heads,  # H
+    seq_len,  # N
+    qk_scale,  # softmax scale x log2(e)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    FAST_EXP: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SCALE_FMA: tl.constexpr,
+):
+    """``_attention_fwd_kernel`` with q, k, v and the output through TMA: a block a copy, no address arithmetic a
+    thread; rows past N read as zeros and are not written (the descriptors' bounds), so no row mask."""
+    if CAUSAL:
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // n_heads
+    h = bh % n_heads
+    start_m = m_block * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    q = q_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], -_FLT_MAX, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        full_hi = start_m
+        masked_hi = tl.minimum(full_hi + BLOCK_M, seq_len)
+    else:
+        full_hi = (seq_len // BLOCK_N) * BLOCK_N
+        masked_hi = seq_len
+    acc, l_i, m_i = _attention_tma_blocks(
+        acc, l_i, m_i, q, k_desc, v_desc, b, h, offs_m, 0, full_hi, seq_len, qk_scale,
+        BLOCK_N, HEAD_DIM, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
+    )
+    acc, l_i, m_i = _attention_tma_blocks(
+        acc, l_i, m_i, q, k_desc, v_desc, b, h, offs_m, full_hi, masked_hi, seq_len, qk_scale,
+        BLOCK_N, HEAD_DIM, True, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
+    )
+    out = acc / l_i[:, None]
+    o_desc.store([b, h, start_m, 0], out.to(o_desc.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
 
 
 # --------------------------------------------------------------------------- plan
@@ -195,6 +311,8 @@ class _Plan(NamedTuple):
     block_n: int  # key/value rows a step; a power of two dividing block_m
     num_warps: int
     num_stages: int  # software-pipelining depth of the key/value loop
+    tma: bool = False  # q, k, v and the output through TMA descriptors (``_attention_fwd_tma_kernel``) where they
+    # allow it (sm_90 on, 16-byte aligned strides: ``_common.tma_ok``), else through pointers
 
 
 # Launch heuristics by (head_dim, element size). NOT YET TIMED ON A GPU: 16-bit inputs take the
@@ -238,14 +356,29 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     if batch * heads > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
     grid = (cdiv(seq_len, plan.block_m), batch * heads)
+    options = dict(HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
+                   FAST_EXP=not interpreting(), DOT_IN_FP32=interpreting(),
+                   DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",  # tf32: not 16-bit's
+                   SCALE_FMA=scale > 0, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    if plan.tma and _tma_allowed(q, k, v, out):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        descriptors = [TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, head_dim])
+                       for t, rows in ((q, plan.block_m), (k, plan.block_n), (v, plan.block_n), (out, plan.block_m))]
+        launch_kernel(_attention_fwd_tma_kernel, grid, *descriptors, heads, seq_len, scale * _LOG2E, **options)
+        return
     launch_kernel(_attention_fwd_kernel, grid,
         q, k, v, out, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        heads, seq_len, scale * _LOG2E,
-        HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
-        FAST_EXP=not interpreting(), DOT_IN_FP32=interpreting(),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreting() else "tf32",  # tf32: unused by 16-bit dots
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        heads, seq_len, scale * _LOG2E, **options,
     )
+
+
+def _tma_allowed(*tensors: torch.Tensor) -> bool:
+    """Whether a TMA plan runs as one: on a GPU of compute capability 9.0 on (or the interpreter), every tensor one
+    TMA can describe."""
+    if not interpreting() and _device.of(tensors[0].device).arch < 90:
+        return False
+    return all(tma_ok(t) for t in tensors)
 
 
 # --------------------------------------------------------------------------- public functions

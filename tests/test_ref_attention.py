@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_fusioncheck import profile
-from reference_kernels import attention
+from reference_kernels import _launch, attention
 
 # The interpreter computes masked-off lanes with numpy, which may warn about them.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -93,8 +93,10 @@ def test_an_explicit_scale_is_applied_before_the_max(scale):
         attention._Plan(32, 16, 8, 2),  # the GPU's fp32 tiles at head_dim 128
         attention._Plan(16, 16, 1, 1),  # the smallest: block_m == block_n, one diagonal block
         attention._Plan(64, 16, 4, 1),  # four blocks on each diagonal
+        attention._Plan(128, 64, 8, 3, tma=True),  # through TMA: rows past N read as zeros, not written
+        attention._Plan(32, 16, 4, 1, tma=True),  # through TMA, several blocks masked and unmasked
     ],
-    ids=lambda p: f"{p.block_m}x{p.block_n}",
+    ids=lambda p: f"{p.block_m}x{p.block_n}" + ("_tma" if p.tma else ""),
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_every_tile_shape_gives_the_same_answer(plan, causal):
@@ -132,11 +134,26 @@ def test_the_tolerance_rejects_a_result_that_misses_the_last_key_or_the_mask():
     ],
     ids=["heads-inner", "strided-head-dim"],
 )
-def test_strided_inputs_give_the_result_of_their_contiguous_copies(make):
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_strided_inputs_give_the_result_of_their_contiguous_copies(make, tma):
     q, k, v = qkv((2, 2, 37, 64), torch.float16, seed=5)
     qs, ks, vs = make(q), make(k), make(v)
     assert not qs.is_contiguous()
-    torch.testing.assert_close(attention.fused(qs, ks, vs, causal=True), attention.fused(q, k, v, causal=True), atol=0, rtol=0)
+    plan = attention._INTERPRETER_PLAN._replace(tma=tma) if DEVICE == "cpu" else None
+    got = attention.fused(qs, ks, vs, causal=True, plan=plan)
+    torch.testing.assert_close(got, attention.fused(q, k, v, causal=True, plan=plan), atol=0, rtol=0)
+
+
+def test_a_tma_plan_runs_through_pointers_where_tma_cannot_describe_the_tensors(monkeypatch):
+    # heads-inner layout whose head stride (100 elements of 2 bytes) breaks TMA's 16-byte rule: the pointer kernel runs
+    launched = []
+    monkeypatch.setattr(attention, "launch_kernel", lambda kernel, *a, **kw: launched.append(kernel.fn.__name__))
+    q = torch.empty(1, 2, 8, 64 + 36, device=DEVICE, dtype=torch.float16)[..., :64]
+    aligned = torch.empty(1, 2, 8, 64, device=DEVICE, dtype=torch.float16)
+    with _launch.replays_off():  # nothing recorded of these stand-in launches
+        attention.fused(q, q, q, plan=attention._Plan(16, 16, 4, 1, tma=True))
+        attention.fused(aligned, aligned, aligned, plan=attention._Plan(16, 16, 4, 1, tma=True))
+    assert launched == ["_attention_fwd_kernel", "_attention_fwd_tma_kernel"]
 
 
 def test_an_empty_batch_or_sequence_gives_an_empty_result():
