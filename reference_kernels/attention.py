@@ -186,6 +186,33 @@ def _attention_tma_blocks(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _query_block(CAUSAL: tl.constexpr):
+    """The program's query block: causal programs heaviest first (the last block has the most key blocks to walk)."""
+    if CAUSAL:
+        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    return m_block
+
+
+@triton.jit
+def _walk_start(m_block, seq_len, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """The walk's running max, sum and accumulator, and its two stages' ends: key columns every row sees in full
+    (causal: left of the diagonal block; else whole blocks), then the masked rest."""
+    m_i = tl.full([BLOCK_M], -_FLT_MAX, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        full_hi = m_block * BLOCK_M
+        masked_hi = tl.minimum(full_hi + BLOCK_M, seq_len)
+    else:
+        full_hi = (seq_len // BLOCK_N) * BLOCK_N
+        masked_hi = seq_len
+    return m_i, l_i, acc, full_hi, masked_hi
+
+
 @triton.jit(launch_metadata=_launch_metadata)
 def _attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, N, HEAD_DIM), any strides but a unit one for HEAD_DIM (vector loads, cp.async)
@@ -207,10 +234,7 @@ def _attention_fwd_kernel(
     SCALE_FMA: tl.constexpr,
 ):
     """Grid (query blocks, B x H). One pass over k and v; (N, N) scores stay on chip."""
-    if CAUSAL:  # heaviest first: the last query block has the most key blocks to walk
-        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        m_block = tl.program_id(0)
+    m_block = _query_block(CAUSAL)
     bh = tl.program_id(1)
     b = (bh // n_heads).to(tl.int64)
     h = (bh % n_heads).to(tl.int64)
@@ -227,15 +251,7 @@ def _attention_fwd_kernel(
     if DOT_IN_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], -_FLT_MAX, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        full_hi = m_block * BLOCK_M  # columns left of the diagonal block: every row sees them
-        masked_hi = tl.minimum(full_hi + BLOCK_M, seq_len)
-    else:
-        full_hi = (seq_len // BLOCK_N) * BLOCK_N  # whole blocks; the ragged rest is masked
-        masked_hi = seq_len
+    m_i, l_i, acc, full_hi, masked_hi = _walk_start(m_block, seq_len, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attention_blocks(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
         0, full_hi, seq_len, qk_scale, BLOCK_N, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
@@ -268,10 +284,7 @@ def _attention_fwd_tma_kernel(
 ):
     """``_attention_fwd_kernel`` with q, k, v and the output through TMA: a block a copy, no address arithmetic a
     thread; rows past N read as zeros and are not written (the descriptors' bounds), so no row mask."""
-    if CAUSAL:
-        m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        m_block = tl.program_id(0)
+    m_block = _query_block(CAUSAL)
     bh = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads
@@ -280,15 +293,7 @@ def _attention_fwd_tma_kernel(
     q = q_desc.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
     if DOT_IN_FP32:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_M], -_FLT_MAX, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        full_hi = start_m
-        masked_hi = tl.minimum(full_hi + BLOCK_M, seq_len)
-    else:
-        full_hi = (seq_len // BLOCK_N) * BLOCK_N
-        masked_hi = seq_len
+    m_i, l_i, acc, full_hi, masked_hi = _walk_start(m_block, seq_len, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attention_tma_blocks(
         acc, l_i, m_i, q, k_desc, v_desc, b, h, offs_m, 0, full_hi, seq_len, qk_scale,
         BLOCK_N, HEAD_DIM, False, CAUSAL, FAST_EXP, DOT_IN_FP32, DOT_PRECISION, SCALE_FMA,
