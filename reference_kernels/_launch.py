@@ -39,6 +39,7 @@ import dataclasses
 import inspect
 import os
 import threading
+import types
 from typing import Any, Callable, Iterator
 
 import torch
@@ -54,6 +55,7 @@ _ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
 _MAX_KEYS = 1024  # a table that grows past this starts again
 _MAX_ADDRESSES = 64  # a replayed descriptor's encodings kept (_Encoded)
 _BASE_ARGS = 13  # Triton 3.6's launch function's arguments before the kernel's: grid, stream, function, flags, ...
+_STAND_IN = 1 << 32  # a 16-byte aligned address a descriptor may be encoded at (never read) in _same_arguments
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -251,7 +253,7 @@ class _Bound(_Launch):
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.values, self.named, self.tensors, self.descriptors = values, named, tensors, descriptors
         self.direct = _direct_launch(self.run)
-        self.encoded = _encoders(self.run.launch, descriptors) if self.direct and descriptors else None
+        self.encoded = _encoders(self.run.launch, values, tensors, descriptors) if self.direct and descriptors else None
 
     def source(self, const: Callable[[Any], str], var: Callable[[int], str]) -> str:
         """The launcher's call as Python: ``const(value)`` names a value the replay holds, ``var(i)`` source i."""
@@ -292,12 +294,13 @@ def _direct_launch(run: Any) -> bool:
             and all(hasattr(run, a) for a in ("launch_cooperative_grid", "launch_pdl")))
 
 
-def _encoders(launch: Any, descriptors: list) -> tuple[Any, dict] | None:
+def _encoders(launch: Any, values: list, tensors: list, descriptors: list) -> tuple[Any, dict] | None:
     """(the compiled launch function, {argument index: ``_Encoded``}) where ``launch`` is Triton 3.6's
     ``wrap_handle_tensordesc`` wrapper over it, else None. The wrapper turns each descriptor argument into the
     launcher's arguments (``make_tensordesc_arg``: the TMA descriptor, encoded in C, then shapes and strides) on every
     launch, with a Python walk over all the arguments; a replay calls the function under it with each descriptor's
-    arguments as Triton made them for its address, kept (docs/kernels.md, "Host time a call")."""
+    arguments as Triton made them for its address, kept (docs/kernels.md, "Host time a call"). Only where the
+    wrapper, run once on this launch's arguments, gives the function what the replay would (``_same_arguments``)."""
     code, cells = getattr(launch, "__code__", None), getattr(launch, "__closure__", None) or ()
     free = dict(zip(getattr(code, "co_freevars", ()), (c.cell_contents for c in cells)))
     names = getattr(launch, "__globals__", {})
@@ -310,7 +313,37 @@ def _encoders(launch: Any, descriptors: list) -> tuple[Any, dict] | None:
     if indices != sorted(i for i, *_ in descriptors) or len(metas) != len(indices):
         return None
     by_index = {i: desc for i, _, _, desc, _ in descriptors}
-    return free["launcher"], {i: _Encoded(encode, by_index[i], meta) for i, meta in zip(indices, metas)}
+    encoders = {i: _Encoded(encode, by_index[i], meta) for i, meta in zip(indices, metas)}
+    return (free["launcher"], encoders) if _same_arguments(launch, free, values, tensors, encoders) else None
+
+
+def _same_arguments(launch: Any, free: dict, values: list, tensors: list, encoders: dict) -> bool:
+    """Whether the wrapper ``launch`` passes the function under it what a replay through ``encoders`` would, on this
+    launch's arguments at stand-in addresses: the wrapper is rebuilt around a function that keeps what it is given."""
+    got: list = []
+    keep = lambda *args: got.append(args)  # noqa: E731
+    closure = tuple(types.CellType(keep if name == "launcher" else value) for name, value in free.items())
+    wrapper = types.FunctionType(launch.__code__, launch.__globals__, launch.__name__, launch.__defaults__, closure)
+    probe = list(values)
+    for n, (i, *_) in enumerate(tensors):
+        probe[i] = _STAND_IN + 256 * n
+    head = list(range(_BASE_ARGS))
+    replayed = []
+    try:
+        for i, value in enumerate(probe):
+            if i in encoders:
+                one = encoders[i]
+                probe[i] = _rebased(one.desc, _Address(_STAND_IN + 256 * (len(tensors) + i), one.desc.base.dtype))
+                replayed += one.encode(probe[i], one.meta)
+            else:
+                replayed.append(value)
+        wrapper(*head, *probe)
+        want = head + replayed
+        return len(got) == 1 and len(got[0]) == len(want) and all(
+            a is b or (type(a) is type(b) and (isinstance(a, _PLAIN) and a == b or not isinstance(a, _PLAIN)))
+            for a, b in zip(got[0], want))
+    except Exception:  # noqa: BLE001 - a wrapper laid out otherwise than 3.6's: launch through it
+        return False
 
 
 class _Encoded(dict):

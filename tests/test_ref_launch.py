@@ -423,15 +423,21 @@ def wrap_handle_tensordesc(launcher, tensordesc_indices, tensordesc_meta):
 
 
 class _DescriptorLauncher(_Launcher):
-    """``_Launcher`` whose ``launch`` is Triton 3.6's descriptor wrapper over the compiled launch function (``raw``;
-    with ``metas_named`` another than Triton's, a wrapper a replay does not know), each descriptor encoded by a
-    stand-in ``make_tensordesc_arg`` that keeps the addresses it encodes."""
+    """``_Launcher`` whose ``launch`` is Triton 3.6's descriptor wrapper over the compiled launch function (``raw``),
+    each descriptor encoded by a stand-in ``make_tensordesc_arg`` that keeps the addresses it encodes. ``variant``
+    "another_layout": the wrapper's closure names another than 3.6's; "another_order": 3.6's names, but the
+    descriptor's arguments passed in another order."""
 
-    def __init__(self, metas_named):
+    def __init__(self, variant):
         super().__init__(0)
         self.encoded, self.raw_calls = [], []
         driver = {"_BASE_ARGS_FORMAT_LEN": 13, "make_tensordesc_arg": self.make_tensordesc_arg}
-        exec(_TRITON_36_WRAPPER.replace("tensordesc_meta", metas_named), driver)  # noqa: S102 - the test's own text
+        source = _TRITON_36_WRAPPER
+        if variant == "another_layout":
+            source = source.replace("tensordesc_meta", "metas")
+        elif variant == "another_order":
+            source = source.replace("tensordesc_meta[tensordesc_idx]))", "tensordesc_meta[tensordesc_idx])[::-1])")
+        exec(source, driver)  # noqa: S102 - the test's own text
         self.launch = driver["wrap_handle_tensordesc"](self.raw, {2}, [{"meta": 5}])
 
     def make_tensordesc_arg(self, desc, meta):
@@ -439,34 +445,40 @@ class _DescriptorLauncher(_Launcher):
         return [("map", desc.base.data_ptr(), tuple(desc.block_shape), meta["meta"]), *desc.shape, *desc.strides]
 
     def raw(self, *args):
-        assert args[5:9] == (False, True, None, None)
-        self.raw_calls.append(args[:5] + args[9:])
+        self.raw_calls.append(args)
 
 
-@pytest.mark.parametrize("metas_named", ["tensordesc_meta", "metas"], ids=["triton_36", "another_layout"])
-def test_a_bound_replay_encodes_a_descriptor_once_an_address_beneath_triton_36s_wrapper(monkeypatch, metas_named):
+@pytest.mark.parametrize("variant", ["triton_36", "another_layout", "another_order"])
+def test_a_bound_replay_encodes_a_descriptor_once_an_address_beneath_triton_36s_wrapper(monkeypatch, variant):
     # Triton 3.6 re-encodes every TMA descriptor on every launch through a Python wrapper (docs/kernels.md, "Host time
     # a call"): a replay calls the launch function under it with the arguments the wrapper would give, an address
-    # encoded once; under a wrapper laid out otherwise it goes through the wrapper, which encodes each launch
+    # encoded once, where the wrapper, run once at stand-in addresses, gives what the replay would; under a wrapper
+    # laid out otherwise, or passing other arguments, it goes through the wrapper, which encodes each launch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     monkeypatch.setattr(_launch, "_INTERPRETED", False)
     monkeypatch.setattr(_launch, "_current_stream", lambda: 77)
     compiled = _FakeCompiled(0)
-    compiled.run = run = _DescriptorLauncher(metas_named)
+    compiled.run = run = _DescriptorLauncher(variant)
     x, out, out2 = torch.randn(24), torch.zeros(4, 4), torch.zeros(4, 4)
     rec = _launch._Recorder()
     rec.launches.append(("launch", _add_into_kernel, (3,), (x, x, TensorDescriptor.from_tensor(out, [4, 4]), 8, 2.5),
                          {"BLOCK": 8}, compiled))
     entry = _launch._replay_of(rec, (x, out), {}, out)
     assert entry.launches[0].descriptors[0][3].base.__class__ is _launch._Address  # no tensor of the call held
+    probed = [a for a in run.encoded if a >= _launch._STAND_IN]  # the wrapper's check: its encoding and the replay's
+    assert len(probed) == (0 if variant == "another_layout" else 2) and len(run.encoded) == len(probed)
     for o in (out, out2, out):
         assert entry.run((x, o), {}) is o
-    want = [(3, 1, 1, 77, "function", "metadata", None, None, None, x.data_ptr(), x.data_ptr(),
-             ("map", o.data_ptr(), (4, 4), 5), 4, 4, 4, 1, 8, 2.5, 8) for o in (out, out2, out)]
-    assert run.raw_calls == want  # what Triton's wrapper gives the launch function, the rest as recorded
-    kept = metas_named == "tensordesc_meta"
-    assert run.encoded == [out.data_ptr(), out2.data_ptr()] + ([] if kept else [out.data_ptr()])
+    assert len(run.raw_calls) == 3  # the wrapper's check launched nothing
+    for o, call in zip((out, out2, out), run.raw_calls):
+        described = [("map", o.data_ptr(), (4, 4), 5), 4, 4, 4, 1]
+        if variant == "another_order":
+            described = described[::-1]
+        assert call == (3, 1, 1, 77, "function", False, True, None, None, "metadata", None, None, None, x.data_ptr(),
+                        x.data_ptr(), *described, 8, 2.5, 8)  # what the wrapper gives the launch function
+    kept = variant == "triton_36"
+    assert run.encoded[len(probed):] == [out.data_ptr(), out2.data_ptr()] + ([] if kept else [out.data_ptr()])
 
 
 # --------------------------------------------------------------------------- on a GPU: the bound launches
