@@ -320,10 +320,10 @@ class _Plan(NamedTuple):
     # allow it (sm_90 on, 16-byte aligned strides: ``_common.tma_ok``), else through pointers
 
 
-# Launch heuristics by (head_dim, element size). NOT YET TIMED ON A GPU: 16-bit inputs take the
-# 16-bit inputs: 64 x 64 tiles, 4 warps, three stages, timed on the H200 against the Hopper
-# defaults of FlashAttention-2 and Triton's fused-attention tutorial (06) (128 x 64, 4 / 8 warps)
-# and their neighbours (benchmarks/bench_attention.py --variants; docs/kernels.md, "attention").
+# Launch heuristics by (head_dim, element size). 16-bit inputs: 64 x 64 tiles, 4 warps, three stages,
+# through pointers, timed on the H200 against the Hopper defaults of FlashAttention-2 and Triton's
+# fused-attention tutorial (06) (128 x 64, 4 / 8 warps) and their neighbours
+# (benchmarks/bench_attention.py --variants; docs/kernels.md, "attention"); the TMA plan not yet timed.
 # float32 runs IEEE fp32 dots (no tensor cores): 64 x 32 and 128 x 64-wide fp32 tiles spilled
 # 320-1600 bytes in sm_90 compiles, these smaller ones none (74-86 registers); not timed.
 _PLANS = {
