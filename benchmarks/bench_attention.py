@@ -6,13 +6,15 @@ and 128, causal and not. TFLOPS count the two matmuls, 4 * B * H * N^2 * D, halv
 causal (the convention of FlashAttention's benchmarks); times are medians with the L2
 flushed between runs. "bytes" are the fused budget (q, k, v read once, o written once) and
 ``attention.unfused_traffic`` (the N x N scores written and read by each op of the chain).
-``--variants`` also times launch plans around ``attention._attention_settings``' pick (the
-sweep behind the plan table, docs/kernels.md "attention"). ``--plugin-bytes`` prints instead
+``--variants`` also times launch plans around ``attention._attention_settings``' pick, through
+pointers and through TMA (the sweep behind the plan table, docs/kernels.md "attention");
+``--impls ...,cudnn`` adds SDPA's cuDNN backend, the yardstick of issue 55. ``--plugin-bytes`` prints instead
 what the plugin itself counts of one head, fused vs unfused, as N grows.
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py                     # full table, bf16
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --out gpu-results   # also gpu-results/bench_attention.{txt,json}
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --variants --seqs 2048,8192
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --impls ours,flash,cudnn --seqs 2048,4096,16384
     PYTHONPATH=. python3 benchmarks/bench_attention.py --dtype float16 --impls ours,flash
     PYTHONPATH=. python3 benchmarks/bench_attention.py --plugin-bytes 1024,2048,4096,8192,16384,32768
 """
@@ -36,7 +38,8 @@ from reference_kernels import attention  # noqa: E402
 TOKENS = 16384
 MODEL_WIDTH = 2048
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-IMPLS = ("ours", "flash", "unfused")
+IMPLS = ("ours", "flash", "cudnn", "unfused")
+DEFAULT_IMPLS = ("ours", "flash", "unfused")
 MiB = 2**20
 
 
@@ -47,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head-dims", default="64,128", help="comma-separated head dims (64, 128)")
     parser.add_argument("--causal", default="both", choices=("both", "yes", "no"))
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated, of {', '.join(IMPLS)}")
+    parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
+                        help=f"comma-separated, of {', '.join(IMPLS)} (cudnn: SDPA's cuDNN backend, issue 55's yardstick)")
     parser.add_argument("--variants", action="store_true", help="also time launch plans around the default")
     parser.add_argument("--plugin-bytes", default="", metavar="SEQS",
                         help="instead: the plugin's kernels and modelled bytes, fused vs unfused, at these sequence "
@@ -72,18 +76,27 @@ def flash_sdpa(q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def cudnn_sdpa(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
 def plan_variants(default: attention._Plan) -> list[tuple[str, attention._Plan]]:
-    """The default plan's neighbours in tile shape, warps and stages (``--variants``)."""
+    """The default plan's neighbours in tile shape, warps and stages, through pointers and through TMA
+    (``--variants``)."""
     P = attention._Plan
     out = [("default", default)]
     seen = {default}
-    for bm, bn in ((128, 64), (128, 128), (64, 64), (128, 32), (64, 32)):
-        for warps in (4, 8):
-            for stages in (2, 3, 4):
-                plan = P(bm, bn, warps, stages)
-                if plan not in seen:
-                    seen.add(plan)
-                    out.append((f"{bm}x{bn} w{warps} s{stages}", plan))
+    for tma in (False, True):
+        for bm, bn in ((128, 64), (128, 128), (64, 64), (128, 32), (64, 32)):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    plan = P(bm, bn, warps, stages, tma)
+                    if plan not in seen:
+                        seen.add(plan)
+                        out.append((f"{bm}x{bn} w{warps} s{stages}" + (" tma" if tma else ""), plan))
     return out
 
 
@@ -118,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                 fns = {
                     "ours": lambda: attention.fused(q, k, v, causal=causal),
                     "flash": lambda: flash_sdpa(q, k, v, causal),
+                    "cudnn": lambda: cudnn_sdpa(q, k, v, causal),
                     "unfused": lambda: attention.unfused(q, k, v, causal=causal),
                 }
                 work = flops(b, h, n, d, causal)
@@ -198,8 +212,7 @@ def plugin_bytes(seqs: list[int], dtype: torch.dtype, dtype_name: str, json_file
 
 def table_headers(impls: list[str]) -> list[str]:
     cols = ["dtype", "B x H x N x D", "causal"] + [f"{name} TFLOPS" for name in impls]
-    if "ours" in impls and "flash" in impls:
-        cols.append("ours / flash")
+    cols += [f"ours / {name}" for name in ("flash", "cudnn") if "ours" in impls and name in impls]
     return cols + ["fused MiB", "unfused MiB", "unfused / fused bytes", "max err vs flash"]
 
 
@@ -207,8 +220,9 @@ def table_row(rec: dict, impls: list[str]) -> list[object]:
     t = rec["tflops"]
     row: list[object] = [rec["dtype"], rec["shape"], "yes" if rec["causal"] else "no"]
     row += ["n/a" if t.get(name) is None else f"{t[name]:.0f}" for name in impls]
-    if "ours" in impls and "flash" in impls:
-        row.append(f"{t['ours'] / t['flash']:.2f}x" if t.get("ours") and t.get("flash") else "n/a")
+    for name in ("flash", "cudnn"):
+        if "ours" in impls and name in impls:
+            row.append(f"{t['ours'] / t[name]:.2f}x" if t.get("ours") and t.get(name) else "n/a")
     err = rec.get("max_abs_err_vs_flash")
     row += [f"{rec['fused_bytes'] / MiB:.0f}", f"{rec['unfused_bytes'] / MiB:.0f}",
             f"{rec['unfused_bytes'] / rec['fused_bytes']:.0f}x", "n/a" if err is None else f"{err:.1e}"]

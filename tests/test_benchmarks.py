@@ -597,3 +597,21 @@ def test_every_table_benchmarks_md_prints_from_committed_json_is_what_its_script
         assert printed, script
         missing = [line for line in printed if line not in text]
         assert not missing, f"{script} --tables {data}: BENCHMARKS.md lacks {missing[:3]}"
+
+
+def test_bench_attention_times_every_tile_through_pointers_and_through_tma_and_takes_cudnn():
+    from benchmarks import bench_attention
+    from reference_kernels import attention
+
+    default = attention._Plan(64, 64, 4, 3)
+    labels, plans = zip(*bench_attention.plan_variants(default))
+    assert labels[0] == "default" and plans[0] == default and len(set(plans)) == len(plans)
+    pointers = {p._replace(tma=False) for p in plans if not p.tma}
+    assert {p._replace(tma=False) for p in plans if p.tma} == pointers  # every tile both ways
+    assert all(label.endswith(" tma") == plan.tma for label, plan in zip(labels[1:], plans[1:]))
+    args = bench_attention.parse_args(["--impls", "ours,cudnn"])
+    assert args.impls == "ours,cudnn" and bench_attention.parse_args([]).impls == "ours,flash,unfused"
+    rec = {"dtype": "bfloat16", "shape": "1x16x4096x128", "causal": False, "tflops": {"ours": 500.0, "cudnn": 625.0},
+           "fused_bytes": 2**20, "unfused_bytes": 2**22}
+    headers, row = bench_attention.table_headers(["ours", "cudnn"]), bench_attention.table_row(rec, ["ours", "cudnn"])
+    assert dict(zip(headers, row))["ours / cudnn"] == "0.80x" and len(headers) == len(row)
