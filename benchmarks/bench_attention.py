@@ -69,17 +69,11 @@ def flops(b: int, h: int, n: int, d: int, causal: bool) -> float:
     return 4.0 * b * h * n * n * d / (2 if causal else 1)
 
 
-def flash_sdpa(q, k, v, causal):
+def sdpa(q, k, v, causal, backend: str = "FLASH_ATTENTION"):
+    """torch's SDPA on one backend (``SDPBackend``'s name: flash, or cuDNN's ``CUDNN_ATTENTION``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-def cudnn_sdpa(q, k, v, causal):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    with sdpa_kernel(getattr(SDPBackend, backend)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
@@ -130,14 +124,14 @@ def main(argv: list[str] | None = None) -> None:
                        "plan": attention._attention_settings(d, dtype, n)._asdict()}
                 fns = {
                     "ours": lambda: attention.fused(q, k, v, causal=causal),
-                    "flash": lambda: flash_sdpa(q, k, v, causal),
-                    "cudnn": lambda: cudnn_sdpa(q, k, v, causal),
+                    "flash": lambda: sdpa(q, k, v, causal),
+                    "cudnn": lambda: sdpa(q, k, v, causal, "CUDNN_ATTENTION"),
                     "unfused": lambda: attention.unfused(q, k, v, causal=causal),
                 }
                 work = flops(b, h, n, d, causal)
                 if "ours" in impls or "flash" in impls:
                     try:
-                        expected = flash_sdpa(q, k, v, causal).float()
+                        expected = sdpa(q, k, v, causal).float()
                         rec["max_abs_err_vs_flash"] = (attention.fused(q, k, v, causal=causal).float() - expected).abs().max().item()
                         del expected
                     except Exception as exc:
