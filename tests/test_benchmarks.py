@@ -415,7 +415,7 @@ def test_the_kernel_set_option_sets_a_reference_kernel_constant_for_the_test_run
     refused.stderr.fnmatch_lines(["*--set 'softmax._NO_SUCH=1': reference_kernels.softmax has no _NO_SUCH*"])
 
 
-def test_the_host_bench_times_each_call_on_the_hosts_clock_after_its_warm_up():
+def test_the_host_bench_times_each_call_on_the_hosts_clock_in_bursts_after_its_warm_up():
     from benchmarks.bench_host import host_us
 
     calls, synced = [], []
@@ -423,9 +423,17 @@ def test_the_host_bench_times_each_call_on_the_hosts_clock_after_its_warm_up():
     us = host_us(lambda: calls.append(1) or __import__("time").sleep(0.002), calls=5, warmup=3,
                  sync=lambda: synced.append(len(calls)))
     assert 2000 <= us < 20000
-    assert len(calls) == 8 and synced == [3, 8]  # warm-up, a sync, the timed calls, a sync
-    with pytest.raises(ValueError, match="calls must be >= 1"):
-        host_us(lambda: None, calls=0, sync=lambda: None)
+    assert len(calls) == 8 and synced == [3, 8]  # warm-up, a sync, the timed calls (one burst), a sync
+    # bursts: a synchronisation before each, outside the timer (a 50 ms one here), and after the last
+    calls.clear(), synced.clear()
+    slow_sync = lambda: synced.append(len(calls)) or __import__("time").sleep(0.05)  # noqa: E731
+    us = host_us(lambda: calls.append(1) or __import__("time").sleep(0.002), calls=7, warmup=1, sync=slow_sync,
+                 burst=3)
+    assert synced == [1, 4, 7, 8] and len(calls) == 8
+    assert 2000 <= us < 10000  # the syncs' 200 ms are not in it: they would add ~28600 us a call
+    for bad in (dict(calls=0), dict(burst=0)):
+        with pytest.raises(ValueError, match="calls and burst must be >= 1"):
+            host_us(lambda: None, sync=lambda: None, **bad)
 
 
 _ROOT = Path(__file__).resolve().parents[1]
