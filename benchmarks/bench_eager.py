@@ -2,7 +2,8 @@
 
 Every other kernel benchmark times CUDA-graph replays (device time). A user calls ``fused(x)`` eagerly, so what
 they get is the kernel behind its host path. Per subject, over shapes from public model configs (``SHAPES``: kept
-here, the issue's shapes among them), for ours, torch eager, torch.compile and Liger-Kernel (where it has the op):
+here, the issue's shapes among them), for ours, torch eager, torch.compile and Liger-Kernel (where it has the op),
+and for attention SDPA's cuDNN backend (``EXTRA_IMPLS``: a column of its subject's table):
 
 * **eager**: ``triton.testing.do_bench`` (CUDA events around each call, the L2 flushed between calls): the
   host path shows wherever it exceeds the kernel;
@@ -57,6 +58,7 @@ SHAPES["attention_full"] = SHAPES["attention"]  # "attention" is causal, "attent
 DROPOUT = 0.1
 SUBJECTS = tuple(SHAPES)
 IMPLS = ("ours", "torch", "compile", "liger")
+EXTRA_IMPLS = {"attention": ("cudnn",), "attention_full": ("cudnn",)}  # a subject's own yardsticks, a column each
 EPS = 1e-5
 
 
@@ -71,6 +73,7 @@ def _compiled(fn):
 
 def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> tuple[dict, float, str]:
     """({impl: call}, work a call, unit): the work is compulsory bytes ("B") or FLOPs ("FLOP")."""
+    from benchmarks.bench_attention import sdpa
     from reference_kernels import attention, bias_gelu_dropout, gemm_epilogue, layer_norm, softmax
 
     F = torch.nn.functional
@@ -123,7 +126,8 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
         causal = subject == "attention"
         q, k, v = (torch.randn(shape, device=dev).to(dtype) for _ in range(3))
         fns = {"ours": lambda: attention.fused(q, k, v, causal=causal),
-               "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+               "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               "cudnn": lambda: sdpa(q, k, v, causal, "CUDNN_ATTENTION")}  # issue 55's yardstick
         return fns, (2 if causal else 4) * bsz * heads * seq * seq * d, "FLOP"  # causal: half the scores
     if subject == "bias_gelu_dropout":
         x = torch.randn(shape, device=dev).to(dtype)
@@ -171,7 +175,9 @@ def table(records: list[dict], subject: str) -> str:
     """The subject's table: eager (% of copy or TFLOPS) per implementation, ours against the best other, then ours'
     graph figure and host time beside torch's."""
     rows = []
-    for rec in (r for r in records if r["subject"] == subject):
+    mine = [r for r in records if r["subject"] == subject]
+    impls_shown = IMPLS + tuple(k for k in EXTRA_IMPLS.get(subject, ()) if any(k in r["impls"] for r in mine))
+    for rec in mine:
         impls = rec["impls"]
         eager = {k: v["eager_ms"] for k, v in impls.items() if v}
         others = {k: t for k, t in eager.items() if k != "ours"}
@@ -179,14 +185,14 @@ def table(records: list[dict], subject: str) -> str:
         ours = impls.get("ours") or {}
         ratio = f"{others[best] / eager['ours']:.2f}x {best}" if best and "ours" in eager else "n/a"
         row = ["x".join(map(str, rec["shape"])), rec["dtype"]]
-        row += [_rate(rec, eager.get(k)) for k in IMPLS]
+        row += [_rate(rec, eager.get(k)) for k in impls_shown]
         row += [ratio, _rate(rec, ours.get("graph_ms")), f"{ours['host_us']:.0f}" if ours else "n/a",
                 f"{impls['torch']['host_us']:.0f}" if impls.get("torch") else "n/a"]
         rows.append(row)
     unit = "% of copy" if subject not in ("gemm", "attention", "attention_full") else "TFLOPS"
     if subject.startswith("attention"):
         subject += " (causal)" if subject == "attention" else " (not causal)"
-    headers = ["shape", "dtype"] + [f"{k} eager" for k in IMPLS] + ["ours / best other", "ours graph",
+    headers = ["shape", "dtype"] + [f"{k} eager" for k in impls_shown] + ["ours / best other", "ours graph",
                                                                      "ours host us", "torch host us"]
     return f"### {subject} (eager and graph in {unit})\n\n" + _common.markdown_table(headers, rows)
 

@@ -536,12 +536,27 @@ def test_each_eager_bench_subject_times_ours_and_torch_on_the_same_problem(subje
 
     monkeypatch.setattr(be, "_compiled", lambda fn: fn)
     fns, work, unit = be.cases(subject, SMALL[subject], torch.float32, dev="cpu")
-    assert {"ours", "torch"} <= set(fns) <= set(be.IMPLS) and work > 0 and unit in ("B", "FLOP")
+    assert {"ours", "torch"} <= set(fns) <= {*be.IMPLS, *be.EXTRA_IMPLS.get(subject, ())}
+    assert work > 0 and unit in ("B", "FLOP")
     ours, theirs = fns["ours"](), fns["torch"]()
     first = lambda r: r[0] if isinstance(r, tuple) else r  # noqa: E731 - the forward's (y, mean, rstd)
     assert first(ours).shape == first(theirs).shape
     if subject != "bias_gelu_dropout":
         torch.testing.assert_close(first(ours), first(theirs), atol=1e-3, rtol=1e-3)
+
+
+def test_the_eager_table_of_attention_has_a_cudnn_column_and_compares_ours_with_it():
+    import benchmarks.bench_eager as be
+
+    figures = {"ours": 1.0, "torch": 1.25, "cudnn": 0.8}
+    rec = {"subject": "attention", "shape": [1, 16, 8192, 128], "dtype": "bfloat16", "work": 2e12, "unit": "FLOP",
+           "impls": {k: {"eager_ms": ms, "graph_ms": ms, "graph_timer": "graph", "host_us": 15.0}
+                     for k, ms in figures.items()}}
+    text = be.table([rec], "attention")
+    assert "| cudnn eager |" in text and "| ours / best other |" in text
+    assert "| 1x16x8192x128 | bfloat16 | 2000 | 1600 | n/a | n/a | 2500 | 0.80x cudnn |" in text
+    del rec["impls"]["cudnn"]  # a file recorded before the column: the table it had
+    assert "cudnn" not in be.table([rec], "attention")
 
 
 def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
@@ -588,7 +603,7 @@ def test_the_committed_eager_figures_name_known_subjects_and_implementations_and
     assert recorded <= set(be.SUBJECTS) and {"softmax", "layer_norm_fwd", "layer_norm_bwd", "gemm"} <= recorded
     for rec in records:
         assert rec["impls"].get("ours"), rec  # ours ran at every shape
-        assert set(rec["impls"]) <= set(be.IMPLS)
+        assert set(rec["impls"]) <= {*be.IMPLS, *be.EXTRA_IMPLS.get(rec["subject"], ())}
 
 
 def test_every_table_benchmarks_md_prints_from_committed_json_is_what_its_script_prints_now(capsys):
