@@ -447,6 +447,8 @@ def _activation_code(activation, approximate="none") -> int:
     return _ACTIVATION_CODES[activation]
 
 
+# torch.backends.cuda.matmul.allow_tf32 reads this through a module __getattr__ (~0.5 us a call of host time)
+_allow_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or (lambda: torch.backends.cuda.matmul.allow_tf32)
 CALLS = Calls("gemm_epilogue.fused")  # each problem's first call recorded, replayed after (_launch.py)
 
 
@@ -464,7 +466,7 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
     erf form unless ``approximate="tanh"``), "relu" or None. ``out``, when given, is a
     contiguous (M, N) tensor of a's dtype to write into.
     """
-    tf32 = torch.backends.cuda.matmul.allow_tf32  # fp32 inputs' precision (_input_precision)
+    tf32 = _allow_tf32()  # fp32 inputs' precision (_input_precision)
     return CALLS((activation, approximate, tf32), (a, b, bias, residual, out),
                  lambda: _fused(a, b, bias, activation, residual, approximate, out))
 

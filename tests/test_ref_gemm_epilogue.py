@@ -775,11 +775,11 @@ def allow_tf32():
 
 def test_fp32_inputs_use_tf32_only_where_torch_allows_it(monkeypatch, allow_tf32):
     allow_tf32(False)
-    assert ge._input_precision(torch.float32) == "ieee"
+    assert ge._input_precision(torch.float32) == "ieee" and ge._allow_tf32() is False  # a call's key reads the flag
     monkeypatch.setattr(ge, "interpreting", lambda: False)
     assert ge._gemm_configs("tiled", 4096, 4096, 4096, torch.float32, torch.device("cpu")) == [ge._IEEE_CONFIG]
     allow_tf32(True)
-    assert ge._input_precision(torch.float32) == "tf32"
+    assert ge._input_precision(torch.float32) == "tf32" and ge._allow_tf32() is True
     assert ge._input_precision(torch.bfloat16) == "tf32"  # unused for 16-bit inputs
     assert all(c[2] == 32 for c in ge._gemm_configs("tma", 512, 3072, 768, torch.float32, torch.device("cpu")))
 
