@@ -2,7 +2,8 @@
 
 Every other script times the device (CUDA-graph replays); this one times the Python launch path that a graph hides:
 ``--calls`` calls at 8 rows in bursts of 24 back to back (``host_us``), synchronised between bursts outside the timer,
-so the device keeps up and the host is what is measured. A call's planning (the launch-plan rules) and Triton's launcher are most of it. Prints one table:
+so the device keeps up and the host is what is measured. A call's planning (the launch-plan rules) and Triton's
+launcher are most of it. Prints one table:
 
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--profile] [--out DIR]
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h200.json   # no GPU
@@ -31,7 +32,7 @@ def host_us(fn: Callable[[], object], calls: int = 300, warmup: int = 20,
     """Microseconds of host time a call of ``fn``: ``warmup`` calls (compiles, caches), then ``calls`` calls timed on
     the host's clock in bursts of ``burst`` back to back, a synchronisation (``sync``: the device's, by default
     CUDA's) before each burst and after the last, outside the timer. A burst's launches fit the launch queue, so a
-    kernel slower than its host path cannot hold the host back (300 calls back to back of a 40 us kernel read ~40)."""
+    kernel slower than its host path cannot hold the host back."""
     if calls < 1 or burst < 1:
         raise ValueError(f"calls and burst must be >= 1, got {calls} and {burst}")
     sync = sync or torch.cuda.synchronize
