@@ -379,9 +379,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 
 
 def _tma_allowed(*tensors: torch.Tensor) -> bool:
-    """Whether a TMA plan runs as one: on a GPU of compute capability 9.0 on (or the interpreter), every tensor one
-    TMA can describe."""
-    if not interpreting() and _device.of(tensors[0].device).arch < 90:
+    """Whether a TMA plan runs as one: 16-bit inputs (fp32's IEEE dots read TMA's tiles into 255 registers and spill
+    at head_dim 128: scripts/attn_sass.py), on a GPU of compute capability 9.0 on (or the interpreter), every tensor
+    one TMA can describe."""
+    if tensors[0].element_size() != 2 or (not interpreting() and _device.of(tensors[0].device).arch < 90):
         return False
     return all(tma_ok(t) for t in tensors)
 

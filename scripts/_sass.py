@@ -1,4 +1,4 @@
-"""What scripts/held_sass.py and scripts/ws_sass.py share: a compiled kernel's cubin read with Triton's own cuobjdump
+"""What scripts/*_sass.py share: a compiled kernel's cubin read with Triton's own cuobjdump
 and nvdisasm, and the command line that compiles cases and prints what came out."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ the fused and unfused versions with the plugin.
 from __future__ import annotations
 
 import inspect
-import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,10 +150,12 @@ def test_a_tma_plan_runs_through_pointers_where_tma_cannot_describe_the_tensors(
     monkeypatch.setattr(attention, "launch_kernel", lambda kernel, *a, **kw: launched.append(kernel.fn.__name__))
     q = torch.empty(1, 2, 8, 64 + 36, device=DEVICE, dtype=torch.float16)[..., :64]
     aligned = torch.empty(1, 2, 8, 64, device=DEVICE, dtype=torch.float16)
+    fp32 = aligned.float()  # fp32 takes pointers: its dots on TMA's tiles spill (the sm_90 compile test below)
     with _launch.replays_off():  # nothing recorded of these stand-in launches
         attention.fused(q, q, q, plan=attention._Plan(16, 16, 4, 1, tma=True))
         attention.fused(aligned, aligned, aligned, plan=attention._Plan(16, 16, 4, 1, tma=True))
-    assert launched == ["_attention_fwd_kernel", "_attention_fwd_tma_kernel"]
+        attention.fused(fp32, fp32, fp32, plan=attention._Plan(16, 16, 4, 1, tma=True))
+    assert launched == ["_attention_fwd_kernel", "_attention_fwd_tma_kernel", "_attention_fwd_kernel"]
 
 
 def test_an_empty_batch_or_sequence_gives_an_empty_result():
@@ -220,6 +222,55 @@ def test_gpu_plans_are_64x64_tiles_for_16_bit_inputs_and_shrink_for_short_sequen
 def test_the_interpreter_walks_small_tiles(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # also on a GPU machine
     assert attention._attention_settings(64, torch.float16, 100) == attention._INTERPRETER_PLAN == attention._Plan(32, 16, 4, 1)
+
+
+# --------------------------------------------------------------------------- sm_90 compiles (no GPU)
+
+SASS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "attn_sass.py"
+# every plan fused launches on a GPU, causal and not, through pointers, and the 16-bit ones through TMA (fp32 plans
+# never take TMA: _tma_allowed); and the TMA kernel at a 128-row tile
+SASS_CASES = [f"{kind}:{dtype}:d{d}{causal}" for kind, dtype, d in
+              (("ptr", "bf16", 64), ("ptr", "bf16", 128), ("ptr", "fp32", 64), ("ptr", "fp32", 128), ("tma", "bf16", 64),
+               ("tma", "bf16", 128)) for causal in ("", ":causal")] + ["tma:bf16:d128:128x64:w8"]
+
+
+@pytest.fixture(scope="module")
+def compiled_for_sm90():
+    """scripts/attn_sass.py over SASS_CASES (test_ref_held.compile_for_sm90): {case: what came out}."""
+    from test_ref_held import compile_for_sm90
+
+    return compile_for_sm90(SASS_SCRIPT, SASS_CASES, gluon=False)
+
+
+@pytest.mark.parametrize("case", SASS_CASES)
+def test_each_attention_plan_compiles_for_sm90_without_spills_into_what_its_kernel_loads_with(compiled_for_sm90,
+                                                                                               case):
+    result = compiled_for_sm90[case]
+    assert result["shared"] <= 232448, result  # an sm_90 block's shared memory (227 KiB, opt-in)
+    if result["registers"] is None:  # no cuobjdump / nvdisasm in this Triton build: the compile is all there is
+        return
+    assert result["stack"] == 0 and not result["local"] and result["stl"] == 0 and result["ldl"] == 0, result
+    assert result["registers"] * 32 * result["warps"] <= 65536, result  # a program fits an SM's register file
+    if case.startswith("tma:"):  # TMA brings q, k and v in; nothing through cp.async
+        assert result["utmaldg"] > 0 and result["ldgsts"] == 0, result
+    else:  # k and v pipelined through cp.async
+        assert result["utmaldg"] == 0 and result["ldgsts"] > 0, result
+    assert (result["hgmma"] > 0) == (":bf16:" in case), result  # fp32's IEEE dots: no tensor cores
+
+
+def test_the_sass_script_reads_a_case_and_defaults_to_fuseds_plan():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("attn_sass", SASS_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    case = script.parse("ptr:bf16:d128")
+    assert case["plan"] == attention._PLANS[(128, 2)] and not case["causal"] and case["kind"] == "ptr"
+    case = script.parse("tma:fp32:d64:128x32:w8:s2:causal")
+    assert case["plan"] == attention._Plan(128, 32, 8, 2, tma=True) and case["causal"] and case["dtype"] == "fp32"
+    for bad in ("gpu:bf16:d128", "ptr:int8:d128", "ptr:bf16:d96", "ptr:bf16:d64:fast"):
+        with pytest.raises(SystemExit):
+            script.parse(bad)
 
 
 # --------------------------------------------------------------------------- budget and traffic

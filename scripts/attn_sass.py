@@ -1,0 +1,113 @@
+"""Compile the attention forward kernels (reference_kernels/attention.py: ``_attention_fwd_kernel`` through pointers,
+``_attention_fwd_tma_kernel`` through TMA descriptors) for sm_90 on any machine, GPU or not, and say what came out.
+
+    python scripts/attn_sass.py ptr:bf16:d128 tma:bf16:d128:128x64:w8:s3 ptr:bf16:d64:causal [--json] [--sass DIR]
+
+A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr`` or ``tma``; DTYPE bf16, fp16 or
+fp32; HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan for that head_dim and
+element size (the one ``fused`` launches on a GPU). The compile is the one a launch on contiguous (B, H, N, D) tensors
+with N a multiple of 16 asks for: pointers, strides and the sequence length 16-divisible, a positive scale (the FMA
+form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
+
+Per case: the plan, registers, stack and local memory (cuobjdump), shared memory, the SASS's HGMMAs, TMA loads
+(UTMALDG), ``cp.async`` copies (LDGSTS), local stores and loads (STL, LDL: spills) and its instruction count. Like
+scripts/ws_sass.py it uses Triton's own ptxas, cuobjdump and nvdisasm and its offline-compile entry points
+(ASTSource, GPUTarget), so it needs no GPU; run it without TRITON_INTERPRET. tests/test_ref_attention.py runs it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _sass  # noqa: E402
+
+KINDS = ("ptr", "tma")
+DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def parse(case: str) -> dict:
+    """A case's kernel kind, dtype, head_dim, causal flag and plan (``attention._Plan``)."""
+    from reference_kernels import attention
+
+    parts = case.split(":")
+    if len(parts) < 3 or parts[0] not in KINDS or parts[1] not in DTYPES or not re.fullmatch(r"d\d+", parts[2]):
+        raise SystemExit(f"{case!r}: KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal], KIND {' or '.join(KINDS)}, "
+                         f"DTYPE {', '.join(DTYPES)}")
+    kind, dtype, head_dim = parts[0], parts[1], int(parts[2][1:])
+    if head_dim not in attention._HEAD_DIMS:
+        raise SystemExit(f"{case!r}: head_dim {head_dim}, not one of {attention._HEAD_DIMS}")
+    plan = attention._PLANS[(head_dim, DTYPES[dtype])]
+    if kind == "tma":
+        plan = plan._replace(tma=True)
+    causal = False
+    for part in parts[3:]:
+        if part == "causal":
+            causal = True
+        elif re.fullmatch(r"\d+x\d+", part):
+            block_m, block_n = (int(v) for v in part.split("x"))
+            plan = plan._replace(block_m=block_m, block_n=block_n)
+        elif re.fullmatch(r"w\d+", part):
+            plan = plan._replace(num_warps=int(part[1:]))
+        elif re.fullmatch(r"s\d+", part):
+            plan = plan._replace(num_stages=int(part[1:]))
+        else:
+            raise SystemExit(f"{case!r}: unknown part {part!r} (a tile BMxBN, wWARPS, sSTAGES or causal)")
+    return {"kind": kind, "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
+
+
+def compile_case(case: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from reference_kernels import attention
+
+    spec = parse(case)
+    plan, dtype, head_dim = spec["plan"], spec["dtype"], spec["head_dim"]
+    tma = spec["kind"] == "tma"
+    kernel = attention._attention_fwd_tma_kernel if tma else attention._attention_fwd_kernel
+    constexprs = {"HEAD_DIM": head_dim, "BLOCK_M": plan.block_m, "BLOCK_N": plan.block_n, "CAUSAL": spec["causal"],
+                  "FAST_EXP": True, "DOT_IN_FP32": False, "DOT_PRECISION": "ieee" if dtype == "fp32" else "tf32",
+                  "SCALE_FMA": True}
+    constexprs = {k: v for k, v in constexprs.items() if k in kernel.arg_names}  # an older kernel's, for A/Bs
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_desc"):  # q and o blocks of block_m rows, k and v of block_n
+            rows = plan.block_m if name[0] in "qo" else plan.block_n
+            signature[name] = f"tensordesc<{dtype}[1,1,{rows},{head_dim}]>"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{dtype}"
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if signature[name].startswith("*") or name.startswith("stride") or name == "seq_len"}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
+    usage, sass = _sass.disassemble(compiled.asm["cubin"])
+
+    def count(pattern):
+        return len(re.findall(pattern, sass, re.M)) if sass else None
+
+    result = {"case": case, "plan": list(plan[:4]), "warps": compiled.metadata.num_warps,
+              "shared": compiled.metadata.shared}
+    for name, key in (("registers", "REG"), ("stack", "STACK"), ("local", "LOCAL")):
+        result[name] = _sass.resource(usage, key)
+    result.update(hgmma=count(r"\bHGMMA\."), utmaldg=count(r"\bUTMALDG\b"), ldgsts=count(r"\bLDGSTS\b"),
+                  stl=count(r"\bSTL\b"), ldl=count(r"\bLDL\b"), instructions=count(_sass.INSTRUCTION), sass=sass)
+    return result
+
+
+def main() -> None:
+    _sass.main(__doc__.splitlines()[0], "attn_sass.py", compile_case, lambda: True)
+
+
+if __name__ == "__main__":
+    main()
