@@ -38,7 +38,7 @@ import triton
 
 from . import _gemm_common
 from ._common import cdiv, disable_after_compile_failure, interpreting
-from ._device import sm_count
+from ._device import DESCRIPTIONS, sm_count
 from ._launch import launch as launch_kernel
 
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
@@ -55,7 +55,7 @@ try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = TensorDescriptor = None
 
-SMEM_PER_BLOCK = 232448  # the most one block may take on sm_90 (227 KiB, opt-in)
+SMEM_PER_BLOCK = DESCRIPTIONS["H100"].smem_per_block  # the most one block may take on sm_90 (227 KiB, opt-in)
 # Registers a thread (setmaxnreg, by warpgroup): 12 warps launch at 168 (64K / 384 threads); the consumer worker asks
 # CONSUMER_REGS, the loader's warpgroup (1 warp used) LOADER_REGS, the default partition (consumer 0) the rest:
 # (168 * 384 - 240 * 128 - 24 * 128) / 128 = 240 (SASS: USETMAXREG 0xf0 / 0x18). 240 rather than 232 (loader 40):

@@ -317,7 +317,7 @@ class _Plan(NamedTuple):
     num_warps: int
     num_stages: int  # software-pipelining depth of the key/value loop
     tma: bool = False  # q, k, v and the output through TMA descriptors (``_attention_fwd_tma_kernel``) where they
-    # allow it (sm_90 on, 16-byte aligned strides: ``_common.tma_ok``), else through pointers
+    # allow it (16-bit, sm_90 on, 16-byte aligned strides: ``_tma_allowed``), else through pointers
 
 
 # Launch heuristics by (head_dim, element size). 16-bit inputs: 64 x 64 tiles, 4 warps, three stages,

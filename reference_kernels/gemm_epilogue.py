@@ -137,9 +137,13 @@ def _gemm_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
     return "tma" if (_tma_ok(a) and b_ok and _tma_ok(out)) else "tiled"
 
 
+# torch.backends.cuda.matmul.allow_tf32 reads this through a module __getattr__: 0.7 us a call, the getter 0.05 (CPU)
+_allow_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or (lambda: torch.backends.cuda.matmul.allow_tf32)
+
+
 def _input_precision(dtype: torch.dtype) -> str:
     """tl.dot's precision: fp32 inputs use TF32 only where torch's matmul flag allows it."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not _allow_tf32():
         return "ieee"
     return "tf32"
 
@@ -447,8 +451,6 @@ def _activation_code(activation, approximate="none") -> int:
     return _ACTIVATION_CODES[activation]
 
 
-# torch.backends.cuda.matmul.allow_tf32 reads this through a module __getattr__: 0.7 us a call, the getter 0.05 (CPU)
-_allow_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None) or (lambda: torch.backends.cuda.matmul.allow_tf32)
 CALLS = Calls("gemm_epilogue.fused")  # each problem's first call recorded, replayed after (_launch.py)
 
 
