@@ -23,6 +23,9 @@ Exponentials are base 2 (the log2(e) folded into the scale), by ``ex2.approx`` o
 (``_math.exp2``). ``_attention_settings`` holds the launch heuristics; they are Hopper
 defaults from the FlashAttention-2 paper and Triton's fused-attention tutorial, compiled for
 sm_90 without spills; the 16-bit tiles timed on the H200 (docs/kernels.md, "attention").
+A plan may instead ask for q, k, v through TMA (``_Plan.tma``) or, on sm_90, for
+``_attention_ws``'s warp-specialised Gluon kernel (``_Plan.ws``); each falls back to the
+pointer kernel where it cannot take the tensors.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
 
 from pytest_fusioncheck.budget import Budget
 
-from . import _device
+from . import _attention_ws, _device
 from ._common import cdiv, check_tensor, interpreting, next_power_of_2, tma_ok
 from ._math import exp2
 from ._launch import Calls, launch as launch_kernel
@@ -318,6 +322,8 @@ class _Plan(NamedTuple):
     num_stages: int  # software-pipelining depth of the key/value loop
     tma: bool = False  # q, k, v and the output through TMA descriptors (``_attention_fwd_tma_kernel``) where they
     # allow it (16-bit, sm_90 on, 16-byte aligned strides: ``_tma_allowed``), else through pointers
+    ws: bool = False  # the warp-specialised Gluon kernel (``_attention_ws``) where it runs and takes the tensors
+    # (sm_90, 16-bit, TMA-describable, a positive scale), else the Triton kernel above
 
 
 # Launch heuristics by (head_dim, element size). 16-bit inputs: 64 x 64 tiles, 4 warps, three stages,
@@ -360,6 +366,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         raise ValueError(f"plan {plan}: block_n must be a power of two >= {_MIN_BLOCK} dividing block_m")
     if batch * heads > _MAX_GRID_Y:
         raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
+    if plan.ws and scale > 0 and _attention_ws.available(q.device.index) and _attention_ws.fits(q, k, v, out):
+        try:
+            _attention_ws.launch(q, k, v, out, causal, scale * _LOG2E)
+            return
+        except CompilationError as error:  # a Triton whose Gluon moved on
+            _attention_ws.disable(error)
     grid = (cdiv(seq_len, plan.block_m), batch * heads)
     options = dict(HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, CAUSAL=bool(causal),
                    FAST_EXP=not interpreting(), DOT_IN_FP32=interpreting(),

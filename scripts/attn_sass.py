@@ -1,11 +1,13 @@
 """Compile the attention forward kernels (reference_kernels/attention.py: ``_attention_fwd_kernel`` through pointers,
-``_attention_fwd_tma_kernel`` through TMA descriptors) for sm_90 on any machine, GPU or not, and say what came out.
+``_attention_fwd_tma_kernel`` through TMA descriptors; ``_attention_ws``'s warp-specialised Gluon kernel) for sm_90 on
+any machine, GPU or not, and say what came out.
 
-    python scripts/attn_sass.py ptr:bf16:d128 tma:bf16:d128:128x64:w8:s3 ptr:bf16:d64:causal [--json] [--sass DIR]
+    python scripts/attn_sass.py ptr:bf16:d128 tma:bf16:d128:128x64:w8:s3 ws:bf16:d64:causal [--json] [--sass DIR]
 
-A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr`` or ``tma``; DTYPE bf16, fp16 or
-fp32; HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan for that head_dim and
-element size (the one ``fused`` launches on a GPU). The compile is the one a launch on contiguous (B, H, N, D) tensors
+A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr``, ``tma`` or ``ws``; DTYPE bf16,
+fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``'
+plan for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan``
+on an sm_90 (its tile is 128 rows, two consumers of 64: only BN, stages and ``inorder`` / ``overlap`` vary). The compile is the one a launch on contiguous (B, H, N, D) tensors
 with N a multiple of 16 asks for: pointers, strides and the sequence length 16-divisible, a positive scale (the FMA
 form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
 
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _sass  # noqa: E402
 
-KINDS = ("ptr", "tma")
+KINDS = ("ptr", "tma", "ws")
 DTYPES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -41,6 +43,8 @@ def parse(case: str) -> dict:
     kind, dtype, head_dim = parts[0], parts[1], int(parts[2][1:])
     if head_dim not in attention._HEAD_DIMS:
         raise SystemExit(f"{case!r}: head_dim {head_dim}, not one of {attention._HEAD_DIMS}")
+    if kind == "ws":
+        return _parse_ws(case, dtype, head_dim, parts[3:])
     plan = attention._PLANS[(head_dim, DTYPES[dtype])]
     if kind == "tma":
         plan = plan._replace(tma=True)
@@ -60,6 +64,54 @@ def parse(case: str) -> dict:
     return {"kind": kind, "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
 
 
+def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
+    from reference_kernels import _attention_ws, _device
+
+    if DTYPES[dtype] != 2:
+        raise SystemExit(f"{case!r}: the warp-specialised kernel takes 16-bit tensors only")
+    plan = _attention_ws.plan(head_dim, 2, _device.DESCRIPTIONS["H100"])
+    causal = False
+    rows = 2 * _attention_ws.BLOCK_M
+    for part in parts:
+        if part == "causal":
+            causal = True
+        elif re.fullmatch(rf"{rows}x\d+", part):
+            plan = plan._replace(block_n=int(part.split("x")[1]))
+        elif re.fullmatch(r"s\d+", part):
+            plan = plan._replace(stages=int(part[1:]))
+        elif part in ("inorder", "overlap"):
+            plan = plan._replace(overlap=part == "overlap")
+        else:
+            raise SystemExit(f"{case!r}: unknown part {part!r} (a tile {rows}xBN, sSTAGES, inorder, overlap or causal)")
+    return {"kind": "ws", "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
+
+
+def _compile_ws(spec: dict) -> tuple:
+    """The Gluon kernel compiled as ``_attention_ws.launch`` asks, on contiguous (B, H, N, D) tensors, N a multiple
+    of 16."""
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from reference_kernels import _attention_ws
+
+    plan, head_dim = spec["plan"], spec["head_dim"]
+    t = torch.empty(1, 1, 4096, head_dim, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]])
+    descs = _attention_ws.descriptors(t, t, t, t, plan.block_n)
+    signature = {name: mangle_type(d) for name, d in zip(("q_desc", "k_desc", "v_desc", "o_desc"), descs)}
+    signature.update(n_heads="i32", seq_len="i32", qk_scale="fp32")
+    constexprs = {"BN": plan.block_n, "HEAD_DIM": head_dim, "STAGES": plan.stages, "CAUSAL": spec["causal"],
+                  "OVERLAP": plan.overlap,
+                  "CONSUMER_REGS": _attention_ws.CONSUMER_REGS, "LOADER_REGS": _attention_ws.LOADER_REGS}
+    signature.update({name: "constexpr" for name in constexprs})
+    attrs = {(list(signature).index("seq_len"),): [["tt.divisibility", 16]]}
+    compiled = triton.compile(GluonASTSource(_attention_ws._attention_ws_kernel, signature, constexprs=constexprs,
+                                             attrs=attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return compiled, list(plan), _attention_ws.smem_bytes(head_dim, 2, plan)
+
+
 def compile_case(case: str) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -68,6 +120,9 @@ def compile_case(case: str) -> dict:
     from reference_kernels import attention
 
     spec = parse(case)
+    if spec["kind"] == "ws":
+        compiled, plan_fields, host_smem = _compile_ws(spec)
+        return _report(case, compiled, plan_fields, smem_bytes=host_smem)
     plan, dtype, head_dim = spec["plan"], spec["dtype"], spec["head_dim"]
     tma = spec["kind"] == "tma"
     kernel = attention._attention_fwd_tma_kernel if tma else attention._attention_fwd_kernel
@@ -91,17 +146,26 @@ def compile_case(case: str) -> dict:
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": plan.num_warps, "num_stages": plan.num_stages})
+    return _report(case, compiled, list(plan[:4]))
+
+
+def _report(case: str, compiled, plan_fields: list, **extra) -> dict:
     usage, sass = _sass.disassemble(compiled.asm["cubin"])
 
     def count(pattern):
         return len(re.findall(pattern, sass, re.M)) if sass else None
 
-    result = {"case": case, "plan": list(plan[:4]), "warps": compiled.metadata.num_warps,
-              "shared": compiled.metadata.shared}
+    def setmaxnreg(kind):  # e.g. USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ; USETMAXREG.DEALLOC.CTAPOOL 0x18
+        return sorted({int(v, 16) for v in re.findall(rf"USETMAXREG\.{kind}\S*\s+(?:\w+,\s*)?(0x[0-9a-f]+)", sass)})
+
+    result = {"case": case, "plan": plan_fields, "warps": compiled.metadata.num_warps,
+              "shared": compiled.metadata.shared, **extra}
     for name, key in (("registers", "REG"), ("stack", "STACK"), ("local", "LOCAL")):
         result[name] = _sass.resource(usage, key)
-    result.update(hgmma=count(r"\bHGMMA\."), utmaldg=count(r"\bUTMALDG\b"), ldgsts=count(r"\bLDGSTS\b"),
-                  stl=count(r"\bSTL\b"), ldl=count(r"\bLDL\b"), instructions=count(_sass.INSTRUCTION), sass=sass)
+    result.update(hgmma=count(r"\bHGMMA\."), utmaldg=count(r"\bUTMALDG\b"), utmastg=count(r"\bUTMASTG\b"),
+                  ldgsts=count(r"\bLDGSTS\b"), stl=count(r"\bSTL\b"), ldl=count(r"\bLDL\b"),
+                  setmaxnreg={"alloc": setmaxnreg("TRY_ALLOC"), "dealloc": setmaxnreg("DEALLOC")} if sass else None,
+                  instructions=count(_sass.INSTRUCTION), sass=sass)
     return result
 
 

@@ -1,0 +1,322 @@
+"""Attention forward on Hopper with warp specialisation (FlashAttention-3's structure), in Gluon.
+
+``softmax(q @ k^T * scale [+ causal mask]) @ v`` as ``attention.fused`` computes it, for 16-bit tensors on sm_90
+(H100 / H200) only. In ``attention._attention_fwd_kernel`` the warps that issue a block's dots also wait for its
+loads and run its softmax, so the tensor cores idle meanwhile. Here a program takes ``2 * BLOCK_M`` query rows of one
+(batch, head) and has three partitions (``gl.warp_specialize``):
+
+* a loader (1 warp, few registers) that issues every TMA load: the program's q once, then k and v blocks into a ring
+  of ``stages`` stages, k and v on separate barriers (the scores need k only);
+* two consumers (one warpgroup each, ``BLOCK_M`` rows each), both walking the same k/v blocks: wgmma ``S = q k^T``
+  from shared memory, the online softmax in registers, wgmma ``O += P v`` with P from registers. A stage is free when
+  both consumers arrived on its ``empty`` barrier (count 2). While one consumer runs its softmax, the other's dots
+  keep the tensor cores busy.
+
+The descriptors are (B, H, N, D) with blocks (1, 1, rows, D), as ``attention``'s TMA plan has them: rows past N load
+as zeros (masked as keys) and are never stored, so ragged N and any 16-byte-aligned strides need no mask a thread.
+Causal programs stop at their diagonal and are launched heaviest first. The register split is ``_gemm_ws``'s
+(``setmaxnreg``: 12 warps launch at 168, the consumers take 240, the loader 24).
+
+Like ``_gemm_ws`` every Gluon import is guarded, and ``available()`` is False where it failed, under the
+interpreter, and off a GPU of compute capability 9.x. docs/kernels.md, "attention".
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from . import _device
+from ._common import cdiv, disable_after_compile_failure, interpreting, tma_ok
+from ._launch import launch as launch_kernel
+
+try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # TMA copies: async_load / async_store in Triton 3.9, async_copy_global_to_shared / _shared_to_global in 3.6
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+except Exception:  # pragma: no cover - depends on the Triton build
+    gluon = gl = TensorDescriptor = None
+
+BLOCK_M = 64  # a consumer's query rows: one warpgroup's wgmma is 64 rows high
+BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile at head_dim 64 and 128
+MAX_STAGES = 3  # k/v stages in flight, as many as shared memory holds up to this
+# Registers a thread (setmaxnreg, by warpgroup), as _gemm_ws: 12 warps launch at 168; consumers 240, loader 24
+CONSUMER_REGS = 240
+LOADER_REGS = 24
+_BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
+_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
+
+
+class WsPlan(NamedTuple):
+    """A launch of this kernel: key/value rows a stage, stages in the ring, and the consumers' order."""
+
+    block_n: int
+    stages: int
+    overlap: bool = True  # S_(j+1) and O += P_j v_j in flight together (``_consumer``); else a block at a time
+
+
+def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
+    """Shared memory a program takes: both consumers' q tiles (each reused for its output), the k/v ring."""
+    return elt * head_dim * (2 * BLOCK_M + 2 * plan.stages * plan.block_n) + _BARRIER_BYTES
+
+
+def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
+    """The ring for this head_dim on this device: ``BLOCK_N`` rows a stage, as many stages as fit its shared memory
+    (at most ``MAX_STAGES``, at least 2 so that a load is in flight under each block's dots); None where two do not
+    fit. The consumers overlap a block's softmax with the previous block's second dot where three stages fit: that
+    order holds a stage one block longer, and with two the next block's load would wait for it."""
+    stages = MAX_STAGES
+    while stages >= 2 and smem_bytes(head_dim, elt, WsPlan(BLOCK_N, stages)) > device.smem_per_block:
+        stages -= 1
+    return WsPlan(BLOCK_N, stages, overlap=stages >= 3) if stages >= 2 else None
+
+
+@functools.cache
+def _capable(device_index: int | None) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def available(device_index: int | None = None) -> bool:
+    """Whether this kernel runs here: Triton with Gluon's Hopper ops, not the interpreter, a CUDA GPU of compute
+    capability 9.x (wgmma and ``setmaxnreg`` are sm_90 instructions), and no compile failure so far (``disable``)."""
+    if gluon is None or _DISABLED or interpreting() or not torch.cuda.is_available():
+        return False
+    return _capable(device_index)
+
+
+_DISABLED: list[str] = []  # why this kernel stopped being offered in this process (disable())
+
+
+def disable(error: Exception) -> None:
+    """After the kernel failed to compile (a Triton whose Gluon moved on): warn once; the Triton kernels run."""
+    disable_after_compile_failure(_DISABLED, "the warp-specialised attention does not compile",
+                                  "attention's Triton kernels run instead", error)
+
+
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``launch`` takes these tensors: one 16-bit dtype, head_dim 64 or 128, CUDA, every tensor one TMA
+    descriptor can describe, batch x heads within the grid."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
+        return False
+    if not all(t.dtype == q.dtype and t.shape == q.shape and t.is_cuda for t in (q, k, v, out)):
+        return False
+    return q.shape[0] * q.shape[1] <= _MAX_GRID_Y and all(tma_ok(t) for t in (q, k, v, out))
+
+
+if gluon is not None:
+
+    _BM = gl.constexpr(BLOCK_M)  # what the kernels read of BLOCK_M (a global they may read must be a constexpr)
+
+    @gluon.constexpr_function
+    def _mma_layout(n):
+        # one warpgroup's wgmma accumulator: 4 warps down M, one instruction n wide, K 16 (16-bit)
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+    @gluon.jit
+    def _tile(n_heads, CAUSAL: gl.constexpr):
+        """The program's first query row, batch and head: causal programs heaviest first."""
+        pid_m = gl.program_id(0)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        return pid_m * 2 * _BM, gl.program_id(1) // n_heads, gl.program_id(1) % n_heads
+
+    @gluon.jit
+    def _blocks(first_row, rows, seq_len, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """Key/value blocks that rows [first_row, first_row + rows) see: to the diagonal when causal, never past N."""
+        if CAUSAL:
+            return gl.minimum(gl.cdiv(first_row + rows, BN), gl.cdiv(seq_len, BN))
+        return gl.cdiv(seq_len, BN)
+
+    @gluon.jit
+    def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads, seq_len,
+                BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        start_m, b, h = _tile(n_heads, CAUSAL)
+        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+        _tma_load(q_desc, [b, h, start_m, 0], q_ready, q_bufs.index(0))
+        _tma_load(q_desc, [b, h, start_m + _BM, 0], q_ready, q_bufs.index(1))
+        for j in range(_blocks(start_m, 2 * _BM, seq_len, BN, CAUSAL)):
+            s = j % STAGES
+            mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # the first pass waits on parity 1: at once
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [b, h, j * BN, 0], k_ready.index(s), k_bufs.index(s))
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [b, h, j * BN, 0], v_ready.index(s), v_bufs.index(s))
+
+    @gluon.jit
+    def _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """The online softmax over key block j's raw scores: (p, alpha, m_new, l_new), alpha rescaling what was
+        summed under the old max (``attention._online_softmax``'s step)."""
+        layout: gl.constexpr = qk.type.layout
+        if (CAUSAL and j * BN + BN > my_start) or j * BN + BN > seq_len:  # the diagonal or past N: mask
+            offs_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, layout))
+            keep = (offs_n < seq_len)[None, :]
+            if CAUSAL:
+                keep = keep & (offs_m[:, None] >= offs_n[None, :])
+            qk = gl.where(keep, qk * qk_scale, -1.0e30)
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            p = gl.exp2(qk - m_new[:, None])
+        else:  # qk_scale > 0 (launch refuses others): the scaled max is max(qk) x scale, each argument one FMA
+            m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+            p = gl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+    @gluon.jit
+    def _scores(q, k_bufs, s, BN: gl.constexpr, HEAD_DIM: gl.constexpr):
+        """Issue S = q k^T on stage s's k (async: the caller waits)."""
+        layout: gl.constexpr = _mma_layout(BN)
+        k_t = k_bufs.index(s).reshape([BN, HEAD_DIM]).permute((1, 0))
+        return warpgroup_mma(q, k_t, gl.zeros((_BM, BN), gl.float32, layout), use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
+                  BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                  OVERLAP: gl.constexpr, CONSUMER: gl.constexpr):
+        """One warpgroup's _BM query rows. In order, a block at a time (S_j, softmax, O += P_j v_j), or with OVERLAP
+        (FlashAttention-3's intra-warpgroup overlap): S_j issued, then O += P_(j-1) v_(j-1), and S_j's softmax runs
+        while that dot does; a stage is then held until its v is used, one block later (``plan``: three stages)."""
+        start_m, b, h = _tile(n_heads, CAUSAL)
+        my_start = start_m + CONSUMER * _BM
+        o_layout: gl.constexpr = _mma_layout(HEAD_DIM)
+        row_layout: gl.constexpr = gl.SliceLayout(1, _mma_layout(BN))
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        dtype: gl.constexpr = o_desc.dtype
+        m_i = gl.full([_BM], -1.0e30, gl.float32, layout=row_layout)
+        l_i = gl.zeros([_BM], gl.float32, layout=row_layout)
+        acc = gl.zeros((_BM, HEAD_DIM), gl.float32, o_layout)
+        offs_m = my_start + gl.arange(0, _BM, layout=row_layout)
+        mbarrier.wait(q_ready, 0)
+        q_tile = q_bufs.index(CONSUMER)
+        q = q_tile.reshape([_BM, HEAD_DIM])
+        n_blocks = _blocks(start_m, 2 * _BM, seq_len, BN, CAUSAL)  # the loader's: every stage is released
+        my_blocks = _blocks(my_start, _BM, seq_len, BN, CAUSAL)  # >= 1: every row sees key 0
+        if OVERLAP:
+            mbarrier.wait(k_ready.index(0), 0)
+            qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, 0, BN, HEAD_DIM),))
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, 0, my_start, seq_len, qk_scale, BN, CAUSAL)
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, my_blocks):
+                s = j % STAGES
+                prev = (j - 1) % STAGES
+                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                qk = _scores(q, k_bufs, s, BN, HEAD_DIM)
+                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+                acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, HEAD_DIM]), acc, is_async=True)
+                qk = warpgroup_mma_wait(1, deps=(qk,))  # S_j done (issued first); O's dot may still run
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN, CAUSAL)
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(empty.index(prev))
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            last = my_blocks - 1
+            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+            acc = warpgroup_mma(p16, v_bufs.index(last % STAGES).reshape([BN, HEAD_DIM]), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(empty.index(last % STAGES))
+        else:
+            for j in range(my_blocks):
+                s = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), phase)
+                qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, s, BN, HEAD_DIM),))
+                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN, CAUSAL)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p16 = gl.convert_layout(p.to(dtype), p_layout)
+                mbarrier.wait(v_ready.index(s), phase)
+                acc = warpgroup_mma(p16, v_bufs.index(s).reshape([BN, HEAD_DIM]), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(empty.index(s))
+        for j in range(my_blocks, n_blocks):  # blocks only the other consumer's rows see: released as they come
+            mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
+            mbarrier.arrive(empty.index(j % STAGES))
+        out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        q.store(out.to(dtype))  # q's tile is free: every wgmma that read it has completed
+        fence_async_shared()
+        _tma_store(o_desc, [b, h, my_start, 0], q_tile)
+        tma.store_wait(0)
+
+    def _launch_metadata(grid, kernel, args):
+        """A name with the problem and the matmul flops (bytes: the descriptors' tensors, pytest-fusioncheck's
+        model)."""
+        n, d, bh = args["seq_len"], args["HEAD_DIM"], grid[1]
+        pairs = n * (n + 1) // 2 if args["CAUSAL"] else n * n
+        causal = ", causal" if args["CAUSAL"] else ""
+        return {"name": f"{kernel.name} [BH={bh}, N={n}, D={d}{causal}]", "flops": 4 * bh * pairs * d}
+
+    @gluon.jit(launch_metadata=_launch_metadata)
+    def _attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, n_heads, seq_len, qk_scale,
+                             BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """Grid (query blocks of 2 * _BM rows, batch x heads)."""
+        dtype: gl.constexpr = q_desc.dtype
+        q_bufs = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)  # both consumers release a stage
+        fence_async_shared()
+        gl.warp_specialize([  # the argument lists written out: a constexpr in a tuple built here is a plain int
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
+                         BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, 0)),
+            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
+                         BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, 1)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads,
+                       seq_len, BN, STAGES, CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+
+def descriptors(q, k, v, out, block_n):
+    """Gluon TMA descriptors of (B, H, N, D) tensors: q's and the output's blocks (1, 1, BLOCK_M, D), k's and v's
+    (1, 1, block_n, D)."""
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+    head_dim = q.shape[-1]
+
+    def one(t, rows):
+        block = [1, 1, rows, head_dim]
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    return one(q, BLOCK_M), one(k, block_n), one(v, block_n), one(out, BLOCK_M)
+
+
+def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None = None):
+    """``out = attention(q, k, v)`` by the warp-specialised kernel; ``qk_scale`` is the softmax scale x log2(e),
+    positive. ``ws_plan`` defaults to ``plan`` for q's device. Raises ValueError on tensors it cannot take
+    (``fits``), a plan whose shared memory exceeds a block's or a block_n wgmma cannot take."""
+    if gluon is None:
+        raise RuntimeError("this Triton has no Gluon with Hopper ops")
+    if not fits(q, k, v, out):
+        raise ValueError("_attention_ws.launch: q, k, v and out must be one shape and 16-bit dtype on CUDA, head_dim "
+                         "64 or 128, each one TMA can describe (unit last stride, 16-byte strides and base)")
+    if not qk_scale > 0:
+        raise ValueError(f"_attention_ws.launch: qk_scale must be positive, got {qk_scale}")
+    batch, heads, seq_len, head_dim = q.shape
+    device = _device.of(q.device)
+    ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
+    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 1:
+        raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least one stage")
+    need = smem_bytes(head_dim, q.element_size(), ws_plan)
+    if need > device.smem_per_block:
+        raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {need} bytes of shared memory, more than "
+                         f"{device.smem_per_block}")
+    descs = descriptors(q, k, v, out, ws_plan.block_n)
+    return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, 2 * BLOCK_M), batch * heads),
+        *descs, heads, seq_len, qk_scale,
+        BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal), OVERLAP=ws_plan.overlap,
+        CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+    )

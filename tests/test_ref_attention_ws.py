@@ -1,0 +1,236 @@
+"""reference_kernels._attention_ws: the warp-specialised Gluon attention forward (sm_90, 16-bit).
+
+Without a GPU: its plan fits every described device's shared memory; ``attention.fused`` takes it only where it runs
+and takes the tensors, and runs the Triton kernel after a compile failure; ``launch`` refuses what it cannot take; the
+kernel compiles for sm_90 into wgmma, TMA and ``setmaxnreg`` without spills (scripts/attn_sass.py). On a GPU
+(``gpu``): it matches SDPA at ragged lengths, causal and not, through strided views, and ``fused`` runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytest_fusioncheck import profile
+from reference_kernels import _attention_ws, _device, _launch, attention
+from test_ref_attention import SASS_SCRIPT, TOLERANCES, qkv, reference
+from test_ref_held import compile_for_sm90, pretend_an_sm90_machine
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's masked-off lanes
+
+# --------------------------------------------------------------------------- plan
+
+
+@pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_plan_holds_as_many_stages_as_the_devices_shared_memory_fits(name, head_dim):
+    device = _device.DESCRIPTIONS[name]
+    plan = _attention_ws.plan(head_dim, 2, device)
+    assert plan is not None and plan.block_n == _attention_ws.BLOCK_N
+    assert 2 <= plan.stages <= _attention_ws.MAX_STAGES
+    assert _attention_ws.smem_bytes(head_dim, 2, plan) <= device.smem_per_block
+    more = plan._replace(stages=plan.stages + 1)
+    assert plan.stages == _attention_ws.MAX_STAGES or _attention_ws.smem_bytes(head_dim, 2, more) > device.smem_per_block
+    assert plan.overlap == (plan.stages >= 3)  # the overlapped order holds a stage a block longer
+
+
+def test_no_plan_where_two_stages_do_not_fit():
+    small = dataclasses.replace(_device.DESCRIPTIONS["H100"], smem_per_sm=100 << 10, smem_per_block=100 << 10)
+    assert _attention_ws.plan(128, 2, small) is None  # 32 KB of q + 2 x 64 KB of k and v
+    assert _attention_ws.plan(64, 2, small) == _attention_ws.WsPlan(128, 2, overlap=False)
+
+
+# --------------------------------------------------------------------------- the route through attention.fused
+
+
+@pytest.fixture
+def a_machine_that_runs_it(monkeypatch):
+    pretend_an_sm90_machine(monkeypatch, _attention_ws)
+
+
+WS_PLAN = attention._Plan(32, 16, 4, 1, ws=True)  # the interpreter's tiles, asking for the warp-specialised kernel
+
+
+def test_fused_takes_the_ws_kernel_only_where_it_runs_takes_the_tensors_and_the_scale_is_positive(
+        a_machine_that_runs_it, monkeypatch):
+    launched = []
+    monkeypatch.setattr(_attention_ws, "launch", lambda q, k, v, out, causal, qk_scale: launched.append(
+        (q.shape, causal, qk_scale)))
+    takes = [True]
+    monkeypatch.setattr(_attention_ws, "fits", lambda *tensors: takes[0])
+    q, k, v = qkv((1, 2, 37, 64), torch.bfloat16)
+    with _launch.replays_off():  # nothing recorded of the stand-in launch
+        attention.fused(q, k, v, causal=True, plan=WS_PLAN)
+        assert launched == [((1, 2, 37, 64), True, pytest.approx(attention._LOG2E / 8))]
+        expected = reference(q, k, v)
+        for why, plan, scale in (("tensors it cannot take", WS_PLAN, None), ("a plan without it", WS_PLAN._replace(
+                ws=False), None), ("a negative scale", WS_PLAN, -0.125)):
+            takes[0] = why != "tensors it cannot take"
+            got = attention.fused(q, k, v, plan=plan, scale=scale)
+            torch.testing.assert_close(got, reference(q, k, v, scale=scale) if scale else expected,
+                                       **TOLERANCES[torch.bfloat16], msg=why)
+        assert len(launched) == 1
+        monkeypatch.setattr(_attention_ws, "_capable", lambda device_index: False)  # not sm_90
+        takes[0] = True
+        torch.testing.assert_close(attention.fused(q, k, v, plan=WS_PLAN), expected, **TOLERANCES[torch.bfloat16])
+    assert len(launched) == 1
+
+
+def test_a_compile_failure_warns_once_disables_it_and_the_triton_kernel_runs(a_machine_that_runs_it, monkeypatch):
+    from triton.compiler.errors import CompilationError
+
+    calls = []
+
+    def fails(*args):
+        calls.append(args)
+        raise CompilationError(None, None, "tma.async_copy_global_to_shared has been removed")
+
+    monkeypatch.setattr(_attention_ws, "launch", fails)
+    monkeypatch.setattr(_attention_ws, "fits", lambda *tensors: True)
+    q, k, v = qkv((1, 1, 37, 64), torch.float16, seed=1)
+    with _launch.replays_off():
+        with pytest.warns(RuntimeWarning, match="warp-specialised attention does not compile with Triton "
+                                                ".*CompilationError"):
+            got = attention.fused(q, k, v, causal=True, plan=WS_PLAN)
+        torch.testing.assert_close(got, reference(q, k, v, causal=True), **TOLERANCES[torch.float16])
+        assert not _attention_ws.available()
+        attention.fused(q, k, v, plan=WS_PLAN)
+    assert len(calls) == 1  # not tried again in this process
+
+
+def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
+    q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16)
+    assert not _attention_ws.fits(q, q, q, q)  # not CUDA
+    if _attention_ws.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    with pytest.raises(ValueError, match="16-bit dtype on CUDA"):
+        _attention_ws.launch(q, q, q, q, False, 1.0)
+    monkeypatch.setattr(_attention_ws, "fits", lambda *tensors: True)
+    cases = [
+        (dict(qk_scale=-1.0), "qk_scale must be positive"),
+        (dict(ws_plan=_attention_ws.WsPlan(96, 2)), "block_n 64 or 128"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory, more than"),  # 288 KB at head_dim 128
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(ValueError, match=words):
+            _attention_ws.launch(q, q, q, q, False, **{"qk_scale": 1.0, **kwargs})
+
+
+def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_describable_tensors(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # CPU tensors standing in
+    q = torch.empty(2, 2, 64, 128, dtype=torch.float16)
+    assert _attention_ws.fits(q, q, q, q)
+    assert not _attention_ws.fits(q.float(), q.float(), q.float(), q.float())
+    assert not _attention_ws.fits(q, q.bfloat16(), q, q)
+    assert not _attention_ws.fits(q[..., :96], q[..., :96], q[..., :96], q[..., :96])  # head_dim 96
+    assert not _attention_ws.fits(q, q[:, :1], q, q)
+    odd = torch.empty(2, 2, 64, 128 + 4, dtype=torch.float16)[..., :128]  # a row stride of 264 bytes
+    assert not _attention_ws.fits(odd, q, q, q)
+    inner = torch.empty(2, 64, 2, 128, dtype=torch.float16).transpose(1, 2)  # (B, N, H, D) storage
+    assert _attention_ws.fits(inner, inner, inner, q)
+
+
+# --------------------------------------------------------------------------- sm_90 compiles (no GPU)
+
+SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
+              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d128:s2:inorder:causal"]
+
+
+@pytest.fixture(scope="module")
+def compiled_for_sm90():
+    return compile_for_sm90(SASS_SCRIPT, SASS_CASES, gluon=True)
+
+
+@pytest.mark.parametrize("case", SASS_CASES)
+def test_the_kernel_compiles_for_sm90_into_wgmma_tma_and_setmaxnreg_without_spills(compiled_for_sm90, case):
+    sm90 = _device.DESCRIPTIONS["H100"]
+    result = compiled_for_sm90[case]
+    assert result["warps"] == 12, result  # two consumer warpgroups and the loader's (1 warp used)
+    assert result["shared"] <= result["smem_bytes"] <= sm90.smem_per_block, result
+    if result["registers"] is None:  # no cuobjdump / nvdisasm in this Triton build: the compile is all there is
+        return
+    assert result["registers"] * 32 * result["warps"] <= sm90.regs_per_sm, result  # one program an SM
+    assert result["stack"] == 0 and not result["local"] and result["stl"] == 0 and result["ldl"] == 0, result
+    assert result["hgmma"] > 0 and result["utmaldg"] > 0 and result["utmastg"] > 0 and result["ldgsts"] == 0, result
+    assert _attention_ws.CONSUMER_REGS in result["setmaxnreg"]["alloc"], result
+    assert _attention_ws.LOADER_REGS in result["setmaxnreg"]["dealloc"], result
+
+
+def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
+    spec = importlib.util.spec_from_file_location("attn_sass", SASS_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    case = script.parse("ws:bf16:d128")
+    assert case["plan"] == _attention_ws.plan(128, 2, _device.DESCRIPTIONS["H100"]) and not case["causal"]
+    case = script.parse("ws:fp16:d64:128x64:s2:inorder:causal")
+    assert case["plan"] == _attention_ws.WsPlan(64, 2, False) and case["causal"] and case["kind"] == "ws"
+    for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8"):
+        with pytest.raises(SystemExit):
+            script.parse(bad)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _needs_it():
+    if not _attention_ws.available():
+        pytest.skip("the warp-specialised attention runs on sm_90 with Gluon only")
+
+
+def _sdpa_check(q, k, v, causal, got):
+    """``got`` against SDPA in float32: within the dtype's tolerance, no worse than torch's own kernel against a
+    float64 reference (plus one output rounding)."""
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    torch.testing.assert_close(got.float(), expected, **TOLERANCES[q.dtype])
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    error = (got.double() - exact).abs().max().item()
+    assert error <= 2 * (sdpa.double() - exact).abs().max().item() + torch.finfo(q.dtype).eps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2, overlap=False)],
+                         ids=["default", "64x3", "inorder"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape, dtype", [((2, 3, 1, 128), torch.bfloat16), ((2, 3, 65, 64), torch.float16),
+                                          ((2, 3, 1000, 128), torch.bfloat16), ((1, 4, 4097, 64), torch.bfloat16),
+                                          ((1, 2, 2048, 128), torch.float16)], ids=str)
+def test_matches_sdpa_at_ragged_lengths(shape, dtype, causal, ws_plan):
+    _needs_it()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    _attention_ws.launch(q, k, v, out, causal, attention._LOG2E / shape[-1] ** 0.5, ws_plan)
+    assert not out.isnan().any(), "an output element was left unwritten"
+    _sdpa_check(q, k, v, causal, out)
+
+
+@pytest.mark.gpu
+def test_heads_inner_views_give_the_result_of_their_contiguous_copies():
+    _needs_it()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2) for _ in range(3))
+    out, contiguous = torch.empty_like(q.contiguous()), torch.empty_like(q.contiguous())
+    _attention_ws.launch(q, k, v, out, True, 0.1)
+    _attention_ws.launch(q.contiguous(), k.contiguous(), v.contiguous(), contiguous, True, 0.1)
+    assert torch.equal(out, contiguous)
+
+
+@pytest.mark.gpu
+def test_fused_runs_it_as_one_kernel_at_the_budget_and_replays_it():
+    _needs_it()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    plan = attention._PLANS[(128, 2)]._replace(ws=True)
+    report = profile(attention.fused, q, k, v, causal=True, plan=plan)
+    assert report.kernel_count == 1 and "_attention_ws_kernel" in str(report), str(report)
+    need = attention.budget(q, k, v).total
+    assert abs(report.bytes - need) <= 0.1 * need, str(report)
+    first = attention.fused(q, k, v, causal=True, plan=plan)
+    again = attention.fused(q, k, v, causal=True, plan=plan)
+    assert attention.CALLS.last == "replayed" and torch.equal(first, again)
+    _sdpa_check(q, k, v, True, again)
