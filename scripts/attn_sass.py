@@ -5,16 +5,17 @@ any machine, GPU or not, and say what came out.
     python scripts/attn_sass.py ptr:bf16:d128 tma:bf16:d128:128x64:w8:s3 ws:bf16:d64:causal [--json] [--sass DIR]
 
 A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr``, ``tma`` or ``ws``; DTYPE bf16,
-fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``'
-plan for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan``
-on an sm_90 (its tile is 128 rows, two consumers of 64: only BN, stages and ``inorder`` / ``overlap`` vary). The compile is the one a launch on contiguous (B, H, N, D) tensors
-with N a multiple of 16 asks for: pointers, strides and the sequence length 16-divisible, a positive scale (the FMA
-form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
+fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan
+for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan`` on an sm_90
+(its tile is 128 rows, two consumers of 64: only BN, stages and ``inorder`` / ``overlap`` vary). The compile is the one
+a launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence length
+16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
 
 Per case: the plan, registers, stack and local memory (cuobjdump), shared memory, the SASS's HGMMAs, TMA loads
 (UTMALDG), ``cp.async`` copies (LDGSTS), local stores and loads (STL, LDL: spills) and its instruction count. Like
 scripts/ws_sass.py it uses Triton's own ptxas, cuobjdump and nvdisasm and its offline-compile entry points
-(ASTSource, GPUTarget), so it needs no GPU; run it without TRITON_INTERPRET. tests/test_ref_attention.py runs it.
+(ASTSource, GPUTarget), so it needs no GPU; run it without TRITON_INTERPRET. tests/test_ref_attention.py and test_ref_attention_ws.py run
+it.
 """
 
 from __future__ import annotations
