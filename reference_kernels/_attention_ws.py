@@ -23,27 +23,16 @@ interpreter, and off a GPU of compute capability 9.x. docs/kernels.md, "attentio
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 
 from . import _device
-from ._common import cdiv, disable_after_compile_failure, interpreting, tma_ok
+from ._common import cdiv, disable_after_compile_failure, interpreting, sm90, tma_ok
+from ._hopper import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
+                      tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from ._launch import launch as launch_kernel
 
-try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # TMA copies: async_load / async_store in Triton 3.9, async_copy_global_to_shared / _shared_to_global in 3.6
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except Exception:  # pragma: no cover - depends on the Triton build
-    gluon = gl = TensorDescriptor = None
 
 BLOCK_M = 64  # a consumer's query rows: one warpgroup's wgmma is 64 rows high
 BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile at head_dim 64 and 128
@@ -79,20 +68,16 @@ def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
     return WsPlan(BLOCK_N, stages, overlap=stages >= 3) if stages >= 2 else None
 
 
-@functools.cache
-def _capable(device_index: int | None) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+_capable = sm90  # compute capability 9.x (tests replace it)
+_DISABLED: list[str] = []  # why this kernel stopped being offered in this process (disable())
 
 
 def available(device_index: int | None = None) -> bool:
-    """Whether this kernel runs here: Triton with Gluon's Hopper ops, not the interpreter, a CUDA GPU of compute
-    capability 9.x (wgmma and ``setmaxnreg`` are sm_90 instructions), and no compile failure so far (``disable``)."""
+    """Whether this kernel runs here: as ``_gemm_ws.available`` (Gluon's Hopper ops, no interpreter, sm_90, no
+    compile failure so far: ``disable``)."""
     if gluon is None or _DISABLED or interpreting() or not torch.cuda.is_available():
         return False
     return _capable(device_index)
-
-
-_DISABLED: list[str] = []  # why this kernel stopped being offered in this process (disable())
 
 
 def disable(error: Exception) -> None:

@@ -10,6 +10,7 @@ these, never from each other.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -162,6 +163,13 @@ def graph_device_ms(launch, sets: list, replays: int = 5) -> float:
         times.append(start.elapsed_time(end) / calls)
     del graph
     return statistics.median(times)
+
+
+@functools.cache
+def sm90(device_index: int | None) -> bool:
+    """Whether CUDA device ``device_index`` has compute capability 9.x, what the Gluon kernels are built for (wgmma,
+    ``setmaxnreg``, sm_90's shared memory): each Gluon module's ``available()`` asks it as ``_capable``."""
+    return torch.cuda.get_device_capability(device_index)[0] == 9
 
 
 def disable_after_compile_failure(record: list[str], what: str, instead: str, error: Exception) -> None:

@@ -30,30 +30,17 @@ where it failed, under the interpreter, and off a GPU of compute capability 9.x.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
-import triton
 
 from . import _gemm_common
-from ._common import cdiv, disable_after_compile_failure, interpreting
+from ._common import cdiv, disable_after_compile_failure, interpreting, sm90
 from ._device import DESCRIPTIONS, sm_count
+from ._hopper import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
+                      tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from ._launch import launch as launch_kernel
 
-try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # TMA copies: async_load / async_store in Triton 3.9 (which keeps the 3.6 names only to raise),
-    # async_copy_global_to_shared / async_copy_shared_to_global in 3.6; same arguments
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except Exception:  # pragma: no cover - depends on the Triton build
-    gluon = gl = TensorDescriptor = None
 
 SMEM_PER_BLOCK = DESCRIPTIONS["H100"].smem_per_block  # the most one block may take on sm_90 (227 KiB, opt-in)
 # Registers a thread (setmaxnreg, by warpgroup): 12 warps launch at 168 (64K / 384 threads); the consumer worker asks
@@ -81,9 +68,7 @@ EPILOGUE_SPLIT = 2  # the split of a config given as a plain 6-tuple
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-@functools.cache
-def _capable(device_index: int | None) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+_capable = sm90  # compute capability 9.x (tests replace it)
 
 
 def available(device_index: int | None = None) -> bool:

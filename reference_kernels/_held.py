@@ -11,7 +11,6 @@ the interpreter); the planners pick these plans only then.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -24,7 +23,7 @@ try:  # Gluon: Triton 3.5+; its names move between releases, so any failure mean
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = async_copy = None
 
-from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting, reg_cap
+from ._common import RESIDENT_WARPS, cdiv, disable_after_compile_failure, interpreting, reg_cap, sm90
 from ._device import DESCRIPTIONS, Device
 
 WARPS = 8
@@ -94,9 +93,7 @@ def tuned_triton() -> bool:
 _DISABLED: list[str] = []  # why the held kernels stopped being used in this process (disable())
 
 
-@functools.cache
-def _capable(device_index: int | None) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+_capable = sm90  # compute capability 9.x (tests replace it)
 
 
 def available(device_index: int | None = None) -> bool:
