@@ -8,9 +8,10 @@ loads and run its softmax, so the tensor cores idle meanwhile. Here a program ta
 * a loader (1 warp, few registers) that issues every TMA load: the program's q once, then k and v blocks into a ring
   of ``stages`` stages, k and v on separate barriers (the scores need k only);
 * two consumers (one warpgroup each, ``BLOCK_M`` rows each), both walking the same k/v blocks: wgmma ``S = q k^T``
-  from shared memory, the online softmax in registers, wgmma ``O += P v`` with P from registers. A stage is free when
-  both consumers arrived on its ``empty`` barrier (count 2). While one consumer runs its softmax, the other's dots
-  keep the tensor cores busy.
+  from shared memory, the online softmax in registers, wgmma ``O += P v`` with P from registers, ``S`` of the next
+  block issued before ``O += P v`` of this one so that the softmax runs under a dot. A stage is free when both
+  consumers arrived on its ``empty`` barrier (count 2). While one consumer runs its softmax, the other's dots keep
+  the tensor cores busy.
 
 The descriptors are (B, H, N, D) with blocks (1, 1, rows, D), as ``attention``'s TMA plan has them: rows past N load
 as zeros (masked as keys) and are never stored, so ragged N and any 16-byte-aligned strides need no mask a thread.
@@ -36,7 +37,9 @@ from ._launch import launch as launch_kernel
 
 BLOCK_M = 64  # a consumer's query rows: one warpgroup's wgmma is 64 rows high
 BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile at head_dim 64 and 128
-MAX_STAGES = 3  # k/v stages in flight, as many as shared memory holds up to this
+# k/v stages: a consumer holds block j's stage until O += P_j v_j, issued after S_(j+1) (``_consumer``), so two are
+# in use while the next loads (head_dim 128: 230 KB of an sm_90 block's 227 KiB)
+STAGES = 3
 # Registers a thread (setmaxnreg, by warpgroup), as _gemm_ws: 12 warps launch at 168; consumers 240, loader 24
 CONSUMER_REGS = 240
 LOADER_REGS = 24
@@ -45,11 +48,10 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 class WsPlan(NamedTuple):
-    """A launch of this kernel: key/value rows a stage, stages in the ring, and the consumers' order."""
+    """A launch of this kernel: key/value rows a stage and stages in the ring."""
 
     block_n: int
     stages: int
-    overlap: bool = True  # S_(j+1) and O += P_j v_j in flight together (``_consumer``); else a block at a time
 
 
 def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
@@ -58,14 +60,10 @@ def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
 
 
 def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
-    """The ring for this head_dim on this device: ``BLOCK_N`` rows a stage, as many stages as fit its shared memory
-    (at most ``MAX_STAGES``, at least 2 so that a load is in flight under each block's dots); None where two do not
-    fit. The consumers overlap a block's softmax with the previous block's second dot where three stages fit: that
-    order holds a stage one block longer, and with two the next block's load would wait for it."""
-    stages = MAX_STAGES
-    while stages >= 2 and smem_bytes(head_dim, elt, WsPlan(BLOCK_N, stages)) > device.smem_per_block:
-        stages -= 1
-    return WsPlan(BLOCK_N, stages, overlap=stages >= 3) if stages >= 2 else None
+    """The ring for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages; None where they do
+    not fit its shared memory (``attention`` then runs its Triton kernel)."""
+    ring = WsPlan(BLOCK_N, STAGES)
+    return ring if smem_bytes(head_dim, elt, ring) <= device.smem_per_block else None
 
 
 _capable = sm90  # compute capability 9.x (tests replace it)
@@ -164,10 +162,10 @@ if gluon is not None:
     @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
                   BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  OVERLAP: gl.constexpr, CONSUMER: gl.constexpr):
-        """One warpgroup's _BM query rows. In order, a block at a time (S_j, softmax, O += P_j v_j), or with OVERLAP
-        (FlashAttention-3's intra-warpgroup overlap): S_j issued, then O += P_(j-1) v_(j-1), and S_j's softmax runs
-        while that dot does; a stage is then held until its v is used, one block later (``plan``: three stages)."""
+                  CONSUMER: gl.constexpr):
+        """One warpgroup's _BM query rows, FlashAttention-3's intra-warpgroup overlap: S_j = q k_j^T is issued, then
+        O += P_(j-1) v_(j-1), and S_j's softmax runs while that dot does (in order, a block at a time, it lost:
+        docs/kernels.md, "attention")."""
         start_m, b, h = _tile(n_heads, CAUSAL)
         my_start = start_m + CONSUMER * _BM
         o_layout: gl.constexpr = _mma_layout(HEAD_DIM)
@@ -183,42 +181,28 @@ if gluon is not None:
         q = q_tile.reshape([_BM, HEAD_DIM])
         n_blocks = _blocks(start_m, 2 * _BM, seq_len, BN, CAUSAL)  # the loader's: every stage is released
         my_blocks = _blocks(my_start, _BM, seq_len, BN, CAUSAL)  # >= 1: every row sees key 0
-        if OVERLAP:
-            mbarrier.wait(k_ready.index(0), 0)
-            qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, 0, BN, HEAD_DIM),))
-            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, 0, my_start, seq_len, qk_scale, BN, CAUSAL)
+        mbarrier.wait(k_ready.index(0), 0)
+        qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, 0, BN, HEAD_DIM),))
+        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, 0, my_start, seq_len, qk_scale, BN, CAUSAL)
+        p16 = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, my_blocks):
+            s = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+            qk = _scores(q, k_bufs, s, BN, HEAD_DIM)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, HEAD_DIM]), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=(qk,))  # S_j done (issued first); O's dot may still run
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN, CAUSAL)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            for j in range(1, my_blocks):
-                s = j % STAGES
-                prev = (j - 1) % STAGES
-                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-                qk = _scores(q, k_bufs, s, BN, HEAD_DIM)
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                acc = warpgroup_mma(p16, v_bufs.index(prev).reshape([BN, HEAD_DIM]), acc, is_async=True)
-                qk = warpgroup_mma_wait(1, deps=(qk,))  # S_j done (issued first); O's dot may still run
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN, CAUSAL)
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                mbarrier.arrive(empty.index(prev))
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            last = my_blocks - 1
-            mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-            acc = warpgroup_mma(p16, v_bufs.index(last % STAGES).reshape([BN, HEAD_DIM]), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index(last % STAGES))
-        else:
-            for j in range(my_blocks):
-                s = j % STAGES
-                phase = (j // STAGES) & 1
-                mbarrier.wait(k_ready.index(s), phase)
-                qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, s, BN, HEAD_DIM),))
-                p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, offs_m, j, my_start, seq_len, qk_scale, BN, CAUSAL)
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                p16 = gl.convert_layout(p.to(dtype), p_layout)
-                mbarrier.wait(v_ready.index(s), phase)
-                acc = warpgroup_mma(p16, v_bufs.index(s).reshape([BN, HEAD_DIM]), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-                mbarrier.arrive(empty.index(s))
+            mbarrier.arrive(empty.index(prev))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        last = my_blocks - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p16, v_bufs.index(last % STAGES).reshape([BN, HEAD_DIM]), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index(last % STAGES))
         for j in range(my_blocks, n_blocks):  # blocks only the other consumer's rows see: released as they come
             mbarrier.wait(k_ready.index(j % STAGES), (j // STAGES) & 1)
             mbarrier.arrive(empty.index(j % STAGES))
@@ -239,7 +223,7 @@ if gluon is not None:
     @gluon.jit(launch_metadata=_launch_metadata)
     def _attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, n_heads, seq_len, qk_scale,
                              BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                             OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                             CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
         """Grid (query blocks of 2 * _BM rows, batch x heads)."""
         dtype: gl.constexpr = q_desc.dtype
         q_bufs = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -257,9 +241,9 @@ if gluon is not None:
         fence_async_shared()
         gl.warp_specialize([  # the argument lists written out: a constexpr in a tuple built here is a plain int
             (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
-                         BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, 0)),
+                         BN, HEAD_DIM, STAGES, CAUSAL, 0)),
             (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
-                         BN, HEAD_DIM, STAGES, CAUSAL, OVERLAP, 1)),
+                         BN, HEAD_DIM, STAGES, CAUSAL, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads,
                        seq_len, BN, STAGES, CAUSAL)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
@@ -302,6 +286,6 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     descs = descriptors(q, k, v, out, ws_plan.block_n)
     return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, 2 * BLOCK_M), batch * heads),
         *descs, heads, seq_len, qk_scale,
-        BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal), OVERLAP=ws_plan.overlap,
+        BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal),
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )

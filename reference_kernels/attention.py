@@ -326,15 +326,16 @@ class _Plan(NamedTuple):
     # (sm_90, 16-bit, TMA-describable, a positive scale), else the Triton kernel above
 
 
-# Launch heuristics by (head_dim, element size). 16-bit inputs: 64 x 64 tiles, 4 warps, three stages,
-# through pointers, timed on the H200 against the Hopper defaults of FlashAttention-2 and Triton's
-# fused-attention tutorial (06) (128 x 64, 4 / 8 warps) and their neighbours
-# (benchmarks/bench_attention.py --variants; docs/kernels.md, "attention"); the TMA plan not yet timed.
+# Launch heuristics by (head_dim, element size). 16-bit inputs: the warp-specialised kernel where it runs
+# (sm_90: H100 1.00-1.25x SDPA's cuDNN backend at head_dim 128, 0.89-1.05x at 64; docs/kernels.md,
+# "attention"), else 64 x 64 tiles, 4 warps, three stages through pointers, timed on the H200 against the
+# Hopper defaults of FlashAttention-2 and Triton's fused-attention tutorial (06) (128 x 64, 4 / 8 warps) and
+# their neighbours (benchmarks/bench_attention.py --variants); the TMA plan not yet timed.
 # float32 runs IEEE fp32 dots (no tensor cores): 64 x 32 and 128 x 64-wide fp32 tiles spilled
 # 320-1600 bytes in sm_90 compiles, these smaller ones none (74-86 registers); not timed.
 _PLANS = {
-    (64, 2): _Plan(64, 64, 4, 3),
-    (128, 2): _Plan(64, 64, 4, 3),
+    (64, 2): _Plan(64, 64, 4, 3, ws=True),
+    (128, 2): _Plan(64, 64, 4, 3, ws=True),
     (64, 4): _Plan(64, 16, 8, 2),
     (128, 4): _Plan(32, 16, 8, 2),
 }

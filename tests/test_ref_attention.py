@@ -202,17 +202,18 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
 # --------------------------------------------------------------------------- plan
 
 
-def test_gpu_plans_are_64x64_tiles_for_16_bit_inputs_and_shrink_for_short_sequences(monkeypatch):
+def test_gpu_plans_take_the_ws_kernel_for_16_bit_inputs_else_64x64_tiles_that_shrink_for_short_sequences(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's table (the settings touch no device)
     S = attention._attention_settings
+    sixteen = attention._Plan(64, 64, 4, 3, ws=True)  # the Triton tiles where the Gluon kernel does not run
     for dtype in (torch.float16, torch.bfloat16):
-        assert S(64, dtype, 4096) == attention._Plan(64, 64, 4, 3)
-        assert S(128, dtype, 4096) == attention._Plan(64, 64, 4, 3)
+        assert S(64, dtype, 4096) == sixteen
+        assert S(128, dtype, 4096) == sixteen
     assert S(64, torch.float32, 4096) == attention._Plan(64, 16, 8, 2)
     assert S(128, torch.float32, 4096) == attention._Plan(32, 16, 8, 2)
-    assert S(128, torch.bfloat16, 37) == attention._Plan(64, 64, 4, 3)
-    assert S(128, torch.bfloat16, 20) == attention._Plan(32, 32, 4, 3)
-    assert S(64, torch.bfloat16, 5) == attention._Plan(16, 16, 4, 3)
+    assert S(128, torch.bfloat16, 37) == sixteen
+    assert S(128, torch.bfloat16, 20) == sixteen._replace(block_m=32, block_n=32)
+    assert S(64, torch.bfloat16, 5) == sixteen._replace(block_m=16, block_n=16)
     for plan in attention._PLANS.values():
         assert plan.block_m % plan.block_n == 0 and plan.block_n >= 16
     with pytest.raises(ValueError, match="head_dim must be one of 64, 128, got 256"):
