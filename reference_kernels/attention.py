@@ -327,7 +327,7 @@ class _Plan(NamedTuple):
 
 
 # Launch heuristics by (head_dim, element size). 16-bit inputs: the warp-specialised kernel where it runs
-# (sm_90: H100 1.00-1.25x SDPA's cuDNN backend at head_dim 128, 0.89-1.05x at 64; docs/kernels.md,
+# (sm_90: H100 0.96-1.25x SDPA's cuDNN backend at head_dim 128, 0.89-1.05x at 64; docs/kernels.md,
 # "attention"), else 64 x 64 tiles, 4 warps, three stages through pointers, timed on the H200 against the
 # Hopper defaults of FlashAttention-2 and Triton's fused-attention tutorial (06) (128 x 64, 4 / 8 warps) and
 # their neighbours (benchmarks/bench_attention.py --variants); the TMA plan not yet timed.
