@@ -86,12 +86,15 @@ def disable(error: Exception) -> None:
 
 def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
     """Whether ``launch`` takes these tensors: one 16-bit dtype, head_dim 64 or 128, CUDA, every tensor one TMA
-    descriptor can describe, batch x heads within the grid."""
+    descriptor can describe, batch x heads within the grid, and a ring (``plan``) that the device's shared memory
+    holds."""
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
         return False
     if not all(t.dtype == q.dtype and t.shape == q.shape and t.is_cuda for t in (q, k, v, out)):
         return False
-    return q.shape[0] * q.shape[1] <= _MAX_GRID_Y and all(tma_ok(t) for t in (q, k, v, out))
+    if q.shape[0] * q.shape[1] > _MAX_GRID_Y or not all(tma_ok(t) for t in (q, k, v, out)):
+        return False
+    return plan(q.shape[-1], q.element_size(), _device.of(q.device)) is not None
 
 
 if gluon is not None:
@@ -277,8 +280,9 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     batch, heads, seq_len, head_dim = q.shape
     device = _device.of(q.device)
     ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
-    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 1:
-        raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least one stage")
+    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2:
+        raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least two stages (a consumer "
+                         "holds a block's stage while the next one loads)")
     need = smem_bytes(head_dim, q.element_size(), ws_plan)
     if need > device.smem_per_block:
         raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {need} bytes of shared memory, more than "

@@ -112,6 +112,7 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
     cases = [
         (dict(qk_scale=-1.0), "qk_scale must be positive"),
         (dict(ws_plan=_attention_ws.WsPlan(96, 2)), "block_n 64 or 128"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 1)), "at least two stages"),  # the consumers would wait forever
         (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory, more than"),  # 288 KB at head_dim 128
     ]
     for kwargs, words in cases:
@@ -131,6 +132,9 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
     assert not _attention_ws.fits(odd, q, q, q)
     inner = torch.empty(2, 64, 2, 128, dtype=torch.float16).transpose(1, 2)  # (B, N, H, D) storage
     assert _attention_ws.fits(inner, inner, inner, q)
+    small = dataclasses.replace(_device.DESCRIPTIONS["H100"], smem_per_sm=100 << 10, smem_per_block=100 << 10)
+    monkeypatch.setattr(_attention_ws._device, "of", lambda device: small)
+    assert not _attention_ws.fits(q, q, q, q)  # the ring does not fit this device's shared memory
 
 
 # --------------------------------------------------------------------------- sm_90 compiles (no GPU)
