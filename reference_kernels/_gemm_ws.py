@@ -37,8 +37,8 @@ import torch
 from . import _gemm_common
 from ._common import cdiv, disable_after_compile_failure, interpreting, sm90
 from ._device import DESCRIPTIONS, sm_count
-from ._hopper import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma, tma_load as _tma_load,
-                      tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
+from ._hopper import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, smem_layout, tma,
+                      tma_load as _tma_load, tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from ._launch import launch as launch_kernel
 
 
@@ -304,10 +304,9 @@ def fits(a, b, out, bias=None, residual=None) -> bool:
 
 
 def _descriptors(a, b, out, BM, BN, BK, split):
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
     M, K = a.shape
     N = b.shape[1]
-    layout = lambda block: gl.NVMMASharedLayout.get_default_for(block, gdt)  # noqa: E731
+    layout = lambda block: smem_layout(block, a.dtype)  # noqa: E731
     a_desc = TensorDescriptor(a, [M, K], [a.stride(0), 1], [BM, BK], layout([BM, BK]))
     b_kmajor = not _gemm_common._tma_ok(b)
     if b_kmajor:

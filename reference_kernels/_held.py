@@ -11,7 +11,6 @@ the interpreter); the planners pick these plans only then.
 
 from __future__ import annotations
 
-
 import torch
 import triton
 from triton.compiler.errors import CompilationError

@@ -4,6 +4,8 @@ Gluon's names move between Triton releases, so the import is guarded: where any 
 other name here) is None, and each kernel module's ``available()`` says False.
 """
 
+import torch
+
 try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -18,3 +20,8 @@ try:  # Gluon with the Hopper ops: Triton 3.5+; any failure means "not here"
 except Exception:  # pragma: no cover - depends on the Triton build
     gluon = gl = TensorDescriptor = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
     tma_load = tma_store = None
+
+
+def smem_layout(block: list, dtype) -> object:
+    """The NVMMA shared-memory layout of a TMA block of a 16-bit torch dtype, as wgmma reads it (the descriptors')."""
+    return gl.NVMMASharedLayout.get_default_for(block, {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype])

@@ -55,19 +55,6 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 # --------------------------------------------------------------------------- kernels
 
 
-def _launch_metadata(grid, kernel, args):
-    """What profilers read off a launch: a name with the problem, and its matmul flops.
-
-    No ``"bytes"``: pytest-fusioncheck then counts the launch's tensor arguments (q, k, v
-    and the output), which is the compulsory traffic, independently of ``budget``.
-    """
-    n, d = args["seq_len"], args["HEAD_DIM"]
-    bh = grid[1]
-    pairs = n * (n + 1) // 2 if args["CAUSAL"] else n * n  # (query, key) pairs computed
-    causal = ", causal" if args["CAUSAL"] else ""
-    return {"name": f"{kernel.name} [BH={bh}, N={n}, D={d}{causal}]", "flops": 4 * bh * pairs * d}
-
-
 @triton.jit
 def _online_softmax(
     raw,  # (BLOCK_M, BLOCK_N) float32 scores q @ k^T of one key block, unscaled
@@ -217,7 +204,7 @@ def _walk_start(m_block, seq_len, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     return m_i, l_i, acc, full_hi, masked_hi
 
 
-@triton.jit(launch_metadata=_launch_metadata)
+@triton.jit(launch_metadata=_attention_ws.launch_metadata)
 def _attention_fwd_kernel(
     q_ptr, k_ptr, v_ptr,  # (B, H, N, HEAD_DIM), any strides but a unit one for HEAD_DIM (vector loads, cp.async)
     o_ptr,  # (B, H, N, HEAD_DIM) output
@@ -270,7 +257,7 @@ def _attention_fwd_kernel(
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit(launch_metadata=_launch_metadata)
+@triton.jit(launch_metadata=_attention_ws.launch_metadata)
 def _attention_fwd_tma_kernel(
     q_desc, k_desc, v_desc,  # (B, H, N, HEAD_DIM) descriptors: q's blocks (1, 1, BLOCK_M, HEAD_DIM), k's and v's BLOCK_N
     o_desc,  # the output's, blocks as q's
