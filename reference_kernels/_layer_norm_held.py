@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import RESIDENT_WARPS, THREAD_MAX_REGS, cdiv, float32_pair, reg_cap
+from ._common import RESIDENT_WARPS, THREAD_MAX_REGS, float32_pair, reg_cap
 from ._held import (BLOCK, MAX_REGS, SM90, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
                     land_segment, only_the_row, packed_rows, per_sm, phase0, phase_grid, row_span, row_start,
@@ -51,11 +51,9 @@ if gluon is not None:
         VEC: gl.constexpr,  # x's elements in 16 bytes; the grid is a multiple of it
         JOINT: gl.constexpr,  # mean and variance from one pass: sums of x - x[row, 0] and of its square (fwd_joint)
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen)
-        ROWS: gl.constexpr,  # rows a program (FWD_ROWS), VEC apart; 0: a persistent walk, rows pid, pid + programs, ...
         num_warps: gl.constexpr,
     ):
-        """A program's rows (all at one phase): ROWS of them VEC apart, the first pid % VEC + ROWS VEC (pid // VEC),
-        or (ROWS 0) rows pid, pid + programs, ... ; three passes over shared memory: the sum as each segment
+        """A program's rows (all at one phase): a persistent walk, rows pid, pid + programs, ... ; three passes over shared memory: the sum as each segment
         lands (the neighbours' elements of the first and the last two segments, the only ones a row's ends fall in,
         become 0 there), the centred sum of squares, and the output with the weight and bias held at the program's
         phase. JOINT: two passes, the sums of d = x - x[row, 0] and of d^2 as each segment lands (one reduction of the
@@ -70,14 +68,8 @@ if gluon is not None:
         idx = gl.arange(0, BLOCK, layout=layout)
         eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
         pid = gl.program_id(0)
-        if ROWS == 0:
-            first = pid
-            step = gl.num_programs(0)  # a multiple of VEC
-            stop = n_rows
-        else:
-            first = pid % VEC + pid // VEC * (ROWS * VEC)
-            step = VEC
-            stop = gl.minimum(first + ROWS * VEC, n_rows)
+        first = pid
+        step = gl.num_programs(0)  # a multiple of VEC
 
         abase, shift = row_start(first, n_cols, VEC)  # the shift is the same for every row of this program
         end, first_v, last_v = row_span(shift, n_cols, VEC)
@@ -89,7 +81,7 @@ if gluon is not None:
         ew = gl.load(w_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         eb = gl.load(b_ptr + (ecol - shift), mask=emask, other=0.0).to(gl.float32)
         pivot_n = gl.load(x_ptr + gl.minimum(first, n_rows - 1).to(gl.int64) * n_cols)  # JOINT: the row's x[row, 0]
-        for row in range(first, stop, step):
+        for row in range(first, n_rows, step):
             ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
             nxt = row + step
             if JOINT:
@@ -120,7 +112,7 @@ if gluon is not None:
             gl.store(rstd_ptr + row, rstd)
 
             nabase = nxt.to(gl.int64) * n_cols // VEC * VEC  # the same shift: the step is a multiple of VEC
-            nv = gl.where(nxt < stop, gl.cdiv(end, VEC), 0)
+            nv = gl.where(nxt < n_rows, gl.cdiv(end, VEC), 0)
             for u in range(NSEG):
                 v = widen(buf.index(u).load(layout), WIDEN)
                 w = widen(wbuf.index(u).load(layout), WIDEN)
@@ -483,10 +475,6 @@ FWD_NARROW_MIN_PER_SM = 4
 # about the mean from the held registers (always so cost 2-5 points at 6001-22001: docs/kernels.md, "Statistics"). None:
 # never.
 STREAM_RECENTRE_FP32: float | None = 4.0
-# Rows a program: the grid holds a program for each FWD_ROWS rows of a phase (VEC apart), placed by the GPU's block
-# scheduler wherever an SM frees room, each copying the weight and bias once for its rows; 0: a persistent program an
-# SM slot walking rows pid, pid + programs, ... (docs/kernels.md, "A program a row").
-FWD_ROWS = 0
 
 
 def fwd_joint(elem_size: int) -> bool:
@@ -530,13 +518,10 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
     es = x2.element_size()
     vec = 16 // es
     warps, block, nseg, fit = fwd_shape(n_cols, es, col_bytes(x2, weight, bias))
-    if FWD_ROWS:  # VEC programs (one a phase) for each FWD_ROWS VEC rows
-        grid = vec * cdiv(cdiv(n_rows, vec), FWD_ROWS)
-    else:  # a multiple of VEC: one phase a program
-        grid = phase_grid(n_rows, es, fit, sm_count)
+    grid = phase_grid(n_rows, es, fit, sm_count)  # persistent programs, a multiple of VEC: one phase a program
     launch_kernel(_layer_norm_fwd_held_kernel, (grid,),
         x2, weight, bias, y2, mean, rstd, n_rows, n_cols, eps, BLOCK=block, NSEG=nseg, VEC=vec, JOINT=fwd_joint(es),
-        WIDEN=True, ROWS=FWD_ROWS, num_warps=warps, maxnreg=MAX_REGS)
+        WIDEN=True, num_warps=warps, maxnreg=MAX_REGS)
 
 
 # Rows too wide to hold with their weight and bias (16-bit past ~37000 columns) are streamed, the weight and bias held

@@ -78,7 +78,6 @@ def compile_case(case: str) -> dict:
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=True,
-                          ROWS=_layer_norm_held.FWD_ROWS,
                           num_warps=warps)
     if subject == "layer_norm_stream":  # the streamed forward: rows in registers, the weight and bias in shared memory
         shape = _layer_norm_held.stream_shape(n, elem, 2 * (4 if param == "fp32" else 2))
