@@ -150,7 +150,7 @@ def _copy_block(x_ptr, y_ptr, b, n, BLOCK: tl.constexpr):
 def launcher(name: str, sms: int, counter: torch.Tensor):
     """``launch((x, y))`` of variant ``name`` (``VARIANTS``) on ``sms`` SMs; ``counter``: two zeroed int32s (tickets)."""
     if name == "shipped":
-        return lambda s: _softmax_held.launch(s[0], s[1], sms)
+        return lambda s: _softmax_held.launch(s[0], s[1])
     if name.startswith("triton_copy"):
         walk = name.endswith("_walk")
 
@@ -184,7 +184,7 @@ def run_width(n: int, dtype: torch.dtype, mib: int, names: tuple[str, ...], sms:
     counter = torch.zeros(2, dtype=torch.int32, device="cuda")
     x, y = sets[0]
     expected = torch.empty_like(x)
-    _softmax_held.launch(x, expected, sms)
+    _softmax_held.launch(x, expected)
     out = {}
     for name in names:
         launch = launcher(name, sms, counter)

@@ -5,9 +5,8 @@ re-reads from L2 what a few programs an SM hold in flight. Here a program copies
 shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down start, no registers
 held), takes its max and its sum of exponentials in one pass and its output from there: one HBM read
 and one write, and as many programs an SM as shared memory holds rows, each one's loads in flight
-behind the others' arithmetic. A program a row (``ONE_ROW``); the persistent walk it replaced
-(``WALK``: rows pid, pid + programs, ..., the next row copied into each segment the output pass
-leaves) left SMs idle at its end. Written in Gluon (Triton's explicit-layout dialect), which gives
+behind the others' arithmetic. A program a row, placed by the GPU's block scheduler wherever an SM
+frees room (a persistent walk left SMs idle at its end: docs/kernels.md, "A program a row"). Written in Gluon (Triton's explicit-layout dialect), which gives
 the kernel its shared memory; Triton's own language does not.
 
 Rows too wide for two programs an SM (``launch_split``, ``_softmax_held_split_kernel``) are held in slices, a slice a
@@ -81,13 +80,10 @@ if gluon is not None:
         return ecol, emask, gl.load(x_ptr + abase + ecol, mask=emask, other=0.0).to(gl.float32)
 
     @gluon.jit
-    def _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx,
-                     layout: gl.constexpr, BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr,
-                     WIDEN: gl.constexpr, NEXT: gl.constexpr = True):
-        # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf, copying the next
-        # tile (NEXT: n_vecs vectors from nabase) into each segment as this pass leaves it (each thread copies into
-        # the slots it read, so no other thread's data is overwritten); then the partial vectors at the two ends from
-        # the edges (_tile_edges)
+    def _tile_output(buf, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, idx, layout: gl.constexpr,
+                     BLOCK: gl.constexpr, NSEG: gl.constexpr, VEC: gl.constexpr, WIDEN: gl.constexpr):
+        # exp(x - c) * inv (inv: 1 / the row's sum) for the whole vectors of [shift, end) from buf; then the partial
+        # vectors at the two ends from the edges (_tile_edges)
         first_v = gl.cdiv(shift, VEC)
         last_v = end // VEC
         for u in range(NSEG):
@@ -96,8 +92,6 @@ if gluon is not None:
             col = u * BLOCK + idx
             vi = col // VEC
             gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
-            if NEXT:
-                copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
         ey = _exp_from(ev, c) * inv
         gl.store(y_ptr + abase + ecol, ey.to(y_ptr.dtype.element_ty), mask=emask)
 
@@ -111,14 +105,12 @@ if gluon is not None:
         NSEG: gl.constexpr,  # segments a row (segments())
         VEC: gl.constexpr,  # elements in 16 bytes
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; WIDEN)
-        WALK: gl.constexpr,  # a persistent program walking rows; else the program takes row pid alone (ONE_ROW)
         num_warps: gl.constexpr,
     ):
-        """Row pid alone, or with WALK a persistent program's rows pid, pid + programs, ...; each row lies in shared
-        memory in NSEG segments, counted from the aligned vector that holds its first element (``shift`` elements
-        before it). The max and the sum (one pass, ``_tile_max_sum``) and the output (``_tile_output``) read it there;
-        with WALK the output pass copies the next row into each segment it has left. Segments strictly inside the row
-        take no masks; the first and last take element masks, and the output's partial vectors at the two ends of the
+        """Row pid (the grid: a program a row). It lies in shared memory in NSEG segments, counted from the aligned
+        vector that holds its first element (``shift`` elements before it). The max and the sum (one pass,
+        ``_tile_max_sum``) and the output (``_tile_output``) read it there. Segments strictly inside the row take no
+        masks; the first and last take element masks, and the output's partial vectors at the two ends of the
         row are stored element by element (the edges, loaded at the row's start: ``_tile_edges``)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -126,27 +118,14 @@ if gluon is not None:
         buf = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NSEG, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         idx = gl.arange(0, BLOCK, layout=layout)
         eidx = gl.arange(0, 2 * VEC, layout=edge_layout)
-        pid = gl.program_id(0)
-        n_progs = gl.num_programs(0)
-
-        abase, shift = row_start(pid, n_cols, VEC)
+        abase, shift = row_start(gl.program_id(0), n_cols, VEC)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, gl.cdiv(n_cols + shift, VEC), idx, BLOCK, VEC)
-        stop = n_rows if WALK else gl.minimum(pid + 1, n_rows)
-        for row in range(pid, stop, n_progs):
-            end = shift + n_cols
-            ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
-            c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, WIDEN)
-            inv = 1.0 / total
-
-            nxt = row + n_progs
-            nabase, nshift = row_start(nxt, n_cols, VEC)
-            n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC, WIDEN, WALK)
-            abase = nabase
-            shift = nshift
-        async_copy.wait_group(0)
+        end = shift + n_cols
+        ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
+        c, total = _tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC, WIDEN)
+        _tile_output(buf, y_ptr, abase, shift, end, c, 1.0 / total, ecol, emask, ev, idx, layout, BLOCK, NSEG, VEC,
+                     WIDEN)
 
     @gluon.jit
     def _ticket(sync_ptr, n_rows):
@@ -169,16 +148,14 @@ if gluon is not None:
         NSEG: gl.constexpr,  # segments a slice (segments(slice_cols))
         VEC: gl.constexpr,
         WIDEN: gl.constexpr,
-        WALK: gl.constexpr,  # a persistent program walking tiles; else a program takes one tile (SPLIT_ONE_TILE)
         SPIN: gl.constexpr,  # the wait's PTX (_split_walk.spin_asm(SPIN_MAX_NS))
         num_warps: gl.constexpr,
     ):
         """The held kernel for rows wider than a few programs an SM hold: each row in GROUP slices (tiles), a slice a
-        program at a time, held in shared memory as ``_softmax_held_kernel`` holds a row. A program's tile is a ticket
-        it takes as it starts. A slice's (max, sum) goes out to ``part``; the program arrives at its row's counter,
-        waits for the row's other slices (``_split_walk``'s release add and acquire spin) and merges the row's pairs.
-        With WALK it only then takes its next tile's ticket, whose copies the output pass puts in flight; without, it
-        ends after its tile's output. Slices start at multiples of VEC columns, so every slice of a row has the row's
+        program (the grid: a program a slice), held in shared memory as ``_softmax_held_kernel`` holds a row. A
+        program's tile is a ticket it takes as it starts, so tiles go out in the order programs start. A slice's (max,
+        sum) goes out to ``part``; the program arrives at its row's counter, waits for the row's other slices
+        (``_split_walk``'s release add and acquire spin), merges the row's pairs and writes its output. Slices start at multiples of VEC columns, so every slice of a row has the row's
         phase and its own partial edge vectors."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -194,7 +171,7 @@ if gluon is not None:
         n_vecs = gl.where(tile < n_tiles, gl.cdiv(n_tile + shift, VEC), 0)
         for s in gl.static_range(NSEG):
             copy_segment(buf, x_ptr, abase, s, n_vecs, idx, BLOCK, VEC)
-        while tile < n_tiles:
+        if tile < n_tiles:  # every ticket is a tile: the grid is a program a tile
             row = tile // GROUP
             end = shift + n_tile
             ecol, emask, ev = _tile_edges(x_ptr, abase, shift, end, eidx, VEC)
@@ -213,20 +190,8 @@ if gluon is not None:
             all_c = gl.load(part_row + 2 * gidx, mask=gidx < GROUP, other=float("-inf"), volatile=True)
             all_t = gl.load(part_row + 2 * gidx + 1, mask=gidx < GROUP, other=0.0, volatile=True)
             c, total = gl.reduce((all_c, all_t), 0, _merge_max_sum)
-            inv = 1.0 / total
-
-            if WALK:
-                nxt = _ticket(sync_ptr, n_rows)
-            else:
-                nxt = n_tiles + 0 * tile  # past the last tile (a tensor like the ticket): the loop ends
-            nabase, nshift, n_next = _slice_start(nxt, n_rows, n_cols, slice_cols, GROUP, VEC)
-            n_vecs = gl.where(nxt < n_tiles, gl.cdiv(n_next + nshift, VEC), 0)
-            _tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, inv, ecol, emask, ev, nabase, n_vecs, idx, layout,
-                         BLOCK, NSEG, VEC, WIDEN, WALK)
-            tile = nxt
-            abase = nabase
-            shift = nshift
-            n_tile = n_next
+            _tile_output(buf, y_ptr, abase, shift, end, c, 1.0 / total, ecol, emask, ev, idx, layout, BLOCK, NSEG,
+                         VEC, WIDEN)
         async_copy.wait_group(0)
 
     @gluon.jit
@@ -245,17 +210,6 @@ if gluon is not None:
 # choice was measured with (_held.tuned_triton: Triton 3.9 spills 8 bytes a thread at 50257 with it).
 WIDEN = True
 
-
-# A program a row (the grid as many programs as rows; the GPU's block scheduler hands the next row to whichever SM frees
-# room first) instead of a persistent program walking rows pid, pid + programs, ... (docs/kernels.md, "A program a
-# row"): the static walk leaves SMs idle while the slowest finish their share.
-ONE_ROW = True
-
-
-# Rows in slices a program a slice (the grid as many programs as slices, each taking its tile's ticket as it starts, so
-# that tiles go out in the order programs start) instead of persistent programs walking slices (docs/kernels.md, "Rows in
-# slices"): as ONE_ROW for whole rows.
-SPLIT_ONE_TILE = True
 # The exchange's wait: nanosleep back-off between tries, doubling from 32 ns up to this (0: none).
 SPIN_MAX_NS = 256
 
@@ -271,17 +225,16 @@ def fits(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     return y2.dtype == x2.dtype and packed_rows(x2, y2) and per_sm(x2.shape[1], x2.element_size()) > 0
 
 
-def launch(x2: torch.Tensor, y2: torch.Tensor, sm_count: int) -> None:
+def launch(x2: torch.Tensor, y2: torch.Tensor) -> None:
     """Softmax of the packed (M, N) rows of ``x2`` into ``y2`` (``fits``)."""
     if not fits(x2, y2):
         raise ValueError("the held softmax takes packed, 16-byte aligned CUDA rows of one dtype that fit shared memory"
                          f" (x: {tuple(x2.shape)} strides {x2.stride()} on {x2.device}, y: {tuple(y2.shape)})")
     n_rows, n_cols = x2.shape
     es = x2.element_size()
-    grid = n_rows if ONE_ROW else max(1, min(n_rows, per_sm(n_cols, es) * sm_count))
-    launch_kernel(_softmax_held_kernel, (grid,),
+    launch_kernel(_softmax_held_kernel, (n_rows,),  # a program a row (docs/kernels.md, "A program a row")
         x2, y2, n_rows, n_cols, BLOCK=BLOCK, NSEG=segments(n_cols, es), VEC=16 // es,
-        WIDEN=widen_rows(), WALK=not ONE_ROW, num_warps=WARPS, maxnreg=MAX_REGS)
+        WIDEN=widen_rows(), num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def split_shape(n_cols: int, elem_size: int, group: int) -> tuple[int, int]:
@@ -298,7 +251,7 @@ def split_fits(x2: torch.Tensor, y2: torch.Tensor, group: int) -> bool:
     return y2.dtype == x2.dtype and packed_rows(x2, y2) and per_sm(slice_cols, x2.element_size()) > 0
 
 
-def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) -> None:
+def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int) -> None:
     """Softmax of the packed (M, N) rows of ``x2`` into ``y2``, each row in ``group`` slices held by programs that
     exchange their (max, sum) (``split_fits``; ``split_shape`` may make fewer slices)."""
     if not split_fits(x2, y2, group):
@@ -309,11 +262,10 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int, sm_count: int) 
     es = x2.element_size()
     group, slice_cols = split_shape(n_cols, es, group)
     if group == 1:
-        return launch(x2, y2, sm_count)
+        return launch(x2, y2)
     progs = per_sm(slice_cols, es)
     _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
-    grid = n_rows * group if SPLIT_ONE_TILE else max(1, min(n_rows * group, progs * sm_count))
-    launch_kernel(_softmax_held_split_kernel, (grid,),
+    launch_kernel(_softmax_held_split_kernel, (n_rows * group,),  # a program a slice
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=next_power_of_2(group),
-        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(), WALK=not SPLIT_ONE_TILE,
+        BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(),
         SPIN=spin_asm(SPIN_MAX_NS), num_warps=WARPS, maxnreg=MAX_REGS)

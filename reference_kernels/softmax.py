@@ -258,7 +258,7 @@ def _launch(x2: torch.Tensor, y2: torch.Tensor, p: Plan) -> None:
     if p.mode == "held":
         if _softmax_held.split_fits(x2, y2, p.group):
             try:
-                _softmax_held.launch_split(x2, y2, p.group, p.device.sms)
+                _softmax_held.launch_split(x2, y2, p.group)
                 return
             except _softmax_held.CompilationError as exc:  # a Triton whose Gluon moved on: warn once, then without it
                 _softmax_held.disable(exc)

@@ -69,12 +69,10 @@ def compile_case(case: str) -> dict:
     max_regs = _held.MAX_REGS
     if subject.startswith("softmax"):
         constexprs["WIDEN"] = _softmax_held.widen_rows()
-    if subject == "softmax":
-        constexprs["WALK"] = not _softmax_held.ONE_ROW
     if subject == "softmax_split":  # its launch's slices (_softmax_held.split_shape)
         group, slice_cols = _softmax_held.split_shape(n, elem, group)
         constexprs.update(GROUP=group, BLOCK_G=triton.next_power_of_2(group), NSEG=_held.segments(slice_cols, elem),
-                          WALK=not _softmax_held.SPLIT_ONE_TILE, SPIN=_split_walk.spin_asm(_softmax_held.SPIN_MAX_NS))
+                          SPIN=_split_walk.spin_asm(_softmax_held.SPIN_MAX_NS))
     if subject == "layer_norm":  # its launch's shape: warps and segments (_layer_norm_held.fwd_shape)
         warps, block, nseg, _ = _layer_norm_held.fwd_shape(n, elem, elem + 2 * (4 if param == "fp32" else 2))
         constexprs.update(BLOCK=block, NSEG=nseg, JOINT=_layer_norm_held.fwd_joint(elem), WIDEN=True,

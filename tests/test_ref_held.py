@@ -76,7 +76,7 @@ def test_the_held_kernels_compile_for_sm90_with_this_triton_into_16_byte_copies_
         elem = 4 if dtype == "fp32" else 2
         cols = _softmax_held.split_shape(int(n), elem, int(group[0]))[1] if group else int(n)
         assert result["shared"] <= _held.segments(cols, elem) * _held.BLOCK * elem + _held.SMEM_RESERVED, result
-        if not group and _softmax_held.ONE_ROW:  # a program a row copies its row once, no next row behind it
+        if not group:  # a program a row copies its row once, no next row behind it
             per_segment = _held.BLOCK * elem // (16 * 32 * _held.WARPS)  # 16-byte copies a thread a segment
             assert result["copies"] == _held.segments(cols, elem) * per_segment, result
     if result["registers"] is not None:

@@ -1094,7 +1094,7 @@ def test_rows_too_wide_to_hold_whole_are_held_in_the_fewest_slices_that_leave_en
 def test_the_held_split_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
     x = torch.randn(3, 40)
     with pytest.raises(ValueError, match="whose slices fit shared memory"):
-        _softmax_held.launch_split(x, torch.empty_like(x), 4, H200.sms)
+        _softmax_held.launch_split(x, torch.empty_like(x), 4)
     assert not _softmax_held.split_fits(x, torch.empty_like(x), 4)  # CPU tensors
 
 
@@ -1116,46 +1116,39 @@ def test_a_held_plan_falls_back_to_the_plan_without_it_where_the_kernel_does_not
         assert_close_to_row_scale(out, reference(x), torch.float32)
 
 
-@pytest.mark.parametrize("one_row", [True, False])
-def test_the_held_launcher_gives_each_row_its_own_program_unless_told_to_walk(monkeypatch, recorded_kernel, one_row):
+def test_the_held_launcher_gives_each_row_its_own_program(monkeypatch, recorded_kernel):
     # a program a row: the block scheduler hands the next row to whichever SM frees room (docs/kernels.md, "A program
-    # a row"); the persistent walk (ONE_ROW False) launches the programs shared memory fits and has them walk the rows
+    # a row")
     kernel = recorded_kernel
     monkeypatch.setattr(_softmax_held, "_softmax_held_kernel", kernel, raising=False)  # absent without Gluon
     monkeypatch.setattr(_softmax_held, "fits", lambda x2, y2: True)
-    monkeypatch.setattr(_softmax_held, "ONE_ROW", one_row)
     x = torch.empty(5000, 30522, dtype=torch.bfloat16)
-    _softmax_held.launch(x, torch.empty_like(x), H200.sms)
+    _softmax_held.launch(x, torch.empty_like(x))
     (grid, kwargs), = kernel.launches
-    assert grid == ((5000,) if one_row else (3 * H200.sms,))  # 30522 bf16: three programs an SM
-    assert kwargs["WALK"] is (not one_row) and kwargs["NSEG"] == 15
+    assert grid == (5000,) and kwargs["NSEG"] == 15 and kwargs["VEC"] == 8
 
 
-@pytest.mark.parametrize("one_tile", [True, False])
-def test_the_held_split_launcher_gives_each_slice_its_own_program_unless_told_to_walk(monkeypatch, recorded_kernel,
-                                                                                      one_tile):
-    # a program a slice, each taking its tile's ticket as it starts (docs/kernels.md, "Rows in slices"); the persistent
-    # walk (SPLIT_ONE_TILE False) launches the programs shared memory fits and has them take tickets after each wait
+def test_the_held_split_launcher_gives_each_slice_its_own_program(monkeypatch, recorded_kernel):
+    # a program a slice, each taking its tile's ticket as it starts (docs/kernels.md, "Rows in slices")
     kernel = recorded_kernel
     monkeypatch.setattr(_softmax_held, "_softmax_held_split_kernel", kernel, raising=False)  # absent without Gluon
     monkeypatch.setattr(_softmax_held, "split_fits", lambda x2, y2, group: True)
-    monkeypatch.setattr(_softmax_held, "SPLIT_ONE_TILE", one_tile)
     monkeypatch.setattr(_split_walk, "interpreting", lambda: False)
     x = torch.empty(1000, 128256, dtype=torch.bfloat16)
-    _softmax_held.launch_split(x, torch.empty_like(x), 4, H200.sms)
+    _softmax_held.launch_split(x, torch.empty_like(x), 4)
     (grid, kwargs), = kernel.launches
-    assert grid == ((4 * 1000,) if one_tile else (3 * H200.sms,))  # 32064-column slices: three programs an SM
-    assert kwargs["WALK"] is (not one_tile) and kwargs["GROUP"] == 4 and kwargs["NSEG"] == 16
+    assert grid == (4 * 1000,)  # 32064-column slices
+    assert kwargs["GROUP"] == 4 and kwargs["NSEG"] == 16
     assert kwargs["SPIN"] == _split_walk.spin_asm(_softmax_held.SPIN_MAX_NS) and "min.u32 %ns, %ns, 256" in kwargs["SPIN"]
     monkeypatch.setattr(_softmax_held, "SPIN_MAX_NS", 0)  # no back-off: the wait's loop without nanosleep
-    _softmax_held.launch_split(x, torch.empty_like(x), 4, H200.sms)
+    _softmax_held.launch_split(x, torch.empty_like(x), 4)
     assert "nanosleep" not in kernel.launches[-1][1]["SPIN"] and "ld.acquire.gpu" in kernel.launches[-1][1]["SPIN"]
 
 
 def test_the_held_launcher_refuses_rows_it_cannot_take_with_a_clear_error():
     x = torch.randn(3, 40)
     with pytest.raises(ValueError, match="packed, 16-byte aligned CUDA rows"):
-        _softmax_held.launch(x, torch.empty_like(x), H200.sms)
+        _softmax_held.launch(x, torch.empty_like(x))
 
 
 HELD_WIDTHS = [(torch.bfloat16, 12345), (torch.float16, 14001), (torch.float16, 32768), (torch.bfloat16, 16385), (torch.bfloat16, 17000), (torch.float16, 30522), (torch.bfloat16, 33000),
