@@ -93,7 +93,6 @@ def main() -> None:
             sms = torch.cuda.get_device_properties(x.device).multi_processor_count
             extra["lean"] = lambda: bgd._launch(x, bias, p, 1, variant="lean")
             extra["lean, p=0"] = lambda: bgd._launch(x, bias, 0.0, 1, variant="lean")
-            extra["lean, no prefetch"] = lambda: bgd._launch(x, bias, p, 1, variant="lean", prefetch=False)
             for degree in (5, 7):  # the GELU fit's degree for 16-bit outputs (scripts/gelu_fit.py)
                 extra[f"lean, GELU degree {degree}"] = lambda d=degree: bgd._launch(x, bias, p, 1, variant="lean",
                                                                                    gelu_degree=d)

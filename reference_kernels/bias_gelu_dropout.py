@@ -44,10 +44,6 @@ _KERNEL_VARIANT = "lean"
 # thread, 39 registers: 48 warps an SM instead of 32) measured no better: 73-79% against 78%.
 _LEAN_PROGRAMS_PER_SM = 2
 _LEAN_WARPS = 16  # lean tiles of 8K elements on 16 warps: 75% of copy against 70% on 8 (GELU degree 7)
-# Lean kernel: load the next row tile before computing this one. Without it the lean kernel ran
-# at 63% of copy on the H200 with p = 0 too (docs/kernels.md, "bias_gelu_dropout"): two programs an
-# SM, each with nothing in flight while it computes, not the arithmetic, set its pace.
-_LEAN_PREFETCH = True
 # Degree of the GELU fit for 16-bit outputs in the lean kernel (fp32 outputs always take 7). 5 saves
 # 2 of ~29 instructions an element and stays within 1 bf16/fp16 ulp of the correctly rounded
 # GELU (scripts/gelu_fit.py); on the H200 78-79% of copy against 74-75% for 7 (two runs).
@@ -250,7 +246,6 @@ def _bias_gelu_dropout_lean_kernel(
     EVEN: tl.constexpr,  # M % BLOCK_M == 0 and N % BLOCK_N == 0: no bounds masks
     WIDE: tl.constexpr,  # Philox counters may pass 2**31: compute them in int64
     N_ROUNDS: tl.constexpr,
-    PREFETCH: tl.constexpr,  # load the program's next row tile before working on this one
     GELU_DEGREE: tl.constexpr,  # 7, or 5 for 16-bit outputs (see _math.phi_scaled)
 ):
     """The first ("measured") kernel's outputs and mask with fewer instructions an element (docs/kernels.md).
@@ -259,7 +254,10 @@ def _bias_gelu_dropout_lean_kernel(
     tile once and walks row tiles with a stride, so the key schedule, the bias and the
     address set-up are paid once per program. The keep test compares each 16-bit draw in
     the top half of a 32-bit word against threshold << 16 (one compare for odd lanes, a
-    shift and a compare for even ones), and the 1/(1-p) scale lives in the GELU fit.
+    shift and a compare for even ones), and the 1/(1-p) scale lives in the GELU fit. The next row
+    tile's loads are issued before this one is computed: without that prefetch, two
+    programs an SM with nothing in flight while computing ran at 63% of copy on the H200, p = 0
+    too (docs/kernels.md, "bias_gelu_dropout").
     """
     LANES: tl.constexpr = 8
     groups = tl.program_id(1) * (BLOCK_N // LANES) + tl.arange(0, BLOCK_N // LANES)
@@ -282,19 +280,15 @@ def _bias_gelu_dropout_lean_kernel(
         y_offs = local.to(tl.int64) * N + cols
     step = tl.num_programs(0) * BLOCK_M
     last0 = (M - 1) // BLOCK_M * BLOCK_M  # the last row tile: prefetches past it reload it (in bounds, unused)
-    if PREFETCH:
-        x_next = _load_tile(x_ptr, tl.program_id(0) * BLOCK_M, x_offs, local, col_mask, M, stride_xm, EVEN)
+    x_next = _load_tile(x_ptr, tl.program_id(0) * BLOCK_M, x_offs, local, col_mask, M, stride_xm, EVEN)
     for row0 in tl.range(tl.program_id(0) * BLOCK_M, M, step):
         if EVEN:
             mask = None
         else:
             mask = (row0 + local < M) & col_mask
         y_row = y_ptr + tl.cast(row0, tl.int64) * N
-        if PREFETCH:  # the next tile's loads stay in flight while this one is computed
-            x = widen(x_next, FAST)
-            x_next = _load_tile(x_ptr, tl.minimum(row0 + step, last0), x_offs, local, col_mask, M, stride_xm, EVEN)
-        else:
-            x = widen(_load_tile(x_ptr, row0, x_offs, local, col_mask, M, stride_xm, EVEN), FAST)
+        x = widen(x_next, FAST)  # the next tile's loads stay in flight while this one is computed
+        x_next = _load_tile(x_ptr, tl.minimum(row0 + step, last0), x_offs, local, col_mask, M, stride_xm, EVEN)
         sel = phi_scaled(x + b, scale, log2_scale, FAST, GELU_DEGREE)
         if HAS_DROPOUT:
             r = _lane_words(seed, row0 + tl.arange(0, BLOCK_M), groups, groups_per_row, LANES, WIDE, N_ROUNDS, FAST)
@@ -370,7 +364,7 @@ def _scale(p: float) -> float:
 
 
 def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, config=None, wide=None,
-            gelu_mode=None, rounds=PHILOX_ROUNDS, variant=None, programs=None, prefetch=None, gelu_degree=None):
+            gelu_mode=None, rounds=PHILOX_ROUNDS, variant=None, programs=None, gelu_degree=None):
     """Launch the fused kernel; the keywords after ``out`` override defaults (tests, benchmarks)."""
     x2 = _rows_view(x)
     M, N = x2.shape
@@ -381,7 +375,7 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     if variant not in _VARIANTS:
         raise ValueError(f"unknown kernel variant {variant!r}; choose one of {_VARIANTS}")
     if variant == "lean" and approximate == "none" and rng_bits == 16 and gelu_mode is None:
-        return _launch_lean(x2, bias, y, p, seed, config, wide, rounds, programs, prefetch, gelu_degree)
+        return _launch_lean(x2, bias, y, p, seed, config, wide, rounds, programs, gelu_degree)
     block_m, block_n, warps = config or _launch_config(M, N, rng_bits)
     threshold = _threshold(p, rng_bits)
     grid = (cdiv(M, block_m), cdiv(N, block_n))
@@ -395,8 +389,7 @@ def _launch(x, bias, p, seed, approximate="none", out=None, rng_bits=RNG_BITS, c
     return y
 
 
-def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROUNDS, programs=None, prefetch=None,
-                 gelu_degree=None):
+def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROUNDS, programs=None, gelu_degree=None):
     """The lean kernel on the first kernel's tiles (16 warps on the GPU); same mask, scale folded into the GELU fit."""
     M, N = x2.shape
     block_m, block_n, warps = config or _launch_config(M, N)
@@ -413,7 +406,6 @@ def _launch_lean(x2, bias, y, p, seed, config=None, wide=None, rounds=PHILOX_ROU
         BLOCK_M=block_m, BLOCK_N=block_n, HAS_DROPOUT=0 < threshold < 1 << RNG_BITS, FAST=not interpreting(),
         EVEN=M % block_m == 0 and N % block_n == 0,
         WIDE=(M * cdiv(N, 8) >= 2**31) if wide is None else wide, N_ROUNDS=rounds,
-        PREFETCH=_LEAN_PREFETCH if prefetch is None else prefetch,
         GELU_DEGREE=_lean_gelu_degree(y.dtype, gelu_degree), num_warps=warps,
     )
     return y

@@ -124,7 +124,6 @@ def test_the_mask_does_not_depend_on_the_launch_tiles_or_the_counter_width(varia
         assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(4, 64, 1), programs=10))
         # 10 ragged row tiles over 3 programs: the prefetch past the last tile is clamped, unused
         assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(4, 64, 1), programs=3))
-        assert torch.equal(default, bgd._launch(x, bias, 0.5, 9, config=(4, 64, 1), programs=3, prefetch=False))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
