@@ -104,8 +104,7 @@ _TWO_PER_SM_MAX_K = 3072
 # the other's MMAs, a TMA loader warp), 16-bit on the TMA path where Gluon runs it (compute capability 9.x): two more
 # timed candidates, 128x128 and 64x128 tiles a consumer. H200, bf16 + bias + exact GELU, TFLOPS, best ws / the best
 # candidate before: 2048x768x3072 454 / 375, 8192x768x3072 562 / 477, 1024x3072x768 348 / 304, 4096^3 723 / 706;
-# level at 512x768x3072 and 128x4096x4096 (docs/kernels.md, "gemm_epilogue"). False: never.
-_WS = True
+# level at 512x768x3072 and 128x4096x4096 (docs/kernels.md, "gemm_epilogue").
 _WS_CONFIGS = [_gemm_ws.WsConfig(128, 128, 64, 8, 6, 1), _gemm_ws.WsConfig(64, 128, 64, 8, 8, 1)]
 # Problems of fewer than _WS_SMALL_WAVES waves of 64x128 tiles also time smaller tiles (more of them: every SM busy):
 # H200, bf16 + bias + exact GELU, TFLOPS, forced against the tuned choice: 64x768x3072 50 (64x32) / 43, 512x3072x768
@@ -210,7 +209,7 @@ def _gemm_configs(path: str, M: int, N: int, K: int, dtype: torch.dtype = torch.
     if _input_precision(dtype) == "ieee":
         return [_IEEE_CONFIG] + library_path
     elt = torch.empty((), dtype=dtype).element_size()
-    ws = _WS and device.type == "cuda" and _gemm_ws.available(device.index)
+    ws = device.type == "cuda" and _gemm_ws.available(device.index)
     return _ranked_configs(path, M, N, K, elt, device_of(device), ws) + library_path
 
 
