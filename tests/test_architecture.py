@@ -294,16 +294,33 @@ def test_every_section_of_docs_kernels_md_that_the_code_names_exists():
     assert [(path, name) for path, name in named if name not in headings] == []
 
 
-TUNING_MAX = 30  # module-level tuning constants a kernel module (issue 55)
+TUNING_MAX = 30  # module-level tuning constants a subject, over all its modules (issue 55)
+# A subject's modules: its public module and the private ones only it imports (kernels, Gluon kernels, plans). The
+# modules every subject shares (``_common``, ``_ragged``, ...) are counted as one more subject, "shared".
+SUBJECTS = {
+    "softmax": ("softmax.py", "_softmax_kernels.py", "_softmax_held.py"),
+    "layer_norm": ("layer_norm.py", "_layer_norm_kernels.py", "_layer_norm_held.py"),
+    "gemm_epilogue": ("gemm_epilogue.py", "_gemm_kernels.py", "_gemm_common.py", "_gemm_ws.py"),
+    "attention": ("attention.py", "_attention_ws.py"),
+    "bias_gelu_dropout": ("bias_gelu_dropout.py",),
+    "shared": ("__init__.py", "_common.py", "_device.py", "_held.py", "_hopper.py", "_launch.py", "_math.py",
+               "_ragged.py", "_split_walk.py"),
+}
+# Where a subject keeps more, with the cause: docs/kernels.md, "Where the targets are missed". The figure is a ceiling,
+# so a subject can only come down to the target.
+TUNING_MISSES = {"layer_norm": 49}
 
 
 def tuning_constants(source: str) -> list[str]:
     """Module-level UPPERCASE names bound to a free choice: a literal (a number, string or None, or a tuple or dict of
-    them), not a value derived from other names, and not a tuple of strings (the names of plans or variants)."""
+    them), not a value derived from other names, not a tuple of strings (the names of plans or variants), and not an
+    empty list or dict (state the module fills, not a choice)."""
     import re
 
     def free(value: ast.AST) -> bool:
         if any(isinstance(n, ast.Name) and n.id not in ("dict", "tuple") for n in ast.walk(value)):
+            return False
+        if isinstance(value, (ast.List, ast.Dict)) and not (value.elts if isinstance(value, ast.List) else value.keys):
             return False
         return not (isinstance(value, ast.Tuple) and value.elts
                     and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts))
@@ -322,14 +339,22 @@ def tuning_constants(source: str) -> list[str]:
 def test_the_tuning_constant_scan_counts_free_choices_only():
     sample = (
         "A = 4096\n_B: int | None = None\nC = dict(m=1, w=4)\nD = ((1024, 64), (3072, 128))\nE = 'auto'\n"
-        "F = 32 * A\nG = ('auto', 'split')\nH = Tuning()\nlower = 3\ndef f():\n    I = 1\n"
+        "F = 32 * A\nG = ('auto', 'split')\nH = Tuning()\nlower = 3\ndef f():\n    I = 1\n_J: list = []\nK = {}\n"
+        "L = [1, 2]\n"
     )
-    assert tuning_constants(sample) == ["A", "_B", "C", "D", "E"]
+    assert tuning_constants(sample) == ["A", "_B", "C", "D", "E", "L"]
 
 
-def test_each_kernel_module_keeps_at_most_30_tuning_constants():
-    counts = {f: len(tuning_constants(open(os.path.join(KERNELS, f)).read()))
-              for f in sorted(os.listdir(KERNELS)) if f.endswith(".py")}
-    assert "layer_norm.py" in counts and "softmax.py" in counts
-    over = {f: n for f, n in counts.items() if n > TUNING_MAX}
+def test_each_kernel_module_belongs_to_one_subject():
+    modules = sorted(f for f in os.listdir(KERNELS) if f.endswith(".py"))
+    listed = [f for files in SUBJECTS.values() for f in files]
+    assert sorted(listed) == modules, "a module of reference_kernels/ in no subject, or in two (SUBJECTS)"
+
+
+def test_each_subject_keeps_at_most_30_tuning_constants():
+    counts = {subject: sum(len(tuning_constants(open(os.path.join(KERNELS, f)).read())) for f in files)
+              for subject, files in SUBJECTS.items()}
+    assert counts["layer_norm"] > 0 and counts["softmax"] > 0
+    over = {s: n for s, n in counts.items() if n > TUNING_MISSES.get(s, TUNING_MAX)}
     assert over == {}, f"tuning constants over the limit (docs/kernels.md, \"Planning\"): {over}"
+    assert all(counts[s] > TUNING_MAX for s in TUNING_MISSES), "a recorded miss that is met: drop it from TUNING_MISSES"
