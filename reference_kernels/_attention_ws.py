@@ -16,7 +16,8 @@ loads and run its softmax, so the tensor cores idle meanwhile. Here a program ta
 The descriptors are (B, H, N, D) with blocks (1, 1, rows, D), as ``attention``'s TMA plan has them: rows past N load
 as zeros (masked as keys) and are never stored, so ragged N and any 16-byte-aligned strides need no mask a thread.
 Causal programs stop at their diagonal and are launched heaviest first. The register split is ``_gemm_ws``'s
-(``setmaxnreg``: 12 warps launch at 168, the consumers take 240, the loader 24).
+(``setmaxnreg``): the 12 warps launch at the register file's share of the programs an SM (``regs``: 168 for one), the
+loader keeps 24 and the consumers take the rest (240 for one program an SM).
 
 Like ``_gemm_ws`` every Gluon import is guarded, and ``available()`` is False where it failed, under the
 interpreter, and off a GPU of compute capability 9.x. docs/kernels.md, "attention".
@@ -40,18 +41,18 @@ BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile 
 # k/v stages: a consumer holds block j's stage until O += P_j v_j, issued after S_(j+1) (``_consumer``), so two are
 # in use while the next loads (head_dim 128: 230 KB of an sm_90 block's 227 KiB)
 STAGES = 3
-# Registers a thread (setmaxnreg, by warpgroup), as _gemm_ws: 12 warps launch at 168; consumers 240, loader 24
-CONSUMER_REGS = 240
-LOADER_REGS = 24
+LOADER_REGS = 24  # the loader warpgroup's registers a thread (setmaxnreg); the consumers share what is left (regs)
+_WARPS = 12  # two consumer warpgroups and the loader's (one warp, a warpgroup's registers)
 _BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 class WsPlan(NamedTuple):
-    """A launch of this kernel: key/value rows a stage and stages in the ring."""
+    """A launch of this kernel: key/value rows a stage, stages in the ring, programs an SM."""
 
     block_n: int
     stages: int
+    per_sm: int = 1
 
 
 def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
@@ -59,11 +60,26 @@ def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
     return elt * head_dim * (2 * BLOCK_M + 2 * plan.stages * plan.block_n) + _BARRIER_BYTES
 
 
+def regs(per_sm: int, device: _device.Device) -> tuple[int, int]:
+    """(registers a thread at launch, a consumer's after ``setmaxnreg``) for ``per_sm`` programs an SM: the register
+    file split between the programs' threads (in steps of 8), the loader's LOADER_REGS off it, the rest the
+    consumers'. One program an SM on sm_90: (168, 240)."""
+    launch_regs = device.regs_per_sm // (per_sm * _WARPS * 32) // 8 * 8
+    return launch_regs, (launch_regs * _WARPS - 4 * LOADER_REGS) // 8 // 8 * 8
+
+
+def fits_device(head_dim: int, elt: int, plan: WsPlan, device: _device.Device) -> bool:
+    """Whether ``plan``'s programs an SM fit ``device``'s shared memory: each one's within a block's, and more than
+    one together within an SM's (1 KiB reserved a block). Their registers always fit (``regs``)."""
+    smem = smem_bytes(head_dim, elt, plan)
+    return smem <= device.smem_per_block and (plan.per_sm == 1 or plan.per_sm * (smem + 1024) <= device.smem_per_sm)
+
+
 def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
     """The ring for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages; None where they do
     not fit its shared memory (``attention`` then runs its Triton kernel)."""
     ring = WsPlan(BLOCK_N, STAGES)
-    return ring if smem_bytes(head_dim, elt, ring) <= device.smem_per_block else None
+    return ring if fits_device(head_dim, elt, ring, device) else None
 
 
 def launch_metadata(grid, kernel, args):
@@ -281,16 +297,17 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     batch, heads, seq_len, head_dim = q.shape
     device = _device.of(q.device)
     ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
-    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2:
+    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.per_sm < 1:
         raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least two stages (a consumer "
-                         "holds a block's stage while the next one loads)")
-    need = smem_bytes(head_dim, q.element_size(), ws_plan)
-    if need > device.smem_per_block:
-        raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {need} bytes of shared memory, more than "
-                         f"{device.smem_per_block}")
+                         "holds a block's stage while the next one loads), a program an SM at least")
+    if not fits_device(head_dim, q.element_size(), ws_plan, device):
+        raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {smem_bytes(head_dim, q.element_size(), ws_plan)}"
+                         f" bytes of shared memory a program, more than {device.smem_per_block} a block or"
+                         f" {device.smem_per_sm} an SM holds for its programs")
+    launch_regs, consumer_regs = regs(ws_plan.per_sm, device)
     descs = descriptors(q, k, v, out, ws_plan.block_n)
     return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, 2 * BLOCK_M), batch * heads),
         *descs, heads, seq_len, qk_scale,
         BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal),
-        CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+        CONSUMER_REGS=consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4, maxnreg=launch_regs,
     )

@@ -36,6 +36,31 @@ def test_the_plan_fits_every_described_devices_shared_memory_or_is_none(name, he
         assert plan == _attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES)
 
 
+@pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
+@pytest.mark.parametrize("per_sm", [1, 2, 3])
+def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_share(name, per_sm):
+    device = _device.DESCRIPTIONS[name]
+    launch_regs, consumer_regs = _attention_ws.regs(per_sm, device)
+    assert launch_regs % 8 == 0 and consumer_regs % 8 == 0  # setmaxnreg's and the allocator's steps
+    assert per_sm * launch_regs * 32 * 12 <= device.regs_per_sm  # the programs an SM reside at once
+    assert 256 * consumer_regs + 128 * _attention_ws.LOADER_REGS <= 32 * 12 * launch_regs  # the split fits the launch's
+    assert consumer_regs <= 255 and consumer_regs >= _attention_ws.LOADER_REGS
+
+
+def test_the_register_split_of_one_program_an_sm90_sm_is_its_whole_file():
+    assert _attention_ws.regs(1, _device.DESCRIPTIONS["H100"]) == (168, 240)  # 12 warps: 64512 of 65536 registers
+    assert _attention_ws.regs(2, _device.DESCRIPTIONS["H100"]) == (80, 104)
+
+
+def test_a_plan_of_more_programs_an_sm_fits_only_where_the_sm_holds_their_rings():
+    h100 = _device.DESCRIPTIONS["H100"]
+    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(64, 3, 2), h100)  # 2 x 66 KB
+    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 3, 1), h100)
+    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 3, 2), h100)  # 2 x 113 KB: the whole SM
+    assert not _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 4, 2), h100)  # 2 x 145 KB
+    assert not _attention_ws.fits_device(128, 2, _attention_ws.WsPlan(128, 4, 1), h100)  # 288 KB a program
+
+
 def test_no_plan_where_the_ring_does_not_fit():
     small = dataclasses.replace(_device.DESCRIPTIONS["H100"], smem_per_sm=100 << 10, smem_per_block=100 << 10)
     assert _attention_ws.plan(128, 2, small) is None  # 32 KB of q + 3 x 64 KB of k and v
@@ -113,7 +138,9 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
         (dict(qk_scale=-1.0), "qk_scale must be positive"),
         (dict(ws_plan=_attention_ws.WsPlan(96, 2)), "block_n 64 or 128"),
         (dict(ws_plan=_attention_ws.WsPlan(128, 1)), "at least two stages"),  # the consumers would wait forever
-        (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory, more than"),  # 288 KB at head_dim 128
+        (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory a program, more than"),  # 288 KB
+        (dict(ws_plan=_attention_ws.WsPlan(128, 3, 2)), "an SM holds for its programs"),  # 2 x 230 KB
+        (dict(ws_plan=_attention_ws.WsPlan(128, 2, 0)), "a program an SM at least"),
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -140,7 +167,11 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
 # --------------------------------------------------------------------------- sm_90 compiles (no GPU)
 
 SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
-              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3"]
+              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d64:128x64:p2",
+                                                  "ws:fp16:d64:128x64:s4:p2:causal"]
+# Stack a thread its compiles are known to take: two programs an SM leave a consumer 104 registers (regs), and d 64's
+# 64-key blocks spill a few words there (Triton 3.9: 16 bytes, 3.6: 32)
+KNOWN_STACK = {"ws:bf16:d64:128x64:p2": 32, "ws:fp16:d64:128x64:s4:p2:causal": 32}
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +187,13 @@ def test_the_kernel_compiles_for_sm90_into_wgmma_tma_and_setmaxnreg_without_spil
     assert result["shared"] <= result["smem_bytes"] <= sm90.smem_per_block, result
     if result["registers"] is None:  # no cuobjdump / nvdisasm in this Triton build: the compile is all there is
         return
-    assert result["registers"] * 32 * result["warps"] <= sm90.regs_per_sm, result  # one program an SM
-    assert result["stack"] == 0 and not result["local"] and result["stl"] == 0 and result["ldl"] == 0, result
+    per_sm = result["plan"][2]
+    launch_regs, consumer_regs = _attention_ws.regs(per_sm, sm90)
+    assert result["registers"] == launch_regs, result  # the plan's programs an SM reside at once
+    assert result["stack"] <= KNOWN_STACK.get(case, 0) and not result["local"], result
+    assert (result["stl"] == 0) == (case not in KNOWN_STACK), result
     assert result["hgmma"] > 0 and result["utmaldg"] > 0 and result["utmastg"] > 0 and result["ldgsts"] == 0, result
-    assert _attention_ws.CONSUMER_REGS in result["setmaxnreg"]["alloc"], result
+    assert consumer_regs in result["setmaxnreg"]["alloc"], result
     assert _attention_ws.LOADER_REGS in result["setmaxnreg"]["dealloc"], result
 
 
@@ -171,6 +205,7 @@ def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
     assert case["plan"] == _attention_ws.plan(128, 2, _device.DESCRIPTIONS["H100"]) and not case["causal"]
     case = script.parse("ws:fp16:d64:128x64:s2:causal")
     assert case["plan"] == _attention_ws.WsPlan(64, 2) and case["causal"] and case["kind"] == "ws"
+    assert script.parse("ws:bf16:d64:128x64:p2")["plan"] == _attention_ws.WsPlan(64, 3, 2)
     for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder"):
         with pytest.raises(SystemExit):
             script.parse(bad)
@@ -196,14 +231,16 @@ def _sdpa_check(q, k, v, causal, got):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2)],
-                         ids=["default", "64x3", "128x2"])
+@pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2),
+                                     _attention_ws.WsPlan(64, 3, 2)], ids=["default", "64x3", "128x2", "64x3x2"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape, dtype", [((2, 3, 1, 128), torch.bfloat16), ((2, 3, 65, 64), torch.float16),
                                           ((2, 3, 1000, 128), torch.bfloat16), ((1, 4, 4097, 64), torch.bfloat16),
                                           ((1, 2, 2048, 128), torch.float16)], ids=str)
 def test_matches_sdpa_at_ragged_lengths(shape, dtype, causal, ws_plan):
     _needs_it()
+    if ws_plan is not None and not _attention_ws.fits_device(shape[-1], 2, ws_plan, _device.of(torch.device("cuda"))):
+        pytest.skip(f"{ws_plan} does not fit this GPU at head_dim {shape[-1]}")
     torch.manual_seed(0)
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     out = torch.full_like(q, float("nan"))
