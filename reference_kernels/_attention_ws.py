@@ -2,22 +2,22 @@
 
 ``softmax(q @ k^T * scale [+ causal mask]) @ v`` as ``attention.fused`` computes it, for 16-bit tensors on sm_90
 (H100 / H200) only. In ``attention._attention_fwd_kernel`` the warps that issue a block's dots also wait for its
-loads and run its softmax, so the tensor cores idle meanwhile. Here a program takes ``2 * BLOCK_M`` query rows of one
-(batch, head) and has three partitions (``gl.warp_specialize``):
+loads and run its softmax, so the tensor cores idle meanwhile. Here a program takes ``consumers * BLOCK_M`` query rows
+of one (batch, head) and has a partition a consumer and the loader's (``gl.warp_specialize``):
 
 * a loader (1 warp, few registers) that issues every TMA load: the program's q once, then k and v blocks into a ring
   of ``stages`` stages, k and v on separate barriers (the scores need k only);
-* two consumers (one warpgroup each, ``BLOCK_M`` rows each), both walking the same k/v blocks: wgmma ``S = q k^T``
-  from shared memory, the online softmax in registers, wgmma ``O += P v`` with P from registers, ``S`` of the next
-  block issued before ``O += P v`` of this one so that the softmax runs under a dot. A stage is free when both
-  consumers arrived on its ``empty`` barrier (count 2). While one consumer runs its softmax, the other's dots keep
-  the tensor cores busy.
+* two or three consumers (one warpgroup each, ``BLOCK_M`` rows each), all walking the same k/v blocks: wgmma
+  ``S = q k^T`` from shared memory, the online softmax in registers, wgmma ``O += P v`` with P from registers, ``S`` of
+  the next block issued before ``O += P v`` of this one so that the softmax runs under a dot. A stage is free when
+  every consumer arrived on its ``empty`` barrier. While one consumer runs its softmax, the others' dots keep the
+  tensor cores busy.
 
 The descriptors are (B, H, N, D) with blocks (1, 1, rows, D), as ``attention``'s TMA plan has them: rows past N load
 as zeros (masked as keys) and are never stored, so ragged N and any 16-byte-aligned strides need no mask a thread.
 Causal programs stop at their diagonal and are launched heaviest first. The register split is ``_gemm_ws``'s
-(``setmaxnreg``): the 12 warps launch at the register file's share of the programs an SM (``regs``: 168 for one), the
-loader keeps 24 and the consumers take the rest (240 for one program an SM).
+(``setmaxnreg``): the warps launch at the register file's share of the programs an SM (``regs``), the loader keeps 24
+and the consumers take the rest: 12 warps at 168, consumers at 240, for one program of two consumers an SM.
 
 Like ``_gemm_ws`` every Gluon import is guarded, and ``available()`` is False where it failed, under the
 interpreter, and off a GPU of compute capability 9.x. docs/kernels.md, "attention".
@@ -42,30 +42,37 @@ BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile 
 # in use while the next loads (head_dim 128: 230 KB of an sm_90 block's 227 KiB)
 STAGES = 3
 LOADER_REGS = 24  # the loader warpgroup's registers a thread (setmaxnreg); the consumers share what is left (regs)
-_WARPS = 12  # two consumer warpgroups and the loader's (one warp, a warpgroup's registers)
 _BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 class WsPlan(NamedTuple):
-    """A launch of this kernel: key/value rows a stage, stages in the ring, programs an SM."""
+    """A launch of this kernel: key/value rows a stage, stages in the ring, programs an SM, consumer warpgroups a
+    program (each ``BLOCK_M`` query rows: 2 or 3)."""
 
     block_n: int
     stages: int
     per_sm: int = 1
+    consumers: int = 2
+
+
+def warps(plan: WsPlan) -> int:
+    """A program's warps: a warpgroup a consumer, and the loader's (one warp, a warpgroup's registers)."""
+    return 4 * plan.consumers + 4
 
 
 def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
-    """Shared memory a program takes: both consumers' q tiles (each reused for its output), the k/v ring."""
-    return elt * head_dim * (2 * BLOCK_M + 2 * plan.stages * plan.block_n) + _BARRIER_BYTES
+    """Shared memory a program takes: the consumers' q tiles (each reused for its output), the k/v ring."""
+    return elt * head_dim * (plan.consumers * BLOCK_M + 2 * plan.stages * plan.block_n) + _BARRIER_BYTES
 
 
-def regs(per_sm: int, device: _device.Device) -> tuple[int, int]:
-    """(registers a thread at launch, a consumer's after ``setmaxnreg``) for ``per_sm`` programs an SM: the register
+def regs(plan: WsPlan, device: _device.Device) -> tuple[int, int]:
+    """(registers a thread at launch, a consumer's after ``setmaxnreg``) for ``plan``'s programs an SM: the register
     file split between the programs' threads (in steps of 8), the loader's LOADER_REGS off it, the rest the
-    consumers'. One program an SM on sm_90: (168, 240)."""
-    launch_regs = device.regs_per_sm // (per_sm * _WARPS * 32) // 8 * 8
-    return launch_regs, (launch_regs * _WARPS - 4 * LOADER_REGS) // 8 // 8 * 8
+    consumers'. One program of two consumers an SM on sm_90: (168, 240)."""
+    w = warps(plan)
+    launch_regs = device.regs_per_sm // (plan.per_sm * w * 32) // 8 * 8
+    return launch_regs, (launch_regs * w - 4 * LOADER_REGS) // (4 * plan.consumers) // 8 * 8
 
 
 def fits_device(head_dim: int, elt: int, plan: WsPlan, device: _device.Device) -> bool:
@@ -134,12 +141,12 @@ if gluon is not None:
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
     @gluon.jit
-    def _tile(n_heads, CAUSAL: gl.constexpr):
+    def _tile(n_heads, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
         """The program's first query row, batch and head: causal programs heaviest first."""
         pid_m = gl.program_id(0)
         if CAUSAL:
             pid_m = gl.num_programs(0) - 1 - pid_m
-        return pid_m * 2 * _BM, gl.program_id(1) // n_heads, gl.program_id(1) % n_heads
+        return pid_m * CONSUMERS * _BM, gl.program_id(1) // n_heads, gl.program_id(1) % n_heads
 
     @gluon.jit
     def _blocks(first_row, rows, seq_len, BN: gl.constexpr, CAUSAL: gl.constexpr):
@@ -150,12 +157,12 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads, seq_len,
-                BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-        start_m, b, h = _tile(n_heads, CAUSAL)
-        mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [b, h, start_m, 0], q_ready, q_bufs.index(0))
-        _tma_load(q_desc, [b, h, start_m + _BM, 0], q_ready, q_bufs.index(1))
-        for j in range(_blocks(start_m, 2 * _BM, seq_len, BN, CAUSAL)):
+                BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
+        start_m, b, h = _tile(n_heads, CAUSAL, CONSUMERS)
+        mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+        for c in gl.static_range(CONSUMERS):
+            _tma_load(q_desc, [b, h, start_m + c * _BM, 0], q_ready, q_bufs.index(c))
+        for j in range(_blocks(start_m, CONSUMERS * _BM, seq_len, BN, CAUSAL)):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # the first pass waits on parity 1: at once
             mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
@@ -192,11 +199,11 @@ if gluon is not None:
     @gluon.jit
     def _consumer(q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
                   BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                  CONSUMER: gl.constexpr):
+                  CONSUMERS: gl.constexpr, CONSUMER: gl.constexpr):
         """One warpgroup's _BM query rows, FlashAttention-3's intra-warpgroup overlap: S_j = q k_j^T is issued, then
         O += P_(j-1) v_(j-1), and S_j's softmax runs while that dot does (in order, a block at a time, it lost:
         docs/kernels.md, "attention")."""
-        start_m, b, h = _tile(n_heads, CAUSAL)
+        start_m, b, h = _tile(n_heads, CAUSAL, CONSUMERS)
         my_start = start_m + CONSUMER * _BM
         o_layout: gl.constexpr = _mma_layout(HEAD_DIM)
         row_layout: gl.constexpr = gl.SliceLayout(1, _mma_layout(BN))
@@ -209,7 +216,7 @@ if gluon is not None:
         mbarrier.wait(q_ready, 0)
         q_tile = q_bufs.index(CONSUMER)
         q = q_tile.reshape([_BM, HEAD_DIM])
-        n_blocks = _blocks(start_m, 2 * _BM, seq_len, BN, CAUSAL)  # the loader's: every stage is released
+        n_blocks = _blocks(start_m, CONSUMERS * _BM, seq_len, BN, CAUSAL)  # the loader's: every stage is released
         my_blocks = _blocks(my_start, _BM, seq_len, BN, CAUSAL)  # >= 1: every row sees key 0
         mbarrier.wait(k_ready.index(0), 0)
         qk = warpgroup_mma_wait(0, deps=(_scores(q, k_bufs, 0, BN, HEAD_DIM),))
@@ -245,10 +252,10 @@ if gluon is not None:
     @gluon.jit(launch_metadata=launch_metadata)
     def _attention_ws_kernel(q_desc, k_desc, v_desc, o_desc, n_heads, seq_len, qk_scale,
                              BN: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                             CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
-        """Grid (query blocks of 2 * _BM rows, batch x heads)."""
+                             CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+        """Grid (query blocks of CONSUMERS * _BM rows, batch x heads)."""
         dtype: gl.constexpr = q_desc.dtype
-        q_bufs = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -259,16 +266,30 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)  # both consumers release a stage
+            mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer releases a stage
         fence_async_shared()
-        gl.warp_specialize([  # the argument lists written out: a constexpr in a tuple built here is a plain int
-            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
-                         BN, HEAD_DIM, STAGES, CAUSAL, 0)),
-            (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len, qk_scale,
-                         BN, HEAD_DIM, STAGES, CAUSAL, 1)),
-            (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads,
-                       seq_len, BN, STAGES, CAUSAL)),
-        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        # the argument lists written out: a constexpr in a tuple built here is a plain int, a function not a value
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len,
+                             qk_scale, BN, HEAD_DIM, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len,
+                             qk_scale, BN, HEAD_DIM, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads,
+                           seq_len, BN, STAGES, CAUSAL, CONSUMERS)),
+            ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+        else:
+            gl.static_assert(CONSUMERS == 3, "two or three consumer warpgroups")
+            gl.warp_specialize([
+                (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len,
+                             qk_scale, BN, HEAD_DIM, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len,
+                             qk_scale, BN, HEAD_DIM, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, o_desc, n_heads, seq_len,
+                             qk_scale, BN, HEAD_DIM, STAGES, CAUSAL, CONSUMERS, 2)),
+                (_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, v_ready, empty, n_heads,
+                           seq_len, BN, STAGES, CAUSAL, CONSUMERS)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
 
 
 def descriptors(q, k, v, out, block_n):
@@ -297,17 +318,19 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     batch, heads, seq_len, head_dim = q.shape
     device = _device.of(q.device)
     ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
-    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.per_sm < 1:
+    if (ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.per_sm < 1
+            or ws_plan.consumers not in (2, 3)):
         raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least two stages (a consumer "
-                         "holds a block's stage while the next one loads), a program an SM at least")
+                         "holds a block's stage while the next one loads), a program an SM at least, two or three "
+                         "consumers")
     if not fits_device(head_dim, q.element_size(), ws_plan, device):
         raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {smem_bytes(head_dim, q.element_size(), ws_plan)}"
                          f" bytes of shared memory a program, more than {device.smem_per_block} a block or"
                          f" {device.smem_per_sm} an SM holds for its programs")
-    launch_regs, consumer_regs = regs(ws_plan.per_sm, device)
+    launch_regs, consumer_regs = regs(ws_plan, device)
     descs = descriptors(q, k, v, out, ws_plan.block_n)
-    return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, 2 * BLOCK_M), batch * heads),
+    return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, ws_plan.consumers * BLOCK_M), batch * heads),
         *descs, heads, seq_len, qk_scale,
         BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal),
-        CONSUMER_REGS=consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4, maxnreg=launch_regs,
+        CONSUMERS=ws_plan.consumers, CONSUMER_REGS=consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4, maxnreg=launch_regs,
     )

@@ -7,9 +7,9 @@ any machine, GPU or not, and say what came out.
 A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr``, ``tma`` or ``ws``; DTYPE bf16,
 fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan
 for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan`` on an sm_90
-(its tile is 128 rows, two consumers of 64: only BN, stages and programs an SM vary, ``:pK``). The compile is the one a
-launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence length
-16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
+(two consumers of 64 rows; ``:128xBN``, ``:sSTAGES``, ``:pK`` programs an SM and ``:cK`` consumers vary). The compile is
+the one a launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence
+length 16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
 
 Per case: the plan, registers, stack and local memory (cuobjdump), shared memory, the SASS's HGMMAs, TMA loads
 (UTMALDG), ``cp.async`` copies (LDGSTS), local stores and loads (STL, LDL: spills) and its instruction count. Like
@@ -72,18 +72,20 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
         raise SystemExit(f"{case!r}: the warp-specialised kernel takes 16-bit tensors only")
     plan = _attention_ws.plan(head_dim, 2, _device.DESCRIPTIONS["H100"])
     causal = False
-    rows = 2 * _attention_ws.BLOCK_M
     for part in parts:
         if part == "causal":
             causal = True
-        elif re.fullmatch(rf"{rows}x\d+", part):
+        elif re.fullmatch(r"c[23]", part):
+            plan = plan._replace(consumers=int(part[1:]))
+        elif re.fullmatch(r"\d+x\d+", part) and int(part.split("x")[0]) == plan.consumers * _attention_ws.BLOCK_M:
             plan = plan._replace(block_n=int(part.split("x")[1]))
         elif re.fullmatch(r"s\d+", part):
             plan = plan._replace(stages=int(part[1:]))
         elif re.fullmatch(r"p\d+", part):
             plan = plan._replace(per_sm=int(part[1:]))
         else:
-            raise SystemExit(f"{case!r}: unknown part {part!r} (a tile {rows}xBN, sSTAGES, pPROGRAMS_AN_SM or causal)")
+            raise SystemExit(f"{case!r}: unknown part {part!r} (cCONSUMERS before a tile of CONSUMERS x"
+                             f" {_attention_ws.BLOCK_M} rows, ROWSxBN, sSTAGES, pPROGRAMS_AN_SM or causal)")
     return {"kind": "ws", "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
 
 
@@ -99,13 +101,13 @@ def _compile_ws(spec: dict) -> tuple:
     from reference_kernels import _attention_ws, _device
 
     plan, head_dim = spec["plan"], spec["head_dim"]
-    launch_regs, consumer_regs = _attention_ws.regs(plan.per_sm, _device.DESCRIPTIONS["H100"])
+    launch_regs, consumer_regs = _attention_ws.regs(plan, _device.DESCRIPTIONS["H100"])
     t = torch.empty(1, 1, 4096, head_dim, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]])
     descs = _attention_ws.descriptors(t, t, t, t, plan.block_n)
     signature = {name: mangle_type(d) for name, d in zip(("q_desc", "k_desc", "v_desc", "o_desc"), descs)}
     signature.update(n_heads="i32", seq_len="i32", qk_scale="fp32")
     constexprs = {"BN": plan.block_n, "HEAD_DIM": head_dim, "STAGES": plan.stages, "CAUSAL": spec["causal"],
-                  "CONSUMER_REGS": consumer_regs, "LOADER_REGS": _attention_ws.LOADER_REGS}
+                  "CONSUMERS": plan.consumers, "CONSUMER_REGS": consumer_regs, "LOADER_REGS": _attention_ws.LOADER_REGS}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(list(signature).index("seq_len"),): [["tt.divisibility", 16]]}
     compiled = triton.compile(GluonASTSource(_attention_ws._attention_ws_kernel, signature, constexprs=constexprs,

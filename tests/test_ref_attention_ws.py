@@ -38,18 +38,24 @@ def test_the_plan_fits_every_described_devices_shared_memory_or_is_none(name, he
 
 @pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
 @pytest.mark.parametrize("per_sm", [1, 2, 3])
-def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_share(name, per_sm):
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_share(name, per_sm, consumers):
     device = _device.DESCRIPTIONS[name]
-    launch_regs, consumer_regs = _attention_ws.regs(per_sm, device)
+    plan = _attention_ws.WsPlan(64, 3, per_sm, consumers)
+    launch_regs, consumer_regs = _attention_ws.regs(plan, device)
+    threads = 32 * _attention_ws.warps(plan)
+    assert threads == 128 * (consumers + 1)  # a warpgroup a consumer, and the loader's
     assert launch_regs % 8 == 0 and consumer_regs % 8 == 0  # setmaxnreg's and the allocator's steps
-    assert per_sm * launch_regs * 32 * 12 <= device.regs_per_sm  # the programs an SM reside at once
-    assert 256 * consumer_regs + 128 * _attention_ws.LOADER_REGS <= 32 * 12 * launch_regs  # the split fits the launch's
-    assert consumer_regs <= 255 and consumer_regs >= _attention_ws.LOADER_REGS
+    assert per_sm * launch_regs * threads <= device.regs_per_sm  # the programs an SM reside at once
+    assert 128 * (consumers * consumer_regs + _attention_ws.LOADER_REGS) <= threads * launch_regs  # the split fits
+    assert _attention_ws.LOADER_REGS <= consumer_regs <= 255
 
 
 def test_the_register_split_of_one_program_an_sm90_sm_is_its_whole_file():
-    assert _attention_ws.regs(1, _device.DESCRIPTIONS["H100"]) == (168, 240)  # 12 warps: 64512 of 65536 registers
-    assert _attention_ws.regs(2, _device.DESCRIPTIONS["H100"]) == (80, 104)
+    h100, plan = _device.DESCRIPTIONS["H100"], _attention_ws.WsPlan(128, 3)
+    assert _attention_ws.regs(plan, h100) == (168, 240)  # 12 warps: 64512 of 65536 registers
+    assert _attention_ws.regs(plan._replace(per_sm=2), h100) == (80, 104)
+    assert _attention_ws.regs(plan._replace(consumers=3), h100) == (128, 160)  # 16 warps
 
 
 def test_a_plan_of_more_programs_an_sm_fits_only_where_the_sm_holds_their_rings():
@@ -141,6 +147,7 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
         (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory a program, more than"),  # 288 KB
         (dict(ws_plan=_attention_ws.WsPlan(128, 3, 2)), "an SM holds for its programs"),  # 2 x 230 KB
         (dict(ws_plan=_attention_ws.WsPlan(128, 2, 0)), "a program an SM at least"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 2, 1, 4)), "two or three consumers"),
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -168,7 +175,8 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
 
 SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
               for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d64:128x64:p2",
-                                                  "ws:fp16:d64:128x64:s4:p2:causal"]
+                                                  "ws:fp16:d64:128x64:s4:p2:causal", "ws:bf16:d64:c3",
+                                                  "ws:bf16:d64:c3:192x64:causal"]
 # Stack a thread its compiles are known to take: two programs an SM leave a consumer 104 registers (regs), and d 64's
 # 64-key blocks spill a few words there (Triton 3.9: 16 bytes, 3.6: 32)
 KNOWN_STACK = {"ws:bf16:d64:128x64:p2": 32, "ws:fp16:d64:128x64:s4:p2:causal": 32}
@@ -183,12 +191,12 @@ def compiled_for_sm90():
 def test_the_kernel_compiles_for_sm90_into_wgmma_tma_and_setmaxnreg_without_spills(compiled_for_sm90, case):
     sm90 = _device.DESCRIPTIONS["H100"]
     result = compiled_for_sm90[case]
-    assert result["warps"] == 12, result  # two consumer warpgroups and the loader's (1 warp used)
+    plan = _attention_ws.WsPlan(*result["plan"])
+    assert result["warps"] == _attention_ws.warps(plan), result  # a warpgroup a consumer and the loader's (1 warp used)
     assert result["shared"] <= result["smem_bytes"] <= sm90.smem_per_block, result
     if result["registers"] is None:  # no cuobjdump / nvdisasm in this Triton build: the compile is all there is
         return
-    per_sm = result["plan"][2]
-    launch_regs, consumer_regs = _attention_ws.regs(per_sm, sm90)
+    launch_regs, consumer_regs = _attention_ws.regs(plan, sm90)
     assert result["registers"] == launch_regs, result  # the plan's programs an SM reside at once
     assert result["stack"] <= KNOWN_STACK.get(case, 0) and not result["local"], result
     assert (result["stl"] == 0) == (case not in KNOWN_STACK), result
@@ -206,7 +214,9 @@ def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
     case = script.parse("ws:fp16:d64:128x64:s2:causal")
     assert case["plan"] == _attention_ws.WsPlan(64, 2) and case["causal"] and case["kind"] == "ws"
     assert script.parse("ws:bf16:d64:128x64:p2")["plan"] == _attention_ws.WsPlan(64, 3, 2)
-    for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder"):
+    assert script.parse("ws:bf16:d64:c3:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 1, 3)
+    for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder", "ws:bf16:d64:c4",
+                "ws:bf16:d64:c3:128x64"):
         with pytest.raises(SystemExit):
             script.parse(bad)
 
@@ -232,7 +242,8 @@ def _sdpa_check(q, k, v, causal, got):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2),
-                                     _attention_ws.WsPlan(64, 3, 2)], ids=["default", "64x3", "128x2", "64x3x2"])
+                                     _attention_ws.WsPlan(64, 3, 2), _attention_ws.WsPlan(128, 3, 1, 3)],
+                         ids=["default", "64x3", "128x2", "64x3x2", "c3"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape, dtype", [((2, 3, 1, 128), torch.bfloat16), ((2, 3, 65, 64), torch.float16),
                                           ((2, 3, 1000, 128), torch.bfloat16), ((1, 4, 4097, 64), torch.bfloat16),
