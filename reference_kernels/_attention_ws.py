@@ -332,5 +332,6 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, ws_plan.consumers * BLOCK_M), batch * heads),
         *descs, heads, seq_len, qk_scale,
         BN=ws_plan.block_n, HEAD_DIM=head_dim, STAGES=ws_plan.stages, CAUSAL=bool(causal),
-        CONSUMERS=ws_plan.consumers, CONSUMER_REGS=consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4, maxnreg=launch_regs,
+        CONSUMERS=ws_plan.consumers, CONSUMER_REGS=consumer_regs, LOADER_REGS=LOADER_REGS, num_warps=4,
+        maxnreg=launch_regs,
     )

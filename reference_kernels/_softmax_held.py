@@ -6,8 +6,9 @@ shared memory with ``cp.async`` (16-byte vectors from the row's aligned-down sta
 held), takes its max and its sum of exponentials in one pass and its output from there: one HBM read
 and one write, and as many programs an SM as shared memory holds rows, each one's loads in flight
 behind the others' arithmetic. A program a row, placed by the GPU's block scheduler wherever an SM
-frees room (a persistent walk left SMs idle at its end: docs/kernels.md, "A program a row"). Written in Gluon (Triton's explicit-layout dialect), which gives
-the kernel its shared memory; Triton's own language does not.
+frees room (a persistent walk left SMs idle at its end: docs/kernels.md, "A program a row").
+Written in Gluon (Triton's explicit-layout dialect), which gives the kernel its shared memory;
+Triton's own language does not.
 
 Rows too wide for two programs an SM (``launch_split``, ``_softmax_held_split_kernel``) are held in slices, a slice a
 program, whose programs exchange their (max, sum) through ``_split_walk``'s counters and ticket order.
@@ -155,8 +156,8 @@ if gluon is not None:
         program (the grid: a program a slice), held in shared memory as ``_softmax_held_kernel`` holds a row. A
         program's tile is a ticket it takes as it starts, so tiles go out in the order programs start. A slice's (max,
         sum) goes out to ``part``; the program arrives at its row's counter, waits for the row's other slices
-        (``_split_walk``'s release add and acquire spin), merges the row's pairs and writes its output. Slices start at multiples of VEC columns, so every slice of a row has the row's
-        phase and its own partial edge vectors."""
+        (``_split_walk``'s release add and acquire spin), merges the row's pairs and writes its output. Slices start
+        at multiples of VEC columns, so every slice of a row has the row's phase and its own partial edge vectors."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         vec_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32, 1], [num_warps, 1], [1, 0])
