@@ -82,12 +82,11 @@ if gluon is not None:
                 nxt = row + n_progs  # SCHED 2: the grid covers the rows, so there is no next row
             nabase, nshift = row_start(gl.minimum(nxt, n_rows - 1), n_cols, VEC)
             n_vecs = gl.where(nxt < n_rows, gl.cdiv(n_cols + nshift, VEC), 0)
-            if PASS == 2:
+            if PASS == 2:  # the held softmax's own passes; its output pass below, as _softmax_held._tile_output's
                 ecol, emask, ev = _softmax_held._tile_edges(x_ptr, abase, shift, end, eidx, VEC)
                 c, total = _softmax_held._tile_max_sum(buf, idx, shift, end, layout, vec_layout, BLOCK, NSEG, VEC,
                                                        WIDEN)
-                _softmax_held._tile_output(buf, x_ptr, y_ptr, abase, shift, end, c, 1.0 / total, ecol, emask, ev,
-                                           nabase, n_vecs, idx, layout, BLOCK, NSEG, VEC, WIDEN, NEXT)
+                scale = 1.0 / total
             else:
                 ecol, emask = edge_columns(eidx, shift, end, VEC)
                 ev = gl.load(x_ptr + abase + ecol, mask=emask, other=0.0)
@@ -102,18 +101,25 @@ if gluon is not None:
                         v2 = gl.convert_layout(gl.reshape(v, [BLOCK // VEC, VEC]), vec_layout)
                         m = gl.maximum(m, gl.max(v2, axis=1))
                     scale = 1.0 / (gl.abs(gl.max(m, axis=0)) + 1.0)
-                first_v = gl.cdiv(shift, VEC)
-                last_v = end // VEC
-                for u in range(NSEG):
-                    col = u * BLOCK + idx
-                    vi = col // VEC
-                    if PASS == 0:
-                        y = buf.index(u).load(layout)
-                    else:
-                        y = (widen(buf.index(u).load(layout), WIDEN) * scale).to(y_ptr.dtype.element_ty)
-                    gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
-                    if NEXT:
-                        copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+            first_v = gl.cdiv(shift, VEC)
+            last_v = end // VEC
+            for u in range(NSEG):
+                col = u * BLOCK + idx
+                vi = col // VEC
+                if PASS == 0:
+                    y = buf.index(u).load(layout)
+                elif PASS == 1:
+                    y = (widen(buf.index(u).load(layout), WIDEN) * scale).to(y_ptr.dtype.element_ty)
+                else:
+                    v = widen(buf.index(u).load(layout), WIDEN)
+                    y = (_softmax_held._exp_from(v, c) * scale).to(y_ptr.dtype.element_ty)
+                gl.store(y_ptr + abase + col, y, mask=(vi >= first_v) & (vi < last_v))
+                if NEXT:
+                    copy_segment(buf, x_ptr, nabase, u, n_vecs, idx, BLOCK, VEC)
+            if PASS == 2:
+                gl.store(y_ptr + abase + ecol, (_softmax_held._exp_from(ev, c) * scale).to(y_ptr.dtype.element_ty),
+                         mask=emask)
+            else:
                 gl.store(y_ptr + abase + ecol, (ev.to(gl.float32) * scale).to(y_ptr.dtype.element_ty), mask=emask)
             abase = nabase
             shift = nshift
