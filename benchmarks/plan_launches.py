@@ -8,7 +8,7 @@ An A/B on the GPU (``sweep.py --set``) times the widths a setting reaches; this 
 prints the widths whose launches differ between the default planning and the planning under ``--set`` (the same
 settings as ``sweep.py``'s), or between a planning ``--save``d before a code change and the code's now (``--against``):
 
-    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --set "layer_norm.tuning.fwd_params_first_min_cols=None"
+    PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --set "layer_norm.tuning.fwd_params_first=None"
     PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --device A100 --set layer_norm._SLIVER=1 --widths 1000,2064
     PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --subject softmax --save /tmp/before.json   # then change code
     PYTHONPATH=$PWD python3 benchmarks/plan_launches.py --subject softmax --against /tmp/before.json

@@ -73,19 +73,15 @@ class _Plan(NamedTuple):
 
 # forward, whole rows ("The rows kernel", as softmax's): rows up to MAX_ROW held whole, ROWS_TILE elements a program
 # (_common), ragged rows as softmax's (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECES_MIN_COLS: _ragged)
-# fp32 aligned rows load weight and bias before x (``_params_first``: blocks filled to a share of their lanes;
-# "fp32 aligned rows against Liger's shape")
-_FWD_PARAMS_FIRST_LANE_USE = 0.7
-_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK = 4096
-_FWD_PARAMS_FIRST_WIDE_LANE_USE = 0.875
+# fp32 aligned rows load weight and bias before x where the Tuning's rule says (``_params_first``; "fp32 aligned rows
+# against Liger's shape")
 # forward rows held or streamed by _layer_norm_held ("One pass for the statistics", "Rows streamed past the held
 # weight", "Rows under 1025"): where and on which programs are the Tuning's choices (sm_90 only)
 # aligned 16-bit rows whose power-of-two tile masks lanes take twice ROWS_TILE elements a program, twice the rows
 # ("Aligned 16-bit rows"; packed ones of a multiple of _PACKED_ROWS_MULTIPLE too: ``_forward_rows_tile``)
-# rows past MAX_ROW ("The split walk"): _WIDE_ROWS_PLAN ("auto": fp32 "split" with slices held in registers,
-# 16-bit "looped"; ``wide=`` names another)
+# rows past MAX_ROW ("The split walk"): fp32 "split" with slices held in registers, 16-bit "looped" (``wide=`` names
+# one of _WIDE_PLANS: "auto" is that rule)
 _CHUNK = 4096  # looped steps
-_WIDE_ROWS_PLAN = "auto"
 _WIDE_PLANS = ("auto", "split", "looped")
 _SPLIT_HOLD_MIN_ELEM_SIZE = 4  # slices held in registers: fp32 only
 # held slices: one SPLIT_CHUNK_BYTES step at least, wider for wider rows (up to MAX_SPLIT_GROUP a row), while a
@@ -121,8 +117,7 @@ _ROW_PIECES = 3
 _SLIVER_MAX_SINGLE = {2: 4096, 4: 8192}
 _SLIVER = 128
 # aligned 16-bit rows in two JOINT pieces (aligned_pieces_16bit, "Aligned 16-bit rows"): a second piece of
-# _ALIGNED_PIECE_MIN_LANES or more, capped for RESIDENT_WARPS
-_ALIGNED_PIECE_MIN_LANES = 1024
+# aligned_pieces_min_lanes or more, capped for RESIDENT_WARPS
 # the forward rows plan on aligned vectors: fp32 rows, _PHASED_ROWS_ELEMS elements a thread (the phased backward's
 # threads hold as many: half of x, half of dy)
 _PHASED_MIN_ELEM_SIZE = 4
@@ -142,16 +137,15 @@ _PHASED_BWD_PIECES = 2
 _PHASED_BWD_TAIL_WORDS_MAX = 4096
 # 16-bit aligned rows in two pieces (the second at least 16 lanes: the rows are), the register cap
 # by its lanes; three pieces, a one-lane third piece loaded a row ahead (AHEAD), first pieces unmasked (FULL), pieces
-# merged into one reduction (MERGE): _phased_ahead, _full_first, _merge_pieces
-_PHASED_BWD_ALIGNED_PIECE_MAX_REGS = ((1024, 64), (3072, 128))  # (the later pieces' lanes up to, register cap)
+# merged into one reduction (MERGE): _phased_ahead, _full_first, _merge_pieces; the cap: the Tuning's
+# phased_bwd_aligned_piece_max_regs
 
 # backward, rows laid flat ("Rows laid flat"): windows of whole rows in a tile of _FLAT_BWD_TILE lanes (16-bit: one
 # 16-byte vector a thread on RESIDENT_WARPS warps) or half of it (two programs an SM), cut in _FLAT_BWD_SEGMENT-lane
-# segments, where the tile holds _FLAT_BWD_MIN_GAIN more of its lanes in use than the plan it replaces
+# segments, where the tile holds the Tuning's flat_bwd_min_gain more of its lanes in use than the plan it replaces
 _FLAT_BWD_TILE = 32 * RESIDENT_WARPS * VECTOR_BYTES // 2
 _FLAT_BWD_SEGMENT = 256
 _FLAT_BWD_MAX_SEGMENTS = 64  # segments a tile at most (the row sums add segments through an (S, S) mask)
-_FLAT_BWD_MIN_GAIN = 0.05
 
 # backward, the lean kernel: one 16-byte vector a thread, whole rows up to the rows plan's tile (_BWD_ROWS_TILE), else
 # _BWD_CHUNK chunks; the register cap for RESIDENT_WARPS, but 16-bit chunks, which spill there: _LEAN_CHUNKS_16BIT_REGS
@@ -189,12 +183,15 @@ class Tuning:
     packed_rows_band: tuple | None = None  # packed ragged rows of a multiple of 4 on the rows plan, NARROW
     # forward: the rows kernel's options
     masked_rows_16bit: tuple | None = None  # 16-bit rows that mask lanes take the masked-rows tile
-    aligned_pieces_16bit: tuple | None = None  # 16-bit aligned rows in two JOINT pieces
+    aligned_pieces_16bit: tuple | None = None  # 16-bit aligned rows in two JOINT pieces ...
+    aligned_pieces_min_lanes: int | None = None  # ... where the second has at least these lanes
     aligned_pieces_block_warps_tails: tuple | None = None  # aligned pieces whose tails keep their block's warps
     joint_16bit_min_cols: int | None = None  # JOINT statistics on one tile from here (bf16)
     joint_fp16_min_cols: int | None = None  # ... and fp16
     rows_widen_bands: tuple = ()  # bf16 aligned rows widened by a shift (CUDA)
-    fwd_params_first_min_cols: int | None = None  # fp32 aligned rows load weight and bias first from here
+    # fp32 aligned rows load weight and bias first: (from this width, where they fill this share of their block, of
+    # blocks up to this many lanes, and this share of a wider one)
+    fwd_params_first: tuple | None = None
     # backward: which plan
     held_bwd_bands: tuple = ()  # a band of ragged rows held where the phased plan does not take them
     # ragged and aligned rows on the phased plan from here; by default past the rows plan's widest row, where a row no
@@ -203,11 +200,13 @@ class Tuning:
     phased_bwd_aligned_min_cols: int | None = _BWD_ROWS_TILE + 1  # ...
     phased_bwd_aligned_16bit: tuple | None = None  # ... and 16-bit aligned ones in this band
     phased_bwd_aligned_fp32: tuple | None = None  # ... and fp32 aligned ones in this band
-    flat_bwd_16bit: tuple | None = None  # 16-bit aligned rows laid flat in this band (where their tile fills) ...
+    flat_bwd_16bit: tuple | None = None  # 16-bit aligned rows laid flat in this band ...
+    flat_bwd_min_gain: float | None = None  # ... where their tile uses this share of its lanes more than the other plan
     flat_bwd_also: tuple = ()  # ... and these widths
     # backward: the phased and rows kernels' options
     phased_bwd_aligned_pieces_16bit: tuple = ()  # 16-bit aligned rows in two pieces
-    phased_bwd_aligned_three_pieces_16bit: tuple = ()  # ... in three
+    phased_bwd_aligned_three_pieces_16bit: tuple = ()  # ... in three ...
+    phased_bwd_aligned_piece_max_regs: tuple = ()  # ... capped at (the later pieces' lanes up to, registers) pairs
     phased_bwd_tail_max_regs: int | None = None  # register cap of a tail read as words (Triton 3.6's ptxas)
     bwd_prefetch_16bit_min: int | None = None  # 16-bit rows wider than this prefetch the next row block
 
@@ -250,8 +249,8 @@ def _layer_norm_settings(
     faster, and "measured" elsewhere. ``packed`` (the
     rows lie back to back, strides N): unaligned rows that ``_packed_rows`` names take the rows plan,
     not the phased backward.
-    ``wide`` names the forward plan for rows wider than ``MAX_ROW`` instead of
-    ``_WIDE_ROWS_PLAN``; as in softmax, an explicit "split" is refused under the interpreter.
+    ``wide`` names the forward plan for rows wider than ``MAX_ROW`` (``_WIDE_PLANS``; "auto": fp32 "split", 16-bit
+    "looped"); as in softmax, an explicit "split" is refused under the interpreter.
     """
     if variant is not None and variant not in _BWD_VARIANTS:
         raise ValueError(f"unknown backward variant {variant!r}; expected one of {_BWD_VARIANTS}")
@@ -305,12 +304,12 @@ def _layer_norm_settings(
 
 
 def _wide_forward_plan(n_cols: int, elem_size: int, wide: str | None, max_row: int | None) -> _Plan:
-    """The forward's plan for rows wider than ``MAX_ROW`` (``wide`` or ``_WIDE_ROWS_PLAN``).
+    """The forward's plan for rows wider than ``MAX_ROW`` (``wide``, default "auto").
 
     "looped": one program a row. "split": ``_layer_norm_fwd_split_kernel``, fp32 slices of one step
     held in registers (32 elements a thread, a few programs an SM) while they fit, else 16 KB steps.
     """
-    plan = wide or _WIDE_ROWS_PLAN
+    plan = wide or "auto"
     if plan not in _WIDE_PLANS:
         raise ValueError(f"unknown wide-row plan {plan!r}; choose one of {_WIDE_PLANS}")
     if plan == "auto":
@@ -447,7 +446,8 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     ``_PHASED_BWD_ELEMS`` elements of x and dy a thread (up to 32 warps), capped at 64 registers
     (no spills in an sm_90 compile), as many programs as fill ``RESIDENT_WARPS``. Aligned 16-bit
     rows in two pieces (``_aligned_16bit_bwd_pieces``): warps for the first piece, the register cap of
-    ``_PHASED_BWD_ALIGNED_PIECE_MAX_REGS`` and the programs an SM that it lets fit."""
+    ``phased_bwd_aligned_piece_max_regs`` (Triton 3.6's ptxas; else the resident cap) and the programs an SM that it
+    lets fit."""
     vec = max(1, 16 // elem_size)
     t = _tuning(device)
     held = _phased_bwd_pieces(n_cols, elem_size, t)
@@ -461,7 +461,8 @@ def _phased_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Devi
     per_sm = max(1, RESIDENT_WARPS // warps)
     max_regs = _resident_regs(device)
     if aligned_pieces:  # the cap for the later pieces' width, and the programs an SM that it lets fit
-        max_regs = next(cap for widest, cap in _PHASED_BWD_ALIGNED_PIECE_MAX_REGS if block_t + block_u <= widest)
+        caps = t.phased_bwd_aligned_piece_max_regs
+        max_regs = next((cap for widest, cap in caps if block_t + block_u <= widest), max_regs)
         per_sm = max(1, min(per_sm, device.regs_per_sm // (warps * 32 * max_regs)))
     elif _tail_in_words(block_n, block_t, n_cols, 1 if n_cols % 16 == 0 else vec) and t.phased_bwd_tail_max_regs:
         # the row's power of two and its tail in words (TAIL): a cap of their own, as the register file allows
@@ -499,7 +500,7 @@ def _flat_shape(n_cols: int) -> tuple[int, int, int, int]:
 
 def _flat_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool:
     """Whether the backward's default plan for aligned rows of ``n_cols`` is "flat": 16-bit rows in
-    ``flat_bwd_16bit``, a multiple of ``_FLAT_BWD_SEGMENT`` columns, whose tile uses ``_FLAT_BWD_MIN_GAIN`` more
+    ``flat_bwd_16bit``, a multiple of ``_FLAT_BWD_SEGMENT`` columns, whose tile uses ``flat_bwd_min_gain`` more
     of its lanes than the plan it replaces (the phased kernel's whole row; its pieces, or the rows plan, as the row's
     power of two), or in ``flat_bwd_also``."""
     t = t or DEFAULT_TUNING
@@ -511,9 +512,11 @@ def _flat_backward(n_cols: int, elem_size: int, t: Tuning | None = None) -> bool
         return False
     if n_cols in t.flat_bwd_also:
         return True
+    if t.flat_bwd_min_gain is None:
+        return False
     held = _phased_bwd_pieces(n_cols, elem_size, t) if _phased_backward(n_cols, elem_size, t) else None
     lanes = held[0] if held and not held[1] else next_power_of_2(n_cols)
-    return r * k / segments >= n_cols / lanes + _FLAT_BWD_MIN_GAIN
+    return r * k / segments >= n_cols / lanes + t.flat_bwd_min_gain
 
 
 def _flat_backward_plan(n_rows: int, n_cols: int, elem_size: int, device: Device) -> _Plan:
@@ -619,11 +622,12 @@ def _row_pieces(n_cols: int, vec: int, max_pieces: int | None = None, packed: bo
 
 def _aligned_16bit_pieces(n_cols: int, t: Tuning | None = None) -> tuple[int, int, int] | None:
     """Two pieces for a 16-bit aligned row in ``aligned_pieces_16bit``, where the second has at least
-    ``_ALIGNED_PIECE_MIN_LANES`` lanes (5120 = 4096 + 1024, 5632 and 6144 = 4096 + 2048), else None."""
-    if not _in((t or DEFAULT_TUNING).aligned_pieces_16bit, n_cols):
+    ``aligned_pieces_min_lanes`` lanes (1024: 5120 = 4096 + 1024, 5632 and 6144 = 4096 + 2048), else None."""
+    t = t or DEFAULT_TUNING
+    if not _in(t.aligned_pieces_16bit, n_cols) or t.aligned_pieces_min_lanes is None:
         return None
     pieces = row_pieces(n_cols, 1, 2, PIECE_SLACK)
-    return pieces if pieces[1] >= _ALIGNED_PIECE_MIN_LANES else None
+    return pieces if pieces[1] >= t.aligned_pieces_min_lanes else None
 
 
 def _forward_launch(x2, weight, bias, y2, mean, rstd, eps: float, plan: _Plan) -> None:
@@ -680,16 +684,14 @@ def _block_warps(pieces: tuple, vec: int, joint: bool, t: Tuning | None = None) 
 
 
 def _params_first(n_cols: int, pieces: tuple, elem_size: int, vec: int, t: Tuning | None = None) -> bool:
-    """Whether a forward rows program loads weight and bias before x (``fwd_params_first_min_cols``): fp32 rows of a
-    multiple of 16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from that width that fill
-    ``_FWD_PARAMS_FIRST_LANE_USE`` of their block, ``_FWD_PARAMS_FIRST_WIDE_LANE_USE`` of one wider than
-    ``_FWD_PARAMS_FIRST_MAX_MASKED_BLOCK`` lanes."""
-    block_n, least = pieces[0], (t or DEFAULT_TUNING).fwd_params_first_min_cols
-    if elem_size < 4 or vec != 1 or n_cols % 16 or pieces[1] or least is None:
+    """Whether a forward rows program loads weight and bias before x (``fwd_params_first``): fp32 rows of a multiple of
+    16 columns on one piece (``pieces`` (BLOCK_N, 0, 0), ``vec`` 1) from the rule's width that fill its share of their
+    block (of a block wider than its lanes, its second share)."""
+    block_n, rule = pieces[0], (t or DEFAULT_TUNING).fwd_params_first
+    if elem_size < 4 or vec != 1 or n_cols % 16 or pieces[1] or rule is None:
         return False
-    wide = block_n > _FWD_PARAMS_FIRST_MAX_MASKED_BLOCK
-    use = _FWD_PARAMS_FIRST_WIDE_LANE_USE if wide else _FWD_PARAMS_FIRST_LANE_USE
-    return n_cols >= least and n_cols >= use * block_n
+    least, use, widest, wide_use = rule
+    return n_cols >= least and n_cols >= (wide_use if block_n > widest else use) * block_n
 
 
 def _forward_rows_tile(n_cols: int, elem_size: int, packed: bool = False, t: Tuning | None = None) -> int:

@@ -203,7 +203,7 @@ def test_plan_launches_lists_the_widths_whose_launches_a_setting_changes_and_onl
     assert {v[0][0] for k, v in before.items() if k[1] == "backward"} >= {"_layer_norm_bwd_flat_kernel"}  # bf16 4096
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_launches.py"
     run = subprocess.run([sys.executable, str(script), "--widths", ",".join(map(str, widths)), "--dtypes",
-                          "float32,bfloat16", "--set", "layer_norm.tuning.fwd_params_first_min_cols=None"],
+                          "float32,bfloat16", "--set", "layer_norm.tuning.fwd_params_first=None"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()[1:]

@@ -441,14 +441,16 @@ def test_the_two_pass_backward_matches_on_the_gpu_too():
     [(None, "split"), ("looped", "looped")],
     ids=["split (the fp32 default)", "looped"],
 )
-def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_mode, monkeypatch):
-    if wide is not None:
-        monkeypatch.setattr(layer_norm, "_WIDE_ROWS_PLAN", wide)
+def test_each_wide_row_forward_plan_matches_torch_on_ragged_rows(wide, expected_mode):
     x, weight, bias = inputs((5, 333), torch.float32)
     x += 100.0  # a large mean against the spread: the shifted sums must not cancel
-    assert layer_norm._layer_norm_settings(5, 333, 4, max_row=64).mode == expected_mode
-    y = layer_norm.fused(x, weight, bias, max_row=64)
+    plan = layer_norm._layer_norm_settings(5, 333, 4, max_row=64, wide=wide)
+    assert plan.mode == expected_mode
+    y, mean, rstd = torch.empty_like(x), torch.empty(5, device=x.device), torch.empty(5, device=x.device)
+    layer_norm._forward_launch(x, weight, bias, y, mean, rstd, 1e-5, plan)
     torch.testing.assert_close(y, F.layer_norm(x, (333,), weight, bias, 1e-5), atol=1e-4, rtol=1e-4)
+    if wide is None:  # the public path plans the same
+        torch.testing.assert_close(layer_norm.fused(x, weight, bias, max_row=64), y, atol=0, rtol=0)
 
 
 # The split forward with one slice a row (the wide-row default, softmax's walk): under the
@@ -1056,8 +1058,7 @@ def test_joint_statistics_match_torch_with_an_outlier_as_the_shift_and_nan_rows(
     # widened again after the reduction, through the NaN-mean dependency the NaN rows take
     tune(monkeypatch, joint_16bit_min_cols=1)
     tune(monkeypatch, joint_fp16_min_cols=1)
-    tune(monkeypatch, aligned_pieces_16bit=(1, 1 << 20))
-    monkeypatch.setattr(layer_norm, "_ALIGNED_PIECE_MIN_LANES", 16)
+    tune(monkeypatch, aligned_pieces_16bit=(1, 1 << 20), aligned_pieces_min_lanes=16)
     assert (layer_norm._aligned_16bit_pieces(n) or (0, 0))[1] == (32 if n == 96 else 0)
     x, weight, bias = inputs((37, n), dtype)  # several rows a program, the last program ragged
     x[3, 0] = 60.0  # the shift far from the row's mean
@@ -1234,8 +1235,7 @@ def test_the_backward_lays_rows_flat_where_its_tile_uses_more_lanes():
 @pytest.mark.parametrize("make", ["sliced", "offset", "transposed"])
 def test_the_backward_on_rows_that_do_not_lie_flat_keeps_its_plan_and_matches_torch(make, monkeypatch):
     _small_flat(monkeypatch)
-    tune(monkeypatch, flat_bwd_16bit=(16, 4096))
-    monkeypatch.setattr(layer_norm, "_FLAT_BWD_MIN_GAIN", -1.0)  # flat wherever the layout allows it
+    tune(monkeypatch, flat_bwd_16bit=(16, 4096), flat_bwd_min_gain=-1.0)  # flat wherever the layout allows it
     _, weight, bias = inputs((9, 48), torch.bfloat16)
     big = (torch.randn(9, 64, device=DEVICE) * 3 + 1).bfloat16()
     x = {"sliced": big[:, :48], "offset": big.view(-1)[1:1 + 9 * 48].view(9, 48),
@@ -1566,7 +1566,7 @@ def test_fp32_aligned_forward_rows_load_weight_and_bias_first_from_2048_on_block
     widths = (1024, 1536, 2000, 2048, 2112, 2368, 2560, 2816, 2880, 3000, 3072, 4096, 5120, 6144, 7168, 7680, 8192)
     assert [n for n in widths if pick(n)] == [2048, 2880, 3072, 4096, 7168, 7680, 8192]
     assert not pick(4096, size=2) and not pick(4096, vec=4) and not pick(5120, pieces=(4096, 1024, 0))
-    tune(monkeypatch, fwd_params_first_min_cols=None)
+    tune(monkeypatch, fwd_params_first=None)
     assert not any(pick(n) for n in widths)
 
 
