@@ -43,6 +43,7 @@ BLOCK_N = 128  # key/value rows a stage: FlashAttention-3's Hopper forward tile 
 STAGES = 3
 LOADER_REGS = 24  # the loader warpgroup's registers a thread (setmaxnreg); the consumers share what is left (regs)
 _BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
+_OTHER_REGS = 32  # a consumer's registers beside its tiles: row statistics, offsets, addresses (consumer_regs)
 _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
@@ -82,11 +83,25 @@ def fits_device(head_dim: int, elt: int, plan: WsPlan, device: _device.Device) -
     return smem <= device.smem_per_block and (plan.per_sm == 1 or plan.per_sm * (smem + 1024) <= device.smem_per_sm)
 
 
+def consumer_regs(head_dim: int, block_n: int) -> int:
+    """Registers a consumer thread needs: its float32 O (BLOCK_M x head_dim) and S (BLOCK_M x block_n) over a
+    warpgroup's 128 threads, P as 16-bit pairs, and ``_OTHER_REGS``. sm_90 compiles agree: d 64 with 128-key stages
+    needs 160 (three consumers' 160 each: no spill, Triton 3.6), d 128 192 (at 160 it spills)."""
+    return (BLOCK_M * head_dim + BLOCK_M * block_n + BLOCK_M * block_n // 2) // 128 + _OTHER_REGS
+
+
 def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
-    """The ring for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages; None where they do
-    not fit its shared memory (``attention`` then runs its Triton kernel)."""
-    ring = WsPlan(BLOCK_N, STAGES)
-    return ring if fits_device(head_dim, elt, ring, device) else None
+    """The launch for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages, one program an SM of
+    the most consumers (three, else two) whose registers (``regs``) hold what a consumer needs (``consumer_regs``) and
+    whose ring fits its shared memory; None where none fits (``attention`` then runs its Triton kernel). More
+    consumers share each k/v block among more query rows (H100, d 64: 1.05-1.12x two consumers' TFLOPS without the
+    causal mask, 0.95-1.01x with it; docs/kernels.md, "attention")."""
+    need = consumer_regs(head_dim, BLOCK_N)
+    for consumers in (3, 2):
+        ring = WsPlan(BLOCK_N, STAGES, 1, consumers)
+        if regs(ring, device)[1] >= need and fits_device(head_dim, elt, ring, device):
+            return ring
+    return None
 
 
 def launch_metadata(grid, kernel, args):

@@ -72,11 +72,14 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
         raise SystemExit(f"{case!r}: the warp-specialised kernel takes 16-bit tensors only")
     plan = _attention_ws.plan(head_dim, 2, _device.DESCRIPTIONS["H100"])
     causal = False
+    for part in parts:  # the consumers first: the tile's rows are theirs
+        if re.fullmatch(r"c[23]", part):
+            plan = plan._replace(consumers=int(part[1:]))
     for part in parts:
         if part == "causal":
             causal = True
         elif re.fullmatch(r"c[23]", part):
-            plan = plan._replace(consumers=int(part[1:]))
+            continue
         elif re.fullmatch(r"\d+x\d+", part) and int(part.split("x")[0]) == plan.consumers * _attention_ws.BLOCK_M:
             plan = plan._replace(block_n=int(part.split("x")[1]))
         elif re.fullmatch(r"s\d+", part):
@@ -84,8 +87,8 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
         elif re.fullmatch(r"p\d+", part):
             plan = plan._replace(per_sm=int(part[1:]))
         else:
-            raise SystemExit(f"{case!r}: unknown part {part!r} (cCONSUMERS before a tile of CONSUMERS x"
-                             f" {_attention_ws.BLOCK_M} rows, ROWSxBN, sSTAGES, pPROGRAMS_AN_SM or causal)")
+            raise SystemExit(f"{case!r}: unknown part {part!r} (cCONSUMERS, a tile of CONSUMERS x"
+                             f" {_attention_ws.BLOCK_M} rows ROWSxBN, sSTAGES, pPROGRAMS_AN_SM or causal)")
     return {"kind": "ws", "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
 
 

@@ -27,13 +27,25 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpr
 
 @pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_plan_fits_every_described_devices_shared_memory_or_is_none(name, head_dim):
+def test_the_plan_fits_every_described_devices_resources_or_is_none(name, head_dim):
     device = _device.DESCRIPTIONS[name]
     plan = _attention_ws.plan(head_dim, 2, device)
-    need = _attention_ws.smem_bytes(head_dim, 2, _attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES))
-    assert (plan is None) == (need > device.smem_per_block)
-    if name in ("H100", "H200"):  # the GPUs it runs on take it at both head dims
-        assert plan == _attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES)
+    need = _attention_ws.consumer_regs(head_dim, _attention_ws.BLOCK_N)
+    candidates = [_attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, 1, c) for c in (3, 2)]
+    fitting = [p for p in candidates
+               if _attention_ws.fits_device(head_dim, 2, p, device) and _attention_ws.regs(p, device)[1] >= need]
+    assert plan == (fitting[0] if fitting else None)  # the most consumers that fit
+    if plan is not None:
+        launch_regs, consumer = _attention_ws.regs(plan, device)
+        assert launch_regs * 32 * _attention_ws.warps(plan) <= device.regs_per_sm and consumer >= need
+    if name in ("H100", "H200"):  # the GPUs it runs on: three consumers at d 64, two at d 128 (192 registers)
+        assert plan is not None and plan.consumers == (3 if head_dim == 64 else 2)
+
+
+def test_a_consumers_registers_are_its_tiles_and_the_rest():
+    assert _attention_ws.consumer_regs(64, 128) == 160  # three consumers' share, 160: no spill (Triton 3.6)
+    assert _attention_ws.consumer_regs(128, 128) == 192  # past three consumers' 160 (it spills there)
+    assert _attention_ws.consumer_regs(64, 64) == 112
 
 
 @pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
@@ -174,12 +186,13 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
 # --------------------------------------------------------------------------- sm_90 compiles (no GPU)
 
 SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
-              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d64:128x64:p2",
-                                                  "ws:fp16:d64:128x64:s4:p2:causal", "ws:bf16:d64:c3",
+              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d64:c2:128x64:p2",
+                                                  "ws:fp16:d64:c2:128x64:s4:p2:causal", "ws:bf16:d64:c2",
                                                   "ws:bf16:d64:c3:192x64:causal"]
 # Stack a thread its compiles are known to take: two programs an SM leave a consumer 104 registers (regs), and d 64's
-# 64-key blocks spill a few words there (Triton 3.9: 16 bytes, 3.6: 32)
-KNOWN_STACK = {"ws:bf16:d64:128x64:p2": 32, "ws:fp16:d64:128x64:s4:p2:causal": 32}
+# 64-key blocks spill a few words there (Triton 3.9: 16 bytes, 3.6: 32); Triton 3.9 spills 24 bytes in d 64's causal
+# default (three consumers at 160 registers, its need: consumer_regs), 3.6 none
+KNOWN_STACK = {"ws:bf16:d64:c2:128x64:p2": 32, "ws:fp16:d64:c2:128x64:s4:p2:causal": 32, "ws:bf16:d64:causal": 24}
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +212,7 @@ def test_the_kernel_compiles_for_sm90_into_wgmma_tma_and_setmaxnreg_without_spil
     launch_regs, consumer_regs = _attention_ws.regs(plan, sm90)
     assert result["registers"] == launch_regs, result  # the plan's programs an SM reside at once
     assert result["stack"] <= KNOWN_STACK.get(case, 0) and not result["local"], result
-    assert (result["stl"] == 0) == (case not in KNOWN_STACK), result
+    assert result["stl"] == 0 or case in KNOWN_STACK, result
     assert result["hgmma"] > 0 and result["utmaldg"] > 0 and result["utmastg"] > 0 and result["ldgsts"] == 0, result
     assert consumer_regs in result["setmaxnreg"]["alloc"], result
     assert _attention_ws.LOADER_REGS in result["setmaxnreg"]["dealloc"], result
@@ -211,12 +224,12 @@ def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
     spec.loader.exec_module(script)
     case = script.parse("ws:bf16:d128")
     assert case["plan"] == _attention_ws.plan(128, 2, _device.DESCRIPTIONS["H100"]) and not case["causal"]
-    case = script.parse("ws:fp16:d64:128x64:s2:causal")
+    case = script.parse("ws:fp16:d128:128x64:s2:causal")
     assert case["plan"] == _attention_ws.WsPlan(64, 2) and case["causal"] and case["kind"] == "ws"
-    assert script.parse("ws:bf16:d64:128x64:p2")["plan"] == _attention_ws.WsPlan(64, 3, 2)
-    assert script.parse("ws:bf16:d64:c3:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 1, 3)
+    assert script.parse("ws:bf16:d64:128x64:c2:p2")["plan"] == _attention_ws.WsPlan(64, 3, 2)  # any order
+    assert script.parse("ws:bf16:d64:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 1, 3)  # d 64's three consumers
     for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder", "ws:bf16:d64:c4",
-                "ws:bf16:d64:c3:128x64"):
+                "ws:bf16:d64:128x64"):
         with pytest.raises(SystemExit):
             script.parse(bad)
 
