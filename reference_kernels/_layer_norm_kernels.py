@@ -339,8 +339,10 @@ def _layer_norm_fwd_looped_kernel(
 
     The first pass sums ``x - x[0]`` and its square per lane (the shift keeps the
     variance from cancelling when the mean is large against the spread); the second
-    re-reads the row, which the first has just brought into L2 (a smaller grid, bounding the
-    rows in flight, measured no better at 65536; docs/kernels.md, "layer_norm: forward").
+    re-reads the row, which the first has just brought into L2: the first pass's loads ask L2 to
+    keep the row (evict_last), the second's to drop it (evict_first), so that rows read once do
+    not push out rows still to be read twice (a smaller grid, bounding the rows in flight,
+    measured no better at 65536; docs/kernels.md, "layer_norm: forward").
     """
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -352,7 +354,8 @@ def _layer_norm_fwd_looped_kernel(
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
         offs = start + cols
         mask = offs < n_cols
-        d = tl.where(mask, tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift, 0.0)
+        x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_last")
+        d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
         s1 += d
         s2 += d * d
     mean_d = tl.sum(s1, axis=0) / n_cols
@@ -365,9 +368,9 @@ def _layer_norm_fwd_looped_kernel(
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=1):
         offs = start + cols
         mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         y = (x - mean) * rstd * w + b
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
