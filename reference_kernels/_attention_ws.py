@@ -16,8 +16,8 @@ of one (batch, head) and has a partition a consumer and the loader's (``gl.warp_
 The descriptors are (B, H, N, D) with blocks (1, 1, rows, D), as ``attention``'s TMA plan has them: rows past N load
 as zeros (masked as keys) and are never stored, so ragged N and any 16-byte-aligned strides need no mask a thread.
 Causal programs stop at their diagonal and are launched heaviest first. The register split is ``_gemm_ws``'s
-(``setmaxnreg``): the warps launch at the register file's share of the programs an SM (``regs``), the loader keeps 24
-and the consumers take the rest: 12 warps at 168, consumers at 240, for one program of two consumers an SM.
+(``setmaxnreg``): the warps launch sharing the register file of the SM (one program an SM: ``regs``), the loader keeps
+24 and the consumers take the rest: two consumers' 12 warps launch at 168 and their consumers take 240.
 
 Like ``_gemm_ws`` every Gluon import is guarded, and ``available()`` is False where it failed, under the
 interpreter, and off a GPU of compute capability 9.x. docs/kernels.md, "attention".
@@ -48,12 +48,11 @@ _MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 class WsPlan(NamedTuple):
-    """A launch of this kernel: key/value rows a stage, stages in the ring, programs an SM, consumer warpgroups a
-    program (each ``BLOCK_M`` query rows: 2 or 3)."""
+    """A launch of this kernel, one program an SM: key/value rows a stage, stages in the ring, consumer warpgroups a
+    program (each ``BLOCK_M`` query rows: 2 or 3). Two programs an SM lost (docs/kernels.md, "Variants removed")."""
 
     block_n: int
     stages: int
-    per_sm: int = 1
     consumers: int = 2
 
 
@@ -68,19 +67,17 @@ def smem_bytes(head_dim: int, elt: int, plan: WsPlan) -> int:
 
 
 def regs(plan: WsPlan, device: _device.Device) -> tuple[int, int]:
-    """(registers a thread at launch, a consumer's after ``setmaxnreg``) for ``plan``'s programs an SM: the register
-    file split between the programs' threads (in steps of 8), the loader's LOADER_REGS off it, the rest the
-    consumers'. One program of two consumers an SM on sm_90: (168, 240)."""
+    """(registers a thread at launch, a consumer's after ``setmaxnreg``) for ``plan``'s program: the register file
+    split between its threads (in steps of 8), the loader's LOADER_REGS off it, the rest the consumers'. Two
+    consumers on sm_90: (168, 240)."""
     w = warps(plan)
-    launch_regs = device.regs_per_sm // (plan.per_sm * w * 32) // 8 * 8
+    launch_regs = device.regs_per_sm // (w * 32) // 8 * 8
     return launch_regs, (launch_regs * w - 4 * LOADER_REGS) // (4 * plan.consumers) // 8 * 8
 
 
 def fits_device(head_dim: int, elt: int, plan: WsPlan, device: _device.Device) -> bool:
-    """Whether ``plan``'s programs an SM fit ``device``'s shared memory: each one's within a block's, and more than
-    one together within an SM's (1 KiB reserved a block). Their registers always fit (``regs``)."""
-    smem = smem_bytes(head_dim, elt, plan)
-    return smem <= device.smem_per_block and (plan.per_sm == 1 or plan.per_sm * (smem + 1024) <= device.smem_per_sm)
+    """Whether ``plan``'s program fits ``device``'s shared memory a block. Its registers always fit (``regs``)."""
+    return smem_bytes(head_dim, elt, plan) <= device.smem_per_block
 
 
 def consumer_regs(head_dim: int, block_n: int) -> int:
@@ -98,7 +95,7 @@ def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
     causal mask, 0.95-1.01x with it; docs/kernels.md, "attention")."""
     need = consumer_regs(head_dim, BLOCK_N)
     for consumers in (3, 2):
-        ring = WsPlan(BLOCK_N, STAGES, 1, consumers)
+        ring = WsPlan(BLOCK_N, STAGES, consumers)
         if regs(ring, device)[1] >= need and fits_device(head_dim, elt, ring, device):
             return ring
     return None
@@ -333,15 +330,12 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     batch, heads, seq_len, head_dim = q.shape
     device = _device.of(q.device)
     ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
-    if (ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.per_sm < 1
-            or ws_plan.consumers not in (2, 3)):
+    if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.consumers not in (2, 3):
         raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least two stages (a consumer "
-                         "holds a block's stage while the next one loads), a program an SM at least, two or three "
-                         "consumers")
+                         "holds a block's stage while the next one loads), two or three consumers")
     if not fits_device(head_dim, q.element_size(), ws_plan, device):
         raise ValueError(f"_attention_ws.launch: plan {ws_plan} takes {smem_bytes(head_dim, q.element_size(), ws_plan)}"
-                         f" bytes of shared memory a program, more than {device.smem_per_block} a block or"
-                         f" {device.smem_per_sm} an SM holds for its programs")
+                         f" bytes of shared memory, more than {device.smem_per_block}")
     launch_regs, consumer_regs = regs(ws_plan, device)
     descs = descriptors(q, k, v, out, ws_plan.block_n)
     return launch_kernel(_attention_ws_kernel, (cdiv(seq_len, ws_plan.consumers * BLOCK_M), batch * heads),

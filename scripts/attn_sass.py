@@ -7,9 +7,9 @@ any machine, GPU or not, and say what came out.
 A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr``, ``tma`` or ``ws``; DTYPE bf16,
 fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan
 for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan`` on an sm_90
-(two consumers of 64 rows; ``:128xBN``, ``:sSTAGES``, ``:pK`` programs an SM and ``:cK`` consumers vary). The compile is
-the one a launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence
-length 16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
+(``plan``'s consumers of 64 rows; ``:cK`` consumers, ``:ROWSxBN`` and ``:sSTAGES`` vary). The compile is the one a
+launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence length
+16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
 
 Per case: the plan, registers, stack and local memory (cuobjdump), shared memory, the SASS's HGMMAs, TMA loads
 (UTMALDG), ``cp.async`` copies (LDGSTS), local stores and loads (STL, LDL: spills) and its instruction count. Like
@@ -84,11 +84,9 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
             plan = plan._replace(block_n=int(part.split("x")[1]))
         elif re.fullmatch(r"s\d+", part):
             plan = plan._replace(stages=int(part[1:]))
-        elif re.fullmatch(r"p\d+", part):
-            plan = plan._replace(per_sm=int(part[1:]))
         else:
             raise SystemExit(f"{case!r}: unknown part {part!r} (cCONSUMERS, a tile of CONSUMERS x"
-                             f" {_attention_ws.BLOCK_M} rows ROWSxBN, sSTAGES, pPROGRAMS_AN_SM or causal)")
+                             f" {_attention_ws.BLOCK_M} rows ROWSxBN, sSTAGES, or causal)")
     return {"kind": "ws", "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
 
 

@@ -31,7 +31,7 @@ def test_the_plan_fits_every_described_devices_resources_or_is_none(name, head_d
     device = _device.DESCRIPTIONS[name]
     plan = _attention_ws.plan(head_dim, 2, device)
     need = _attention_ws.consumer_regs(head_dim, _attention_ws.BLOCK_N)
-    candidates = [_attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, 1, c) for c in (3, 2)]
+    candidates = [_attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, c) for c in (3, 2)]
     fitting = [p for p in candidates
                if _attention_ws.fits_device(head_dim, 2, p, device) and _attention_ws.regs(p, device)[1] >= need]
     assert plan == (fitting[0] if fitting else None)  # the most consumers that fit
@@ -49,16 +49,15 @@ def test_a_consumers_registers_are_its_tiles_and_the_rest():
 
 
 @pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
-@pytest.mark.parametrize("per_sm", [1, 2, 3])
 @pytest.mark.parametrize("consumers", [2, 3])
-def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_share(name, per_sm, consumers):
+def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_share(name, consumers):
     device = _device.DESCRIPTIONS[name]
-    plan = _attention_ws.WsPlan(64, 3, per_sm, consumers)
+    plan = _attention_ws.WsPlan(64, 3, consumers)
     launch_regs, consumer_regs = _attention_ws.regs(plan, device)
     threads = 32 * _attention_ws.warps(plan)
     assert threads == 128 * (consumers + 1)  # a warpgroup a consumer, and the loader's
     assert launch_regs % 8 == 0 and consumer_regs % 8 == 0  # setmaxnreg's and the allocator's steps
-    assert per_sm * launch_regs * threads <= device.regs_per_sm  # the programs an SM reside at once
+    assert launch_regs * threads <= device.regs_per_sm  # the program resides
     assert 128 * (consumers * consumer_regs + _attention_ws.LOADER_REGS) <= threads * launch_regs  # the split fits
     assert _attention_ws.LOADER_REGS <= consumer_regs <= 255
 
@@ -66,17 +65,7 @@ def test_the_register_split_fits_the_register_file_and_leaves_the_loader_its_sha
 def test_the_register_split_of_one_program_an_sm90_sm_is_its_whole_file():
     h100, plan = _device.DESCRIPTIONS["H100"], _attention_ws.WsPlan(128, 3)
     assert _attention_ws.regs(plan, h100) == (168, 240)  # 12 warps: 64512 of 65536 registers
-    assert _attention_ws.regs(plan._replace(per_sm=2), h100) == (80, 104)
     assert _attention_ws.regs(plan._replace(consumers=3), h100) == (128, 160)  # 16 warps
-
-
-def test_a_plan_of_more_programs_an_sm_fits_only_where_the_sm_holds_their_rings():
-    h100 = _device.DESCRIPTIONS["H100"]
-    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(64, 3, 2), h100)  # 2 x 66 KB
-    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 3, 1), h100)
-    assert _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 3, 2), h100)  # 2 x 113 KB: the whole SM
-    assert not _attention_ws.fits_device(64, 2, _attention_ws.WsPlan(128, 4, 2), h100)  # 2 x 145 KB
-    assert not _attention_ws.fits_device(128, 2, _attention_ws.WsPlan(128, 4, 1), h100)  # 288 KB a program
 
 
 def test_no_plan_where_the_ring_does_not_fit():
@@ -156,10 +145,8 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
         (dict(qk_scale=-1.0), "qk_scale must be positive"),
         (dict(ws_plan=_attention_ws.WsPlan(96, 2)), "block_n 64 or 128"),
         (dict(ws_plan=_attention_ws.WsPlan(128, 1)), "at least two stages"),  # the consumers would wait forever
-        (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory a program, more than"),  # 288 KB
-        (dict(ws_plan=_attention_ws.WsPlan(128, 3, 2)), "an SM holds for its programs"),  # 2 x 230 KB
-        (dict(ws_plan=_attention_ws.WsPlan(128, 2, 0)), "a program an SM at least"),
-        (dict(ws_plan=_attention_ws.WsPlan(128, 2, 1, 4)), "two or three consumers"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory, more than"),  # 288 KB at head_dim 128
+        (dict(ws_plan=_attention_ws.WsPlan(128, 2, 4)), "two or three consumers"),
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -186,13 +173,11 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
 # --------------------------------------------------------------------------- sm_90 compiles (no GPU)
 
 SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
-              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:bf16:d64:c2:128x64:p2",
-                                                  "ws:fp16:d64:c2:128x64:s4:p2:causal", "ws:bf16:d64:c2",
-                                                  "ws:bf16:d64:c3:192x64:causal"]
-# Stack a thread its compiles are known to take: two programs an SM leave a consumer 104 registers (regs), and d 64's
-# 64-key blocks spill a few words there (Triton 3.9: 16 bytes, 3.6: 32); Triton 3.9 spills 24 bytes in d 64's causal
-# default (three consumers at 160 registers, its need: consumer_regs), 3.6 none
-KNOWN_STACK = {"ws:bf16:d64:c2:128x64:p2": 32, "ws:fp16:d64:c2:128x64:s4:p2:causal": 32, "ws:bf16:d64:causal": 24}
+              for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:fp16:d64:c2:128x64:s4:causal",
+                                                  "ws:bf16:d64:c2", "ws:bf16:d64:c3:192x64:causal"]
+# Stack a thread its compiles are known to take: Triton 3.9 spills 24 bytes in d 64's causal default (three consumers
+# at 160 registers, its need: consumer_regs), Triton 3.6 none
+KNOWN_STACK = {"ws:bf16:d64:causal": 24}
 
 
 @pytest.fixture(scope="module")
@@ -226,10 +211,10 @@ def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
     assert case["plan"] == _attention_ws.plan(128, 2, _device.DESCRIPTIONS["H100"]) and not case["causal"]
     case = script.parse("ws:fp16:d128:128x64:s2:causal")
     assert case["plan"] == _attention_ws.WsPlan(64, 2) and case["causal"] and case["kind"] == "ws"
-    assert script.parse("ws:bf16:d64:128x64:c2:p2")["plan"] == _attention_ws.WsPlan(64, 3, 2)  # any order
-    assert script.parse("ws:bf16:d64:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 1, 3)  # d 64's three consumers
+    assert script.parse("ws:bf16:d64:128x64:c2")["plan"] == _attention_ws.WsPlan(64, 3, 2)  # any order
+    assert script.parse("ws:bf16:d64:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 3)  # d 64's three consumers
     for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder", "ws:bf16:d64:c4",
-                "ws:bf16:d64:128x64"):
+                "ws:bf16:d64:128x64", "ws:bf16:d64:p2"):
         with pytest.raises(SystemExit):
             script.parse(bad)
 
@@ -255,8 +240,8 @@ def _sdpa_check(q, k, v, causal, got):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2),
-                                     _attention_ws.WsPlan(64, 3, 2), _attention_ws.WsPlan(128, 3, 1, 3)],
-                         ids=["default", "64x3", "128x2", "64x3x2", "c3"])
+                                     _attention_ws.WsPlan(128, 3, 2), _attention_ws.WsPlan(64, 4, 3)],
+                         ids=["default", "64x3", "128x2", "two consumers", "three, 64x4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape, dtype", [((2, 3, 1, 128), torch.bfloat16), ((2, 3, 65, 64), torch.float16),
                                           ((2, 3, 1000, 128), torch.bfloat16), ((1, 4, 4097, 64), torch.bfloat16),
