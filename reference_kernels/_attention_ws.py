@@ -91,8 +91,8 @@ def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
     """The launch for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages, one program an SM of
     the most consumers (three, else two) whose registers (``regs``) hold what a consumer needs (``consumer_regs``) and
     whose ring fits its shared memory; None where none fits (``attention`` then runs its Triton kernel). More
-    consumers share each k/v block among more query rows (H100, d 64: 1.05-1.12x two consumers' TFLOPS without the
-    causal mask, 0.95-1.01x with it; docs/kernels.md, "attention")."""
+    consumers share each k/v block among more query rows (H100, d 64, two runs: 1.05-1.14x two consumers'
+    TFLOPS without the causal mask, 0.95-1.13x with it; docs/kernels.md, "attention")."""
     need = consumer_regs(head_dim, BLOCK_N)
     for consumers in (3, 2):
         ring = WsPlan(BLOCK_N, STAGES, consumers)
