@@ -15,16 +15,18 @@ its output pass (docs/kernels.md, "Rows streamed past the held weight").
 
 The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
 program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
-``BWD_REG_SHARES``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
+``Shapes.bwd_reg_shares``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
 at the end, shifted to the real columns, and summed as every backward plan's shares are (``layer_norm._sum_shares``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
 
+from . import _device
 from ._common import RESIDENT_WARPS, THREAD_MAX_REGS, float32_pair, reg_cap
 from ._held import (BLOCK, MAX_REGS, SM90, SMEM_PER_BLOCK, SMEM_PER_SM, SMEM_RESERVED, WARPS,  # noqa: F401
                     CompilationError, async_copy, available, copy_segment, disable, edge_columns, gl, gluon,
@@ -315,7 +317,7 @@ if gluon is not None:
         RING: gl.constexpr,  # rows held at once: 1, the next row copied segment by segment as pass two leaves each;
         # R > 1, a ring of R rows, R - 1 of them in flight (each a copy of its own) while one is reduced
         PAIRED: gl.constexpr,  # the row's two sums in one block reduction of the pair (paired)
-        REG_SHARES: gl.constexpr,  # the dweight/dbias shares in registers, a tensor a segment (BWD_REG_SHARES)
+        REG_SHARES: gl.constexpr,  # the dweight/dbias shares in registers, a tensor a segment (Shapes.bwd_reg_shares)
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen; bwd_widen)
         num_warps: gl.constexpr,
     ):
@@ -440,6 +442,30 @@ if gluon is not None:
                                   dbbuf.index(t).load(layout), t, idx, shift, end, BLOCK)
 
 
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The held and streamed programs' shapes measured on sm_90 with Triton 3.6, the only GPUs these kernels run on:
+    data in ``tuned/90.json``, "layer_norm_held" (``SHAPES``); docs/kernels.md, "One pass for the statistics", "Rows
+    streamed past the held weight", "Shares in registers", gives each with its figures. The defaults are the base shape
+    of each kernel: 8-warp forward programs, ``BWD_WARPS``-warp backward ones, no narrower programs, nothing
+    streamed."""
+
+    fwd_narrowest: tuple | None = None  # (warps, widest row): the forward's rows up to that width on these warps ...
+    fwd_narrow: tuple | None = None  # ... else (warps, programs an SM at least): these warps where that many fit
+    stream_max_segments: tuple = ()  # (element size, segments): rows the one-program-an-SM stream holds
+    stream_narrow_max_cols: int = 0  # rows up to this width stream on narrower programs (STREAM_NARROW_WARPS) ...
+    stream_narrow_max_segments: int = 0  # ... holding at most this many segments ...
+    stream_narrow_max_segments_by_warps: tuple = ()  # ... or, by warps, (warps, segments)
+    stream_narrow_regs: tuple = ()  # (segments, registers a thread); MAX_REGS where not named
+    stream_narrow_min_per_sm: int = 1  # programs an SM at least, where the warps allow
+    bwd_narrow: tuple | None = None  # (warps, segments at most): narrower backward programs
+    bwd_reg_shares: tuple = ()  # (segments, registers a thread): shares in registers (with Triton 3.6: tuned_triton)
+    bwd_widen_aligned_min_segments: int | None = None  # aligned bf16 rows widened from this many segments
+
+
+SHAPES = _device.tuned("layer_norm_held", 90, Shapes())  # what the kernels launch (tests set it)
+
+
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
     """Shared memory a column takes: the row's element, the weight's and the bias's."""
     return x.element_size() + wb_bytes(weight, bias)
@@ -462,10 +488,9 @@ def fits(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, y2: torch.T
                        aligned=phase0(n_cols, x2.element_size())) > 0)
 
 
-# The forward's shape: 4-warp programs (on 1024-element segments, ``segment_block``) where FWD_NARROW_MIN_PER_SM of them
-# fit an SM, else 8-warp programs on 2048-element ones (docs/kernels.md, "One pass for the statistics").
-FWD_NARROW_WARPS = 4
-FWD_NARROW_MIN_PER_SM = 4
+# The forward's shape: narrower programs (``Shapes.fwd_narrow``, on segments of a 16-byte vector a thread,
+# ``segment_block``) where enough of them fit an SM, else 8-warp programs on 2048-element ones (docs/kernels.md, "One
+# pass for the statistics").
 # The held forward is issue-bound (ncu, bf16 5121: 76% of issue slots busy, ~30 instructions an element), so 16-bit rows
 # take their mean and variance in one pass (JOINT, ``fwd_joint``: sums of x - x[row, 0] and of its square, as the rows
 # plan's 16-bit rows do) and bf16 is widened by a shift or an AND an element (WIDEN, always; docs/kernels.md, "layer_norm:
@@ -488,23 +513,21 @@ def stream_recentre(elem_size: int) -> float:
     return float(STREAM_RECENTRE_FP32 or 0.0) if elem_size >= 4 else 0.0
 
 
-# Rows of up to FWD_NARROWEST_MAX_COLS columns: 2-warp programs on 512-element segments (4-warp ones on 1024 lost
-# there; docs/kernels.md, "One pass for the statistics").
-FWD_NARROWEST_WARPS = 2
-FWD_NARROWEST_MAX_COLS = 2099
-
-
 def fwd_shape(n_cols: int, elem_size: int, col_bytes: int) -> tuple[int, int, int, int]:
     """(warps, elements a segment, segments a row, programs an SM) of the forward for rows of ``n_cols`` (rows that
-    start on 16-byte boundaries, ``_held.phase0``, without the slack before a row's start)."""
-    p0 = phase0(n_cols, elem_size)
-    if n_cols <= FWD_NARROWEST_MAX_COLS:
-        w, b = FWD_NARROWEST_WARPS, segment_block(FWD_NARROWEST_WARPS)
+    start on 16-byte boundaries, ``_held.phase0``, without the slack before a row's start): ``SHAPES``' narrowest
+    programs up to their width, its narrow ones where enough fit an SM, else 8-warp ones."""
+    p0, s = phase0(n_cols, elem_size), SHAPES
+    if s.fwd_narrowest is not None and n_cols <= s.fwd_narrowest[1]:
+        w = s.fwd_narrowest[0]
+        b = segment_block(w)
         return w, b, segments(n_cols, elem_size, b, p0), per_sm(n_cols, elem_size, col_bytes, w, b, p0)
-    block = segment_block(FWD_NARROW_WARPS)
-    narrow = per_sm(n_cols, elem_size, col_bytes, FWD_NARROW_WARPS, block, p0)
-    if FWD_NARROW_MIN_PER_SM and narrow >= FWD_NARROW_MIN_PER_SM:
-        return FWD_NARROW_WARPS, block, segments(n_cols, elem_size, block, p0), narrow
+    if s.fwd_narrow is not None:
+        w, least = s.fwd_narrow
+        block = segment_block(w)
+        narrow = per_sm(n_cols, elem_size, col_bytes, w, block, p0)
+        if narrow >= least:
+            return w, block, segments(n_cols, elem_size, block, p0), narrow
     return WARPS, BLOCK, segments(n_cols, elem_size, None, p0), per_sm(n_cols, elem_size, col_bytes, aligned=p0)
 
 
@@ -527,11 +550,10 @@ def launch(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -> None:
 # Rows too wide to hold with their weight and bias (16-bit past ~37000 columns) are streamed, the weight and bias held
 # at the program's phase in shared memory (4 bytes a column in 16-bit: to 57337 columns) by 8-warp programs, one an SM
 # with the whole register file: each row held in registers as loaded, the next row's segments loaded as the output pass
-# leaves each of this row's, for rows of up to STREAM_MAX_SEGMENTS segments (by element size: two rows of 16 bytes a
-# thread a segment, 32 in fp32; fp32 past 12 segments spilled more than it gained). docs/kernels.md, "Rows streamed past
-# the held weight".
+# leaves each of this row's, for rows of up to ``Shapes.stream_max_segments`` segments (by element size: two rows of 16
+# bytes a thread a segment, 32 in fp32; fp32 past 12 segments spilled more than it gained). docs/kernels.md, "Rows
+# streamed past the held weight".
 STREAM_WARPS = 8
-STREAM_MAX_SEGMENTS: dict[int, int] | None = {2: 28, 4: 12}
 
 
 def wb_bytes(weight: torch.Tensor, bias: torch.Tensor) -> int:
@@ -542,31 +564,20 @@ def wb_bytes(weight: torch.Tensor, bias: torch.Tensor) -> int:
 def stream_segments(n_cols: int, elem_size: int, wb_bytes: int) -> int:
     """Segments a row of ``n_cols`` elements of ``elem_size`` bytes takes on the streamed forward, whose weight and bias
     take ``wb_bytes`` a column; 0 where it does not take the rows: the weight and bias held whole do not fit one block's
-    shared memory, or the row and the next do not fit the registers (``STREAM_MAX_SEGMENTS``)."""
+    shared memory, or the row and the next do not fit the registers (``Shapes.stream_max_segments``)."""
     nseg = segments(n_cols, elem_size, BLOCK, phase0(n_cols, elem_size))
     if nseg * BLOCK * wb_bytes + SMEM_RESERVED > SMEM_PER_BLOCK:
         return 0
-    return nseg if nseg <= (STREAM_MAX_SEGMENTS or {}).get(4 if elem_size >= 4 else 2, 0) else 0
+    return nseg if nseg <= dict(SHAPES.stream_max_segments).get(4 if elem_size >= 4 else 2, 0) else 0
 
 
-# Rows of up to STREAM_NARROW_MAX_COLS columns are streamed by several narrower programs an SM instead (one 8-warp
-# program an SM holds too little in flight for short rows): each the fewest warps of
-# STREAM_NARROW_WARPS whose segments (one 16-byte vector a thread) hold the row in the fewest slots, at most
-# STREAM_NARROW_MAX_SEGMENTS of them, and as many programs an SM as RESIDENT_WARPS warps (_common), shared memory and
-# STREAM_NARROW_REGS allow, the register file split between them (docs/kernels.md, "Rows streamed past the held
-# weight").
-STREAM_NARROW_MAX_COLS = 16384
+# Rows of up to ``Shapes.stream_narrow_max_cols`` columns are streamed by several narrower programs an SM instead (one
+# 8-warp program an SM holds too little in flight for short rows): each the fewest warps of STREAM_NARROW_WARPS whose
+# segments (one 16-byte vector a thread) hold the row in the fewest slots, at most the Shapes' segments for those warps,
+# and as many programs an SM as RESIDENT_WARPS warps (_common), shared memory and the Shapes' registers allow, the
+# register file split between them (docs/kernels.md, "Rows streamed past the held weight": the sm_90 file's one-warp
+# programs take up to three 256-element 16-bit segments, its 16-warp ones fp32 rows of 12289-16383 in eight).
 STREAM_NARROW_WARPS = (1, 2, 4, 8, 16, 32)
-STREAM_NARROW_MAX_SEGMENTS = 6
-# Programs of the warps named here take at most these segments instead. One warp: up to three 256-element segments
-# (16-bit), 32 programs an SM, for rows that two warps hold in half-empty 512-element ones; 16 warps: fp32 rows of
-# 12289-16383 in seven or eight 2048-element segments, two programs an SM, not four 4096-element ones on one 32-warp
-# program (docs/kernels.md, "Rows streamed past the held weight").
-STREAM_NARROW_MAX_SEGMENTS_BY_WARPS: dict[int, int] | None = {1: 3, 16: 8}  # None: STREAM_NARROW_MAX_SEGMENTS for all
-# Registers a thread by segments a row (64 where not named: rows of five or six segments lost on 64), and as many
-# programs as those registers leave, but at least STREAM_NARROW_MIN_PER_SM where the warps allow (then on 64).
-STREAM_NARROW_REGS = {5: 80, 6: 80}
-STREAM_NARROW_MIN_PER_SM = 2
 
 
 class StreamShape(NamedTuple):
@@ -579,18 +590,20 @@ class StreamShape(NamedTuple):
 
 def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | None:
     """The streamed forward's shape for rows of ``n_cols`` elements of ``elem_size`` bytes whose weight and bias take
-    ``wb_bytes`` a column; None where it does not take them. Rows past ``STREAM_NARROW_MAX_COLS``: one ``STREAM_WARPS``
-    program an SM on ``BLOCK``-element segments (``stream_segments``); narrower ones: the narrow shape above."""
-    if n_cols > STREAM_NARROW_MAX_COLS:
+    ``wb_bytes`` a column; None where it does not take them. Rows past ``Shapes.stream_narrow_max_cols``: one
+    ``STREAM_WARPS`` program an SM on ``BLOCK``-element segments (``stream_segments``); narrower ones: the narrow shape
+    above."""
+    s = SHAPES
+    if n_cols > s.stream_narrow_max_cols:
         nseg = stream_segments(n_cols, elem_size, wb_bytes)
         return StreamShape(STREAM_WARPS, BLOCK, nseg, 1, THREAD_MAX_REGS) if nseg else None
     vec, aligned = 16 // elem_size, phase0(n_cols, elem_size)
-    caps = STREAM_NARROW_MAX_SEGMENTS_BY_WARPS or {}
+    caps = dict(s.stream_narrow_max_segments_by_warps)
     best = None  # (warps, elements a segment, segments): the fewest slots, the fewest warps among equals
     for warps in STREAM_NARROW_WARPS:
         block = vec * 32 * warps
         nseg = segments(n_cols, elem_size, block, aligned)
-        if nseg <= caps.get(warps, STREAM_NARROW_MAX_SEGMENTS) and (best is None or nseg * block < best[1] * best[2]):
+        if nseg <= caps.get(warps, s.stream_narrow_max_segments) and (best is None or nseg * block < best[1] * best[2]):
             best = (warps, block, nseg)
     if best is None:
         return None
@@ -599,8 +612,8 @@ def stream_shape(n_cols: int, elem_size: int, wb_bytes: int) -> StreamShape | No
     if smem > SMEM_PER_BLOCK:
         return None
     most = max(1, min(RESIDENT_WARPS // warps, SMEM_PER_SM // (smem + SMEM_RESERVED)))
-    programs = min(most, SM90.regs_per_sm // (STREAM_NARROW_REGS.get(nseg, MAX_REGS) * warps * 32))
-    programs = max(1, programs, min(most, STREAM_NARROW_MIN_PER_SM))
+    programs = min(most, SM90.regs_per_sm // (dict(s.stream_narrow_regs).get(nseg, MAX_REGS) * warps * 32))
+    programs = max(1, programs, min(most, s.stream_narrow_min_per_sm))
     return StreamShape(warps, block, nseg, programs, reg_cap(SM90.regs_per_sm, programs * warps))
 
 
@@ -634,23 +647,17 @@ def launch_stream(x2, weight, bias, y2, mean, rstd, eps: float, sm_count: int) -
 # elements at 8 warps), and the rows held at once: a ring of BWD_RING (all but one in flight), fewer where shared memory
 # does not hold them; with one, the next row is copied segment by segment as pass two leaves each.
 BWD_WARPS = 4
-# Rows of at most BWD_NARROW_MAX_SEGMENTS 512-element segments: 2-warp programs on them, eight an SM (8-warp programs
-# on 2048 were mixed, one-warp ones on 256 lost; docs/kernels.md, "Shares in registers").
-BWD_NARROW_WARPS = 2
-BWD_NARROW_MAX_SEGMENTS = 3
+# Narrower programs for rows of few segments: ``Shapes.bwd_narrow`` (the sm_90 file: 2 warps on 512-element segments
+# for up to three of them, eight programs an SM; docs/kernels.md, "Shares in registers").
 BWD_RING = 2
 # The dweight/dbias shares held in registers (two float32 tensors a segment, 16 registers a thread a segment) instead of
-# shared memory, for rows of the segment counts named here (None: always in shared memory): a column then takes 8 bytes
-# less of shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. The value is the
+# shared memory, for rows of the segment counts ``Shapes.bwd_reg_shares`` names: a column then takes 8 bytes less of
+# shared memory, so more programs fit an SM, and pass two drops the shares' read-modify-write. Its value is the
 # registers a thread needs then (the least that compiled without spills with Triton 3.6 for sm_90), which caps the
 # programs an SM; with another Triton (_held.tuned_triton) the shares stay in shared memory. docs/kernels.md, "Shares
-# in registers".
-BWD_REG_SHARES = {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255, 7: 255, 8: 255}
-# bf16 x, dy and weight widened by a shift or an AND an element (_held.widen, ``bwd_widen``), as the forward's; rows of N
-# a multiple of 16 (which Triton compiles apart: it specialises an argument divisible by 16) only from
-# BWD_WIDEN_ALIGNED_MIN_SEGMENTS segments, the others take the compiler's conversion. docs/kernels.md, "Shares in
-# registers".
-BWD_WIDEN_ALIGNED_MIN_SEGMENTS = 6
+# in registers". bf16 x, dy and weight are widened by a shift or an AND an element (_held.widen, ``bwd_widen``), as
+# the forward's; rows of N a multiple of 16 (which Triton compiles apart) only from ``Shapes.
+# bwd_widen_aligned_min_segments`` segments, the others take the compiler's conversion.
 
 
 class BwdShape(NamedTuple):
@@ -660,18 +667,18 @@ class BwdShape(NamedTuple):
     ring: int  # rows held at once
     per_sm: int  # programs an SM (0: a row does not fit)
     max_regs: int  # registers a thread: the register file shared by those programs
-    reg_shares: bool = False  # the dweight/dbias shares in registers (BWD_REG_SHARES)
+    reg_shares: bool = False  # the dweight/dbias shares in registers (Shapes.bwd_reg_shares)
 
 
 def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
     """How the backward holds rows of ``n_cols`` elements of ``elem_size`` bytes with a weight of ``w_size``-byte
     elements: the largest ring up to ``BWD_RING`` that fits shared memory, the programs an SM, their registers."""
-    warps, p0 = BWD_WARPS, phase0(n_cols, elem_size)  # rows on 16-byte boundaries need no slack (_held.phase0)
-    if segments(n_cols, elem_size, segment_block(BWD_NARROW_WARPS), p0) <= BWD_NARROW_MAX_SEGMENTS:
-        warps = BWD_NARROW_WARPS
+    warps, p0, s = BWD_WARPS, phase0(n_cols, elem_size), SHAPES  # rows on 16-byte boundaries: no slack (_held.phase0)
+    if s.bwd_narrow is not None and segments(n_cols, elem_size, segment_block(s.bwd_narrow[0]), p0) <= s.bwd_narrow[1]:
+        warps = s.bwd_narrow[0]
     block = segment_block(warps)
     nseg = segments(n_cols, elem_size, block, p0)
-    need = (BWD_REG_SHARES or {}).get(nseg) if tuned_triton() else None  # registers a thread with the shares held
+    need = dict(s.bwd_reg_shares).get(nseg) if tuned_triton() else None  # registers a thread with the shares held
     reg = need is not None
     for ring in range(BWD_RING, 0, -1):  # a column: x and dy for each row held, the weight, two float32 shares
         progs = per_sm(n_cols, elem_size, ring * 2 * elem_size + w_size + (0 if reg else 8), warps, block, p0)
@@ -684,8 +691,9 @@ def bwd_shape(n_cols: int, elem_size: int, w_size: int) -> BwdShape:
 
 def bwd_widen(shape: BwdShape, n_cols: int) -> bool:
     """Whether the backward of rows of ``n_cols`` on this shape widens bf16 by a shift or an AND (rows of N a multiple
-    of 16 from ``BWD_WIDEN_ALIGNED_MIN_SEGMENTS`` segments)."""
-    return n_cols % 16 != 0 or shape.nseg >= BWD_WIDEN_ALIGNED_MIN_SEGMENTS
+    of 16 from ``Shapes.bwd_widen_aligned_min_segments`` segments)."""
+    least = SHAPES.bwd_widen_aligned_min_segments
+    return n_cols % 16 != 0 or (least is not None and shape.nseg >= least)
 
 
 def paired(shape: BwdShape) -> bool:

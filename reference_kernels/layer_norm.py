@@ -948,9 +948,9 @@ def _block_underused(n_cols: int, elem_size: int, t: Tuning) -> bool:
     """Whether aligned rows of ``n_cols`` are streamed for the rows plan's power-of-two block, of which a row fills
     at most a share (the rows plan's other lanes idle; the stream reads a row in segments):
     ``stream_fwd_aligned_max_use`` gives the width it starts at and the share; only rows the narrow streamed shape
-    holds (``STREAM_NARROW_MAX_COLS``)."""
+    holds (``_layer_norm_held.Shapes.stream_narrow_max_cols``)."""
     rule = _sized(t.stream_fwd_aligned_max_use, elem_size)
-    if rule is None or n_cols > _layer_norm_held.STREAM_NARROW_MAX_COLS:
+    if rule is None or n_cols > _layer_norm_held.SHAPES.stream_narrow_max_cols:
         return False
     least, most = rule
     return n_cols >= least and n_cols <= most * next_power_of_2(n_cols)

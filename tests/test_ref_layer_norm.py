@@ -43,6 +43,14 @@ def sm90_bands(monkeypatch):
     monkeypatch.setattr(_device, "tuned_here", lambda device: False)
 
 
+def held_shapes(monkeypatch, **choices) -> None:
+    """This test's ``_layer_norm_held.SHAPES``: fields of ``Shapes`` over the sm_90 file's, by-key ones as dicts."""
+    from reference_kernels import _layer_norm_held
+
+    values = {k: tuple(sorted(v.items())) if isinstance(v, dict) else v for k, v in choices.items()}
+    monkeypatch.setattr(_layer_norm_held, "SHAPES", dataclasses.replace(_layer_norm_held.SHAPES, **values))
+
+
 def tune(monkeypatch, **choices) -> None:
     """This test's bands: ``layer_norm.Tuning`` fields, by-size ones as dicts ({2: ..., 4: ...}; None: none)."""
     def frozen(value):
@@ -1344,7 +1352,7 @@ def test_the_forward_holds_rows_in_shared_memory_only_at_the_widths_where_it_mea
     # rows under 2100: 2-warp programs on 512-element segments
     assert [_layer_norm_held.fwd_shape(n, 2, 6) for n in (1025, 2049, 2100)] == [
         (2, 512, 3, 16), (2, 512, 5, 13), (4, 1024, 3, 8)]
-    monkeypatch.setattr(_layer_norm_held, "FWD_NARROW_MIN_PER_SM", 0)
+    held_shapes(monkeypatch, fwd_narrow=None)
     assert _layer_norm_held.fwd_shape(5121, 2, 6) == (8, 2048, 3, 4)
     # 16-bit rows take their statistics in one pass (sums of x - x[row, 0] and of its square); fp32 keeps two
     assert _layer_norm_held.fwd_joint(2) and not _layer_norm_held.fwd_joint(4)
@@ -1461,10 +1469,10 @@ def test_the_streamed_forward_holds_the_weight_and_bias_in_shared_memory_and_the
     assert segments(24576, 4, 8) == 12 and segments(24577, 4, 8) == 0
     # bf16 rows with fp32 parameters (as under autocast): 8 bytes a column, to 14 segments of shared memory
     assert segments(24001, 2, 8) == 12 and segments(28672, 2, 8) == 14 and segments(28673, 2, 8) == 0
-    monkeypatch.setattr(_layer_norm_held, "STREAM_MAX_SEGMENTS", {2: 20})
+    held_shapes(monkeypatch, stream_max_segments={2: 20})
     assert segments(40960, 2, 4) == 20 and segments(40961, 2, 4) == 0
     assert segments(20000, 4, 8) == 0  # no limit for fp32 rows: not taken
-    monkeypatch.setattr(_layer_norm_held, "STREAM_MAX_SEGMENTS", None)
+    held_shapes(monkeypatch, stream_max_segments={})
     assert segments(40960, 2, 4) == 0
     w, b = torch.empty(10, dtype=torch.bfloat16), torch.empty(10)
     assert _layer_norm_held.wb_bytes(w, b) == 2 + 4
@@ -1483,7 +1491,7 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(5120, 2, 4) == (4, 1024, 5, 6, 80)
     assert shape(12288, 2, 4) == (8, 2048, 6, 3, 80)  # 16 warps on three 4096-element segments hold as many slots
     assert shape(16384, 2, 4) == (16, 4096, 4, 2, 64)
-    # one warp for rows of up to three 256-element segments (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS), 32 programs an SM; a
+    # one warp for rows of up to three 256-element segments (Shapes.stream_narrow_max_segments_by_warps), 32 programs an SM; a
     # tie of slots goes to the fewer warps (384: two of 256 against one of 512); four of them not (777: 2 warps)
     assert shape(384, 2, 4) == (1, 256, 2, 32, 64)
     assert shape(555, 2, 4) == (1, 256, 3, 32, 64)
@@ -1492,30 +1500,30 @@ def test_narrower_streamed_rows_take_several_programs_an_sm_of_the_fewest_warps_
     assert shape(7001, 4, 8) == (16, 2048, 4, 2, 64)  # fp32: 128 elements a warp
     assert shape(9001, 4, 8) == (16, 2048, 5, 2, 64)  # two programs on 64 registers, not one on 80
     assert shape(1025, 4, 8) == (2, 256, 5, 12, 80)
-    # 16-warp programs take up to eight segments (STREAM_NARROW_MAX_SEGMENTS_BY_WARPS): fp32 12345 on seven 2048-element
+    # 16-warp programs take up to eight segments (Shapes.stream_narrow_max_segments_by_warps): fp32 12345 on seven 2048-element
     # ones, two programs an SM, not four 4096-element ones on one 32-warp program; 16384 on eight, one an SM as shared
     # memory holds its weight and bias (128 KiB), on a tie of slots the fewer warps
     assert shape(12345, 4, 8) == (16, 2048, 7, 2, 64)
     assert shape(16384, 4, 8) == (16, 2048, 8, 1, 128)
     assert shape(16383, 4, 8) == (32, 4096, 5, 1, 64)  # its slack before the start: 16386 slots, nine of 2048
     assert shape(12345, 2, 4) == (16, 4096, 4, 2, 64)  # 16-bit rows: no seventh segment under 16385 columns
-    # up to STREAM_NARROW_MAX_COLS; wider rows keep one STREAM_WARPS program an SM on the whole register file
+    # up to Shapes.stream_narrow_max_cols; wider rows keep one STREAM_WARPS program an SM on the whole register file
     assert shape(16385, 2, 4) == (_layer_norm_held.STREAM_WARPS, 2048, 9, 1, THREAD_MAX_REGS)
-    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS_BY_WARPS", {1: 3})
+    held_shapes(monkeypatch, stream_narrow_max_segments_by_warps={1: 3})
     assert shape(12345, 4, 8) == (32, 4096, 4, 1, 64)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)
     monkeypatch.setattr(_layer_norm_held, "RESIDENT_WARPS", 16)
     assert shape(999, 2, 4) == (2, 512, 2, 8, 128)
     assert shape(16384, 4, 8) == (32, 4096, 4, 1, 64)  # never fewer than one program
-    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 2)
+    held_shapes(monkeypatch, stream_narrow_max_segments=2)
     assert shape(2560, 2, 4) == (8, 2048, 2, 2, 128)
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2,))
     assert shape(2560, 2, 4) is None  # no warps hold the row in two segments
     # programs an SM as shared memory holds the weight and bias: fp32 parameters of bf16 rows (8 bytes a column)
     monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_WARPS", (2, 4, 8, 16, 32))
-    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_MAX_SEGMENTS", 6)
+    held_shapes(monkeypatch, stream_narrow_max_segments=6)
     monkeypatch.setattr(_layer_norm_held, "RESIDENT_WARPS", 64)
-    monkeypatch.setattr(_layer_norm_held, "STREAM_NARROW_REGS", {})
+    held_shapes(monkeypatch, stream_narrow_regs={})
     assert shape(12288, 2, 8) == (8, 2048, 6, 2, 128)  # 96 KiB a program: two an SM, not eight
     x = torch.empty(4, 12288, dtype=torch.bfloat16)
     assert _layer_norm_held.fits_stream(x, torch.empty(12288), torch.empty(12288), x) == (
@@ -1769,15 +1777,15 @@ def test_the_backward_holds_rows_in_shared_memory_only_where_the_phased_plan_doe
     widen = _layer_norm_held.bwd_widen
     assert [n for n in (2300, 3001, 3072, 5120, 5121, 6144) if widen(_layer_norm_held.bwd_shape(n, 2, 2), n)] == [
         2300, 3001, 5121, 6144]
-    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {3: 128})
+    held_shapes(monkeypatch, bwd_reg_shares={3: 128})
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: False)  # another Triton: in shared memory too
     assert not _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
     monkeypatch.setattr(_layer_norm_held, "tuned_triton", lambda: True)
     assert _layer_norm_held.bwd_shape(3001, 2, 2).reg_shares
-    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
+    held_shapes(monkeypatch, bwd_reg_shares={1: 96, 2: 96, 3: 128, 4: 168, 5: 168, 6: 255})
     # the shape: 4 warps, segments of 1024 16-bit elements, two rows held at once where they fit (one past 12288
     # with 16-bit weights), programs an SM from shared memory and, with the shares in registers, from the registers
-    # they need (BWD_REG_SHARES: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
+    # they need (Shapes.bwd_reg_shares: 3001's three segments 128 a thread, four programs; 5113's five 168, three), the
     # register file shared by them
     assert _layer_norm_held.bwd_shape(1025, 2, 2) == (2, 512, 3, 2, 8, 128, True)  # up to three 512-element segments
     assert _layer_norm_held.bwd_shape(1530, 2, 2) == (4, 1024, 2, 2, 5, 96, True)
@@ -1789,7 +1797,7 @@ def test_the_backward_holds_rows_in_shared_memory_only_where_the_phased_plan_doe
     assert _layer_norm_held.bwd_shape(3001, 4, 4) == (4, 1024, 3, 2, 3, 168, True)  # fp32: two 16-byte vectors a thread
     assert _layer_norm_held.bwd_shape(16383, 2, 2).per_sm == 0
     assert _layer_norm_held.bwd_shape(333, 2, 2) == (2, 512, 1, 2, 10, 96, True)  # the narrowest: 2 warps still
-    monkeypatch.setattr(_layer_norm_held, "BWD_REG_SHARES", {})  # none in registers: 8 bytes more a column
+    held_shapes(monkeypatch, bwd_reg_shares={})  # none in registers: 8 bytes more a column
     assert _layer_norm_held.bwd_shape(3001, 2, 2) == (4, 1024, 3, 2, 4, 128, False)
     assert _layer_norm_held.bwd_shape(5113, 2, 2) == (4, 1024, 5, 2, 2, 255, False)
     x, w = torch.empty(4, 3001, dtype=torch.bfloat16), torch.empty(3001, dtype=torch.bfloat16)

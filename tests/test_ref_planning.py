@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from reference_kernels import _device, _softmax_held, layer_norm, softmax
+from reference_kernels import _device, _layer_norm_held, _softmax_held, layer_norm, softmax
 from reference_kernels._common import THREAD_MAX_REGS
 from reference_kernels._split_walk import split_group
 
@@ -90,7 +90,8 @@ def test_every_tuned_file_names_its_gpu_and_triton_and_only_choices_the_subjects
     for arch, data in files.items():
         assert data["triton"] and data["measured_on"]
         assert _device.tuned("softmax", arch, softmax.DEFAULT_TUNING) != softmax.DEFAULT_TUNING or "softmax" not in data
-        defaults = {"softmax": softmax.DEFAULT_TUNING, "layer_norm": layer_norm.DEFAULT_TUNING}
+        defaults = {"softmax": softmax.DEFAULT_TUNING, "layer_norm": layer_norm.DEFAULT_TUNING,
+                    "layer_norm_held": _layer_norm_held.Shapes()}
         base = {subject: _device.tuned(subject, arch, d) for subject, d in defaults.items()}
         for model, subjects in data.get("models", {}).items():  # a GPU's own choices: known names that change a value
             assert subjects and set(subjects) <= set(defaults), (arch, model)
