@@ -15,8 +15,9 @@ its output pass (docs/kernels.md, "Rows streamed past the held weight").
 
 The backward holds x and dy the same way (two rows at once where they fit, ``bwd_shape``), with the weight at the
 program's phase and the program's float32 dweight/dbias shares in registers (rows of up to eight segments,
-``Shapes.bwd_reg_shares``) or in shared memory too: one phase a program keeps its shares in its own slots, written out once
-at the end, shifted to the real columns, and summed as every backward plan's shares are (``layer_norm._sum_shares``).
+``Shapes.bwd_reg_shares``) or in shared memory too: one phase a program keeps its shares in its own slots, written out
+once at the end, shifted to the real columns, and summed as every backward plan's shares are
+(``layer_norm._sum_shares``).
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ if gluon is not None:
         WIDEN: gl.constexpr,  # bf16 widened by a shift or an AND an element (_held.widen)
         num_warps: gl.constexpr,
     ):
-        """A program's rows (all at one phase): a persistent walk, rows pid, pid + programs, ... ; three passes over shared memory: the sum as each segment
-        lands (the neighbours' elements of the first and the last two segments, the only ones a row's ends fall in,
-        become 0 there), the centred sum of squares, and the output with the weight and bias held at the program's
-        phase. JOINT: two passes, the sums of d = x - x[row, 0] and of d^2 as each segment lands (one reduction of the
-        pair), then the output; the row's first element is loaded a row ahead. The output's partial vectors at the
-        row's two ends are stored element by element (the edges)."""
+        """A program's rows (all at one phase): a persistent walk, rows pid, pid + programs, ... ; three passes over
+        shared memory: the sum as each segment lands (the neighbours' elements of the first and the last two
+        segments, the only ones a row's ends fall in, become 0 there), the centred sum of squares, and the output
+        with the weight and bias held at the program's phase. JOINT: two passes, the sums of d = x - x[row, 0] and of
+        d^2 as each segment lands (one reduction of the pair), then the output; the row's first element is loaded a
+        row ahead. The output's partial vectors at the row's two ends are stored element by element (the edges)."""
         layout: gl.constexpr = gl.BlockedLayout([VEC], [32], [num_warps], [0])
         edge_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -463,7 +464,8 @@ class Shapes:
     bwd_widen_aligned_min_segments: int | None = None  # aligned bf16 rows widened from this many segments
 
 
-SHAPES = _device.tuned("layer_norm_held", 90, Shapes())  # what the kernels launch (tests set it)
+# What the kernels launch (tests set it): the sm_90 file's, whatever this Triton (only bwd_reg_shares waits for 3.6)
+SHAPES = _device.tuned("layer_norm_held", 90, Shapes())
 
 
 def col_bytes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> int:
