@@ -39,6 +39,18 @@ def resource(usage: str, key: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def setmaxnreg(sass: str) -> dict | None:
+    """The register counts a warp-specialised kernel's ``setmaxnreg`` asks for: ``alloc`` (USETMAXREG.TRY_ALLOC) and
+    ``dealloc`` (USETMAXREG.DEALLOC), each sorted, from ``nvdisasm -c``'s text; None without it."""
+    if not sass:
+        return None
+
+    def counts(kind):  # e.g. USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ; USETMAXREG.DEALLOC.CTAPOOL 0x18
+        return sorted({int(v, 16) for v in re.findall(rf"USETMAXREG\.{kind}\S*\s+(?:\w+,\s*)?(0x[0-9a-f]+)", sass)})
+
+    return {"alloc": counts("TRY_ALLOC"), "dealloc": counts("DEALLOC")}
+
+
 def main(description: str, script: str, compile_case: Callable[[str], dict], has_gluon: Callable[[], bool]) -> None:
     """Compile each case named on the command line and print what ``compile_case`` says of it (its "sass" entry goes
     to ``--sass DIR`` instead); ``has_gluon`` is asked first, after the interpreter check."""

@@ -14,8 +14,8 @@ launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: poin
 Per case: the plan, registers, stack and local memory (cuobjdump), shared memory, the SASS's HGMMAs, TMA loads
 (UTMALDG), ``cp.async`` copies (LDGSTS), local stores and loads (STL, LDL: spills) and its instruction count. Like
 scripts/ws_sass.py it uses Triton's own ptxas, cuobjdump and nvdisasm and its offline-compile entry points
-(ASTSource, GPUTarget), so it needs no GPU; run it without TRITON_INTERPRET. tests/test_ref_attention.py and test_ref_attention_ws.py run
-it.
+(ASTSource, GPUTarget), so it needs no GPU; run it without TRITON_INTERPRET. tests/test_ref_attention.py and
+test_ref_attention_ws.py run it.
 """
 
 from __future__ import annotations
@@ -160,16 +160,13 @@ def _report(case: str, compiled, plan_fields: list, **extra) -> dict:
     def count(pattern):
         return len(re.findall(pattern, sass, re.M)) if sass else None
 
-    def setmaxnreg(kind):  # e.g. USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ; USETMAXREG.DEALLOC.CTAPOOL 0x18
-        return sorted({int(v, 16) for v in re.findall(rf"USETMAXREG\.{kind}\S*\s+(?:\w+,\s*)?(0x[0-9a-f]+)", sass)})
-
     result = {"case": case, "plan": plan_fields, "warps": compiled.metadata.num_warps,
               "shared": compiled.metadata.shared, **extra}
     for name, key in (("registers", "REG"), ("stack", "STACK"), ("local", "LOCAL")):
         result[name] = _sass.resource(usage, key)
     result.update(hgmma=count(r"\bHGMMA\."), utmaldg=count(r"\bUTMALDG\b"), utmastg=count(r"\bUTMASTG\b"),
                   ldgsts=count(r"\bLDGSTS\b"), stl=count(r"\bSTL\b"), ldl=count(r"\bLDL\b"),
-                  setmaxnreg={"alloc": setmaxnreg("TRY_ALLOC"), "dealloc": setmaxnreg("DEALLOC")} if sass else None,
+                  setmaxnreg=_sass.setmaxnreg(sass),
                   instructions=count(_sass.INSTRUCTION), sass=sass)
     return result
 

@@ -134,12 +134,9 @@ def compile_case(case: str) -> dict:
     def count(pattern):
         return len(re.findall(pattern, sass, re.M)) if sass else None
 
-    def setmaxnreg(kind):  # e.g. USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ; USETMAXREG.DEALLOC.CTAPOOL 0x18
-        return sorted({int(v, 16) for v in re.findall(rf"USETMAXREG\.{kind}\S*\s+(?:\w+,\s*)?(0x[0-9a-f]+)", sass)})
-
     result.update(
         hgmma=count(r"\bHGMMA\."),
-        setmaxnreg={"alloc": setmaxnreg("TRY_ALLOC"), "dealloc": setmaxnreg("DEALLOC")} if sass else None,
+        setmaxnreg=_sass.setmaxnreg(sass),
         utmaldg=count(r"\bUTMALDG\b"),
         utmastg=count(r"\bUTMASTG\b"),
         stl=count(r"\bSTL\b"),
