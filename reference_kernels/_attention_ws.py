@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from . import _device
-from ._common import cdiv, disable_after_compile_failure, interpreting, sm90, tma_ok
+from ._common import MAX_GRID_Y, cdiv, disable_after_compile_failure, interpreting, sm90, tma_ok
 from ._hopper import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, smem_layout, tma,
                       tma_load as _tma_load, tma_store as _tma_store, warpgroup_mma, warpgroup_mma_wait)
 from ._launch import launch as launch_kernel
@@ -44,7 +44,6 @@ STAGES = 3
 LOADER_REGS = 24  # the loader warpgroup's registers a thread (setmaxnreg); the consumers share what is left (regs)
 _BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
 _OTHER_REGS = 32  # a consumer's registers beside its tiles: row statistics, offsets, addresses (consumer_regs)
-_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 class WsPlan(NamedTuple):
@@ -138,7 +137,7 @@ def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -
         return False
     if not all(t.dtype == q.dtype and t.shape == q.shape and t.is_cuda for t in (q, k, v, out)):
         return False
-    if q.shape[0] * q.shape[1] > _MAX_GRID_Y or not all(tma_ok(t) for t in (q, k, v, out)):
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y or not all(tma_ok(t) for t in (q, k, v, out)):
         return False
     return plan(q.shape[-1], q.element_size(), _device.of(q.device)) is not None
 

@@ -65,6 +65,7 @@ ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (doc
 # 8-warp ones, ...); their cap is the register file over those warps (64 registers on sm_80-sm_100)
 RESIDENT_WARPS = 32
 THREAD_MAX_REGS = 255  # the most registers a thread may have (every GPU the kernels run on)
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis (attention's batch x heads)
 # The rows plan of softmax and the layer-norm forward (docs/kernels.md, "The rows kernel"): a program holds rows of up
 # to MAX_ROW elements (32 warps x 32 threads x 16 fp32) and ROWS_TILE elements in all (4 warps x 32 x 16)
 MAX_ROW = 16384

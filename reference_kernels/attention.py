@@ -41,7 +41,7 @@ from triton.compiler.errors import CompilationError
 from pytest_fusioncheck.budget import Budget
 
 from . import _attention_ws, _device
-from ._common import cdiv, check_tensor, interpreting, next_power_of_2, tma_ok
+from ._common import MAX_GRID_Y, cdiv, check_tensor, interpreting, next_power_of_2, tma_ok
 from ._math import exp2
 from ._launch import Calls, launch as launch_kernel
 
@@ -49,7 +49,6 @@ _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (64, 128)
 _LOG2E = 1.4426950408889634
 _FLT_MAX = tl.constexpr(3.4028234663852886e38)
-_MAX_GRID_Y = 65535  # CUDA's limit on the grid's second axis (batch x heads)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -314,8 +313,7 @@ class _Plan(NamedTuple):
 
 
 # Launch heuristics by (head_dim, element size). 16-bit inputs: the warp-specialised kernel where it runs
-# (sm_90: H100 0.96-1.25x SDPA's cuDNN backend at head_dim 128, 0.89-1.05x at 64; docs/kernels.md,
-# "attention"), else 64 x 64 tiles, 4 warps, three stages through pointers, timed on the H200 against the
+# (sm_90; its plan and figures: _attention_ws.plan, docs/kernels.md, "attention"), else 64 x 64 tiles, 4 warps, three stages through pointers, timed on the H200 against the
 # Hopper defaults of FlashAttention-2 and Triton's fused-attention tutorial (06) (128 x 64, 4 / 8 warps) and
 # their neighbours (benchmarks/bench_attention.py --variants); the TMA plan not yet timed.
 # float32 runs IEEE fp32 dots (no tensor cores): 64 x 32 and 128 x 64-wide fp32 tiles spilled
@@ -352,8 +350,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     batch, heads, seq_len, head_dim = q.shape
     if plan.block_m % plan.block_n or plan.block_n < _MIN_BLOCK or plan.block_n & (plan.block_n - 1):
         raise ValueError(f"plan {plan}: block_n must be a power of two >= {_MIN_BLOCK} dividing block_m")
-    if batch * heads > _MAX_GRID_Y:
-        raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {_MAX_GRID_Y}")
+    if batch * heads > MAX_GRID_Y:
+        raise ValueError(f"batch x heads = {batch * heads} exceeds the grid's {MAX_GRID_Y}")
     if plan.ws and scale > 0 and _attention_ws.available(q.device.index) and _attention_ws.fits(q, k, v, out):
         try:
             _attention_ws.launch(q, k, v, out, causal, scale * _LOG2E)
