@@ -129,17 +129,19 @@ def disable(error: Exception) -> None:
                                   "attention's Triton kernels run instead", error)
 
 
-def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether ``launch`` takes these tensors: one 16-bit dtype, head_dim 64 or 128, CUDA, every tensor one TMA
-    descriptor can describe, batch x heads within the grid, and a ring (``plan``) that the device's shared memory
-    holds."""
+def _tensors_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """One 16-bit dtype and shape, head_dim 64 or 128, CUDA, every tensor one TMA descriptor can describe, batch x
+    heads within the grid."""
     if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] not in (64, 128):
         return False
     if not all(t.dtype == q.dtype and t.shape == q.shape and t.is_cuda for t in (q, k, v, out)):
         return False
-    if q.shape[0] * q.shape[1] > MAX_GRID_Y or not all(tma_ok(t) for t in (q, k, v, out)):
-        return False
-    return plan(q.shape[-1], q.element_size(), _device.of(q.device)) is not None
+    return q.shape[0] * q.shape[1] <= MAX_GRID_Y and all(tma_ok(t) for t in (q, k, v, out))
+
+
+def fits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``launch`` takes these tensors: ``_tensors_ok``, and a plan that the device holds (``plan``)."""
+    return _tensors_ok(q, k, v, out) and plan(q.shape[-1], q.element_size(), _device.of(q.device)) is not None
 
 
 if gluon is not None:
@@ -321,7 +323,7 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
     (``fits``), a plan whose shared memory exceeds a block's or a block_n wgmma cannot take."""
     if gluon is None:
         raise RuntimeError("this Triton has no Gluon with Hopper ops")
-    if not fits(q, k, v, out):
+    if not _tensors_ok(q, k, v, out):
         raise ValueError("_attention_ws.launch: q, k, v and out must be one shape and 16-bit dtype on CUDA, head_dim "
                          "64 or 128, each one TMA can describe (unit last stride, 16-byte strides and base)")
     if not qk_scale > 0:

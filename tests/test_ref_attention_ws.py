@@ -140,7 +140,7 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
         pytest.skip("this Triton has no Gluon")
     with pytest.raises(ValueError, match="16-bit dtype on CUDA"):
         _attention_ws.launch(q, q, q, q, False, 1.0)
-    monkeypatch.setattr(_attention_ws, "fits", lambda *tensors: True)
+    monkeypatch.setattr(_attention_ws, "_tensors_ok", lambda *tensors: True)  # CPU tensors standing in
     cases = [
         (dict(qk_scale=-1.0), "qk_scale must be positive"),
         (dict(ws_plan=_attention_ws.WsPlan(96, 2)), "block_n 64 or 128"),
