@@ -25,7 +25,7 @@ from ._common import cdiv, next_power_of_2
 from ._held import (BLOCK, MAX_REGS, WARPS, CompilationError, async_copy, available, copy_segment, disable,  # noqa: F401
                     edge_columns, gl, gluon, land_segment, packed_rows, per_sm, row_start, segments, thread_barrier,
                     tuned_triton, widen)
-from ._split_walk import COUNTER_STRIDE, spin_asm, split_launch
+from ._split_walk import COUNTER_STRIDE, exchange, spin_asm
 from ._launch import launch as launch_kernel
 
 if gluon is not None:
@@ -264,8 +264,7 @@ def launch_split(x2: torch.Tensor, y2: torch.Tensor, group: int) -> None:
     group, slice_cols = split_shape(n_cols, es, group)
     if group == 1:
         return launch(x2, y2)
-    progs = per_sm(slice_cols, es)
-    _, part, sync = split_launch(n_rows, group, progs, x2.device, x2)
+    part, sync = exchange(n_rows, group, x2.device, x2)
     launch_kernel(_softmax_held_split_kernel, (n_rows * group,),  # a program a slice
         x2, y2, part, sync, n_rows, n_cols, slice_cols, GROUP=group, BLOCK_G=next_power_of_2(group),
         BLOCK=BLOCK, NSEG=segments(slice_cols, es), VEC=16 // es, WIDEN=widen_rows(),

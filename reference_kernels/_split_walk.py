@@ -139,16 +139,22 @@ def split_group(n_cols: int, block_n: int, group: int) -> tuple[int, int]:
 
 def split_launch(n_rows: int, group: int, per_sm: int, device: torch.device, unused: torch.Tensor, planes: int = 1):
     """(programs, part, sync) of a split-walk launch: ``per_sm`` programs an SM (no more than tiles)
-    and, for ``group`` > 1, the partials (``planes`` of (n_rows, group, 2): one for each exchange a row
-    may make) and zeroed counters they exchange through (else ``unused``, never read)."""
+    and ``exchange``'s buffers."""
+    part, sync = exchange(n_rows, group, device, unused, planes)
+    return _programs(n_rows, group, per_sm, device), part, sync
+
+
+def exchange(n_rows: int, group: int, device: torch.device, unused: torch.Tensor, planes: int = 1):
+    """(part, sync) through which a row's ``group`` > 1 slices exchange: the partials (``planes`` of
+    (n_rows, group, 2): one for each exchange a row may make) and zeroed counters (else ``unused``,
+    never read). Refused under the interpreter, whose programs run one at a time."""
     if group > 1 and interpreting():
         raise ValueError("the split plan waits on other programs: it cannot run under the interpreter")
-    n_programs = _programs(n_rows, group, per_sm, device)
     if group == 1:
-        return n_programs, unused, unused
+        return unused, unused
     part = torch.empty((planes, n_rows, group, 2), dtype=torch.float32, device=device)
     sync = torch.zeros((n_rows + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=device)
-    return n_programs, part, sync
+    return part, sync
 
 
 def _programs(n_rows: int, group: int, per_sm: int, device: torch.device) -> int:
