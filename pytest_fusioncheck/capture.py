@@ -32,7 +32,7 @@ from typing import Any, Callable
 from . import _compat, host_syncs
 from .budget import Budget, default_budget, find_captures, iter_tensors, storage_key
 from .headroom import find_chains
-from .ops import TritonLaunch, make_op_observer, module_names
+from .ops import TritonLaunch, make_op_observer, module_names, module_path
 from .ranges import CALL_RANGE, SYNC_RANGE_PREFIX, TRITON_RANGE_PREFIX, nvtx_range_name
 from .report import FusionReport
 from .sources import kernel_source
@@ -171,6 +171,8 @@ class _Recorders:
         index = len(self.triton)
         launch = TritonLaunch(index, name, triton_launch_bytes(metadata, tensors), user_source(2), interpreted=interpreted)
         launch.flops, launch.dtype = triton_launch_flops(metadata), launch_dtype(tensors)
+        # the module running the launch, as an op's (a kernel a model's forward launches names its layer)
+        launch.module = module_path(self.modules, stop=getattr(self.observer, "stop_frame", None))
         self.triton.append(launch)
         if not interpreted:
             return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)

@@ -726,3 +726,4 @@ class TritonLaunch:
     interpreted: bool = False
     flops: int | None = None  # what its launch_metadata declares, else unknown
     dtype: str | None = None  # its first floating-point tensor argument's dtype
+    module: str | None = None  # the nn.Module running on the stack at the launch (module_path)

@@ -354,6 +354,44 @@ def test_on_cpu_the_plugin_counts_one_kernel_at_the_budget_fused_and_the_comment
         assert unfused.bytes == attention.unfused_traffic(q, k, v, causal=causal).total, str(unfused)
 
 
+# --------------------------------------------------------------------------- in a model
+
+
+def _fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """A Hugging Face attention function as a user writes one around ``fused``: grouped k/v heads repeated, the
+    output (batch, seq, heads, head_dim). Causal, no padding mask."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+    return attention.fused(query, key, value, causal=True, scale=scaling).transpose(1, 2), None
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget_through_a_lambda(device):
+    transformers = pytest.importorskip("transformers")
+    transformers.AttentionInterface.register("reference_fused", _fused_attention)
+    torch.manual_seed(0)
+    dtype = torch.float32 if device == "cpu" else torch.float16  # on sm_90 the warp-specialised kernel
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=1024)).eval().to(device, dtype)  # head_dim 64
+    ids = torch.randint(0, 256, (2, 16 if device == "cpu" else 1000), device=device)
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        expected = model(ids).logits
+        model.set_attn_implementation("reference_fused")
+        report = profile(lambda t: model(t).logits, ids)
+        got = model(ids).logits
+    torch.testing.assert_close(got, expected, **(dict(atol=1e-4, rtol=1e-4) if device == "cpu" else
+                                                  dict(atol=2e-2, rtol=2e-2)))
+    ours = [k for k in report.kernels if "_attention_" in k.name]
+    assert [k.module for k in ours] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], str(report)
+    q = torch.empty(2, 2, ids.shape[1], 64, dtype=dtype, device="meta")
+    need = attention.budget(q, q, q).total  # q, k, v read once, the output written once
+    for k in ours:
+        assert k.bytes is not None and abs(k.bytes - need) <= 0.01 * need, str(report)
+        assert k.source.startswith("reference_kernels/attention.py:"), str(report)  # the launch's line
+
+
 # --------------------------------------------------------------------------- GPU
 
 

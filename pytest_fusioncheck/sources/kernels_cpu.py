@@ -96,6 +96,7 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], name
                 bytes=launch.bytes,
                 op="triton",
                 source=launch.source,
+                module=launch.module,
                 start_ns=e.start_ns() if e is not None else 0,
                 flops=launch.flops,
                 dtype=launch.dtype,

@@ -185,7 +185,7 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], nam
             by_op.setdefault(op.index, []).append(k)
         elif queue and not is_copy:
             launch = queue.pop(0)
-            k.op, k.source, k.bytes = "triton", launch.source, launch.bytes
+            k.op, k.source, k.bytes, k.module = "triton", launch.source, launch.bytes, launch.module
             k.flops, k.dtype = launch.flops, launch.dtype
         elif not is_copy:
             graph_token = innermost(launch_event, GRAPH_RANGE_PREFIX)
