@@ -44,6 +44,9 @@ STAGES = 3
 LOADER_REGS = 24  # the loader warpgroup's registers a thread (setmaxnreg); the consumers share what is left (regs)
 _BARRIER_BYTES = 1024  # mbarriers and alignment beside the tiles (sm_90 compiles: 256-304 bytes)
 _OTHER_REGS = 32  # a consumer's registers beside its tiles: row statistics, offsets, addresses (consumer_regs)
+# A consumer more's throughput where neither pads a row (H100, d 64, three consumers over two: 1.05-1.14x), which
+# ``plan`` weighs against the rows a taller tile pads past N
+CONSUMER_GAIN = 1.05
 
 
 class WsPlan(NamedTuple):
@@ -86,18 +89,34 @@ def consumer_regs(head_dim: int, block_n: int) -> int:
     return (BLOCK_M * head_dim + BLOCK_M * block_n + BLOCK_M * block_n // 2) // 128 + _OTHER_REGS
 
 
-def plan(head_dim: int, elt: int, device: _device.Device) -> WsPlan | None:
-    """The launch for this head_dim on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages, one program an SM of
-    the most consumers (three, else two) whose registers (``regs``) hold what a consumer needs (``consumer_regs``) and
-    whose ring fits its shared memory; None where none fits (``attention`` then runs its Triton kernel). More
-    consumers share each k/v block among more query rows (H100, d 64, two runs: 1.05-1.14x two consumers'
-    TFLOPS without the causal mask, 0.95-1.13x with it; docs/kernels.md, "attention")."""
+def pairs(seq_len: int, rows: int, causal: bool) -> int:
+    """(query, key) pairs a launch of ``rows``-row tiles computes at ``seq_len``: every tile's rows, those past N
+    included, against the keys its last row sees (N without the mask, to the tile's diagonal with it)."""
+    tiles = cdiv(seq_len, rows)
+    if not causal:
+        return tiles * rows * seq_len
+    return rows * sum(min((t + 1) * rows, seq_len) for t in range(tiles))
+
+
+def plan(head_dim: int, elt: int, device: _device.Device, seq_len: int | None = None,
+         causal: bool = False) -> WsPlan | None:
+    """The launch for this problem on this device: ``BLOCK_N`` rows a stage, ``STAGES`` stages, one program an SM of
+    three or two consumers, of those whose registers (``regs``) hold what a consumer needs (``consumer_regs``) and
+    whose ring fits its shared memory: the one of least modelled time, the (query, key) pairs its tiles compute
+    (``pairs``: a taller tile pads more rows past N) over its throughput, ``CONSUMER_GAIN`` a consumer more. None
+    where none fits (``attention`` then runs its Triton kernel). ``seq_len`` None: a sequence long enough that no
+    tile pads (the most consumers that fit). docs/kernels.md, "attention"."""
     need = consumer_regs(head_dim, BLOCK_N)
+    best, best_time = None, 0.0
     for consumers in (3, 2):
         ring = WsPlan(BLOCK_N, STAGES, consumers)
-        if regs(ring, device)[1] >= need and fits_device(head_dim, elt, ring, device):
-            return ring
-    return None
+        if regs(ring, device)[1] < need or not fits_device(head_dim, elt, ring, device):
+            continue
+        work = 1 if seq_len is None else pairs(max(1, seq_len), consumers * BLOCK_M, causal)
+        time = work / CONSUMER_GAIN ** consumers
+        if best is None or time < best_time:
+            best, best_time = ring, time
+    return best
 
 
 def launch_metadata(grid, kernel, args):
@@ -330,7 +349,7 @@ def launch(q, k, v, out, causal: bool, qk_scale: float, ws_plan: WsPlan | None =
         raise ValueError(f"_attention_ws.launch: qk_scale must be positive, got {qk_scale}")
     batch, heads, seq_len, head_dim = q.shape
     device = _device.of(q.device)
-    ws_plan = ws_plan or plan(head_dim, q.element_size(), device)
+    ws_plan = ws_plan or plan(head_dim, q.element_size(), device, seq_len, causal)
     if ws_plan is None or ws_plan.block_n not in (64, 128) or ws_plan.stages < 2 or ws_plan.consumers not in (2, 3):
         raise ValueError(f"_attention_ws.launch: plan {ws_plan}: block_n 64 or 128, at least two stages (a consumer "
                          "holds a block's stage while the next one loads), two or three consumers")

@@ -42,6 +42,50 @@ def test_the_plan_fits_every_described_devices_resources_or_is_none(name, head_d
         assert plan is not None and plan.consumers == (3 if head_dim == 64 else 2)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_pairs_counts_what_each_tile_computes_padding_included(causal):
+    for seq_len in (1, 63, 64, 100, 191, 192, 193, 1000, 1024):
+        for rows in (64, 128, 192):
+            brute = sum(min(t + rows, seq_len) if causal else seq_len  # a tile's rows see the keys its last row sees
+                        for t in range(0, seq_len, rows) for _ in range(rows))
+            assert _attention_ws.pairs(seq_len, rows, causal) == brute
+            assert brute >= (seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len)  # every pair covered
+            if seq_len % rows == 0 and not causal:
+                assert brute == seq_len * seq_len  # no padding
+
+
+@pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_sequences_plan_is_a_fitting_one_of_least_modelled_time(name, head_dim, causal):
+    device = _device.DESCRIPTIONS[name]
+    need = _attention_ws.consumer_regs(head_dim, _attention_ws.BLOCK_N)
+    fitting = [p for p in (_attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, c) for c in (3, 2))
+               if _attention_ws.fits_device(head_dim, 2, p, device) and _attention_ws.regs(p, device)[1] >= need]
+    for seq_len in (1, 100, 384, 512, 1000, 1024, 1536, 2048, 4096, 8192, 16384, 32767):
+        plan = _attention_ws.plan(head_dim, 2, device, seq_len, causal)
+        if not fitting:
+            assert plan is None
+            continue
+        assert plan in fitting
+
+        def time(p):
+            return _attention_ws.pairs(seq_len, p.consumers * _attention_ws.BLOCK_M, causal) / \
+                _attention_ws.CONSUMER_GAIN ** p.consumers
+        assert time(plan) == min(time(p) for p in fitting)
+        if seq_len % 384 == 0 and not causal:  # neither tile pads: the most consumers
+            assert plan == fitting[0]
+
+
+def test_three_consumers_give_way_where_their_taller_tile_pads_more_than_their_gain():
+    h100 = _device.DESCRIPTIONS["H100"]
+    # N 1024: three consumers' 192-row tiles compute 1152 rows (1/8 more), their gain is 1.05: two
+    assert _attention_ws.plan(64, 2, h100, 1024).consumers == 2
+    assert _attention_ws.plan(64, 2, h100, 1536).consumers == 3  # eight tiles of 192, twelve of 128: no padding
+    assert _attention_ws.plan(64, 2, h100, 16384, causal=True).consumers == 3  # the last of 86 tiles a third used
+    assert _attention_ws.plan(64, 2, h100) == _attention_ws.plan(64, 2, h100, 1 << 20)  # no length: a long one
+
+
 def test_a_consumers_registers_are_its_tiles_and_the_rest():
     assert _attention_ws.consumer_regs(64, 128) == 160  # three consumers' share, 160: no spill (Triton 3.6)
     assert _attention_ws.consumer_regs(128, 128) == 192  # past three consumers' 160 (it spills there)
