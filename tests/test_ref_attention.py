@@ -365,9 +365,9 @@ def _fused_attention(module, query, key, value, attention_mask, scaling=None, dr
     return attention.fused(query, key, value, causal=True, scale=scaling).transpose(1, 2), None
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget_through_a_lambda(device):
+def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget_through_a_lambda():
     transformers = pytest.importorskip("transformers")
+    device = DEVICE  # CPU under the interpreter; on a GPU, natively
     transformers.AttentionInterface.register("reference_fused", _fused_attention)
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.float16  # on sm_90 the warp-specialised kernel
@@ -389,7 +389,7 @@ def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget
     need = attention.budget(q, q, q).total  # q, k, v read once, the output written once
     for k in ours:
         assert k.bytes is not None and abs(k.bytes - need) <= 0.01 * need, str(report)
-        assert k.source.startswith("reference_kernels/attention.py:"), str(report)  # the launch's line
+        assert k.source.startswith("reference_kernels/"), str(report)  # the launch's line
 
 
 # --------------------------------------------------------------------------- GPU
