@@ -173,6 +173,7 @@ class _Recorders:
         launch.flops, launch.dtype = triton_launch_flops(metadata), launch_dtype(tensors)
         # the module running the launch, as an op's (a kernel a model's forward launches names its layer)
         launch.module = module_path(self.modules, stop=getattr(self.observer, "stop_frame", None))
+        launch.inside_op = getattr(self.observer, "running", None)
         self.triton.append(launch)
         if not interpreted:
             return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)

@@ -646,6 +646,7 @@ def _build_observer_class() -> Any:
             self.param_reads: dict = {}  # storage key -> bytes, of the nn.Parameter objects ops read
             self.forward_ops = FORWARD_OPS  # a backward op's origin, across captures
             self.stop_frame: Any = None  # where the capture's callable was called from
+            self.running: int | None = None  # the record whose op is executing (a custom op's Triton launches)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -666,11 +667,15 @@ def _build_observer_class() -> Any:
                 origin = (self.modules.get(id(node[1])), None)
             source = (origin[1] if origin else None) or user_source(2)
             t0 = time.perf_counter_ns()
-            if self.record_ranges:
-                with op_range(f"{OP_RANGE_PREFIX}{index}"):
+            self.running = index
+            try:
+                if self.record_ranges:
+                    with op_range(f"{OP_RANGE_PREFIX}{index}"):
+                        out = func(*args, **kwargs)
+                else:
                     out = func(*args, **kwargs)
-            else:
-                out = func(*args, **kwargs)
+            finally:
+                self.running = None
             wall = time.perf_counter_ns() - t0
             flops, estimated, dtype = None, False, None
             try:
@@ -727,3 +732,4 @@ class TritonLaunch:
     flops: int | None = None  # what its launch_metadata declares, else unknown
     dtype: str | None = None  # its first floating-point tensor argument's dtype
     module: str | None = None  # the nn.Module running on the stack at the launch (module_path)
+    inside_op: int | None = None  # the observed op (a custom op) whose implementation made the launch, if any

@@ -430,9 +430,27 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     device; head_dim 64 or 128. Any strides (a head_dim whose stride is not 1 costs a copy). ``scale`` defaults to 1/sqrt(head_dim).
     ``causal``: query i sees keys 0..i (torch's ``is_causal``). Scores, max and sum in
     float32; returns a contiguous tensor of q's shape and dtype. ``plan`` overrides the
-    launch heuristic (``_attention_settings``), for tests and benchmarks.
+    launch heuristic (``_attention_settings``), for tests and benchmarks. Under ``torch.compile`` the call is the
+    opaque op ``reference_kernels::attention`` (no ``plan``), which the compiled graph calls eagerly.
     """
+    if torch.compiler.is_compiling():  # dynamo would trace into the launch path (and fail there)
+        if plan is not None:
+            raise ValueError("attention.fused: plan= is for eager calls; under torch.compile the default plan runs")
+        return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))
     return CALLS((causal, scale, plan), (q, k, v), lambda: _fused(q, k, v, causal, scale, plan))
+
+
+@torch.library.custom_op("reference_kernels::attention", mutates_args=(),
+                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor")
+def _attention_op(q, k, v, causal, scale):
+    """``fused`` as an op a compiled graph calls: run eagerly, outside tracing."""
+    return fused(q, k, v, causal=causal, scale=scale)
+
+
+@_attention_op.register_fake
+def _(q, k, v, causal, scale):
+    _check(q, k, v)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 def _fused(q, k, v, causal, scale, plan):

@@ -365,8 +365,11 @@ def _fused_attention(module, query, key, value, attention_mask, scaling=None, dr
     return attention.fused(query, key, value, causal=True, scale=scaling).transpose(1, 2), None
 
 
-def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget_through_a_lambda():
+@pytest.mark.parametrize("form", ["eager", "compiled"])
+def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget_through_a_lambda(form):
     transformers = pytest.importorskip("transformers")
+    from torch._dynamo.utils import counters
+
     device = DEVICE  # CPU under the interpreter; on a GPU, natively
     transformers.AttentionInterface.register("reference_fused", _fused_attention)
     torch.manual_seed(0)
@@ -379,11 +382,17 @@ def test_a_llama_whose_attention_is_fused_names_each_layers_kernel_at_its_budget
         model.set_attn_implementation("sdpa")
         expected = model(ids).logits
         model.set_attn_implementation("reference_fused")
-        report = profile(lambda t: model(t).logits, ids)
-        got = model(ids).logits
+        torch._dynamo.reset()
+        counters.clear()
+        fn = (lambda t: model(t).logits) if form == "eager" else torch.compile(lambda t: model(t).logits)
+        report = profile(fn, ids)
+        got = fn(ids)
+    assert not counters["graph_break"], dict(counters["graph_break"])  # compiled: fused is one opaque op
     torch.testing.assert_close(got, expected, **(dict(atol=1e-4, rtol=1e-4) if device == "cpu" else
                                                   dict(atol=2e-2, rtol=2e-2)))
-    ours = [k for k in report.kernels if "_attention_" in k.name]
+    ours = [k for k in report.kernels if k.name.startswith("_attention")]
+    assert not [k for k in report.kernels if k.name.endswith("::attention")], str(report)  # the op is not a kernel
+    # one a layer (compiled: the op's launch, not the op besides it), named by the layer's attention
     assert [k.module for k in ours] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], str(report)
     q = torch.empty(2, 2, ids.shape[1], 64, dtype=dtype, device="meta")
     need = attention.budget(q, q, q).total  # q, k, v read once, the output written once

@@ -67,7 +67,12 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], name
                         flops_estimated=estimated,
                     )
                 )
+    # an op whose implementation launched Triton (a custom op wrapping a kernel): its launches are its kernels
+    wrapping = {launch.inside_op for launch in triton if launch.interpreted and launch.inside_op is not None}
+    by_index = {op.index: op for op in ops if op.index in wrapping}
     for op in ops:
+        if op.index in wrapping:
+            continue
         e = op_events.get(op.index)
         k = Kernel(
             name=op.op,
@@ -96,7 +101,7 @@ def cpu_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], name
                 bytes=launch.bytes,
                 op="triton",
                 source=launch.source,
-                module=launch.module,
+                module=launch.module or (by_index[launch.inside_op].module if launch.inside_op in by_index else None),
                 start_ns=e.start_ns() if e is not None else 0,
                 flops=launch.flops,
                 dtype=launch.dtype,
