@@ -336,6 +336,34 @@ def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None],
 
 
 @contextlib.contextmanager
+def graph_call_hook(on_call: Callable[[Any], None]) -> Iterator[None]:
+    """While open, ``on_call(callable)`` runs before each call of an Inductor-compiled graph, with the wrapper
+    function the graph runs (``CompiledFxGraph.current_callable``; checked on torch 2.11 and 2.13): the capture
+    tells graphs compiled under its hooks (``sources/bytes_model._mark_graph_calls`` marks their wrapper) from
+    those compiled before. A hook that raises is ignored. Restored on exit."""
+    try:
+        from torch._inductor.output_code import CompiledFxGraph
+
+        original = CompiledFxGraph.__call__
+    except Exception as exc:
+        _warn_once("compiled graphs' calls (torch._inductor.output_code.CompiledFxGraph.__call__)", exc)
+        yield
+        return
+
+    @functools.wraps(original)
+    def call(self, inputs):
+        with contextlib.suppress(Exception):
+            on_call(self.current_callable)
+        return original(self, inputs)
+
+    CompiledFxGraph.__call__ = call
+    try:
+        yield
+    finally:
+        CompiledFxGraph.__call__ = original
+
+
+@contextlib.contextmanager
 def triton_launch_hook(on_launch: Callable[..., Any]) -> Iterator[None]:
     """While open, each direct Triton launch (``JITFunction.run``; the interpreter's
     ``InterpretedFunction.run`` under ``TRITON_INTERPRET=1``) goes through

@@ -156,6 +156,7 @@ class _Recorders:
         self._t0 = 0.0
         self.wall_s: float | None = None
         self.explicit_syncs: dict[int, str | None] = {}  # sync range index -> user line (host_syncs.py)
+        self.unseen_graphs = 0  # calls of compiled graphs compiled before the hooks (graph_call)
         self._call_range: Any = None
 
     def triton_launch(self, jitfn, original, args, kwargs, grid, warmup, interpreted):
@@ -191,6 +192,12 @@ class _Recorders:
             if paused:
                 self.observer.paused -= 1
 
+    def graph_call(self, wrapper: Any) -> None:
+        """The compiled-graph hook (``_compat.graph_call_hook``): a graph whose wrapper the codegen hooks did not
+        mark was compiled before they opened, and its kernels have no figures (on CPU: no profiler events)."""
+        if self._call_range is not None and getattr(wrapper, "_fusioncheck_graph", None) is None:
+            self.unseen_graphs += 1
+
     def explicit_sync(self, original: Any, *args: Any) -> Any:
         """The explicit-sync hook (``_compat.explicit_sync_hook``): inside the profiled
         call, a range and the user line; the capture's own syncs pass straight through."""
@@ -220,6 +227,7 @@ class _Recorders:
             if self.device == "cuda":
                 self._nvtx = _nvtx_start(nvtx_range_name(self.seq, self.label))
             self._stack.enter_context(_compat.triton_launch_hook(self.triton_launch))
+            self._stack.enter_context(_compat.graph_call_hook(self.graph_call))
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
             self.observer = make_op_observer(record_ranges=True)
@@ -278,6 +286,7 @@ def _build_report(rec: _Recorders, label: str, source: str | None) -> FusionRepo
         source=source,
     )
     report.wall_time_s = rec.wall_s
+    report.unseen_graphs = rec.unseen_graphs
     report.host_syncs = host_syncs.from_profiler(rec.prof, rec.device, ops, rec.explicit_syncs, graph_host_reads)
     if rec.device == "cuda":
         report.time_s = report.device_time_s

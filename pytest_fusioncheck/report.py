@@ -231,6 +231,9 @@ class FusionReport:
     # a replay, or None with the reason in graph_note when it was asked for and not measured.
     graph_time_s: float | None = None
     graph_note: str | None = None
+    # Calls of compiled graphs compiled before fusioncheck's hooks opened (docs/architecture.md, "Graphs compiled
+    # earlier"): no figures for their kernels; on CPU the profiler does not even see them (``counts_complete``).
+    unseen_graphs: int = 0
 
     def release(self) -> None:
         """Drop what keeps tensors or profiler events alive; every figure stays."""
@@ -240,6 +243,24 @@ class FusionReport:
     @property
     def kernel_count(self) -> int:
         return len(self.kernels)
+
+    @property
+    def counts_complete(self) -> bool:
+        """Whether every kernel the call ran is in ``kernels``: not so on CPU where a graph compiled before the
+        hooks ran (Inductor's C++ kernels reach the profiler only when compiled under them)."""
+        return not (self.device == "cpu" and self.unseen_graphs)
+
+    def unseen_note(self) -> str | None:
+        """What a graph compiled before the hooks costs this report, and what to do."""
+        if not self.unseen_graphs:
+            return None
+        fix = ("compile inside the profiled call or the test (a new torch.compile, or torch._dynamo.reset() "
+               "before the first call)")
+        if self.device == "cpu":
+            return (f"{self.unseen_graphs} call(s) of graphs compiled before fusioncheck's hooks opened: on CPU their "
+                    f"kernels never reach the profiler, so the kernels and bytes here miss them; {fix}")
+        return (f"{self.unseen_graphs} call(s) of graphs compiled before fusioncheck's hooks opened: their kernels are "
+                f"counted, their bytes and modules are not known (or another compile's); {fix}")
 
     @property
     def bytes(self) -> int:
@@ -470,6 +491,8 @@ class FusionReport:
             if len(chains) > 1:
                 out[-1] += f" (+{len(chains) - 1} more chain(s))"
         out += self.warnings
+        if self.unseen_graphs:
+            out.append(self.unseen_note())
         if self.graph_note:
             out.append(f"CUDA graph replay not measured: {self.graph_note}")
         missing = self.unmodelled_kernels

@@ -65,8 +65,18 @@ def _report_without_failing(report: FusionReport, text: str, log: ReportLog) -> 
         warnings.warn(f"fusioncheck: {text}", stacklevel=3)
 
 
+def _require_complete_counts(report: FusionReport, where: str, log: ReportLog | None) -> None:
+    """A count or byte verdict on a CPU report that misses kernels (``FusionReport.counts_complete``) would pass on
+    a lower bound: it fails, saying why."""
+    __tracebackhide__ = True
+    if not report.counts_complete:
+        raise FusionAssertionError(failure_message(
+            report, f"{where}: cannot check {report.label}: {report.unseen_note()}", log=log))
+
+
 def check_max_kernels(report: FusionReport, n: int, where: str = "assert_max_kernels", log: ReportLog | None = None) -> None:
     __tracebackhide__ = True
+    _require_complete_counts(report, where, log)
     if report.kernel_count > n:
         raise FusionAssertionError(
             failure_message(report, f"{where}: {report.kernel_count} kernels launched, limit {n} ({report.label})", log=log)
@@ -98,6 +108,7 @@ def check_hbm_bytes(report: FusionReport, limit: int, what: str, where: str, log
     lower bound."""
     __tracebackhide__ = True
     log = log if log is not None else current_log()
+    _require_complete_counts(report, where, log)
     figure, kind = _bytes_figure(report, log.settings)
     missing = report.unmodelled_kernels if kind == "modelled" else []
     if missing and len(missing) == report.kernel_count:

@@ -261,6 +261,43 @@ def test_two_compiled_graphs_sharing_a_kernel_name_keep_their_own_bytes_in_eithe
     assert figures["run_g"] == figures["run_g again"] == 3 * large_n * 4
 
 
+# --- a graph compiled before the capture -----------------------------------------------------
+
+
+@pytest.fixture
+def warmed(request):
+    """A model compiled and called in a fixture, before the test's call opens fusioncheck's hooks, as users warm
+    one up (at import, in a session fixture, in an earlier non-fusioncheck test)."""
+    device = request.param
+    model = _mlp().to(device)
+    x = torch.randn(8, 64, device=device)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: model(t) * 2)
+    fn(x)  # grad mode as the test's call: no recompile there
+    return model, fn, x
+
+
+@pytest.mark.parametrize("warmed", DEVICES, indirect=True)
+def test_a_model_compiled_before_the_capture_is_flagged_and_on_cpu_fails_count_and_byte_verdicts(warmed):
+    from pytest_fusioncheck.verdict import FusionAssertionError, check_hbm_bytes, check_max_kernels
+
+    model, before, x = warmed
+    report = profile(before, x)
+    torch._dynamo.reset()
+    inside = profile(torch.compile(lambda t: model(t) * 2), x)  # compiled under the test's hooks
+    assert inside.unseen_graphs == 0 and inside.counts_complete and not inside.notes(), inside.notes()
+    assert report.unseen_graphs >= 1 and any("compiled before" in n for n in report.notes()), report.notes()
+    if x.device.type == "cpu":  # the generated C++ kernels never reach the profiler: a count would be a lower bound
+        assert not report.counts_complete and report.kernel_count < inside.kernel_count
+        with pytest.raises(FusionAssertionError, match="compiled before fusioncheck's hooks"):
+            check_max_kernels(report, 100)
+        with pytest.raises(FusionAssertionError, match="compiled before fusioncheck's hooks"):
+            check_hbm_bytes(report, 1 << 40, "the limit", "assert_hbm_bytes_within")
+    else:  # CUDA kernels are events whatever compiled them: the count stands
+        assert report.counts_complete and report.kernel_count == inside.kernel_count
+        check_max_kernels(report, inside.kernel_count)
+
+
 # --- peak bandwidth: the roof every efficiency is measured against --------------------------
 
 
