@@ -111,6 +111,31 @@ def rows_cols(x: torch.Tensor) -> tuple[int, int]:
     return (x.numel() // n_cols if n_cols else 0), n_cols
 
 
+def tracing() -> bool:
+    """Whether torch.compile is tracing this call: each subject's public call is then its opaque op
+    (``reference_kernels::<subject>``, registered beside it), which the compiled graph runs eagerly; Dynamo would
+    otherwise trace into the launch path and fail there."""
+    return torch.compiler.is_compiling()
+
+
+def eager_only(where: str, **overrides) -> None:
+    """Refuse a traced call that set a plan override: under torch.compile the default plan runs."""
+    for name, value in overrides.items():
+        if value is not None:
+            raise ValueError(f"{where}: {name}= is for eager calls; under torch.compile the default plan runs")
+
+
+def traced_result(result: torch.Tensor, out: torch.Tensor | None, where: str, **overrides) -> torch.Tensor:
+    """A traced call's result from its op (``eager_only`` ``overrides``), copied into ``out`` when given (one more
+    kernel than an eager call's)."""
+    eager_only(where, **overrides)
+    if out is None:
+        return result
+    if out.shape != result.shape or out.dtype != result.dtype or not out.is_contiguous():
+        raise ValueError(f"{where}: out must be a contiguous {tuple(result.shape)} tensor of {result.dtype}")
+    return out.copy_(result)
+
+
 def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """A fresh contiguous tensor like ``x``, or ``out`` once checked to be one."""
     if out is None:

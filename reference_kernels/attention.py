@@ -41,7 +41,7 @@ from triton.compiler.errors import CompilationError
 from pytest_fusioncheck.budget import Budget
 
 from . import _attention_ws, _device
-from ._common import MAX_GRID_Y, cdiv, check_tensor, interpreting, next_power_of_2, tma_ok
+from ._common import MAX_GRID_Y, cdiv, check_tensor, interpreting, next_power_of_2, tma_ok, traced_result, tracing
 from ._math import exp2
 from ._launch import Calls, launch as launch_kernel
 
@@ -433,10 +433,9 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     launch heuristic (``_attention_settings``), for tests and benchmarks. Under ``torch.compile`` the call is the
     opaque op ``reference_kernels::attention`` (no ``plan``), which the compiled graph calls eagerly.
     """
-    if torch.compiler.is_compiling():  # dynamo would trace into the launch path (and fail there)
-        if plan is not None:
-            raise ValueError("attention.fused: plan= is for eager calls; under torch.compile the default plan runs")
-        return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))
+    if tracing():
+        return traced_result(_attention_op(q, k, v, bool(causal), None if scale is None else float(scale)), None,
+                             "attention.fused", plan=plan)
     return CALLS((causal, scale, plan), (q, k, v), lambda: _fused(q, k, v, causal, scale, plan))
 
 

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import cdiv, check_tensor, interpreting, next_power_of_2
+from ._common import cdiv, check_tensor, interpreting, next_power_of_2, traced_result, tracing
 from ._device import sm_count
 from ._math import gelu, phi_scaled, widen
 from ._launch import Calls, launch as launch_kernel
@@ -459,10 +459,26 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
 
     x: (..., N) fp32/fp16/bf16 with a unit last stride, bias: (N,) of x's dtype. The
     result has x's shape and dtype (written into ``out`` when given, a contiguous tensor
-    like x); its mask is ``dropout_mask(x.shape, p, seed)``.
+    like x); its mask is ``dropout_mask(x.shape, p, seed)``. Under ``torch.compile``: the op
+    ``reference_kernels::bias_gelu_dropout`` (``out`` then takes a copy of its result).
     """
     _check_p_seed(p, seed)  # the seed is not in the key: checked each call
+    if tracing():
+        return traced_result(_bias_gelu_dropout_op(x, bias, float(p), int(seed), str(approximate)), out,
+                             "bias_gelu_dropout.fused")
     return CALLS((p, approximate), (x, bias, out), lambda: _fused(x, bias, p, seed, approximate, out), {"seed": seed})
+
+
+@torch.library.custom_op("reference_kernels::bias_gelu_dropout", mutates_args=(),
+                         schema="(Tensor x, Tensor bias, float p, int seed, str approximate) -> Tensor")
+def _bias_gelu_dropout_op(x, bias, p, seed, approximate):
+    return fused(x, bias, p, seed, approximate)
+
+
+@_bias_gelu_dropout_op.register_fake
+def _(x, bias, p, seed, approximate):
+    _check(x, bias, p, seed, approximate)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _fused(x, bias, p, seed, approximate, out):

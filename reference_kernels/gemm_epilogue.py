@@ -44,7 +44,7 @@ from pytest_fusioncheck.budget import Budget
 from . import _gemm_common, _gemm_ws
 from ._gemm_common import _tma_ok
 from ._gemm_kernels import _gemm_epilogue_kernel, _gemm_epilogue_tma_kernel, _gemm_splitk_kernel, _splitk_epilogue_kernel
-from ._common import cdiv, check_tensor, graph_device_ms, interpreting
+from ._common import cdiv, check_tensor, graph_device_ms, interpreting, traced_result, tracing
 from ._device import Device, of as device_of
 from ._launch import Calls, decline, launch as launch_kernel, library, unrecorded
 
@@ -465,11 +465,28 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
     ``torch.backends.cuda.matmul.allow_tf32`` is set, else in full fp32 on one untuned, slow
     config). ``activation`` is "gelu" (exact
     erf form unless ``approximate="tanh"``), "relu" or None. ``out``, when given, is a
-    contiguous (M, N) tensor of a's dtype to write into.
+    contiguous (M, N) tensor of a's dtype to write into. Under ``torch.compile``: the op
+    ``reference_kernels::gemm_epilogue`` (``out`` then takes a copy of its result).
     """
+    if tracing():
+        return traced_result(_gemm_epilogue_op(a, b, bias, activation, residual, approximate), out,
+                             "gemm_epilogue.fused")
     tf32 = _allow_tf32()  # fp32 inputs' precision (_input_precision)
     return CALLS((activation, approximate, tf32), (a, b, bias, residual, out),
                  lambda: _fused(a, b, bias, activation, residual, approximate, out))
+
+
+@torch.library.custom_op("reference_kernels::gemm_epilogue", mutates_args=(),
+                         schema="(Tensor a, Tensor b, Tensor? bias, str? activation, Tensor? residual, str approximate)"
+                                " -> Tensor")
+def _gemm_epilogue_op(a, b, bias, activation, residual, approximate):
+    return fused(a, b, bias, activation, residual, approximate)
+
+
+@_gemm_epilogue_op.register_fake
+def _(a, b, bias, activation, residual, approximate):
+    _check(a, b, bias, activation, residual, approximate)
+    return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
 
 
 def _fused(a, b, bias, activation, residual, approximate, out):

@@ -24,7 +24,8 @@ from pytest_fusioncheck.budget import Budget
 from . import _layer_norm_held
 from . import _device
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
-                      interpreting, next_power_of_2, output_like, reg_cap, rows_cols, warps_for)
+                      eager_only, interpreting, next_power_of_2, output_like, reg_cap, rows_cols, traced_result,
+                      tracing, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, VECTOR_BYTES,
                       Phased, launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
@@ -1011,8 +1012,12 @@ def forward(
     ``y`` has ``x``'s shape and dtype (written into ``out`` when given: contiguous, same
     shape, dtype and device); ``mean`` and ``rstd`` are float32 of shape ``x.shape[:-1]``.
     ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row`` overrides the
-    launch plan, for tests.
+    launch plan, for tests. Under ``torch.compile``: the op ``reference_kernels::layer_norm`` (``out`` then takes a
+    copy of y).
     """
+    if tracing():
+        y, mean, rstd = _layer_norm_op(x, weight, bias, float(eps))
+        return traced_result(y, out, "layer_norm.forward", max_row=max_row), mean, rstd
     return FORWARD_CALLS((eps, max_row), (x, weight, bias, out), lambda: _forward(x, weight, bias, eps, out, max_row))
 
 
@@ -1070,8 +1075,12 @@ def backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, dweight, dbias)`` of layer norm, given ``dy`` and the forward's saved values.
 
-    ``max_row``/``one_pass``/``variant`` override the launch plan (``_layer_norm_settings``).
+    ``max_row``/``one_pass``/``variant`` override the launch plan (``_layer_norm_settings``). Under
+    ``torch.compile``: the op ``reference_kernels::layer_norm_backward``.
     """
+    if tracing():
+        eager_only("layer_norm.backward", max_row=max_row, one_pass=one_pass, variant=variant)
+        return _layer_norm_backward_op(dy, x, weight, mean, rstd, bias_dtype)
     return BACKWARD_CALLS((bias_dtype, max_row, one_pass, variant), (dy, x, weight, mean, rstd),
                           lambda: _backward(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant))
 
@@ -1151,9 +1160,57 @@ def fused(
     """Differentiable fused layer norm: ``forward`` now, ``backward`` under autograd.
 
     ``max_row`` overrides both passes' plans, ``one_pass`` the backward's chunked plan and
-    ``bwd_variant`` ("measured" or "lean") its kernel, for tests and benchmarks.
+    ``bwd_variant`` ("measured" or "lean") its kernel, for tests and benchmarks. Under ``torch.compile``: the op
+    ``reference_kernels::layer_norm``, differentiable by ``reference_kernels::layer_norm_backward``.
     """
+    if tracing():
+        y, _, _ = _layer_norm_op(x, weight, bias, float(eps))
+        return traced_result(y, None, "layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
+
+
+@torch.library.custom_op("reference_kernels::layer_norm", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)")
+def _layer_norm_op(x, weight, bias, eps):
+    return forward(x, weight, bias, eps)
+
+
+@_layer_norm_op.register_fake
+def _(x, weight, bias, eps):
+    _check_params(x, weight, bias)
+    stats = [torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) for _ in range(2)]
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), *stats
+
+
+@torch.library.custom_op("reference_kernels::layer_norm_backward", mutates_args=(),
+                         schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, ScalarType? bias_dtype)"
+                                " -> (Tensor, Tensor, Tensor)")
+def _layer_norm_backward_op(dy, x, weight, mean, rstd, bias_dtype):
+    return backward(dy, x, weight, mean, rstd, bias_dtype=bias_dtype)
+
+
+@_layer_norm_backward_op.register_fake
+def _(dy, x, weight, mean, rstd, bias_dtype):
+    n_cols = x.shape[-1]
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(n_cols, dtype=weight.dtype, device=x.device),
+            torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device))
+
+
+def _op_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.bias_dtype = bias.dtype
+
+
+def _op_backward(ctx, dy, dmean, drstd):  # mean and rstd are statistics, not outputs a loss reads
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype)
+    return dx, dw, db, None
+
+
+_layer_norm_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

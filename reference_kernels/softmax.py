@@ -35,6 +35,7 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
+                      traced_result, tracing,
                       output_like, reg_cap, rows_cols, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased,
@@ -419,9 +420,23 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     dimension that is not contiguous, or leading dims that do not flatten to one, cost a
     copy). Returns a contiguous tensor of ``x``'s shape and dtype, written into ``out``
     when given (contiguous, same shape, dtype and device). ``max_row`` overrides the
-    launch plan (``plan``), for tests.
+    launch plan (``plan``), for tests. Under ``torch.compile``: the op ``reference_kernels::softmax`` (``out``
+    then takes a copy of its result).
     """
+    if tracing():
+        return traced_result(_softmax_op(x), out, "softmax.fused", max_row=max_row)
     return CALLS((max_row,), (x, out), lambda: _fused(x, out, max_row))
+
+
+@torch.library.custom_op("reference_kernels::softmax", mutates_args=(), schema="(Tensor x) -> Tensor")
+def _softmax_op(x):
+    return fused(x)
+
+
+@_softmax_op.register_fake
+def _(x):
+    check_tensor(x, "x", min_ndim=1)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 def _fused(x: torch.Tensor, out: torch.Tensor | None, max_row: int | None) -> torch.Tensor:
