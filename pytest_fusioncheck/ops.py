@@ -690,7 +690,8 @@ def _build_observer_class() -> Any:
                     dtype = op_dtype(func, reads, writes)
             except Exception:  # exotic tensors (sparse, nested): unmodelled, count kept
                 read_b, write_b, storages = None, None, ({}, {})
-            record = OpRecord(index, f"aten::{op}", kind, read_b, write_b, source, wall, *storages)
+            namespace = getattr(func, "namespace", None) or "aten"  # a custom op keeps its own (mylib::fused)
+            record = OpRecord(index, f"{namespace}::{op}", kind, read_b, write_b, source, wall, *storages)
             record.flops, record.flops_estimated, record.dtype = flops, estimated, dtype
             record.sync = op_sync_reason(op, args, kwargs)
             # an extern kernel of a compiled graph: the module its wrapper call ran for; a

@@ -183,6 +183,9 @@ def cuda_kernels(prof: Any, ops: list[OpRecord], triton: list[TritonLaunch], nam
         if op is not None:
             k.op, k.source, k.module = op.op, op.source, op.module
             by_op.setdefault(op.index, []).append(k)
+            if queue and not is_copy and queue[0].inside_op == op.index:  # a custom op's launch: the op stands for it
+                launch = queue.pop(0)
+                k.module = k.module or launch.module
         elif queue and not is_copy:
             launch = queue.pop(0)
             k.op, k.source, k.bytes, k.module = "triton", launch.source, launch.bytes, launch.module
