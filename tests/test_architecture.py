@@ -301,8 +301,8 @@ SUBJECTS = {
     "softmax": ("softmax.py", "_softmax_kernels.py", "_softmax_held.py"),
     "layer_norm": ("layer_norm.py", "_layer_norm_kernels.py", "_layer_norm_held.py"),
     "gemm_epilogue": ("gemm_epilogue.py", "_gemm_kernels.py", "_gemm_common.py", "_gemm_ws.py"),
-    "attention": ("attention.py", "_attention_ws.py"),
-    "bias_gelu_dropout": ("bias_gelu_dropout.py",),
+    "attention": ("attention.py", "_attention_kernels.py", "_attention_ws.py"),
+    "bias_gelu_dropout": ("bias_gelu_dropout.py", "_bias_gelu_dropout_kernels.py"),
     "shared": ("__init__.py", "_common.py", "_device.py", "_held.py", "_hopper.py", "_launch.py", "_math.py",
                "_ragged.py", "_split_walk.py"),
 }
