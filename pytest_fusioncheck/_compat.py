@@ -336,11 +336,11 @@ def codegen_hooks(on_cpp: Callable[..., None], on_triton: Callable[..., None],
 
 
 @contextlib.contextmanager
-def graph_call_hook(on_call: Callable[[Any], None]) -> Iterator[None]:
-    """While open, ``on_call(callable)`` runs before each call of an Inductor-compiled graph, with the wrapper
-    function the graph runs (``CompiledFxGraph.current_callable``; checked on torch 2.11 and 2.13): the capture
-    tells graphs compiled under its hooks (``sources/bytes_model._mark_graph_calls`` marks their wrapper) from
-    those compiled before. A hook that raises is ignored. Restored on exit."""
+def graph_call_hook(on_call: Callable[[Callable[[], Any]], Any]) -> Iterator[None]:
+    """While open, each call of an Inductor-compiled graph (``CompiledFxGraph.__call__``; checked on torch 2.11 and
+    2.13) goes through ``on_call(run)``, which must return ``run()``: the capture tells graphs compiled under its
+    hooks (whose wrapper ``sources/bytes_model._mark_graph_calls`` marks, whatever Inductor wraps around it) from
+    those compiled before. Restored on exit."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
 
@@ -352,9 +352,7 @@ def graph_call_hook(on_call: Callable[[Any], None]) -> Iterator[None]:
 
     @functools.wraps(original)
     def call(self, inputs):
-        with contextlib.suppress(Exception):
-            on_call(self.current_callable)
-        return original(self, inputs)
+        return on_call(lambda: original(self, inputs))
 
     CompiledFxGraph.__call__ = call
     try:

@@ -43,6 +43,7 @@ from .sources.bytes_model import (
     inductor_hooks,
     launch_dtype,
     launch_tensors,
+    marked_calls,
     triton_launch_bytes,
     triton_launch_flops,
 )
@@ -192,11 +193,14 @@ class _Recorders:
             if paused:
                 self.observer.paused -= 1
 
-    def graph_call(self, wrapper: Any) -> None:
-        """The compiled-graph hook (``_compat.graph_call_hook``): a graph whose wrapper the codegen hooks did not
-        mark was compiled before they opened, and its kernels have no figures (on CPU: no profiler events)."""
-        if self._call_range is not None and getattr(wrapper, "_fusioncheck_graph", None) is None:
+    def graph_call(self, run: Callable[[], Any]) -> Any:
+        """The compiled-graph hook (``_compat.graph_call_hook``): a graph whose run calls no wrapper the codegen hooks
+        marked was compiled before they opened, and its kernels have no figures (on CPU: no profiler events)."""
+        before = marked_calls()
+        out = run()
+        if self._call_range is not None and marked_calls() == before:
             self.unseen_graphs += 1
+        return out
 
     def explicit_sync(self, original: Any, *args: Any) -> Any:
         """The explicit-sync hook (``_compat.explicit_sync_hook``): inside the profiled
@@ -227,7 +231,8 @@ class _Recorders:
             if self.device == "cuda":
                 self._nvtx = _nvtx_start(nvtx_range_name(self.seq, self.label))
             self._stack.enter_context(_compat.triton_launch_hook(self.triton_launch))
-            self._stack.enter_context(_compat.graph_call_hook(self.graph_call))
+            if self.device == "cpu":  # on CUDA every kernel is an event (a CUDA-graph replay calls no wrapper either)
+                self._stack.enter_context(_compat.graph_call_hook(self.graph_call))
             self.prof = profile(activities=activities)
             self._stack.enter_context(self.prof)
             self.observer = make_op_observer(record_ranges=True)

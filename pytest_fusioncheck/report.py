@@ -231,8 +231,8 @@ class FusionReport:
     # a replay, or None with the reason in graph_note when it was asked for and not measured.
     graph_time_s: float | None = None
     graph_note: str | None = None
-    # Calls of compiled graphs compiled before fusioncheck's hooks opened (docs/architecture.md, "Graphs compiled
-    # earlier"): no figures for their kernels; on CPU the profiler does not even see them (``counts_complete``).
+    # Calls of compiled graphs compiled before fusioncheck's hooks opened, on CPU, where the profiler does not see
+    # their kernels (``counts_complete``; docs/architecture.md, "Graphs compiled earlier").
     unseen_graphs: int = 0
 
     def release(self) -> None:
@@ -251,16 +251,12 @@ class FusionReport:
         return not (self.device == "cpu" and self.unseen_graphs)
 
     def unseen_note(self) -> str | None:
-        """What a graph compiled before the hooks costs this report, and what to do."""
+        """What a graph compiled before the hooks costs this (CPU) report, and what to do."""
         if not self.unseen_graphs:
             return None
-        fix = ("compile inside the profiled call or the test (a new torch.compile, or torch._dynamo.reset() "
-               "before the first call)")
-        if self.device == "cpu":
-            return (f"{self.unseen_graphs} call(s) of graphs compiled before fusioncheck's hooks opened: on CPU their "
-                    f"kernels never reach the profiler, so the kernels and bytes here miss them; {fix}")
-        return (f"{self.unseen_graphs} call(s) of graphs compiled before fusioncheck's hooks opened: their kernels are "
-                f"counted, their bytes and modules are not known (or another compile's); {fix}")
+        return (f"{self.unseen_graphs} call(s) of graphs compiled before fusioncheck's hooks opened: on CPU their "
+                "kernels never reach the profiler, so the kernels and bytes here miss them; compile inside the "
+                "profiled call or the test (torch._dynamo.reset() before the first call)")
 
     @property
     def bytes(self) -> int:

@@ -553,6 +553,15 @@ def _on_wrapper_module(graph: Any, module: Any) -> None:
     register_wrapper(path, nodes)
 
 
+_marked = threading.local()  # calls of marked graph wrappers on this thread (marked_calls)
+
+
+def marked_calls() -> int:
+    """How many calls of graph wrappers compiled under the hooks (``_mark_graph_calls``) this thread has made: a
+    compiled graph's call that adds none ran a wrapper compiled before them (``capture``'s unseen graphs)."""
+    return getattr(_marked, "calls", 0)
+
+
 def _mark_graph_calls(module: Any, scope: Any) -> None:
     """Wrap a compiled graph's ``call`` (Inductor takes ``module.call`` after
     ``compile_to_module`` returns) so that, while a profiler runs, it opens the range
@@ -565,6 +574,7 @@ def _mark_graph_calls(module: Any, scope: Any) -> None:
     name = f"{GRAPH_RANGE_PREFIX}{scope}"
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        _marked.calls = getattr(_marked, "calls", 0) + 1
         if not _compat.profiler_enabled():
             return original(*args, **kwargs)
         with torch.profiler.record_function(name):
