@@ -71,7 +71,8 @@ def _require_complete_counts(report: FusionReport, where: str, log: ReportLog | 
     __tracebackhide__ = True
     if not report.counts_complete:
         raise FusionAssertionError(failure_message(
-            report, f"{where}: cannot check {report.label}: {report.unseen_note()}", log=log))
+            report, f"{where}: cannot check {report.label}: its kernels miss those of graphs compiled before "
+                    "fusioncheck's hooks (note below)", log=log))
 
 
 def check_max_kernels(report: FusionReport, n: int, where: str = "assert_max_kernels", log: ReportLog | None = None) -> None:

@@ -131,8 +131,9 @@ def traced_result(result: torch.Tensor, out: torch.Tensor | None, where: str, **
     eager_only(where, **overrides)
     if out is None:
         return result
-    if out.shape != result.shape or out.dtype != result.dtype or not out.is_contiguous():
-        raise ValueError(f"{where}: out must be a contiguous {tuple(result.shape)} tensor of {result.dtype}")
+    if out.shape != result.shape or out.dtype != result.dtype or out.device != result.device or not out.is_contiguous():
+        raise ValueError(f"{where}: out must be a contiguous {tuple(result.shape)} tensor of {result.dtype} on "
+                         f"{result.device}")
     return out.copy_(result)
 
 

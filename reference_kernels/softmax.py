@@ -35,8 +35,7 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
 from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
-                      traced_result, tracing,
-                      output_like, reg_cap, rows_cols, warps_for)
+                      output_like, reg_cap, rows_cols, traced_result, tracing, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased,
                       launch_width, phased, ragged_width, row_pieces)

@@ -299,6 +299,34 @@ def test_a_model_compiled_before_the_capture_fails_count_and_byte_verdicts_on_cp
         check_max_kernels(report, inside.kernel_count)
 
 
+def test_a_max_kernels_marker_on_a_model_compiled_and_warmed_at_import_fails_on_cpu_saying_why(run_pytest, pytester):
+    pytester.makepyfile(
+        """
+import pytest, torch
+
+torch._dynamo.reset()
+MODEL = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+STEP = torch.compile(lambda x: MODEL(x).relu().sum())
+STEP(torch.randn(8, 64))  # warmed at import: no fusioncheck hook was open
+
+
+@pytest.mark.max_kernels(100)
+def test_step(fusion):
+    fusion.profile(STEP, torch.randn(8, 64))
+
+
+@pytest.mark.max_kernels(100)
+def test_step_compiled_in_the_test(fusion):
+    torch._dynamo.reset()
+    fusion.profile(torch.compile(lambda x: MODEL(x).relu().sum()), torch.randn(8, 64))
+"""
+    )
+    result = run_pytest("-k", "test_step", "--fusion-device", "cpu")  # on CPU the profiler misses such kernels
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*max_kernels*cannot check*compiled before fusioncheck's hooks*",
+                                 "*note: 1 call(s) of graphs compiled before fusioncheck's hooks opened*"])
+
+
 # --- peak bandwidth: the roof every efficiency is measured against --------------------------
 
 
