@@ -3,7 +3,8 @@
 Every other kernel benchmark times CUDA-graph replays (device time). A user calls ``fused(x)`` eagerly, so what
 they get is the kernel behind its host path. Per subject, over shapes from public model configs (``SHAPES``: kept
 here, the issue's shapes among them), for ours, torch eager, torch.compile and Liger-Kernel (where it has the op),
-and for attention SDPA's cuDNN backend (``EXTRA_IMPLS``: a column of its subject's table):
+and for attention SDPA's cuDNN backend (``EXTRA_IMPLS``: a column of its subject's table); ``ours_compiled`` is ours
+called inside a torch.compile'd function (the subject's opaque op, as a compiled model calls it), a column beside:
 
 * **eager**: ``triton.testing.do_bench`` (CUDA events around each call, the L2 flushed between calls): the
   host path shows wherever it exceeds the kernel;
@@ -59,6 +60,9 @@ DROPOUT = 0.1
 SUBJECTS = tuple(SHAPES)
 IMPLS = ("ours", "torch", "compile", "liger")
 EXTRA_IMPLS = {"attention": ("cudnn",), "attention_full": ("cudnn",)}  # a subject's own yardsticks, a column each
+# ours called inside a torch.compile'd function (the subject's opaque op, as a compiled model calls it): a column where
+# recorded, never the "best other"
+OURS_COMPILED = "ours_compiled"
 EPS = 1e-5
 
 
@@ -71,6 +75,12 @@ def _compiled(fn):
     return torch.compile(fn, dynamic=False)
 
 
+def _in_compiled(fn, *args):
+    """A call of ``fn(*args)`` inside a torch.compile'd function (compiled on its first call)."""
+    compiled = _compiled(fn)
+    return lambda: compiled(*args)
+
+
 def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> tuple[dict, float, str]:
     """({impl: call}, work a call, unit): the work is compulsory bytes ("B") or FLOPs ("FLOP")."""
     from benchmarks.bench_attention import sdpa
@@ -80,6 +90,7 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
     if subject == "softmax":
         x = torch.randn(shape, device=dev).to(dtype)
         fns = {"ours": lambda: softmax.fused(x), "torch": lambda: torch.softmax(x, -1)}
+        fns[OURS_COMPILED] = _in_compiled(softmax.fused, x)
         compiled = _compiled(lambda t: torch.softmax(t, -1))
         fns["compile"] = lambda: compiled(x)
         liger = _common.liger_ops("softmax")
@@ -93,6 +104,7 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
         liger = _common.liger_ops("layer_norm") or (None, None)
         if subject == "layer_norm_fwd":
             fns = {"ours": lambda: layer_norm.forward(x, w, b, EPS), "torch": lambda: F.layer_norm(x, (n,), w, b, EPS)}
+            fns[OURS_COMPILED] = _in_compiled(lambda x_, w_, b_: layer_norm.forward(x_, w_, b_, EPS), x, w, b)
             compiled = _compiled(lambda t, w_, b_: F.layer_norm(t, (n,), w_, b_, EPS))
             fns["compile"] = lambda: compiled(x, w, b)
             if liger[0]:
@@ -106,6 +118,7 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
             return torch.ops.aten.native_layer_norm_backward(dy_, x_, [n], m_, r_, w_, b_, [True, True, True])
 
         fns = {"ours": lambda: layer_norm.backward(dy, x, w, mean, rstd), "torch": lambda: aten(dy, x, m1, r1, w, b)}
+        fns[OURS_COMPILED] = _in_compiled(layer_norm.backward, dy, x, w, mean, rstd)
         compiled = _compiled(aten)
         fns["compile"] = lambda: compiled(dy, x, m1, r1, w, b)
         if liger[1]:
@@ -118,6 +131,8 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
         bias = torch.randn(n, device=dev).to(dtype)
         fns = {"ours": lambda: gemm_epilogue.fused(a, wt.T, bias, approximate="tanh"),
                "torch": lambda: torch._addmm_activation(bias, a, wt.T, use_gelu=True)}  # cuBLASLt's GELU: tanh form
+        fns[OURS_COMPILED] = _in_compiled(lambda a_, w_, b_: gemm_epilogue.fused(a_, w_.T, b_, approximate="tanh"),
+                                          a, wt, bias)
         compiled = _compiled(lambda a_, w_, b_: F.gelu(F.linear(a_, w_, b_), approximate="tanh"))
         fns["compile"] = lambda: compiled(a, wt, bias)
         return fns, 2 * m * k * n, "FLOP"
@@ -128,12 +143,14 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
         fns = {"ours": lambda: attention.fused(q, k, v, causal=causal),
                "torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                "cudnn": lambda: sdpa(q, k, v, causal, "CUDNN_ATTENTION")}  # issue 55's yardstick
+        fns[OURS_COMPILED] = _in_compiled(lambda q_, k_, v_: attention.fused(q_, k_, v_, causal=causal), q, k, v)
         return fns, (2 if causal else 4) * bsz * heads * seq * seq * d, "FLOP"  # causal: half the scores
     if subject == "bias_gelu_dropout":
         x = torch.randn(shape, device=dev).to(dtype)
         bias = torch.randn(shape[1], device=dev).to(dtype)
         fns = {"ours": lambda: bias_gelu_dropout.fused(x, bias, DROPOUT),
                "torch": lambda: F.dropout(F.gelu(x + bias), DROPOUT)}
+        fns[OURS_COMPILED] = _in_compiled(lambda x_, b_: bias_gelu_dropout.fused(x_, b_, DROPOUT), x, bias)
         compiled = _compiled(lambda t, b_: F.dropout(F.gelu(t + b_), DROPOUT))
         fns["compile"] = lambda: compiled(x, bias)
         return fns, 2 * x.numel() * x.element_size(), "B"  # x read, the output written (no mask stored)
@@ -176,11 +193,12 @@ def table(records: list[dict], subject: str) -> str:
     graph figure and host time beside torch's."""
     rows = []
     mine = [r for r in records if r["subject"] == subject]
-    impls_shown = IMPLS + tuple(k for k in EXTRA_IMPLS.get(subject, ()) if any(k in r["impls"] for r in mine))
+    extra = EXTRA_IMPLS.get(subject, ()) + (OURS_COMPILED,)
+    impls_shown = IMPLS + tuple(k for k in extra if any(k in r["impls"] for r in mine))
     for rec in mine:
         impls = rec["impls"]
         eager = {k: v["eager_ms"] for k, v in impls.items() if v}
-        others = {k: t for k, t in eager.items() if k != "ours"}
+        others = {k: t for k, t in eager.items() if k not in ("ours", OURS_COMPILED)}
         best = min(others, key=others.get) if others else None
         ours = impls.get("ours") or {}
         ratio = f"{others[best] / eager['ours']:.2f}x {best}" if best and "ours" in eager else "n/a"

@@ -536,11 +536,13 @@ def test_each_eager_bench_subject_times_ours_and_torch_on_the_same_problem(subje
 
     monkeypatch.setattr(be, "_compiled", lambda fn: fn)
     fns, work, unit = be.cases(subject, SMALL[subject], torch.float32, dev="cpu")
-    assert {"ours", "torch"} <= set(fns) <= {*be.IMPLS, *be.EXTRA_IMPLS.get(subject, ())}
+    known = {*be.IMPLS, *be.EXTRA_IMPLS.get(subject, ()), be.OURS_COMPILED}
+    assert {"ours", "torch", be.OURS_COMPILED} <= set(fns) <= known
     assert work > 0 and unit in ("B", "FLOP")
     ours, theirs = fns["ours"](), fns["torch"]()
     first = lambda r: r[0] if isinstance(r, tuple) else r  # noqa: E731 - the forward's (y, mean, rstd)
     assert first(ours).shape == first(theirs).shape
+    assert first(fns[be.OURS_COMPILED]()).shape == first(ours).shape  # the same call, as a compiled model makes it
     if subject != "bias_gelu_dropout":
         torch.testing.assert_close(first(ours), first(theirs), atol=1e-3, rtol=1e-3)
 
@@ -557,6 +559,15 @@ def test_the_eager_table_of_attention_has_a_cudnn_column_and_compares_ours_with_
     assert "| 1x16x8192x128 | bfloat16 | 2000 | 1600 | n/a | n/a | 2500 | 0.80x cudnn |" in text
     del rec["impls"]["cudnn"]  # a file recorded before the column: the table it had
     assert "cudnn" not in be.table([rec], "attention")
+
+
+def test_the_eager_table_shows_ours_inside_a_compiled_function_beside_and_never_as_the_best_other():
+    import benchmarks.bench_eager as be
+
+    rec = _eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0, be.OURS_COMPILED: 0.5})
+    text = be.table([rec], "softmax")
+    assert f"| {be.OURS_COMPILED} eager |" in text and "0.50x torch" in text  # 0.5 ms is ours too: not the best other
+    assert be.OURS_COMPILED not in be.table([_eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0})], "softmax")
 
 
 def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
@@ -603,7 +614,7 @@ def test_the_committed_eager_figures_name_known_subjects_and_implementations_and
     assert recorded <= set(be.SUBJECTS) and {"softmax", "layer_norm_fwd", "layer_norm_bwd", "gemm"} <= recorded
     for rec in records:
         assert rec["impls"].get("ours"), rec  # ours ran at every shape
-        assert set(rec["impls"]) <= {*be.IMPLS, *be.EXTRA_IMPLS.get(rec["subject"], ())}
+        assert set(rec["impls"]) <= {*be.IMPLS, *be.EXTRA_IMPLS.get(rec["subject"], ()), be.OURS_COMPILED}
 
 
 def test_every_table_benchmarks_md_prints_from_committed_json_is_what_its_script_prints_now(capsys):
