@@ -299,7 +299,7 @@ def test_a_model_compiled_before_the_capture_fails_count_and_byte_verdicts_on_cp
         check_max_kernels(report, inside.kernel_count)
 
 
-def test_a_max_kernels_marker_on_a_model_compiled_and_warmed_at_import_fails_on_cpu_saying_why(run_pytest, pytester):
+def test_a_model_compiled_and_warmed_at_import_fails_max_kernels_and_gets_no_baseline_entry_on_cpu(run_pytest, pytester):
     pytester.makepyfile(
         """
 import pytest, torch
@@ -325,6 +325,14 @@ def test_step_compiled_in_the_test(fusion):
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["*max_kernels*cannot check*compiled before fusioncheck's hooks*",
                                  "*note: 1 call(s) of graphs compiled before fusioncheck's hooks opened*"])
+    # a baseline would take the lower count as the test's (or as an improvement): that test gets no entry
+    result = run_pytest("-k", "test_step", "--fusion-device", "cpu", "--fusion-update-baseline")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*fusion baseline: cannot record or compare*compiled before fusioncheck's hooks*"])
+    import json
+
+    entries = json.loads((pytester.path / ".fusioncheck-baseline.json").read_text())["entries"]
+    assert [name.split("::")[-1] for name in entries] == ["test_step_compiled_in_the_test"]
 
 
 # --- peak bandwidth: the roof every efficiency is measured against --------------------------

@@ -80,7 +80,15 @@ class BaselineSink:
         )
 
     def compare(self, item: pytest.Item, reports: list[Any], graph_breaks: list[Any] = ()) -> Any:
-        """The test's comparison with its entry (``None`` while updating)."""
+        """The test's comparison with its entry (``None`` while updating). A report whose count misses kernels
+        (``FusionReport.counts_complete``: a CPU graph compiled before the hooks) is neither recorded nor compared:
+        its lower count would read as an improvement, or go into the file."""
+        __tracebackhide__ = True
+        incomplete = [r for r in reports if not r.counts_complete]
+        if incomplete:
+            raise FusionAssertionError(
+                f"fusion baseline: cannot record or compare {item.nodeid}: {incomplete[0].unseen_note()}\n(baseline "
+                f"{self.path})")
         record = self.record_for(item.nodeid, reports, graph_breaks)
         if self.writer is not None:
             self.writer.add(record)
