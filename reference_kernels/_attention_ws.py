@@ -107,16 +107,15 @@ def plan(head_dim: int, elt: int, device: _device.Device, seq_len: int | None = 
     where none fits (``attention`` then runs its Triton kernel). ``seq_len`` None: a sequence long enough that no
     tile pads (the most consumers that fit). docs/kernels.md, "attention"."""
     need = consumer_regs(head_dim, BLOCK_N)
-    best, best_time = None, 0.0
-    for consumers in (3, 2):
-        ring = WsPlan(BLOCK_N, STAGES, consumers)
-        if regs(ring, device)[1] < need or not fits_device(head_dim, elt, ring, device):
-            continue
-        work = 1 if seq_len is None else pairs(max(1, seq_len), consumers * BLOCK_M, causal)
-        time = work / CONSUMER_GAIN ** consumers
-        if best is None or time < best_time:
-            best, best_time = ring, time
-    return best
+    fitting = [ring for ring in (WsPlan(BLOCK_N, STAGES, consumers) for consumers in (3, 2))
+               if regs(ring, device)[1] >= need and fits_device(head_dim, elt, ring, device)]
+    if not fitting or seq_len is None:
+        return fitting[0] if fitting else None
+
+    def modelled_time(ring: WsPlan) -> float:
+        return pairs(max(1, seq_len), ring.consumers * BLOCK_M, causal) / CONSUMER_GAIN ** ring.consumers
+
+    return min(fitting, key=modelled_time)  # a tie keeps the most consumers (the first)
 
 
 def launch_metadata(grid, kernel, args):

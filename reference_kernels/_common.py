@@ -125,10 +125,8 @@ def eager_only(where: str, **overrides) -> None:
             raise ValueError(f"{where}: {name}= is for eager calls; under torch.compile the default plan runs")
 
 
-def traced_result(result: torch.Tensor, out: torch.Tensor | None, where: str, **overrides) -> torch.Tensor:
-    """A traced call's result from its op (``eager_only`` ``overrides``), copied into ``out`` when given (one more
-    kernel than an eager call's)."""
-    eager_only(where, **overrides)
+def traced_result(result: torch.Tensor, out: torch.Tensor | None, where: str) -> torch.Tensor:
+    """A traced call's result from its op, copied into ``out`` when given (one more kernel than an eager call's)."""
     if out is None:
         return result
     if out.shape != result.shape or out.dtype != result.dtype or out.device != result.device or not out.is_contiguous():

@@ -40,7 +40,7 @@ from triton.compiler.errors import CompilationError
 from pytest_fusioncheck.budget import Budget
 
 from . import _attention_ws, _device
-from ._common import MAX_GRID_Y, cdiv, check_tensor, interpreting, next_power_of_2, tma_ok, traced_result, tracing
+from ._common import MAX_GRID_Y, cdiv, check_tensor, eager_only, interpreting, next_power_of_2, tma_ok, tracing
 from ._attention_kernels import _attention_fwd_kernel, _attention_fwd_tma_kernel
 from ._launch import Calls, launch as launch_kernel
 
@@ -187,8 +187,8 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     opaque op ``reference_kernels::attention`` (no ``plan``), which the compiled graph calls eagerly.
     """
     if tracing():
-        return traced_result(_attention_op(q, k, v, bool(causal), None if scale is None else float(scale)), None,
-                             "attention.fused", plan=plan)
+        eager_only("attention.fused", plan=plan)
+        return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))
     return CALLS((causal, scale, plan), (q, k, v), lambda: _fused(q, k, v, causal, scale, plan))
 
 

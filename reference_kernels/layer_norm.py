@@ -1016,8 +1016,9 @@ def forward(
     copy of y).
     """
     if tracing():
+        eager_only("layer_norm.forward", max_row=max_row)
         y, mean, rstd = _layer_norm_op(x, weight, bias, float(eps))
-        return traced_result(y, out, "layer_norm.forward", max_row=max_row), mean, rstd
+        return traced_result(y, out, "layer_norm.forward"), mean, rstd
     return FORWARD_CALLS((eps, max_row), (x, weight, bias, out), lambda: _forward(x, weight, bias, eps, out, max_row))
 
 
@@ -1164,8 +1165,8 @@ def fused(
     ``reference_kernels::layer_norm``, differentiable by ``reference_kernels::layer_norm_backward``.
     """
     if tracing():
-        y, _, _ = _layer_norm_op(x, weight, bias, float(eps))
-        return traced_result(y, None, "layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
+        eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
+        return _layer_norm_op(x, weight, bias, float(eps))[0]
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
 
 

@@ -34,8 +34,8 @@ import torch
 from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
-from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, interpreting, next_power_of_2,
-                      output_like, reg_cap, rows_cols, traced_result, tracing, warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, eager_only, interpreting,
+                      next_power_of_2, output_like, reg_cap, rows_cols, traced_result, tracing, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased,
                       launch_width, phased, ragged_width, row_pieces)
@@ -423,7 +423,8 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     then takes a copy of its result).
     """
     if tracing():
-        return traced_result(_softmax_op(x), out, "softmax.fused", max_row=max_row)
+        eager_only("softmax.fused", max_row=max_row)
+        return traced_result(_softmax_op(x), out, "softmax.fused")
     return CALLS((max_row,), (x, out), lambda: _fused(x, out, max_row))
 
 
