@@ -118,6 +118,85 @@ def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
+# Every subject's op under torch.compile. Defined here rather than by ``torch.library.custom_op``, whose Python layers
+# cost ~8 us a call where these cost ~3 (docs/kernels.md, "Host time a call").
+OPS = torch.library.Library("reference_kernels", "DEF")
+_BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+
+
+def define_op(schema: str, impl, fake, *, differentiable: bool = False):
+    """Define ``reference_kernels::<name>`` by its ``schema`` ("name(Tensor x, ...) -> Tensor"): ``impl`` computes it on
+    any device, ``fake`` gives torch.compile its outputs' shapes. Returns the op (its default overload). An op with a
+    backward (``differentiable``) registers it (``torch.library.register_autograd``); the others differentiate to an
+    error, as an eager call does (``inference_result``), not to a silent zero."""
+    name = schema.split("(", 1)[0]
+    OPS.define(schema)
+    OPS.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"reference_kernels::{name}", fake, lib=OPS)
+    op = getattr(torch.ops.reference_kernels, name).default
+    if not differentiable and _BELOW_AUTOGRAD is not None:
+        def autograd_kernel(*args):
+            with _BELOW_AUTOGRAD():
+                result = op(*args)
+            if not torch.is_grad_enabled():
+                return result
+            return inference_result(f"reference_kernels::{name}", [a for a in args if isinstance(a, torch.Tensor)],
+                                    result)
+
+        OPS.impl(name, autograd_kernel, "Autograd")
+    return op
+
+
+def _no_backward_impl(grad: torch.Tensor, like: torch.Tensor, where: str) -> torch.Tensor:
+    raise RuntimeError(f"{where} has no backward: a gradient reached it (run it under torch.no_grad(), or on tensors "
+                       "that do not require grad; layer_norm.fused is the differentiable layer norm)")
+
+
+# A backward that raises when it runs (an eager backward, or a compiled one's at run time) and traces to a tensor like
+# ``like``, so that torch.compile can build the graph of a forward that never differentiates through the op
+_NO_BACKWARD = define_op("no_backward(Tensor grad, Tensor like, str where) -> Tensor", _no_backward_impl,
+                         lambda grad, like, where: torch.empty_like(like), differentiable=True)
+
+
+class _NoBackward(torch.autograd.Function):
+    """The outputs of a call with no backward, given a node that raises if a gradient reaches it."""
+
+    @staticmethod
+    def forward(ctx, where, n_inputs, *tensors):
+        ctx.where = where
+        ctx.save_for_backward(*tensors[:n_inputs])
+        outs = tuple(t.view_as(t) for t in tensors[n_inputs:])
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad = next(g for g in grads if g is not None)
+        return (None, None, *(_NO_BACKWARD(grad, t, ctx.where) for t in ctx.saved_tensors), *(None,) * len(grads))
+
+
+def wants_grad(tensors) -> bool:
+    """Whether autograd would differentiate through a call of these tensors (or Nones): grad mode, and one of them
+    requires grad. A loop, not a list: every eager call asks (~0.2 us)."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
+
+
+def inference_result(where: str, inputs, result):
+    """``result`` of a call with no backward (``where``: its name; ``inputs``: its tensors, or None): as it is unless
+    autograd would differentiate through it (grad mode, an input that requires grad); then its tensors carry a node
+    that raises when a gradient reaches it, where a fresh Triton output would take none and leave the inputs'
+    gradients silently short."""
+    if not wants_grad(inputs):
+        return result
+    needs = [t for t in inputs if t is not None and t.requires_grad]
+    outs = result if isinstance(result, tuple) else (result,)
+    wrapped = _NoBackward.apply(where, len(needs), *needs, *outs)
+    return (wrapped,) if isinstance(result, tuple) and len(outs) == 1 else wrapped
+
+
 def eager_only(where: str, **overrides) -> None:
     """Refuse a traced call that set a plan override: under torch.compile the default plan runs."""
     for name, value in overrides.items():

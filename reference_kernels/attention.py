@@ -40,7 +40,8 @@ from triton.compiler.errors import CompilationError
 from pytest_fusioncheck.budget import Budget
 
 from . import _attention_ws, _device
-from ._common import MAX_GRID_Y, cdiv, check_tensor, eager_only, interpreting, next_power_of_2, tma_ok, tracing
+from ._common import (MAX_GRID_Y, cdiv, check_tensor, define_op, eager_only, inference_result, interpreting,
+                      next_power_of_2, tma_ok, tracing)
 from ._attention_kernels import _attention_fwd_kernel, _attention_fwd_tma_kernel
 from ._launch import Calls, launch as launch_kernel
 
@@ -188,21 +189,21 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     """
     if tracing():
         eager_only("attention.fused", plan=plan)
-        return _attention_op(q, k, v, bool(causal), None if scale is None else float(scale))
+        return _ATTENTION_OP(q, k, v, bool(causal), None if scale is None else float(scale))
+    return inference_result("attention.fused", (q, k, v), _calls(q, k, v, causal, scale, plan))
+
+
+def _calls(q, k, v, causal, scale, plan=None):
+    """The call's launches (recorded or replayed), and the op's implementation."""
     return CALLS((causal, scale, plan), (q, k, v), lambda: _fused(q, k, v, causal, scale, plan))
 
 
-@torch.library.custom_op("reference_kernels::attention", mutates_args=(),
-                         schema="(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor")
-def _attention_op(q, k, v, causal, scale):
-    """``fused`` as an op a compiled graph calls: run eagerly, outside tracing."""
-    return fused(q, k, v, causal=causal, scale=scale)
-
-
-@_attention_op.register_fake
-def _(q, k, v, causal, scale):
+def _fake(q, k, v, causal, scale):
     _check(q, k, v)
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+_ATTENTION_OP = define_op("attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale) -> Tensor", _calls, _fake)
 
 
 def _fused(q, k, v, causal, scale, plan):

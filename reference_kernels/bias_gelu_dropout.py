@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from pytest_fusioncheck.budget import Budget
 
-from ._common import cdiv, check_tensor, interpreting, next_power_of_2, traced_result, tracing
+from ._common import (cdiv, check_tensor, define_op, inference_result, interpreting, next_power_of_2, traced_result,
+                      tracing)
 from ._device import sm_count
 from ._bias_gelu_dropout_kernels import _bias_gelu_dropout_kernel, _bias_gelu_dropout_lean_kernel, _dropout_mask_kernel
 from ._launch import Calls, launch as launch_kernel
@@ -215,21 +216,23 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
     """
     _check_p_seed(p, seed)  # the seed is not in the key: checked each call
     if tracing():
-        return traced_result(_bias_gelu_dropout_op(x, bias, float(p), int(seed), str(approximate)), out,
+        return traced_result(_BIAS_GELU_DROPOUT_OP(x, bias, float(p), int(seed), str(approximate)), out,
                              "bias_gelu_dropout.fused")
+    return inference_result("bias_gelu_dropout.fused", (x, bias), _calls(x, bias, p, seed, approximate, out))
+
+
+def _calls(x, bias, p, seed, approximate, out=None):
+    """The call's launches (recorded or replayed: the seed is a launch argument), and the op's implementation."""
     return CALLS((p, approximate), (x, bias, out), lambda: _fused(x, bias, p, seed, approximate, out), {"seed": seed})
 
 
-@torch.library.custom_op("reference_kernels::bias_gelu_dropout", mutates_args=(),
-                         schema="(Tensor x, Tensor bias, float p, int seed, str approximate) -> Tensor")
-def _bias_gelu_dropout_op(x, bias, p, seed, approximate):
-    return fused(x, bias, p, seed, approximate)
-
-
-@_bias_gelu_dropout_op.register_fake
-def _(x, bias, p, seed, approximate):
+def _fake(x, bias, p, seed, approximate):
     _check(x, bias, p, seed, approximate)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_BIAS_GELU_DROPOUT_OP = define_op(
+    "bias_gelu_dropout(Tensor x, Tensor bias, float p, int seed, str approximate) -> Tensor", _calls, _fake)
 
 
 def _fused(x, bias, p, seed, approximate, out):

@@ -44,7 +44,8 @@ from pytest_fusioncheck.budget import Budget
 from . import _gemm_common, _gemm_ws
 from ._gemm_common import _tma_ok
 from ._gemm_kernels import _gemm_epilogue_kernel, _gemm_epilogue_tma_kernel, _gemm_splitk_kernel, _splitk_epilogue_kernel
-from ._common import cdiv, check_tensor, graph_device_ms, interpreting, traced_result, tracing
+from ._common import (cdiv, check_tensor, define_op, graph_device_ms, inference_result, interpreting, traced_result,
+                      tracing)
 from ._device import Device, of as device_of
 from ._launch import Calls, decline, launch as launch_kernel, library, unrecorded
 
@@ -469,24 +470,26 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
     ``reference_kernels::gemm_epilogue`` (``out`` then takes a copy of its result).
     """
     if tracing():
-        return traced_result(_gemm_epilogue_op(a, b, bias, activation, residual, approximate), out,
+        return traced_result(_GEMM_EPILOGUE_OP(a, b, bias, activation, residual, approximate), out,
                              "gemm_epilogue.fused")
+    return inference_result("gemm_epilogue.fused", (a, b, bias, residual),
+                            _calls(a, b, bias, activation, residual, approximate, out))
+
+
+def _calls(a, b, bias, activation, residual, approximate, out=None):
+    """The call's launches (recorded or replayed), and the op's implementation."""
     tf32 = _allow_tf32()  # fp32 inputs' precision (_input_precision)
     return CALLS((activation, approximate, tf32), (a, b, bias, residual, out),
                  lambda: _fused(a, b, bias, activation, residual, approximate, out))
 
 
-@torch.library.custom_op("reference_kernels::gemm_epilogue", mutates_args=(),
-                         schema="(Tensor a, Tensor b, Tensor? bias, str? activation, Tensor? residual, str approximate)"
-                                " -> Tensor")
-def _gemm_epilogue_op(a, b, bias, activation, residual, approximate):
-    return fused(a, b, bias, activation, residual, approximate)
-
-
-@_gemm_epilogue_op.register_fake
-def _(a, b, bias, activation, residual, approximate):
+def _fake(a, b, bias, activation, residual, approximate):
     _check(a, b, bias, activation, residual, approximate)
     return torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+
+
+_GEMM_EPILOGUE_OP = define_op("gemm_epilogue(Tensor a, Tensor b, Tensor? bias, str? activation, Tensor? residual, "
+                              "str approximate) -> Tensor", _calls, _fake)
 
 
 def _fused(a, b, bias, activation, residual, approximate, out):

@@ -23,9 +23,9 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor, float32_pair,
-                      eager_only, interpreting, next_power_of_2, output_like, reg_cap, rows_cols, traced_result,
-                      tracing, warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, OPS, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor,
+                      define_op, eager_only, float32_pair, inference_result, interpreting, next_power_of_2, output_like,
+                      reg_cap, rows_cols, traced_result, tracing, wants_grad, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, VECTOR_BYTES,
                       Phased, launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
@@ -1012,13 +1012,19 @@ def forward(
     ``y`` has ``x``'s shape and dtype (written into ``out`` when given: contiguous, same
     shape, dtype and device); ``mean`` and ``rstd`` are float32 of shape ``x.shape[:-1]``.
     ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row`` overrides the
-    launch plan, for tests. Under ``torch.compile``: the op ``reference_kernels::layer_norm`` (``out`` then takes a
-    copy of y).
+    launch plan, for tests. Under ``torch.compile``, and where autograd would differentiate through the call (grad
+    mode, an input that requires grad): the op ``reference_kernels::layer_norm``, differentiable (``out`` then takes
+    a copy of y); with ``max_row`` set such a call has no backward (a gradient reaching it raises).
     """
-    if tracing():
+    if tracing() or (max_row is None and wants_grad((x, weight, bias))):  # the op is differentiable
         eager_only("layer_norm.forward", max_row=max_row)
-        y, mean, rstd = _layer_norm_op(x, weight, bias, float(eps))
+        y, mean, rstd = _LAYER_NORM_OP(x, weight, bias, float(eps))
         return traced_result(y, out, "layer_norm.forward"), mean, rstd
+    return inference_result("layer_norm.forward", (x, weight, bias), _forward_calls(x, weight, bias, eps, out, max_row))
+
+
+def _forward_calls(x, weight, bias, eps, out=None, max_row=None):
+    """The forward's launches (recorded or replayed), and its op's implementation."""
     return FORWARD_CALLS((eps, max_row), (x, weight, bias, out), lambda: _forward(x, weight, bias, eps, out, max_row))
 
 
@@ -1081,7 +1087,13 @@ def backward(
     """
     if tracing():
         eager_only("layer_norm.backward", max_row=max_row, one_pass=one_pass, variant=variant)
-        return _layer_norm_backward_op(dy, x, weight, mean, rstd, bias_dtype)
+        return _LAYER_NORM_BACKWARD_OP(dy, x, weight, mean, rstd, bias_dtype)
+    return inference_result("layer_norm.backward", (dy, x, weight, mean, rstd),
+                            _backward_calls(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant))
+
+
+def _backward_calls(dy, x, weight, mean, rstd, bias_dtype, max_row=None, one_pass=None, variant=None):
+    """The backward's launches (recorded or replayed), and its op's implementation."""
     return BACKWARD_CALLS((bias_dtype, max_row, one_pass, variant), (dy, x, weight, mean, rstd),
                           lambda: _backward(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant))
 
@@ -1166,36 +1178,28 @@ def fused(
     """
     if tracing():
         eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
-        return _layer_norm_op(x, weight, bias, float(eps))[0]
+        return _LAYER_NORM_OP(x, weight, bias, float(eps))[0]
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
 
 
-@torch.library.custom_op("reference_kernels::layer_norm", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)")
-def _layer_norm_op(x, weight, bias, eps):
-    return forward(x, weight, bias, eps)
-
-
-@_layer_norm_op.register_fake
-def _(x, weight, bias, eps):
+def _fake_forward(x, weight, bias, eps):
     _check_params(x, weight, bias)
     stats = [torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device) for _ in range(2)]
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), *stats
 
 
-@torch.library.custom_op("reference_kernels::layer_norm_backward", mutates_args=(),
-                         schema="(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, ScalarType? bias_dtype)"
-                                " -> (Tensor, Tensor, Tensor)")
-def _layer_norm_backward_op(dy, x, weight, mean, rstd, bias_dtype):
-    return backward(dy, x, weight, mean, rstd, bias_dtype=bias_dtype)
-
-
-@_layer_norm_backward_op.register_fake
-def _(dy, x, weight, mean, rstd, bias_dtype):
+def _fake_backward(dy, x, weight, mean, rstd, bias_dtype):
     n_cols = x.shape[-1]
     return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
             torch.empty(n_cols, dtype=weight.dtype, device=x.device),
             torch.empty(n_cols, dtype=bias_dtype or weight.dtype, device=x.device))
+
+
+_LAYER_NORM_OP = define_op("layer_norm(Tensor x, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)",
+                           _forward_calls, _fake_forward, differentiable=True)
+_LAYER_NORM_BACKWARD_OP = define_op(
+    "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, ScalarType? bias_dtype)"
+    " -> (Tensor, Tensor, Tensor)", _backward_calls, _fake_backward)
 
 
 def _op_setup(ctx, inputs, output):
@@ -1207,11 +1211,11 @@ def _op_setup(ctx, inputs, output):
 
 def _op_backward(ctx, dy, dmean, drstd):  # mean and rstd are statistics, not outputs a loss reads
     x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _layer_norm_backward_op(dy, x, weight, mean, rstd, ctx.bias_dtype)
+    dx, dw, db = _LAYER_NORM_BACKWARD_OP(dy, x, weight, mean, rstd, ctx.bias_dtype)
     return dx, dw, db, None
 
 
-_layer_norm_op.register_autograd(_op_backward, setup_context=_op_setup)
+torch.library.register_autograd("reference_kernels::layer_norm", _op_backward, setup_context=_op_setup, lib=OPS)
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

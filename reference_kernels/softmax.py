@@ -34,8 +34,9 @@ import torch
 from pytest_fusioncheck.budget import Budget
 
 from . import _device, _softmax_held
-from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, eager_only, interpreting,
-                      next_power_of_2, output_like, reg_cap, rows_cols, traced_result, tracing, warps_for)
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, ROWS_TILE, as_rows, cdiv, check_tensor, define_op, eager_only,
+                      inference_result, interpreting, next_power_of_2, output_like, reg_cap, rows_cols, traced_result,
+                      tracing, warps_for)
 from ._device import Device
 from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WASTE, PIECES_MIN_COLS, Phased,
                       launch_width, phased, ragged_width, row_pieces)
@@ -424,19 +425,21 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     """
     if tracing():
         eager_only("softmax.fused", max_row=max_row)
-        return traced_result(_softmax_op(x), out, "softmax.fused")
+        return traced_result(_SOFTMAX_OP(x), out, "softmax.fused")
+    return inference_result("softmax.fused", (x,), _calls(x, out, max_row))
+
+
+def _calls(x, out=None, max_row=None):
+    """The call's launches (recorded or replayed), and the op's implementation."""
     return CALLS((max_row,), (x, out), lambda: _fused(x, out, max_row))
 
 
-@torch.library.custom_op("reference_kernels::softmax", mutates_args=(), schema="(Tensor x) -> Tensor")
-def _softmax_op(x):
-    return fused(x)
-
-
-@_softmax_op.register_fake
-def _(x):
+def _fake(x):
     check_tensor(x, "x", min_ndim=1)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+_SOFTMAX_OP = define_op("softmax(Tensor x) -> Tensor", _calls, _fake)
 
 
 def _fused(x: torch.Tensor, out: torch.Tensor | None, max_row: int | None) -> torch.Tensor:
