@@ -108,17 +108,18 @@ def test_every_op_passes_torch_library_opcheck(name):
     assert set(results.values()) == {"SUCCESS"}, results
 
 
-# (subject, a call whose first argument a model's parameter may be, its other inputs, the name its backward error says)
+# (subject, a call whose first argument a model's parameter may be, its other inputs, the name its backward error
+# says, the kernel-name prefix its launches carry)
 NO_BACKWARD = {
-    "softmax": (lambda p: softmax.fused(p), lambda: (), "softmax"),
+    "softmax": (lambda p: softmax.fused(p), lambda: (), "softmax", "_softmax"),
     "layer_norm.forward with max_row": (lambda p, x: layer_norm.forward(x, p, p, max_row=128)[0],
-                                        lambda: _inputs((4, 96)), "layer_norm.forward"),
+                                        lambda: _inputs((4, 96)), "layer_norm.forward", "_layer_norm"),
     "bias_gelu_dropout": (lambda p, x: bias_gelu_dropout.fused(x, p, 0.1, 3), lambda: _inputs((4, 96)),
-                          "bias_gelu_dropout"),
+                          "bias_gelu_dropout", "_bias_gelu_dropout"),
     "gemm_epilogue": (lambda p, x: gemm_epilogue.fused(x, p.view(96, 1).expand(96, 16).contiguous()),
-                      lambda: _inputs((8, 96)), "gemm_epilogue"),
+                      lambda: _inputs((8, 96)), "gemm_epilogue", "_gemm"),
     "attention": (lambda p, x: attention.fused(x, x, p.view(1, 1, 96, 1).expand(1, 2, 96, 64)), lambda: _inputs(
-        (1, 2, 96, 64)), "attention"),
+        (1, 2, 96, 64)), "attention", "_attention"),
 }
 
 
@@ -129,11 +130,14 @@ def test_a_call_with_no_backward_runs_on_a_parameter_and_raises_only_when_a_grad
     """A model whose weights require grad calls an inference kernel outside torch.no_grad(): the forward runs (a
     compiled one too: it used to fail to compile), and a backward through the call raises, naming it; the eager
     output used to take no gradient silently."""
-    fn, make, name = NO_BACKWARD[subject]
+    fn, make, name, prefix = NO_BACKWARD[subject]
     param = torch.nn.Parameter(_inputs((96,))[0])
     others = make()
     torch._dynamo.reset()
     call = torch.compile(fn) if compiled else fn
+    report = profile(call, param, *others)  # the plugin through it (compiled inside): its kernels counted, none unseen
+    assert [k for k in report.kernels if k.name.startswith(prefix)], str(report)
+    assert report.counts_complete, report.notes()
     with torch.no_grad():
         expected = fn(param, *others)
     got = call(param, *others)
