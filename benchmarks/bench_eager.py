@@ -190,11 +190,13 @@ def _rate(rec: dict, ms: float | None) -> str:
 
 def table(records: list[dict], subject: str) -> str:
     """The subject's table: eager (% of copy or TFLOPS) per implementation, ours against the best other, then ours'
-    graph figure and host time beside torch's."""
+    graph figure and host time beside torch's (and, where ours ran compiled, beside torch.compile's)."""
     rows = []
     mine = [r for r in records if r["subject"] == subject]
     extra = EXTRA_IMPLS.get(subject, ()) + (OURS_COMPILED,)
     impls_shown = IMPLS + tuple(k for k in extra if any(k in r["impls"] for r in mine))
+    # host us a call: ours and torch's; where ours was timed compiled, torch.compile's own op beside it
+    hosts = ("ours", OURS_COMPILED, "torch", "compile") if OURS_COMPILED in impls_shown else ("ours", "torch")
     for rec in mine:
         impls = rec["impls"]
         eager = {k: v["eager_ms"] for k, v in impls.items() if v}
@@ -204,14 +206,14 @@ def table(records: list[dict], subject: str) -> str:
         ratio = f"{others[best] / eager['ours']:.2f}x {best}" if best and "ours" in eager else "n/a"
         row = ["x".join(map(str, rec["shape"])), rec["dtype"]]
         row += [_rate(rec, eager.get(k)) for k in impls_shown]
-        row += [ratio, _rate(rec, ours.get("graph_ms")), f"{ours['host_us']:.0f}" if ours else "n/a",
-                f"{impls['torch']['host_us']:.0f}" if impls.get("torch") else "n/a"]
+        row += [ratio, _rate(rec, ours.get("graph_ms"))]
+        row += [f"{impls[k]['host_us']:.0f}" if impls.get(k) else "n/a" for k in hosts]
         rows.append(row)
     unit = "% of copy" if subject not in ("gemm", "attention", "attention_full") else "TFLOPS"
     if subject.startswith("attention"):
         subject += " (causal)" if subject == "attention" else " (not causal)"
-    headers = ["shape", "dtype"] + [f"{k} eager" for k in impls_shown] + ["ours / best other", "ours graph",
-                                                                     "ours host us", "torch host us"]
+    headers = ["shape", "dtype"] + [f"{k} eager" for k in impls_shown] + ["ours / best other", "ours graph"]
+    headers += [f"{k} host us" for k in hosts]
     return f"### {subject} (eager and graph in {unit})\n\n" + _common.markdown_table(headers, rows)
 
 
