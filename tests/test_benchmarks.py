@@ -564,10 +564,15 @@ def test_the_eager_table_of_attention_has_a_cudnn_column_and_compares_ours_with_
 def test_the_eager_table_shows_ours_inside_a_compiled_function_beside_and_never_as_the_best_other():
     import benchmarks.bench_eager as be
 
-    rec = _eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0, be.OURS_COMPILED: 0.5})
+    host = {"ours": 9.0, be.OURS_COMPILED: 44.0, "torch": 6.0, "compile": 33.0}
+    rec = _eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0, "compile": 1.5, be.OURS_COMPILED: 0.5}, host=host)
     text = be.table([rec], "softmax")
     assert f"| {be.OURS_COMPILED} eager |" in text and "0.50x torch" in text  # 0.5 ms is ours too: not the best other
-    assert be.OURS_COMPILED not in be.table([_eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0})], "softmax")
+    # host a call: ours, ours compiled, torch, torch.compile's own
+    assert f"| ours host us | {be.OURS_COMPILED} host us | torch host us | compile host us |" in text
+    assert text.rstrip().endswith("| 9 | 44 | 6 | 33 |")
+    plain = be.table([_eager_record("softmax", "B", {"ours": 2.0, "torch": 1.0})], "softmax")
+    assert be.OURS_COMPILED not in plain and plain.splitlines()[2].endswith("| ours host us | torch host us |")
 
 
 def test_every_eager_bench_subject_has_shapes_and_cases_for_each():
