@@ -47,8 +47,9 @@ def test_a_compiled_call_matches_the_eager_one_without_a_graph_break_and_counts_
     report = profile(compiled, *args)
     torch.testing.assert_close(compiled(*args), expected, atol=1e-5, rtol=1e-5)
     assert not counters["graph_break"], dict(counters["graph_break"])
-    ours = [k for k in report.kernels if k.name.startswith(prefix)]
-    assert ours, str(report)  # the op's launches are the kernels
+    # the op's launches are the kernels: ours, or the library's where the GEMM's plan timed cuBLAS faster (on CUDA)
+    ours = [k for k in report.kernels if k.name.startswith(prefix) or k.op == f"reference_kernels::{subject}"]
+    assert ours, str(report)
     assert not [k for k in report.kernels if k.name.endswith("::" + subject)], str(report)
     assert report.counts_complete, report.notes()
 
@@ -136,7 +137,9 @@ def test_a_call_with_no_backward_runs_on_a_parameter_and_raises_only_when_a_grad
     torch._dynamo.reset()
     call = torch.compile(fn) if compiled else fn
     report = profile(call, param, *others)  # the plugin through it (compiled inside): its kernels counted, none unseen
-    assert [k for k in report.kernels if k.name.startswith(prefix)], str(report)
+    # ours, or cuBLAS's where the GEMM's plan timed the library faster (on CUDA: gemmSN_NN_kernel, sm90_xmma_gemm_...)
+    ours = [k for k in report.kernels if k.name.startswith(prefix) or (prefix == "_gemm" and "gemm" in k.name)]
+    assert ours, str(report)
     assert report.counts_complete, report.notes()
     with torch.no_grad():
         expected = fn(param, *others)
