@@ -197,6 +197,7 @@ def table(records: list[dict], subject: str) -> str:
     impls_shown = IMPLS + tuple(k for k in extra if any(k in r["impls"] for r in mine))
     # host us a call: ours and torch's; where ours was timed compiled, torch.compile's own op beside it
     hosts = ("ours", OURS_COMPILED, "torch", "compile") if OURS_COMPILED in impls_shown else ("ours", "torch")
+    hosts = tuple(k for k in hosts if k in ("ours", "torch") or any(r["impls"].get(k) for r in mine))
     for rec in mine:
         impls = rec["impls"]
         eager = {k: v["eager_ms"] for k, v in impls.items() if v}
