@@ -118,32 +118,34 @@ def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-# Every subject's op under torch.compile. Defined here rather than by ``torch.library.custom_op``, whose Python layers
-# cost ~8 us a call where these cost ~3 (docs/kernels.md, "Host time a call").
+# Every subject's op under torch.compile, defined by a Library rather than ``torch.library.custom_op``: an op with no
+# backward then runs forward on inputs that require grad, compiled too (custom_op's failed to compile there), and
+# raises only where a gradient reaches it. A compiled graph's call costs the same either way (benchmarks/bench_ops.py).
 OPS = torch.library.Library("reference_kernels", "DEF")
 _BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
-def define_op(schema: str, impl, fake, *, differentiable: bool = False):
+def define_op(schema: str, impl, fake, *, differentiable: bool = False, lib: torch.library.Library = OPS):
     """Define ``reference_kernels::<name>`` by its ``schema`` ("name(Tensor x, ...) -> Tensor"): ``impl`` computes it on
     any device, ``fake`` gives torch.compile its outputs' shapes. Returns the op (its default overload). An op with a
     backward (``differentiable``) registers it (``torch.library.register_autograd``); the others differentiate to an
-    error, as an eager call does (``inference_result``), not to a silent zero."""
+    error, as an eager call does (``inference_result``), not to a silent zero. ``lib``: another namespace's library
+    (benchmarks/bench_ops.py times a stand-in op defined this way)."""
     name = schema.split("(", 1)[0]
-    OPS.define(schema)
-    OPS.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"reference_kernels::{name}", fake, lib=OPS)
-    op = getattr(torch.ops.reference_kernels, name).default
+    qualname = f"{lib.ns}::{name}"
+    lib.define(schema)
+    lib.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(qualname, fake, lib=lib)
+    op = getattr(getattr(torch.ops, lib.ns), name).default
     if not differentiable and _BELOW_AUTOGRAD is not None:
         def autograd_kernel(*args):
             with _BELOW_AUTOGRAD():
                 result = op(*args)
             if not torch.is_grad_enabled():
                 return result
-            return inference_result(f"reference_kernels::{name}", [a for a in args if isinstance(a, torch.Tensor)],
-                                    result)
+            return inference_result(qualname, [a for a in args if isinstance(a, torch.Tensor)], result)
 
-        OPS.impl(name, autograd_kernel, "Autograd")
+        lib.impl(name, autograd_kernel, "Autograd")
     return op
 
 

@@ -654,3 +654,28 @@ def test_bench_attention_times_every_tile_through_pointers_and_through_tma_and_t
            "fused_bytes": 2**20, "unfused_bytes": 2**22}
     headers, row = bench_attention.table_headers(["ours", "cudnn"]), bench_attention.table_row(rec, ["ours", "cudnn"])
     assert dict(zip(headers, row))["ours / cudnn"] == "0.80x" and len(headers) == len(row)
+
+
+def test_bench_ops_times_a_stand_in_op_called_and_compiled_for_each_definition(capsys, tmp_path):
+    import json
+
+    import benchmarks.bench_ops as bo
+
+    assert bo.main(["--calls", "20", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| definition | called, us | in a compiled function, us |" in out
+    rows = json.loads((tmp_path / "bench_ops.json").read_text())["rows"]
+    assert [r["definition"] for r in rows] == ["a Python function", "define_op (torch.library.Library)",
+                                               "torch.library.custom_op"]
+    assert all(r["called"] > 0 and r["compiled"] > 0 for r in rows)
+    # the stand-in ops are ops: a compiled function calls each through one graph, no break
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    for name, fn in bo._stand_ins("cpu").items():
+        if name != "a Python function":
+            torch._dynamo.reset()
+            torch.compile(lambda t, fn=fn: fn(t))(torch.zeros(8, 64))
+    assert not counters["graph_break"]
+    with pytest.raises(SystemExit):
+        bo.main(["--calls", "0"])
