@@ -11,7 +11,7 @@
 #               --variants): the sweeps behind docs/kernels.md; the width sweep takes every
 #               multiple of 64 to 16384 (--dense: issue 12's list, ~6 minutes on an H200)
 #   STAGE       plugin kernels examples softmax layer_norm dropout gemm attention decode
-#               overhead eager host tuning peak models sweep (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
+#               overhead eager host ops tuning peak models sweep (the default: all of these), and fidelity (opt-in: needs Nsight Compute;
 #               writes DIR/fidelity_h200.json, to copy to tests/data/ when the model changes)
 #
 # DIR/environment.txt names the GPU and versions; the test stages log to DIR/<stage>.log,
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     *) STAGES+=("$1"); shift ;;
     esac
 done
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm attention decode overhead eager host tuning peak models sweep)
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(plugin kernels examples softmax layer_norm dropout gemm attention decode overhead eager host ops tuning peak models sweep)
 
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,6 +87,7 @@ run_stage() {
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
     eager) "$PY" benchmarks/bench_eager.py --quick --out "$OUT" ;;
     host) "$PY" benchmarks/bench_host.py --out "$OUT" ;;
+    ops) "$PY" benchmarks/bench_ops.py --out "$OUT" ;;
     tuning) "$PY" benchmarks/bench_tuning.py --out "$OUT" ;;
     peak) "$PY" benchmarks/bench_peak.py --out "$OUT" --write-data "$OUT/peak_h200.json" ;;
     models) "$PY" benchmarks/model_counts.py --out "$OUT" --write-data "$OUT/model_counts_h200.json" ;;
