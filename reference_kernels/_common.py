@@ -128,9 +128,10 @@ _BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 def define_op(schema: str, impl, fake, *, differentiable: bool = False, lib: torch.library.Library = OPS):
     """Define ``reference_kernels::<name>`` by its ``schema`` ("name(Tensor x, ...) -> Tensor"): ``impl`` computes it on
     any device, ``fake`` gives torch.compile its outputs' shapes. Returns the op (its default overload). An op with a
-    backward (``differentiable``) registers it (``torch.library.register_autograd``); the others differentiate to an
-    error, as an eager call does (``inference_result``), not to a silent zero. ``lib``: another namespace's library
-    (benchmarks/bench_ops.py times a stand-in op defined this way)."""
+    backward (``differentiable``) leaves it to the caller (``torch.library.register_autograd``, as the layer norm's);
+    the others differentiate to an error, as an eager call does (``inference_result``), not to a silent zero (on a
+    torch without ``_AutoDispatchBelowAutograd``: torch's fallback, a warning at backward). ``lib``: another
+    namespace's library (benchmarks/bench_ops.py times a stand-in op defined this way)."""
     name = schema.split("(", 1)[0]
     qualname = f"{lib.ns}::{name}"
     lib.define(schema)
