@@ -28,7 +28,9 @@ HEADERS = ["definition", "called, us", "in a compiled function, us"]
 @functools.cache
 def _stand_ins(device: str) -> dict:
     """{definition: callable of one tensor}: a Python function, the op as ``define_op`` makes it, the op as
-    ``custom_op`` makes it. Each returns the same held tensor (defined once a process)."""
+    ``custom_op`` makes it. Each returns the same held tensor. The ops are defined once a process, so on one device."""
+    if _stand_ins.cache_info().currsize:  # a second device: its namespace is taken
+        raise ValueError(f"bench_ops defines its stand-in ops once a process, not again for {device}")
     from reference_kernels._common import define_op
 
     held = torch.zeros(8, 64, device=device)
@@ -47,6 +49,11 @@ def _stand_ins(device: str) -> dict:
     _stand_ins.lib = lib  # kept alive: a Library's registrations go with it
     return {"a Python function": lambda x: held, "define_op (torch.library.Library)": library_op,
             "torch.library.custom_op": torch.ops.bench_ops.custom_probe.default}
+
+
+def device() -> str:
+    """Where the stand-in ops' tensors live: the GPU where there is one, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def measure(calls: int, device: str) -> list[dict]:
@@ -75,9 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls < 1:
         parser.error("--calls must be >= 1")
     out = write_output_to(args.out, __file__)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    head = header() + f", tensors on {device}"
-    rows = measure(args.calls, device)
+    head = header() + f", tensors on {device()}"
+    rows = measure(args.calls, device())
     print(head + "\n\n" + table(rows))
     if out is not None:
         (out / "bench_ops.json").write_text(json.dumps({"header": head, "rows": rows}, indent=1))

@@ -672,10 +672,13 @@ def test_bench_ops_times_a_stand_in_op_called_and_compiled_for_each_definition(c
     from torch._dynamo.utils import counters
 
     counters.clear()
-    for name, fn in bo._stand_ins("cpu").items():
+    for name, fn in bo._stand_ins(bo.device()).items():  # main's device: the ops are defined once a process
         if name != "a Python function":
             torch._dynamo.reset()
-            torch.compile(lambda t, fn=fn: fn(t))(torch.zeros(8, 64))
+            torch.compile(lambda t, fn=fn: fn(t))(torch.zeros(8, 64, device=bo.device()))
     assert not counters["graph_break"]
+    other = "meta" if bo.device() == "cpu" else "cpu"
+    with pytest.raises(ValueError, match="once a process"):
+        bo._stand_ins(other)
     with pytest.raises(SystemExit):
         bo.main(["--calls", "0"])
