@@ -187,14 +187,23 @@ def library(op: Callable, *args: Any, **kwargs: Any) -> Any:
     into tensors it is given; what it returns is not kept."""
     rec = None if torch.compiler.is_compiling() else _current()
     if rec is None:
-        return op(*args, **kwargs)
+        return _gradless(op, args, kwargs)
     rec.paused += 1  # the op's own torch calls are the op's
     try:
-        value = op(*args, **kwargs)
+        value = _gradless(op, args, kwargs)
     finally:
         rec.paused -= 1
     rec.launches.append(("call", op, args, kwargs))
     return value
+
+
+def _gradless(op: Callable, args: tuple, kwargs: dict) -> Any:
+    """``op(*args, **kwargs)`` with grad off: autograd refuses an op writing into ``out=`` from inputs that require grad
+    (a model's weights), and a call's outputs take their autograd node from the call (``_common.inference_result``)."""
+    if not torch.is_grad_enabled():
+        return op(*args, **kwargs)
+    with torch.no_grad():
+        return op(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -402,7 +411,7 @@ class _Call:
                 args[where] = t
             else:
                 kwargs[where] = t
-        self.op(*args, **kwargs)
+        _gradless(self.op, args, kwargs)
 
 
 def _call(op: Callable, args: tuple, kwargs: dict, sources: list) -> Any:

@@ -325,6 +325,25 @@ def test_a_library_op_a_plan_names_is_replayed_on_the_new_tensors_before_the_lau
     assert [type(s).__name__ for s in steps] == ["_Call", "_Relaunch" if not ON_GPU else "_Bound"]
 
 
+def test_a_library_op_runs_on_inputs_that_require_grad_recorded_and_replayed():
+    """A model's weight (a parameter) reaches the library's GEMM: torch refuses ``out=`` from an input that requires
+    grad, so the op runs with grad off (the call's outputs take their node from the call: inference_result)."""
+    calls = _launch.Calls("test.library_grad")
+    w = torch.nn.Parameter(torch.randn(4, 5, device=DEVICE))
+
+    def run(a):
+        out = torch.empty(a.shape[0], 5, device=a.device)
+        _launch.library(torch.mm, a, w, out=out)
+        return out
+
+    for i in range(2):
+        a = torch.randn(3, 4, device=DEVICE)
+        got = calls((), (a, w), lambda: run(a))
+        assert calls.last == ("recorded" if i == 0 else "replayed")
+        torch.testing.assert_close(got, (a @ w).detach())
+        assert torch.is_grad_enabled() and not got.requires_grad
+
+
 def test_a_library_op_on_a_tensor_the_call_was_not_given_plans_each_time():
     calls = _launch.Calls("test.library_elsewhere")
     a, elsewhere = torch.randn(2, 2, device=DEVICE), torch.randn(2, 2, device=DEVICE)
