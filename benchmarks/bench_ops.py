@@ -1,5 +1,5 @@
 """Host time a call of an op defined as the subjects define theirs under torch.compile (``_common.define_op``: a
-``torch.library.Library`` op and a small autograd kernel) against ``torch.library.custom_op`` (docs/kernels.md,
+``torch.library.Library`` op whose autograd falls through) against ``torch.library.custom_op`` (docs/kernels.md,
 "Host time a call"). A stand-in op that returns a tensor it holds, so the dispatch is all that is timed, called
 directly and from a torch.compile'd function (its graph calls the op, as a compiled model calls ours), beside a plain
 Python function. On a GPU the calls take CUDA tensors; without one, CPU tensors (CI's host):

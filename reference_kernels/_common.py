@@ -118,36 +118,27 @@ def tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-# Every subject's op under torch.compile, defined by a Library rather than ``torch.library.custom_op``: an op with no
-# backward then runs forward on inputs that require grad, compiled too (custom_op's failed to compile there), and
-# raises only where a gradient reaches it. A compiled graph's call costs the same either way (benchmarks/bench_ops.py).
+# Every subject's op under torch.compile, defined by a Library rather than ``torch.library.custom_op``, with autograd
+# passing through to its implementation: what autograd records is its public call's, eager and traced alike (an op
+# with no backward runs forward on inputs that require grad and raises only where a gradient reaches it; custom_op's
+# failed to compile there), and a compiled graph's call pays no Python between the dispatcher and the implementation
+# (benchmarks/bench_ops.py).
 OPS = torch.library.Library("reference_kernels", "DEF")
-_BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
-def define_op(schema: str, impl, fake, *, differentiable: bool = False, lib: torch.library.Library = OPS):
+def define_op(schema: str, impl, fake, *, lib: torch.library.Library = OPS):
     """Define ``reference_kernels::<name>`` by its ``schema`` ("name(Tensor x, ...) -> Tensor"): ``impl`` computes it on
-    any device, ``fake`` gives torch.compile its outputs' shapes. Returns the op (its default overload). An op with a
-    backward (``differentiable``) leaves it to the caller (``torch.library.register_autograd``, as the layer norm's);
-    the others differentiate to an error, as an eager call does (``inference_result``), not to a silent zero (on a
-    torch without ``_AutoDispatchBelowAutograd``: torch's fallback, a warning at backward). ``lib``: another
+    any device, ``fake`` gives torch.compile its outputs' shapes. Returns the op (its default overload). Autograd falls
+    through to ``impl``: the op's outputs take no autograd node of their own, so each public call gives its outputs
+    theirs, eager and under torch.compile alike: a node that raises if a gradient reaches it (``inference_result``),
+    or the layer norm's autograd.Function, whose forward and backward call its ops when traced. ``lib``: another
     namespace's library (benchmarks/bench_ops.py times a stand-in op defined this way)."""
     name = schema.split("(", 1)[0]
-    qualname = f"{lib.ns}::{name}"
     lib.define(schema)
     lib.impl(name, impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(qualname, fake, lib=lib)
-    op = getattr(getattr(torch.ops, lib.ns), name).default
-    if not differentiable and _BELOW_AUTOGRAD is not None:
-        def autograd_kernel(*args):
-            with _BELOW_AUTOGRAD():
-                result = op(*args)
-            if not torch.is_grad_enabled():
-                return result
-            return inference_result(qualname, [a for a in args if isinstance(a, torch.Tensor)], result)
-
-        lib.impl(name, autograd_kernel, "Autograd")
-    return op
+    lib.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    torch.library.register_fake(f"{lib.ns}::{name}", fake, lib=lib)
+    return getattr(getattr(torch.ops, lib.ns), name).default
 
 
 def _no_backward_impl(grad: torch.Tensor, like: torch.Tensor, where: str) -> torch.Tensor:
@@ -158,7 +149,7 @@ def _no_backward_impl(grad: torch.Tensor, like: torch.Tensor, where: str) -> tor
 # A backward that raises when it runs (an eager backward, or a compiled one's at run time) and traces to a tensor like
 # ``like``, so that torch.compile can build the graph of a forward that never differentiates through the op
 _NO_BACKWARD = define_op("no_backward(Tensor grad, Tensor like, str where) -> Tensor", _no_backward_impl,
-                         lambda grad, like, where: torch.empty_like(like), differentiable=True)
+                         lambda grad, like, where: torch.empty_like(like))
 
 
 class _NoBackward(torch.autograd.Function):

@@ -189,8 +189,10 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = F
     """
     if tracing():
         eager_only("attention.fused", plan=plan)
-        return _ATTENTION_OP(q, k, v, bool(causal), None if scale is None else float(scale))
-    return inference_result("attention.fused", (q, k, v), _calls(q, k, v, causal, scale, plan))
+        result = _ATTENTION_OP(q, k, v, bool(causal), None if scale is None else float(scale))
+    else:
+        result = _calls(q, k, v, causal, scale, plan)
+    return inference_result("attention.fused", (q, k, v), result)
 
 
 def _calls(q, k, v, causal, scale, plan=None):

@@ -216,9 +216,11 @@ def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out
     """
     _check_p_seed(p, seed)  # the seed is not in the key: checked each call
     if tracing():
-        return traced_result(_BIAS_GELU_DROPOUT_OP(x, bias, float(p), int(seed), str(approximate)), out,
-                             "bias_gelu_dropout.fused")
-    return inference_result("bias_gelu_dropout.fused", (x, bias), _calls(x, bias, p, seed, approximate, out))
+        result = traced_result(_BIAS_GELU_DROPOUT_OP(x, bias, float(p), int(seed), str(approximate)), out,
+                               "bias_gelu_dropout.fused")
+    else:
+        result = _calls(x, bias, p, seed, approximate, out)
+    return inference_result("bias_gelu_dropout.fused", (x, bias), result)
 
 
 def _calls(x, bias, p, seed, approximate, out=None):

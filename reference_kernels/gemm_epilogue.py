@@ -470,10 +470,11 @@ def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none",
     ``reference_kernels::gemm_epilogue`` (``out`` then takes a copy of its result).
     """
     if tracing():
-        return traced_result(_GEMM_EPILOGUE_OP(a, b, bias, activation, residual, approximate), out,
-                             "gemm_epilogue.fused")
-    return inference_result("gemm_epilogue.fused", (a, b, bias, residual),
-                            _calls(a, b, bias, activation, residual, approximate, out))
+        result = traced_result(_GEMM_EPILOGUE_OP(a, b, bias, activation, residual, approximate), out,
+                               "gemm_epilogue.fused")
+    else:
+        result = _calls(a, b, bias, activation, residual, approximate, out)
+    return inference_result("gemm_epilogue.fused", (a, b, bias, residual), result)
 
 
 def _calls(a, b, bias, activation, residual, approximate, out=None):

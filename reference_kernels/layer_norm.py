@@ -23,7 +23,7 @@ from pytest_fusioncheck.budget import Budget
 
 from . import _layer_norm_held
 from . import _device
-from ._common import (ELEMS_PER_THREAD, MAX_ROW, OPS, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor,
+from ._common import (ELEMS_PER_THREAD, MAX_ROW, RESIDENT_WARPS, ROWS_TILE, as_rows, cdiv, check_tensor,
                       define_op, eager_only, float32_pair, inference_result, interpreting, next_power_of_2, output_like,
                       reg_cap, rows_cols, traced_result, tracing, wants_grad, warps_for)
 from ._device import Device
@@ -1012,11 +1012,14 @@ def forward(
     ``y`` has ``x``'s shape and dtype (written into ``out`` when given: contiguous, same
     shape, dtype and device); ``mean`` and ``rstd`` are float32 of shape ``x.shape[:-1]``.
     ``weight`` and ``bias`` have shape ``(N,)``, any float dtype. ``max_row`` overrides the
-    launch plan, for tests. Under ``torch.compile``, and where autograd would differentiate through the call (grad
-    mode, an input that requires grad): the op ``reference_kernels::layer_norm``, differentiable (``out`` then takes
-    a copy of y); with ``max_row`` set such a call has no backward (a gradient reaching it raises).
+    launch plan, for tests. Where autograd would differentiate through the call (grad mode, an input that requires
+    grad), ``y`` differentiates as ``fused``'s does (``out`` then takes a copy of y); with ``max_row`` set such a call
+    has no backward (a gradient reaching it raises). Under ``torch.compile``: the op ``reference_kernels::layer_norm``.
     """
-    if tracing() or (max_row is None and wants_grad((x, weight, bias))):  # the op is differentiable
+    if max_row is None and wants_grad((x, weight, bias)):
+        y, mean, rstd = _LayerNormFunction.apply(x, weight, bias, eps, None, None, None)
+        return traced_result(y, out, "layer_norm.forward"), mean, rstd
+    if tracing():
         eager_only("layer_norm.forward", max_row=max_row)
         y, mean, rstd = _LAYER_NORM_OP(x, weight, bias, float(eps))
         return traced_result(y, out, "layer_norm.forward"), mean, rstd
@@ -1087,9 +1090,10 @@ def backward(
     """
     if tracing():
         eager_only("layer_norm.backward", max_row=max_row, one_pass=one_pass, variant=variant)
-        return _LAYER_NORM_BACKWARD_OP(dy, x, weight, mean, rstd, bias_dtype)
-    return inference_result("layer_norm.backward", (dy, x, weight, mean, rstd),
-                            _backward_calls(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant))
+        result = _LAYER_NORM_BACKWARD_OP(dy, x, weight, mean, rstd, bias_dtype)
+    else:
+        result = _backward_calls(dy, x, weight, mean, rstd, bias_dtype, max_row, one_pass, variant)
+    return inference_result("layer_norm.backward", (dy, x, weight, mean, rstd), result)
 
 
 def _backward_calls(dy, x, weight, mean, rstd, bias_dtype, max_row=None, one_pass=None, variant=None):
@@ -1145,16 +1149,23 @@ def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, v
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, max_row, one_pass, variant):
-        y, mean, rstd = forward(x, weight, bias, eps, max_row=max_row)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = bias.dtype
-        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass, variant=variant)
-        return y
+    """(y, mean, rstd), y differentiable: eager, through the recorded calls; traced by torch.compile, through the ops
+    (their autograd falls through, ``define_op``), so a compiled graph's backward calls ``layer_norm_backward``."""
 
     @staticmethod
-    def backward(ctx, dy):
+    def forward(ctx, x, weight, bias, eps, max_row, one_pass, variant):
+        if tracing():
+            y, mean, rstd = _LAYER_NORM_OP(x, weight, bias, float(eps))
+        else:
+            y, mean, rstd = _forward_calls(x, weight, bias, eps, None, max_row)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.mark_non_differentiable(mean, rstd)  # statistics, not outputs a loss reads
+        ctx.bias_dtype = bias.dtype
+        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass, variant=variant)
+        return y, mean, rstd
+
+    @staticmethod
+    def backward(ctx, dy, dmean, drstd):
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = backward(dy, x, weight, mean, rstd, bias_dtype=ctx.bias_dtype, **ctx.plan_overrides)
         return dx, dw, db, None, None, None, None
@@ -1178,8 +1189,7 @@ def fused(
     """
     if tracing():
         eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
-        return _LAYER_NORM_OP(x, weight, bias, float(eps))[0]
-    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)
+    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)[0]
 
 
 def _fake_forward(x, weight, bias, eps):
@@ -1196,26 +1206,10 @@ def _fake_backward(dy, x, weight, mean, rstd, bias_dtype):
 
 
 _LAYER_NORM_OP = define_op("layer_norm(Tensor x, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)",
-                           _forward_calls, _fake_forward, differentiable=True)
+                           _forward_calls, _fake_forward)
 _LAYER_NORM_BACKWARD_OP = define_op(
     "layer_norm_backward(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, ScalarType? bias_dtype)"
     " -> (Tensor, Tensor, Tensor)", _backward_calls, _fake_backward)
-
-
-def _op_setup(ctx, inputs, output):
-    x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.bias_dtype = bias.dtype
-
-
-def _op_backward(ctx, dy, dmean, drstd):  # mean and rstd are statistics, not outputs a loss reads
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _LAYER_NORM_BACKWARD_OP(dy, x, weight, mean, rstd, ctx.bias_dtype)
-    return dx, dw, db, None
-
-
-torch.library.register_autograd("reference_kernels::layer_norm", _op_backward, setup_context=_op_setup, lib=OPS)
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

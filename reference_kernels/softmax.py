@@ -425,8 +425,10 @@ def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | No
     """
     if tracing():
         eager_only("softmax.fused", max_row=max_row)
-        return traced_result(_SOFTMAX_OP(x), out, "softmax.fused")
-    return inference_result("softmax.fused", (x,), _calls(x, out, max_row))
+        result = traced_result(_SOFTMAX_OP(x), out, "softmax.fused")
+    else:
+        result = _calls(x, out, max_row)
+    return inference_result("softmax.fused", (x,), result)
 
 
 def _calls(x, out=None, max_row=None):

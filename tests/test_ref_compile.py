@@ -66,7 +66,7 @@ def test_a_compiled_training_step_through_the_fused_layer_norm_gives_the_eager_g
         t.grad = None
     torch._dynamo.reset()
     counters.clear()
-    torch.compile(step)(x, w, b).backward()  # the backward op through register_autograd
+    torch.compile(step)(x, w, b).backward()  # the backward op, traced from the autograd.Function
     assert not counters["graph_break"], dict(counters["graph_break"])
     for got, want in zip((x.grad, w.grad, b.grad), eager):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -107,6 +107,16 @@ def test_every_op_passes_torch_library_opcheck(name):
     op, args = _op_cases()[name]
     results = torch.library.opcheck(op, args)
     assert set(results.values()) == {"SUCCESS"}, results
+
+
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "layer_norm_backward", "bias_gelu_dropout", "gemm_epilogue",
+                                  "attention", "no_backward"])
+def test_every_op_lets_autograd_fall_through_to_its_implementation(name):
+    """No Python kernel between the dispatcher and the op's implementation (a compiled graph's call would pay ~3 us for
+    one on CI's host, benchmarks/bench_ops.py): what autograd records is the public call's (the cases below)."""
+    table = torch._C._dispatch_dump(f"reference_kernels::{name}")
+    autograd = [line for line in table.splitlines() if line.startswith("Autograd")]
+    assert autograd and all("fallthrough" in line for line in autograd), table
 
 
 # (subject, a call whose first argument a model's parameter may be, its other inputs, the name its backward error
