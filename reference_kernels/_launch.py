@@ -50,6 +50,12 @@ try:
 except ImportError:  # pragma: no cover - every supported Triton has it
     JITFunction = None
 
+try:  # what torch.compile's generated wrappers allocate and view with: half the Python of torch.empty_strided's and
+    # as_strided's argument parsing and dispatch (~1.1 -> ~0.5 us an allocation on CI's host); the current device's
+    from torch._C._dynamo.guards import _empty_strided_cpu, _empty_strided_cuda, _reinterpret_tensor
+except ImportError:  # pragma: no cover - a torch without them: torch.empty_strided and as_strided
+    _empty_strided_cpu = _empty_strided_cuda = _reinterpret_tensor = None
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
 _MAX_KEYS = 1024  # a table that grows past this starts again
@@ -449,7 +455,8 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
     allocation made again, the launches on the new pointers, the result rebuilt. Values of the record (shapes,
     dtypes, compiled kernels) are names bound to the objects themselves, never written out as text."""
     names: dict = {"_empty": torch.empty_strided, "_stream": _current_stream, "_view": _view, "_rebased": _rebased,
-                   "_Address": _Address}
+                   "_Address": _Address, "_empty_cpu": _empty_strided_cpu, "_empty_cuda": _empty_strided_cuda,
+                   "_device": _current_device, "_reinterpret": _reinterpret_tensor}
     held: dict = {}
 
     def const(value: Any) -> str:
@@ -463,14 +470,20 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
     lines = ["def replay(slots, scalars):"]
     if n_slots:
         lines.append(f"    {''.join(var(i) + ', ' for i in range(n_slots))}= slots")
+    if _empty_strided_cuda is not None and any(a is not None and a[3].type == "cuda" for a in allocs):
+        lines.append("    device = _device()")  # the current device's allocator: where the record's allocation was
     for n, alloc in enumerate(allocs, n_slots):
         if alloc is None:  # made by the record, taken by nothing: not made again
             lines.append(f"    {var(n)} = None")
             continue
         shape, stride, dtype, device, zero = alloc
         zeroed = ".zero_()" if zero else ""
-        lines.append(f"    {var(n)} = _empty({const(shape)}, {const(stride)}, dtype={const(dtype)}, "
-                     f"device={const(device)}){zeroed}")
+        made = f"_empty({const(shape)}, {const(stride)}, dtype={const(dtype)}, device={const(device)})"
+        if device.type == "cpu" and _empty_strided_cpu is not None:
+            made = f"_empty_cpu({const(shape)}, {const(stride)}, {const(dtype)})"
+        elif device.type == "cuda" and _empty_strided_cuda is not None and device.index is not None:
+            made = f"(_empty_cuda({const(shape)}, {const(stride)}, {const(dtype)}) if device == {device.index} else {made})"
+        lines.append(f"    {var(n)} = {made}{zeroed}")
     bound = [one.__class__ is _Bound for one in launches]
     lines.append("    stream = _stream()" if any(bound) else "    stream = None")
     if not all(bound):
@@ -481,18 +494,23 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
     return "\n".join(lines) + "\n", names
 
 
-def _result_source(result: Any, const: Callable[[Any], str], var: Callable[[int], str], allocs: list,
-                   n_slots: int) -> str:
+def _result_source(result: Any, const: Callable[[Any], str], var: Callable[[int], str], allocs: list, n_slots: int,
+                   once: set | None = None) -> str:
+    if once is None:  # the allocations that one returned tensor alone comes from
+        srcs = [o.src for o in _outs(result)]
+        once = {i for i in srcs if srcs.count(i) == 1}
     if result.__class__ is _Out:
         if result.view is None:
             return var(result.src)
         delta, size, stride, dtype = result.view
         alloc = allocs[result.src - n_slots] if result.src >= n_slots else None
         if alloc is not None and alloc[2] == dtype and delta % dtype.itemsize == 0:  # its storage starts at an allocation
+            if _reinterpret_tensor is not None and result.src in once:  # no view tracking: nothing else aliases it
+                return f"_reinterpret({var(result.src)}, {const(size)}, {const(stride)}, {delta // dtype.itemsize})"
             return f"{var(result.src)}.as_strided({const(size)}, {const(stride)}, {delta // dtype.itemsize})"
         return f"_view({var(result.src)}, *{const(result.view)})"
     if result.__class__ is tuple:
-        return f"({''.join(_result_source(r, const, var, allocs, n_slots) + ', ' for r in result)})"
+        return f"({''.join(_result_source(r, const, var, allocs, n_slots, once) + ', ' for r in result)})"
     return const(result)
 
 
@@ -506,6 +524,11 @@ class _Planned:
 
 
 _STREAM_OF: list = []  # Triton's driver's (current device, current stream) functions, looked up once
+
+
+def _current_device() -> int:
+    """The current CUDA device's index (torch's query without its Python wrapper: a replay's device is initialised)."""
+    return torch._C._cuda_getDevice()
 
 
 def _current_stream() -> int:

@@ -115,6 +115,41 @@ def test_a_replay_returns_new_outputs_rebuilt_as_the_record_returned_them():
         assert softmax.fused(x, out=given) is given  # the caller's out comes back as itself
 
 
+def test_a_replay_returns_a_view_as_a_view_where_another_output_shares_its_allocation():
+    calls = _launch.Calls("test.views")
+    x = torch.randn(2, 8, device=DEVICE)
+
+    def run(shared):
+        out = torch.empty(16, device=DEVICE)
+        _launch.launch(_scaled_kernel, (1,), x, out, 16, 2, BLOCK=16)
+        return (out, out.view(2, 8)) if shared else out.view(2, 8)
+
+    for shared in (False, True):
+        for _ in range(2):
+            got = calls((shared,), (x,), lambda: run(shared))
+            if shared:  # the view is the returned allocation's, as the record's was
+                assert got[1]._base is got[0] and got[1].data_ptr() == got[0].data_ptr()
+            torch.testing.assert_close(got[1] if shared else got, 2 * x)
+        assert calls.last == "replayed"
+
+
+def test_a_replay_allocates_through_torch_compiles_allocator_on_the_current_device_only(monkeypatch):
+    """The fast allocator takes the current device's: a record's CUDA allocation on another device than the current
+    one goes through torch.empty_strided, with its device."""
+    made, current = [], [1]
+    monkeypatch.setattr(_launch, "_empty_strided_cuda",
+                        lambda size, stride, dtype: made.append(("fast", size)) or torch.empty(size))
+    monkeypatch.setattr(_launch, "_current_device", lambda: current[0])
+    monkeypatch.setattr(torch, "empty_strided",
+                        lambda size, stride, dtype, device: made.append(("torch", device)) or torch.empty(size))
+    replay = _launch._Replay(0, [((2, 3), (3, 1), torch.float32, torch.device("cuda", 1), False)], [],
+                             _launch._Out(0, None))
+    replay.run((), {})
+    current[0] = 0
+    assert replay.run((), {}).shape == (2, 3)
+    assert made == [("fast", (2, 3)), ("torch", torch.device("cuda", 1))]
+
+
 def test_bad_arguments_are_refused_as_before_once_a_call_is_recorded():
     x = torch.randn(4, 64, device=DEVICE)
     softmax.fused(x)
