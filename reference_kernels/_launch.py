@@ -471,7 +471,7 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
     if n_slots:
         lines.append(f"    {''.join(var(i) + ', ' for i in range(n_slots))}= slots")
     if _empty_strided_cuda is not None and any(a is not None and a[3].type == "cuda" for a in allocs):
-        lines.append("    device = _device()")  # the current device's allocator: where the record's allocation was
+        lines.append("    current = _device()")  # the fast allocator takes the current device: the record's?
     for n, alloc in enumerate(allocs, n_slots):
         if alloc is None:  # made by the record, taken by nothing: not made again
             lines.append(f"    {var(n)} = None")
@@ -482,7 +482,8 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
         if device.type == "cpu" and _empty_strided_cpu is not None:
             made = f"_empty_cpu({const(shape)}, {const(stride)}, {const(dtype)})"
         elif device.type == "cuda" and _empty_strided_cuda is not None and device.index is not None:
-            made = f"(_empty_cuda({const(shape)}, {const(stride)}, {const(dtype)}) if device == {device.index} else {made})"
+            fast = f"_empty_cuda({const(shape)}, {const(stride)}, {const(dtype)})"
+            made = f"({fast} if current == {device.index} else {made})"
         lines.append(f"    {var(n)} = {made}{zeroed}")
     bound = [one.__class__ is _Bound for one in launches]
     lines.append("    stream = _stream()" if any(bound) else "    stream = None")
@@ -526,11 +527,6 @@ class _Planned:
 _STREAM_OF: list = []  # Triton's driver's (current device, current stream) functions, looked up once
 
 
-def _current_device() -> int:
-    """The current CUDA device's index (torch's query without its Python wrapper: a replay's device is initialised)."""
-    return torch._C._cuda_getDevice()
-
-
 def _current_stream() -> int:
     """The current CUDA stream's handle on the current device, what Triton's launcher takes (Triton's own query)."""
     if not _STREAM_OF:
@@ -539,6 +535,11 @@ def _current_stream() -> int:
         _STREAM_OF.extend((driver.active.get_current_device, driver.active.get_current_stream))
     device, stream = _STREAM_OF
     return stream(device())
+
+
+def _current_device() -> int:
+    """The current CUDA device's index (torch's query without its Python wrapper: a replay's device is initialised)."""
+    return torch._C._cuda_getDevice()
 
 
 def _source(t: torch.Tensor, sources: list) -> tuple[int, int] | str:
