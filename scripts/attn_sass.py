@@ -7,7 +7,8 @@ any machine, GPU or not, and say what came out.
 A case is ``KIND:DTYPE:dHEAD_DIM[:BMxBN][:wWARPS][:sSTAGES][:causal]``: KIND ``ptr``, ``tma`` or ``ws``; DTYPE bf16,
 fp16 or fp32 (``ws``: 16-bit only); HEAD_DIM 64 or 128; the tile, warps and stages default to ``attention._PLANS``' plan
 for that head_dim and element size (the one ``fused`` launches on a GPU), ``ws``'s to ``_attention_ws.plan`` on an sm_90
-(``plan``'s consumers of 64 rows; ``:cK`` consumers, ``:ROWSxBN`` and ``:sSTAGES`` vary). The compile is the one a
+(``plan``'s consumers of 64 rows; ``:cK`` consumers, ``:ROWSxBN`` and ``:sSTAGES`` vary; ``:walk`` compiles the persistent
+walk, ``_attention_walk_kernel``). The compile is the one a
 launch on contiguous (B, H, N, D) tensors with N a multiple of 16 asks for: pointers, strides and the sequence length
 16-divisible, a positive scale (the FMA form), ``ex2.approx``, tensor-core dots (fp32: IEEE).
 
@@ -78,6 +79,8 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
     for part in parts:
         if part == "causal":
             causal = True
+        elif part == "walk":
+            plan = plan._replace(walk=True)
         elif re.fullmatch(r"c[23]", part):
             continue
         elif re.fullmatch(r"\d+x\d+", part) and int(part.split("x")[0]) == plan.consumers * _attention_ws.BLOCK_M:
@@ -86,7 +89,7 @@ def _parse_ws(case: str, dtype: str, head_dim: int, parts: list[str]) -> dict:
             plan = plan._replace(stages=int(part[1:]))
         else:
             raise SystemExit(f"{case!r}: unknown part {part!r} (cCONSUMERS, a tile of CONSUMERS x"
-                             f" {_attention_ws.BLOCK_M} rows ROWSxBN, sSTAGES, or causal)")
+                             f" {_attention_ws.BLOCK_M} rows ROWSxBN, sSTAGES, walk or causal)")
     return {"kind": "ws", "dtype": dtype, "head_dim": head_dim, "causal": causal, "plan": plan}
 
 
@@ -107,11 +110,14 @@ def _compile_ws(spec: dict) -> tuple:
     descs = _attention_ws.descriptors(t, t, t, t, plan.block_n)
     signature = {name: mangle_type(d) for name, d in zip(("q_desc", "k_desc", "v_desc", "o_desc"), descs)}
     signature.update(n_heads="i32", seq_len="i32", qk_scale="fp32")
+    if plan.walk:  # the walk's tile counts
+        signature.update(n_m="i32", bh_total="i32", sect="i32", n_tiles="i32")
     constexprs = {"BN": plan.block_n, "HEAD_DIM": head_dim, "STAGES": plan.stages, "CAUSAL": spec["causal"],
                   "CONSUMERS": plan.consumers, "CONSUMER_REGS": consumer_regs, "LOADER_REGS": _attention_ws.LOADER_REGS}
     signature.update({name: "constexpr" for name in constexprs})
     attrs = {(list(signature).index("seq_len"),): [["tt.divisibility", 16]]}
-    compiled = triton.compile(GluonASTSource(_attention_ws._attention_ws_kernel, signature, constexprs=constexprs,
+    kernel = _attention_ws._attention_walk_kernel if plan.walk else _attention_ws._attention_ws_kernel
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs=constexprs,
                                              attrs=attrs), target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": 4, "maxnreg": launch_regs})
     return compiled, list(plan), _attention_ws.smem_bytes(head_dim, 2, plan)

@@ -34,8 +34,9 @@ def test_the_plan_fits_every_described_devices_resources_or_is_none(name, head_d
     candidates = [_attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, c) for c in (3, 2)]
     fitting = [p for p in candidates
                if _attention_ws.fits_device(head_dim, 2, p, device) and _attention_ws.regs(p, device)[1] >= need]
-    assert plan == (fitting[0] if fitting else None)  # the most consumers that fit
+    assert (plan and plan._replace(walk=False)) == (fitting[0] if fitting else None)  # the most consumers that fit
     if plan is not None:
+        assert plan.walk == _attention_ws.walks(head_dim, 2, plan, device)
         launch_regs, consumer = _attention_ws.regs(plan, device)
         assert launch_regs * 32 * _attention_ws.warps(plan) <= device.regs_per_sm and consumer >= need
     if name in ("H100", "H200"):  # the GPUs it runs on: three consumers at d 64, two at d 128 (192 registers)
@@ -67,20 +68,37 @@ def test_a_sequences_plan_is_a_fitting_one_of_least_modelled_time(name, head_dim
         if not fitting:
             assert plan is None
             continue
-        assert plan in fitting
+        assert plan._replace(walk=False) in fitting and plan.walk == _attention_ws.walks(head_dim, 2, plan, device)
 
         def time(p):
             return _attention_ws.pairs(seq_len, p.consumers * _attention_ws.BLOCK_M, causal) / \
                 _attention_ws.CONSUMER_GAIN ** p.consumers
         assert time(plan) == min(time(p) for p in fitting)
         if seq_len % 384 == 0 and not causal:  # neither tile pads: the most consumers
-            assert plan == fitting[0]
+            assert plan._replace(walk=False) == fitting[0]
+
+
+@pytest.mark.parametrize("name", sorted(_device.DESCRIPTIONS))
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("consumers", [2, 3])
+def test_a_plan_walks_where_its_counters_and_qs_second_slot_fit(name, head_dim, consumers):
+    device = _device.DESCRIPTIONS[name]
+    ring = _attention_ws.WsPlan(_attention_ws.BLOCK_N, _attention_ws.STAGES, consumers)
+    walk = ring._replace(walk=True)
+    spare = _attention_ws.regs(ring, device)[1] - _attention_ws.consumer_regs(head_dim, ring.block_n)
+    fits = _attention_ws.fits_device(head_dim, 2, walk, device) and spare >= _attention_ws._WALK_REGS
+    assert _attention_ws.walks(head_dim, 2, ring, device) == fits
+    # q's second slot: the consumers' q tiles once more
+    assert _attention_ws.smem_bytes(head_dim, 2, walk) - _attention_ws.smem_bytes(head_dim, 2, ring) == \
+        2 * head_dim * consumers * _attention_ws.BLOCK_M
+    if name in ("H100", "H200"):  # d 64's two consumers walk; three hold no register to spare, d 128 no second slot
+        assert fits == (head_dim == 64 and consumers == 2)
 
 
 def test_three_consumers_give_way_where_their_taller_tile_pads_more_than_their_gain():
     h100 = _device.DESCRIPTIONS["H100"]
     # N 1024: three consumers' 192-row tiles compute 1152 rows (1/8 more), their gain is 1.05: two
-    assert _attention_ws.plan(64, 2, h100, 1024).consumers == 2
+    assert _attention_ws.plan(64, 2, h100, 1024) == _attention_ws.WsPlan(128, 3, 2, walk=True)  # two consumers walk
     assert _attention_ws.plan(64, 2, h100, 1536).consumers == 3  # eight tiles of 192, twelve of 128: no padding
     assert _attention_ws.plan(64, 2, h100, 16384, causal=True).consumers == 3  # the last of 86 tiles a third used
     assert _attention_ws.plan(64, 2, h100) == _attention_ws.plan(64, 2, h100, 1 << 20)  # no length: a long one
@@ -191,6 +209,8 @@ def test_fits_and_launch_refuse_what_it_cannot_take(monkeypatch):
         (dict(ws_plan=_attention_ws.WsPlan(128, 1)), "at least two stages"),  # the consumers would wait forever
         (dict(ws_plan=_attention_ws.WsPlan(128, 4)), "bytes of shared memory, more than"),  # 288 KB at head_dim 128
         (dict(ws_plan=_attention_ws.WsPlan(128, 2, 4)), "two or three consumers"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 3, 3, walk=True)), "a walk takes two consumers"),
+        (dict(ws_plan=_attention_ws.WsPlan(128, 3, 2, walk=True)), "q's two slots beside the ring"),  # d 128
     ]
     for kwargs, words in cases:
         with pytest.raises(ValueError, match=words):
@@ -218,7 +238,8 @@ def test_fits_asks_one_16_bit_dtype_and_shape_a_head_dim_of_64_or_128_and_tma_de
 
 SASS_CASES = [f"ws:{dtype}:d{d}{causal}" for dtype, d in (("bf16", 64), ("bf16", 128), ("fp16", 128))
               for causal in ("", ":causal")] + ["ws:bf16:d128:128x64:s3", "ws:fp16:d64:c2:128x64:s4:causal",
-                                                  "ws:bf16:d64:c2", "ws:bf16:d64:c3:192x64:causal"]
+                                                  "ws:bf16:d64:c2", "ws:bf16:d64:c3:192x64:causal",
+                                                  "ws:bf16:d64:c2:walk", "ws:fp16:d64:c2:walk:causal"]
 # Stack a thread its compiles are known to take: Triton 3.9 spills 24 bytes in d 64's causal default (three consumers
 # at 160 registers, its need: consumer_regs), Triton 3.6 none
 KNOWN_STACK = {"ws:bf16:d64:causal": 24}
@@ -257,6 +278,7 @@ def test_the_sass_script_reads_a_ws_case_and_defaults_to_the_plan_on_an_sm90():
     assert case["plan"] == _attention_ws.WsPlan(64, 2) and case["causal"] and case["kind"] == "ws"
     assert script.parse("ws:bf16:d64:128x64:c2")["plan"] == _attention_ws.WsPlan(64, 3, 2)  # any order
     assert script.parse("ws:bf16:d64:192x64")["plan"] == _attention_ws.WsPlan(64, 3, 3)  # d 64's three consumers
+    assert script.parse("ws:bf16:d64:c2:walk")["plan"] == _attention_ws.WsPlan(128, 3, 2, walk=True)
     for bad in ("ws:fp32:d128", "ws:bf16:d128:64x64", "ws:bf16:d128:w8", "ws:bf16:d128:inorder", "ws:bf16:d64:c4",
                 "ws:bf16:d64:128x64", "ws:bf16:d64:p2"):
         with pytest.raises(SystemExit):
@@ -284,12 +306,14 @@ def _sdpa_check(q, k, v, causal, got):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ws_plan", [None, _attention_ws.WsPlan(64, 3), _attention_ws.WsPlan(128, 2),
-                                     _attention_ws.WsPlan(128, 3, 2), _attention_ws.WsPlan(64, 4, 3)],
-                         ids=["default", "64x3", "128x2", "two consumers", "three, 64x4"])
+                                     _attention_ws.WsPlan(128, 3, 2), _attention_ws.WsPlan(64, 4, 3),
+                                     _attention_ws.WsPlan(128, 3, 2, walk=True), _attention_ws.WsPlan(64, 4, 2, walk=True)],
+                         ids=["default", "64x3", "128x2", "two consumers", "three, 64x4", "walk", "walk, 64x4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape, dtype", [((2, 3, 1, 128), torch.bfloat16), ((2, 3, 65, 64), torch.float16),
                                           ((2, 3, 1000, 128), torch.bfloat16), ((1, 4, 4097, 64), torch.bfloat16),
-                                          ((1, 2, 2048, 128), torch.float16)], ids=str)
+                                          ((1, 2, 2048, 128), torch.float16),
+                                          ((4, 40, 777, 64), torch.float16)], ids=str)  # a walk: ~8 tiles a program
 def test_matches_sdpa_at_ragged_lengths(shape, dtype, causal, ws_plan):
     _needs_it()
     if ws_plan is not None and not _attention_ws.fits_device(shape[-1], 2, ws_plan, _device.of(torch.device("cuda"))):
@@ -314,12 +338,14 @@ def test_heads_inner_views_give_the_result_of_their_contiguous_copies():
 
 
 @pytest.mark.gpu
-def test_fused_runs_it_as_one_kernel_at_the_budget_and_replays_it():
+@pytest.mark.parametrize("shape, kernel", [((2, 8, 4096, 128), "_attention_ws_kernel"),
+                                           ((4, 12, 1024, 64), "_attention_walk_kernel")], ids=str)
+def test_fused_runs_it_as_one_kernel_at_the_budget_and_replays_it(shape, kernel):
     _needs_it()
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 8, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     report = profile(attention.fused, q, k, v, causal=True)  # the default plan takes it
-    assert report.kernel_count == 1 and "_attention_ws_kernel" in str(report), str(report)
+    assert report.kernel_count == 1 and kernel in str(report), str(report)
     need = attention.budget(q, k, v).total
     assert abs(report.bytes - need) <= 0.1 * need, str(report)
     first = attention.fused(q, k, v, causal=True)
