@@ -8,7 +8,9 @@ flushed between runs. "bytes" are the fused budget (q, k, v read once, o written
 ``attention.unfused_traffic`` (the N x N scores written and read by each op of the chain).
 ``--variants`` also times launch plans around ``attention._attention_settings``' pick, through
 pointers and through TMA (the sweep behind the plan table, docs/kernels.md "attention");
-``--impls ...,cudnn`` adds SDPA's cuDNN backend, the yardstick of issue 55. ``--plugin-bytes`` prints instead
+``--ws-variants`` prints instead the warp-specialised kernel's plans (``_attention_ws``: two or three
+consumers, one tile a program or the walk) against cuDNN, graph replays, the plan's pick marked (the A/B behind
+``_attention_ws.plan``; ``--width`` and ``--tokens`` set the shapes). ``--impls ...,cudnn`` adds SDPA's cuDNN backend, the yardstick of issue 55. ``--plugin-bytes`` prints instead
 what the plugin itself counts of one head, fused vs unfused, as N grows.
 
     PYTHONPATH=. python3 benchmarks/bench_attention.py                     # full table, bf16
@@ -16,6 +18,7 @@ what the plugin itself counts of one head, fused vs unfused, as N grows.
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --variants --seqs 2048,8192
     PYTHONPATH=. python3 benchmarks/bench_attention.py --quick --impls ours,flash,cudnn --seqs 2048,4096,16384
     PYTHONPATH=. python3 benchmarks/bench_attention.py --dtype float16 --impls ours,flash
+    PYTHONPATH=. python3 benchmarks/bench_attention.py --ws-variants --width 768 --tokens 8192 --seqs 512,1024,2048,4096
     PYTHONPATH=. python3 benchmarks/bench_attention.py --plugin-bytes 1024,2048,4096,8192,16384,32768
 """
 
@@ -33,7 +36,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from benchmarks._common import add_out_option, bench_ms, header, markdown_table  # noqa: E402
 from benchmarks._common import require_cuda, write_output_to  # noqa: E402
-from reference_kernels import attention  # noqa: E402
+from reference_kernels import _attention_ws, _device, attention  # noqa: E402
+from reference_kernels._common import graph_device_ms  # noqa: E402
 
 TOKENS = 16384
 MODEL_WIDTH = 2048
@@ -53,6 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                         help=f"comma-separated, of {', '.join(IMPLS)} (cudnn: SDPA's cuDNN backend, issue 55's yardstick)")
     parser.add_argument("--variants", action="store_true", help="also time launch plans around the default")
+    parser.add_argument("--ws-variants", action="store_true",
+                        help="instead: the warp-specialised kernel's plans against cuDNN, graph TFLOPS (sm_90, 16-bit)")
+    parser.add_argument("--width", type=int, default=MODEL_WIDTH, help=f"model width: heads = width / head_dim "
+                        f"(default {MODEL_WIDTH})")
+    parser.add_argument("--tokens", type=int, default=TOKENS, help=f"tokens a batch: batch = tokens / seq (default {TOKENS})")
     parser.add_argument("--plugin-bytes", default="", metavar="SEQS",
                         help="instead: the plugin's kernels and modelled bytes, fused vs unfused, at these sequence "
                              "lengths (one batch, one head of 64, causal; e.g. 1024,2048,4096,8192,16384,32768)")
@@ -107,12 +116,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.plugin_bytes:
         plugin_bytes([int(x) for x in args.plugin_bytes.split(",")], dtype, args.dtype, json_file)
         return
+    if args.ws_variants:
+        ws_variants(args, dtype, causals, json_file)
+        return
     print("launch plans: attention._attention_settings (docs/kernels.md, attention)", flush=True)
 
     records, rows = [], []
     for d in (int(x) for x in args.head_dims.split(",")):
         for n in (int(x) for x in args.seqs.split(",")):
-            b, h = max(1, TOKENS // n), MODEL_WIDTH // d
+            b, h = max(1, args.tokens // n), args.width // d
             torch.manual_seed(0)
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
             fused_bytes = attention.budget(q, k, v).total
@@ -162,6 +174,57 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
     print()
     print(markdown_table(table_headers(impls), rows))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
+
+
+WS_PLANS = {"c3": _attention_ws.WsPlan(128, 3, 3), "c2": _attention_ws.WsPlan(128, 3, 2),
+            "walk": _attention_ws.WsPlan(128, 3, 2, True)}
+
+
+def ws_variants(args: argparse.Namespace, dtype: torch.dtype, causals: tuple, json_file: str) -> None:
+    """Each of ``WS_PLANS`` that fits the device (``_attention_ws.plan``'s rules) and cuDNN's SDPA, graph-replay
+    TFLOPS (``graph_device_ms``), the plan's pick marked ``*``, each plan's largest error against SDPA in fp32."""
+    if not _attention_ws.available(torch.cuda.current_device()):
+        raise SystemExit("--ws-variants: the warp-specialised kernel does not run here (sm_90, Gluon)")
+    device = _device.of(torch.device("cuda"))
+    elt = torch.empty((), dtype=dtype).element_size()
+    names = list(WS_PLANS) + ["cudnn"]
+    records, rows = [], []
+    for d in (int(x) for x in args.head_dims.split(",")):
+        need = _attention_ws.consumer_regs(d, _attention_ws.BLOCK_N)
+        runs = {name: p for name, p in WS_PLANS.items()
+                if _attention_ws.fits_device(d, elt, p, device) and _attention_ws.regs(p, device)[1] >= need
+                and (not p.walk or _attention_ws.walks(d, elt, p, device))}
+        for n in (int(x) for x in args.seqs.split(",")):
+            b, h = max(1, args.tokens // n), args.width // d
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
+            out = torch.empty_like(q)
+            for causal in causals:
+                work = flops(b, h, n, d, causal)
+                pick = _attention_ws.plan(d, elt, device, n, causal)
+                expected = sdpa(q.float(), k.float(), v.float(), causal, "MATH")
+                rec = {"shape": f"{b}x{h}x{n}x{d}", "causal": causal, "plan": list(pick) if pick else None,
+                       "tflops": {}, "max_abs_err": {}}
+                for name, p in runs.items():
+                    launch = lambda _: _attention_ws.launch(q, k, v, out, causal, d**-0.5 * attention._LOG2E, p)  # noqa: E731,B023
+                    launch(None)
+                    rec["max_abs_err"][name] = (out.float() - expected).abs().max().item()
+                    rec["tflops"][name] = work / graph_device_ms(launch, [None], replays=10) / 1e9
+                cudnn = lambda _: sdpa(q, k, v, causal, "CUDNN_ATTENTION")  # noqa: E731,B023
+                rec["tflops"]["cudnn"] = work / graph_device_ms(cudnn, [None], replays=10) / 1e9
+                records.append(rec)
+                picked = next((name for name, p in runs.items() if p == pick), None)
+                rows.append([rec["shape"], "yes" if causal else "no"]
+                            + [("n/a" if name not in rec["tflops"] else f"{rec['tflops'][name]:.0f}"
+                                + ("*" if name == picked else "")) for name in names]
+                            + [f"{max(rec['max_abs_err'].values(), default=0):.1e}"])
+                print(" | ".join(rows[-1]), flush=True)
+            del q, k, v, out
+            torch.cuda.empty_cache()
+    print()
+    print(markdown_table(["shape", "causal"] + [f"{name} TFLOPS" for name in names] + ["max err vs SDPA (fp32)"], rows))
     if json_file:
         Path(json_file).write_text(json.dumps({"header": header(), "records": records}, indent=1))
 

@@ -73,16 +73,15 @@ sweep() {  # sweep FLAG: FLAG when --sweep was given
 run_stage() {
     case $1 in
     plugin) logged plugin "${PYTEST[@]}" -m gpu -q tests --ignore-glob='tests/test_ref_*' ;;
-    kernels) logged kernels "${PYTEST[@]}" -q ${KERNEL_OPTS[@]+"${KERNEL_OPTS[@]}"} tests/test_ref_softmax.py \
-        tests/test_ref_layer_norm.py tests/test_ref_gemm_epilogue.py tests/test_ref_gemm_ws.py tests/test_ref_bias_gelu_dropout.py \
-        tests/test_ref_attention.py tests/test_ref_held.py tests/test_ref_dogfood.py ;;
+    kernels) logged kernels "${PYTEST[@]}" -q ${KERNEL_OPTS[@]+"${KERNEL_OPTS[@]}"} tests/test_ref_*.py ;;
     # The two demo regressions are xfail(strict=True); --runxfail shows their failure messages.
     examples) logged examples "${PYTEST[@]}" -q examples --fusion-report ;;
     softmax) "$PY" benchmarks/bench_softmax.py --quick --out "$OUT" $(sweep --sweep) ;;
     layer_norm) "$PY" benchmarks/bench_layer_norm.py --quick --out "$OUT" $(sweep --sweep) ;;
     dropout) "$PY" benchmarks/bench_bias_gelu_dropout.py --quick --out "$OUT" $(sweep --variants) ;;
     gemm) "$PY" benchmarks/bench_gemm_epilogue.py --quick --out "$OUT" $(sweep --variants) ;;
-    attention) "$PY" benchmarks/bench_attention.py --quick --out "$OUT" $(sweep --variants) ;;
+    attention) "$PY" benchmarks/bench_attention.py --quick --out "$OUT" $(sweep --variants) && { [ "$SWEEP" = 0 ] ||
+        "$PY" benchmarks/bench_attention.py --ws-variants --width 768 --tokens 8192 --json "$OUT/bench_attention_ws.json"; } ;;
     decode) "$PY" benchmarks/bench_decode.py --out "$OUT" ;;
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
     eager) "$PY" benchmarks/bench_eager.py --quick --out "$OUT" ;;

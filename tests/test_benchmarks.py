@@ -656,6 +656,37 @@ def test_bench_attention_times_every_tile_through_pointers_and_through_tma_and_t
     assert dict(zip(headers, row))["ours / cudnn"] == "0.80x" and len(headers) == len(row)
 
 
+def test_bench_attention_ws_variants_refuses_where_the_kernel_does_not_run(monkeypatch):
+    from benchmarks import bench_attention
+    from reference_kernels import _attention_ws
+
+    args = bench_attention.parse_args(["--ws-variants", "--width", "768", "--tokens", "8192"])
+    assert args.ws_variants and (args.width, args.tokens) == (768, 8192)
+    assert (bench_attention.parse_args([]).width, bench_attention.parse_args([]).tokens) == (2048, 16384)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(_attention_ws, "available", lambda index=None: False)
+    with pytest.raises(SystemExit, match="does not run here"):
+        bench_attention.ws_variants(args, torch.bfloat16, (False,), "")
+
+
+@pytest.mark.gpu
+def test_bench_attention_ws_variants_times_each_fitting_plan_and_cudnn_and_marks_the_pick(tmp_path, capsys):
+    import json
+
+    from benchmarks import bench_attention
+    from reference_kernels import _attention_ws
+
+    if not _attention_ws.available(torch.cuda.current_device()):
+        pytest.skip("the warp-specialised kernel runs on sm_90 with Gluon")
+    out = tmp_path / "ws.json"
+    bench_attention.main(["--ws-variants", "--seqs", "256", "--head-dims", "64", "--width", "128", "--tokens", "512",
+                          "--causal", "no", "--json", str(out)])
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["shape"] == "2x2x256x64" and set(rec["tflops"]) >= {"c2", "cudnn"}
+    assert all(err < 2e-2 for err in rec["max_abs_err"].values()), rec
+    assert "*" in capsys.readouterr().out  # the plan's pick, one of those timed
+
+
 def test_bench_ops_times_a_stand_in_op_called_and_compiled_for_each_definition(capsys, tmp_path):
     import json
 
