@@ -205,15 +205,17 @@ if gluon is not None:
         return pid_m * CONSUMERS * _BM, gl.program_id(1) // n_heads, gl.program_id(1) % n_heads
 
     @gluon.jit
-    def _tile_at(t, n_m, bh_total, n_heads, sect):
-        """A walk's tile ``t``: (first query row, batch, head). Tiles go in sections of ``sect`` heads (their k/v fit
-        half the L2), a section's heads a query block at a time (causal: the walk reverses the blocks, heaviest
-        first)."""
+    def _tile_at(t, n_m, bh_total, n_heads, sect, CAUSAL: gl.constexpr):
+        """A walk's tile ``t``: (query block, batch, head). Tiles go in sections of ``sect`` heads (their k/v fit half
+        the L2), a section's heads a query block at a time (causal: the blocks reversed, heaviest first)."""
         per_sect = sect * n_m
         base = t // per_sect * sect
         here = gl.minimum(sect, bh_total - base)
         r = t % per_sect
-        return r // here, (base + r % here) // n_heads, (base + r % here) % n_heads
+        m = r // here
+        if CAUSAL:
+            m = n_m - 1 - m
+        return m, (base + r % here) // n_heads, (base + r % here) % n_heads
 
     @gluon.jit
     def _blocks(first_row, rows, seq_len, BN: gl.constexpr, CAUSAL: gl.constexpr):
@@ -345,9 +347,7 @@ if gluon is not None:
         g = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            m, b, h = _tile_at(t, n_m, bh_total, n_heads, sect)
-            if CAUSAL:
-                m = n_m - 1 - m
+            m, b, h = _tile_at(t, n_m, bh_total, n_heads, sect, CAUSAL)
             qs = it % 2
             mbarrier.wait(q_free.index(qs), ((it // 2) & 1) ^ 1)
             g += _load_tile(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready.index(qs), k_ready, v_ready, empty,
@@ -361,9 +361,7 @@ if gluon is not None:
         g = 0
         it = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            m, b, h = _tile_at(t, n_m, bh_total, n_heads, sect)
-            if CAUSAL:
-                m = n_m - 1 - m
+            m, b, h = _tile_at(t, n_m, bh_total, n_heads, sect, CAUSAL)
             qs = it % 2
             mbarrier.wait(q_ready.index(qs), (it // 2) & 1)
             g += _attend(q_bufs.index(qs * CONSUMERS + CONSUMER), k_bufs, v_bufs, k_ready, v_ready, empty, o_desc, b, h,
