@@ -103,8 +103,8 @@ def cases(subject: str, shape: tuple, dtype: torch.dtype, dev: str = "cuda") -> 
         w, b = torch.randn(n, device=dev).to(dtype), torch.randn(n, device=dev).to(dtype)
         liger = _common.liger_ops("layer_norm") or (None, None)
         if subject == "layer_norm_fwd":
-            fns = {"ours": lambda: layer_norm.forward(x, w, b, EPS), "torch": lambda: F.layer_norm(x, (n,), w, b, EPS)}
-            fns[OURS_COMPILED] = _in_compiled(lambda x_, w_, b_: layer_norm.forward(x_, w_, b_, EPS), x, w, b)
+            fns = {"ours": lambda: layer_norm.fused(x, w, b, EPS), "torch": lambda: F.layer_norm(x, (n,), w, b, EPS)}
+            fns[OURS_COMPILED] = _in_compiled(lambda x_, w_, b_: layer_norm.fused(x_, w_, b_, EPS), x, w, b)
             compiled = _compiled(lambda t, w_, b_: F.layer_norm(t, (n,), w_, b_, EPS))
             fns["compile"] = lambda: compiled(x, w, b)
             if liger[0]:

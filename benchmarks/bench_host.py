@@ -67,7 +67,7 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
         _, t_mean, t_rstd = torch.native_layer_norm(x, (n,), w, b, 1e-5)
         dy = torch.randn_like(x)
         name = f"{rows}x{n} {str(dtype)[6:]}"
-        out.append((f"layer norm forward {name}", lambda x=x, w=w, b=b: layer_norm.forward(x, w, b),
+        out.append((f"layer norm forward {name}", lambda x=x, w=w, b=b: layer_norm.fused(x, w, b),
                     lambda x=x, w=w, b=b, n=n: torch.nn.functional.layer_norm(x, (n,), w, b)))
         out.append((f"layer norm backward {name}",
                     lambda dy=dy, x=x, w=w, m=mean, r=rstd: layer_norm.backward(dy, x, w, m, r),

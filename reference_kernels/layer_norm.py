@@ -1016,14 +1016,16 @@ def forward(
     grad), ``y`` differentiates as ``fused``'s does (``out`` then takes a copy of y); with ``max_row`` set such a call
     has no backward (a gradient reaching it raises). Under ``torch.compile``: the op ``reference_kernels::layer_norm``.
     """
-    if max_row is None and wants_grad((x, weight, bias)):
+    grad = wants_grad((x, weight, bias))
+    if grad and max_row is None:
         y, mean, rstd = _LayerNormFunction.apply(x, weight, bias, eps, None, None, None)
         return traced_result(y, out, "layer_norm.forward"), mean, rstd
     if tracing():
         eager_only("layer_norm.forward", max_row=max_row)
         y, mean, rstd = _LAYER_NORM_OP(x, weight, bias, float(eps))
         return traced_result(y, out, "layer_norm.forward"), mean, rstd
-    return inference_result("layer_norm.forward", (x, weight, bias), _forward_calls(x, weight, bias, eps, out, max_row))
+    result = _forward_calls(x, weight, bias, eps, out, max_row)
+    return inference_result("layer_norm.forward", (x, weight, bias), result) if grad else result
 
 
 def _forward_calls(x, weight, bias, eps, out=None, max_row=None):
@@ -1189,6 +1191,8 @@ def fused(
     """
     if tracing():
         eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
+    elif not wants_grad((x, weight, bias)):  # nothing to differentiate: no autograd Function (~9 us of host a call)
+        return _forward_calls(x, weight, bias, eps, None, max_row)[0]
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)[0]
 
 
