@@ -7,9 +7,12 @@ launcher are most of it. Prints one table:
 
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--profile] [--out DIR]
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h200.json   # no GPU
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py --python [--calls 2000]   # any machine, CPU under the interpreter
 
 Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
-(replays off) and torch's own op.
+(replays off) and torch's own op. ``--python`` times instead each public call's own Python, around a replay whose
+work (allocations, launches) is skipped: it returns the tensors of its last run (``skip_replays``). No GPU needed
+(tiny shapes; on CPU under ``TRITON_INTERPRET=1``, set for it), so a regression in the wrapper shows on any machine.
 """
 
 from __future__ import annotations
@@ -118,6 +121,87 @@ def profile_calls(name: str, fn: Callable[[], object], calls: int) -> None:
     print(f"## {name}: {calls} calls profiled\n" + "\n".join(text.getvalue().splitlines()[4:]))
 
 
+def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
+    """(name, ours, torch's) for ``--python``: each public call once, at shapes too small to matter, on ``device``."""
+    from reference_kernels import attention, bias_gelu_dropout, gemm_epilogue, layer_norm, softmax
+
+    x, w, b = torch.randn(4, 64, device=device), torch.randn(64, device=device), torch.randn(64, device=device)
+    y, dy, wt = torch.empty_like(x), torch.randn_like(x), torch.randn(64, 64, device=device)
+    _, mean, rstd = layer_norm.forward(x, w, b)
+    _, t_mean, t_rstd = torch.native_layer_norm(x, (64,), w, b, 1e-5)
+    q = torch.randn(1, 2, 32, 64, device=device)
+    F = torch.nn.functional
+    return [
+        ("softmax.fused", lambda: softmax.fused(x, out=y), lambda: torch.softmax(x, -1, out=y)),
+        ("layer_norm.fused", lambda: layer_norm.fused(x, w, b), lambda: F.layer_norm(x, (64,), w, b)),
+        ("layer_norm.forward", lambda: layer_norm.forward(x, w, b), lambda: torch.native_layer_norm(x, (64,), w, b, 1e-5)),
+        ("layer_norm.backward", lambda: layer_norm.backward(dy, x, w, mean, rstd),
+         lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (64,), t_mean, t_rstd, w, b, [True, True, True])),
+        ("bias_gelu_dropout.fused", lambda: bias_gelu_dropout.fused(x, b, 0.1), lambda: F.dropout(F.gelu(x + b), 0.1)),
+        ("gemm_epilogue.fused", lambda: gemm_epilogue.fused(x, wt.T, b), lambda: F.gelu(F.linear(x, wt, b))),
+        ("attention.fused", lambda: attention.fused(q, q, q), lambda: F.scaled_dot_product_attention(q, q, q)),
+    ]
+
+
+def skip_replays() -> list:
+    """From now on each recorded replay returns what its next run returns, without running again (its allocations
+    and launches skipped): the public call's own Python is what is left to time. Returns what ``restore_replays``
+    puts back."""
+    from reference_kernels._launch import Calls, _Replay
+
+    saved = []
+    for calls in Calls.tables:
+        for entry in calls.table.values():
+            if entry.__class__ is _Replay:
+                def once(slots, scalars, entry=entry, run=entry.run):
+                    result = run(slots, scalars)
+                    entry.run = lambda slots, scalars: result
+                    return result
+
+                saved.append((entry, entry.run))
+                entry.run = once
+    return saved
+
+
+def restore_replays(saved: list) -> None:
+    for entry, run in saved:
+        entry.run = run
+
+
+PYTHON_HEADERS = ["public call", "ours' Python a call, us (replay skipped)", "torch's op, us (runs)", "ours' call"]
+
+
+def python_main(calls: int, out: str | None) -> None:
+    """``--python``: the table of each public call's own Python (``python_cases``, ``skip_replays``)."""
+    import json
+    import os
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined: CPU tensors, the interpreter
+    from reference_kernels import _launch
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    print(header())
+    records = []
+    for name, ours, theirs in python_cases(device):
+        for c in _launch.Calls.tables:
+            c.last = ""
+        ours()  # recorded
+        ours()  # replayed
+        how = "; ".join(sorted({c.last for c in _launch.Calls.tables if c.last})) or "?"
+        saved = skip_replays()
+        try:
+            ours_us = host_us(ours, calls, sync=sync)
+        finally:
+            restore_replays(saved)
+        records.append({"case": name, "python_us": ours_us, "torch_us": host_us(theirs, calls, sync=sync), "ours_call": how})
+    print(markdown_table(PYTHON_HEADERS, [[r["case"], f"{r['python_us']:.1f}", f"{r['torch_us']:.1f}", r["ours_call"]]
+                                          for r in records]))
+    if out:
+        Path(out, "bench_host_python.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
+
+
 HEADERS = ["case", "ours, us a call", "ours planned each call", "torch", "ours / torch", "ours' call"]
 
 
@@ -133,6 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile each case's replayed calls: the top functions by own time, per case")
     parser.add_argument("--tables", metavar="FILE", help="print the table of a recorded bench_host.json (no GPU)")
+    parser.add_argument("--python", action="store_true",
+                        help="instead: each public call's own Python, its replay's work skipped (any machine)")
     add_out_option(parser)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rows < 1:
@@ -142,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.tables:
         data = json.loads(Path(args.tables).read_text())
         print(data["header"] + "\n\n" + markdown_table(HEADERS, [table_row(r) for r in data["rows"]]))
+        return
+    if args.python:
+        write_output_to(args.out, __file__)
+        python_main(args.calls, args.out)
         return
     require_cuda(__file__)
     write_output_to(args.out, __file__)

@@ -85,7 +85,7 @@ run_stage() {
     decode) "$PY" benchmarks/bench_decode.py --out "$OUT" ;;
     overhead) "$PY" benchmarks/bench_overhead.py --device cuda --out "$OUT" ;;
     eager) "$PY" benchmarks/bench_eager.py --quick --out "$OUT" ;;
-    host) "$PY" benchmarks/bench_host.py --out "$OUT" ;;
+    host) "$PY" benchmarks/bench_host.py --out "$OUT" && "$PY" benchmarks/bench_host.py --python --out "$OUT" ;;
     ops) "$PY" benchmarks/bench_ops.py --out "$OUT" ;;
     tuning) "$PY" benchmarks/bench_tuning.py --out "$OUT" ;;
     peak) "$PY" benchmarks/bench_peak.py --out "$OUT" --write-data "$OUT/peak_h200.json" ;;

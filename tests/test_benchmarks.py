@@ -656,6 +656,21 @@ def test_bench_attention_times_every_tile_through_pointers_and_through_tma_and_t
     assert dict(zip(headers, row))["ours / cudnn"] == "0.80x" and len(headers) == len(row)
 
 
+def test_bench_host_python_times_each_public_calls_own_python_and_puts_the_replays_back(tmp_path, capsys):
+    import json
+
+    import benchmarks.bench_host as bh
+    from reference_kernels import softmax
+
+    bh.main(["--python", "--calls", "30", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "bench_host_python.json").read_text())["rows"]
+    assert [r["case"] for r in rows] == [name for name, _, _ in bh.python_cases("cpu")]
+    assert all(r["ours_call"] == "replayed" and r["python_us"] > 0 and r["torch_us"] > 0 for r in rows), rows
+    assert "| softmax.fused |" in capsys.readouterr().out
+    x = torch.randn(4, 64)  # a recorded key (python_cases' shape): its replay runs again, on these values
+    torch.testing.assert_close(softmax.fused(x, out=torch.empty_like(x)), torch.softmax(x, -1))
+
+
 def test_bench_attention_ws_variants_refuses_where_the_kernel_does_not_run(monkeypatch):
     from benchmarks import bench_attention
     from reference_kernels import _attention_ws
