@@ -617,11 +617,16 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, sources: list) -> Any:
     return _Copy(*refs)
 
 
+_SIGNATURES: dict = {}  # a kernel's Python function: its signature (_bind)
+
+
 def _bind(launch_record: tuple, sources: list, scalars: dict) -> Any:
     kernel, grid, args, kwargs, compiled = launch_record
     if callable(grid) or not isinstance(kernel, _LAUNCHER):
         return f"{getattr(kernel, '__name__', kernel)} is not a plain Triton launch"
-    sig = inspect.signature(kernel.fn)
+    sig = _SIGNATURES.get(kernel.fn)
+    if sig is None:  # once a kernel: inspect.signature cost ~0.1 ms of each record
+        sig = _SIGNATURES[kernel.fn] = inspect.signature(kernel.fn)
     params = {k: v for k, v in kwargs.items() if k in sig.parameters}
     options = {k: v for k, v in kwargs.items() if k not in sig.parameters}
     bound = sig.bind(*args, **params)
