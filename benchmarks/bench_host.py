@@ -129,7 +129,7 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
     y, dy, wt = torch.empty_like(x), torch.randn_like(x), torch.randn(64, 64, device=device)
     _, mean, rstd = layer_norm.forward(x, w, b)
     _, t_mean, t_rstd = torch.native_layer_norm(x, (64,), w, b, 1e-5)
-    q = torch.randn(1, 2, 32, 64, device=device)
+    q, k, v = (torch.randn(1, 2, 32, 64, device=device) for _ in range(3))
     F = torch.nn.functional
     return [
         ("softmax.fused", lambda: softmax.fused(x, out=y), lambda: torch.softmax(x, -1, out=y)),
@@ -139,7 +139,7 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
          lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (64,), t_mean, t_rstd, w, b, [True, True, True])),
         ("bias_gelu_dropout.fused", lambda: bias_gelu_dropout.fused(x, b, 0.1), lambda: F.dropout(F.gelu(x + b), 0.1)),
         ("gemm_epilogue.fused", lambda: gemm_epilogue.fused(x, wt.T, b), lambda: F.gelu(F.linear(x, wt, b))),
-        ("attention.fused", lambda: attention.fused(q, q, q), lambda: F.scaled_dot_product_attention(q, q, q)),
+        ("attention.fused", lambda: attention.fused(q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)),
     ]
 
 

@@ -50,6 +50,12 @@ try:
 except ImportError:  # pragma: no cover - every supported Triton has it
     JITFunction = None
 
+try:  # torch.compile's C++ check of tensors' dtype, device, shape and strides (and type, grad, dispatch keys) against
+    # those it was made from: ~0.4 us for three, where a key of them took ~3 (Calls.hot)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - a torch without it: every call keys
+    _TensorGuards = None
+
 try:  # what torch.compile's generated wrappers allocate and view with: half the Python of torch.empty_strided's and
     # as_strided's argument parsing and dispatch (~1.1 -> ~0.5 us an allocation on CI's host); the current device's
     from torch._C._dynamo.guards import _empty_strided_cpu, _empty_strided_cuda, _reinterpret_tensor
@@ -448,11 +454,12 @@ class _Replay:
     The Python is generated at the first replay (0.15-0.35 ms on CI's host), never for a key called once: a shape
     that changes every call (a growing sequence) pays its record, not that."""
 
-    __slots__ = ("n_slots", "allocs", "launches", "result", "run")
+    __slots__ = ("n_slots", "allocs", "launches", "result", "run", "hot")
 
     def __init__(self, n_slots: int, allocs: list, launches: list, result: Any) -> None:
         self.n_slots, self.allocs, self.launches, self.result = n_slots, allocs, launches, result
         self.run = self._generate
+        self.hot: _Hot | bool | None = None  # its key's check (Calls.hot), False where none stands for it, None: unknown
 
     def _generate(self, slots: list, scalars: dict) -> Any:
         text, names = _replay_source(self.n_slots, self.allocs, self.launches, self.result)
@@ -744,6 +751,43 @@ def _slot_key(slots: tuple) -> tuple:
     return tuple(key)
 
 
+class _Hot:
+    """A replayed key, checked without making one: the same params, the same Nones, tensors that pass a C++ check of
+    all else the key holds (``_TensorGuards``: dtype, device, shape, strides; stricter, as it also asks type, grad
+    and dispatch keys), at distinct 16-byte-aligned addresses. Kept only for a key whose tensors are so placed (an
+    aliased or unaligned call keys each time)."""
+
+    __slots__ = ("params", "nones", "guards", "entry")
+
+    def __init__(self, params: tuple, nones: tuple | None, guards: Any, entry: _Replay) -> None:
+        self.params, self.nones, self.guards, self.entry = params, nones, guards, entry
+
+    @classmethod
+    def of(cls, params: tuple, slots: tuple, entry: _Replay) -> "_Hot | None":
+        tensors = [t for t in slots if t is not None]
+        if _TensorGuards is None or not _apart(tensors):
+            return None
+        guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                               dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        nones = tuple(t is None for t in slots) if len(tensors) < len(slots) else None
+        return cls(params, nones, guards, entry)
+
+    def matches(self, slots: tuple) -> bool:
+        if self.nones is None:
+            tensors = slots
+        elif tuple([t is None for t in slots]) == self.nones:
+            tensors = [t for t in slots if t is not None]
+        else:
+            return False
+        return self.guards.check(*tensors) and _apart(tensors)
+
+
+def _apart(tensors) -> bool:
+    """Each tensor at its own 16-byte-aligned address."""
+    ptrs = {t.data_ptr() for t in tensors}
+    return len(ptrs) == len(tensors) and not any(p & _ALIGN for p in ptrs)
+
+
 class Calls:
     """One public function's records, by key: ``calls(params, slots, run)`` returns ``run()`` (checks, outputs,
     plan and launches through ``launch``), recorded the first time a key is seen, and replays the record after:
@@ -761,6 +805,7 @@ class Calls:
         self.name = name
         self.table: dict = {}
         self.last = ""
+        self.hot: _Hot | None = None  # the last key replayed, checked before any key is made
         Calls.tables.append(self)
 
     def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None) -> Any:
@@ -771,6 +816,10 @@ class Calls:
             for p in params:
                 if p.__class__ not in _KEYABLE and not _keyable(p):
                     raise TypeError
+            hot = self.hot
+            if hot is not None and hot.params == params and hot.matches(slots):
+                self.last = "replayed"
+                return hot.entry.run(slots, scalars or {})
             key = (params, _slot_key(slots))
         except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
             self.last = "planned: no key"
@@ -780,6 +829,10 @@ class Calls:
             return self._record(key, slots, run, scalars or {})
         if entry.__class__ is _Replay:
             self.last = "replayed"
+            if entry.hot is None:  # once a key: whether its tensors' placement lets a check stand for it
+                entry.hot = _Hot.of(params, slots, entry) or False
+            if entry.hot:
+                self.hot = entry.hot
             return entry.run(slots, scalars or {})
         self.last = f"planned: {entry.why}"
         return run()
@@ -805,6 +858,7 @@ def forget() -> None:
     that a plan reads (the tests' ``monkeypatch`` does, tests/conftest.py; so does ``benchmarks/sweep.py --set``)."""
     for calls in Calls.tables:
         calls.table.clear()
+        calls.hot = None
 
 
 def decline(why: str) -> None:
