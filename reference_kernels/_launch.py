@@ -817,13 +817,14 @@ class Calls:
                 if p.__class__ not in _KEYABLE and not _keyable(p):
                     raise TypeError
             hot = self.hot
-            if hot is not None and hot.params == params and hot.matches(slots):
-                self.last = "replayed"
-                return hot.entry.run(slots, scalars or {})
-            key = (params, _slot_key(slots))
+            if hot is None or hot.params != params or not hot.matches(slots):
+                hot, key = None, (params, _slot_key(slots))
         except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
             self.last = "planned: no key"
             return run()
+        if hot is not None:  # outside the try: an error of the replay is the caller's, not a reason to run again
+            self.last = "replayed"
+            return hot.entry.run(slots, scalars or {})
         entry = self.table.get(key)
         if entry is None:
             return self._record(key, slots, run, scalars or {})

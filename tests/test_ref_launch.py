@@ -142,6 +142,30 @@ def test_the_last_key_replayed_is_checked_without_a_key_and_stands_for_nothing_e
     assert softmax.CALLS.hot is None
 
 
+def test_an_error_of_a_replay_reaches_the_caller_and_the_call_does_not_run_again():
+    calls = _launch.Calls("test.errors")
+    x = torch.randn(2, 8, device=DEVICE)
+    runs = []
+
+    def run():
+        runs.append(1)
+        out = torch.empty(16, device=DEVICE)
+        _launch.launch(_scaled_kernel, (1,), x, out, 16, 2, BLOCK=16)
+        return out
+
+    for _ in range(3):  # recorded, replayed (keyed), replayed (the hot check)
+        torch.testing.assert_close(calls((), (x,), run), 2 * x.reshape(16))
+    assert calls.last == "replayed" and runs == [1] and calls.hot is not None
+
+    def broken(slots, scalars):
+        raise TypeError("from the replay")
+
+    calls.hot.entry.run = broken
+    with pytest.raises(TypeError, match="from the replay"):
+        calls((), (x,), run)
+    assert runs == [1]
+
+
 def test_a_replays_python_is_generated_at_its_first_replay_never_for_a_key_called_once(monkeypatch):
     # a shape that changes every call (a growing sequence) records each call: generating the replay cost 0.15-0.35 ms
     generated = []
