@@ -94,13 +94,16 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
     return out
 
 
-def replayed(fn: Callable[[], object]) -> str:
-    """What ``fn``'s last reference-kernel call did: "replayed", "recorded" or "planned: <why>" (reference_kernels/_launch.py)."""
+def replayed(fn: Callable[[], object], sync: Callable[[], None] | None = None) -> str:
+    """What ``fn``'s second call did: "replayed", "recorded" or "planned: <why>" (reference_kernels/_launch.py);
+    ``sync``: the device's (CUDA's by default)."""
     from reference_kernels._launch import Calls
 
+    for c in Calls.tables:
+        c.last = ""
     fn()  # the first call of a key records it
     fn()
-    torch.cuda.synchronize()
+    (sync or torch.cuda.synchronize)()
     return "; ".join(sorted({c.last for c in Calls.tables if c.last})) or "?"
 
 
@@ -179,17 +182,11 @@ def python_main(calls: int, out: str | None) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined: CPU tensors, the interpreter
-    from reference_kernels import _launch
-
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     print(header())
     records = []
     for name, ours, theirs in python_cases(device):
-        for c in _launch.Calls.tables:
-            c.last = ""
-        ours()  # recorded
-        ours()  # replayed
-        how = "; ".join(sorted({c.last for c in _launch.Calls.tables if c.last})) or "?"
+        how = replayed(ours, sync)
         saved = skip_replays()
         try:
             ours_us = host_us(ours, calls, sync=sync)
@@ -240,8 +237,6 @@ def main(argv: list[str] | None = None) -> None:
 
     records = []
     for name, ours, theirs in cases(args.rows):
-        for c in _launch.Calls.tables:
-            c.last = ""
         how = replayed(ours)
         with _launch.replays_off():
             planned = host_us(ours, args.calls)
