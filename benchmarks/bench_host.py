@@ -10,7 +10,7 @@ launcher are most of it. Prints one table:
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --python [--calls 2000]   # any machine, CPU under the interpreter
 
 Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
-(replays off) and torch's own op. ``--python`` times instead each public call's own Python, around a replay whose
+(replays off) and torch's own op; and the one call of each key that records (its second: ``recorded_us``). ``--python`` times instead each public call's own Python, around a replay whose
 work (allocations, launches) is skipped: it returns the tensors of its last run (``skip_replays``). No GPU needed
 (tiny shapes; on CPU under ``TRITON_INTERPRET=1``, set for it), so a regression in the wrapper shows on any machine.
 """
@@ -50,6 +50,24 @@ def host_us(fn: Callable[[], object], calls: int = 300, warmup: int = 20,
         elapsed += time.perf_counter() - start
     sync()
     return elapsed / calls * 1e6
+
+
+def recorded_us(fn: Callable[[], object], calls: int = 30, sync: Callable[[], None] | None = None) -> float:
+    """Median microseconds of host time of the call that records a key (its second; the records dropped before each
+    first), synchronised before and after it, outside the timer."""
+    from reference_kernels import _launch
+
+    sync = sync or torch.cuda.synchronize
+    times = []
+    for _ in range(calls):
+        _launch.forget()
+        fn()
+        sync()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        sync()
+    return sorted(times)[len(times) // 2] * 1e6
 
 
 def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
@@ -95,13 +113,14 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
 
 
 def replayed(fn: Callable[[], object], sync: Callable[[], None] | None = None) -> str:
-    """What ``fn``'s second call did: "replayed", "recorded" or "planned: <why>" (reference_kernels/_launch.py);
-    ``sync``: the device's (CUDA's by default)."""
+    """What ``fn``'s third call did: "replayed", "recorded" or "planned: <why>" (reference_kernels/_launch.py: a key's
+    first call plans, its second records); ``sync``: the device's (CUDA's by default)."""
     from reference_kernels._launch import Calls
 
     for c in Calls.tables:
         c.last = ""
-    fn()  # the first call of a key records it
+    fn()  # a key's first call plans
+    fn()  # its second records
     fn()
     (sync or torch.cuda.synchronize)()
     return "; ".join(sorted({c.last for c in Calls.tables if c.last})) or "?"
@@ -199,11 +218,14 @@ def python_main(calls: int, out: str | None) -> None:
         Path(out, "bench_host_python.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
 
 
-HEADERS = ["case", "ours, us a call", "ours planned each call", "torch", "ours / torch", "ours' call"]
+HEADERS = ["case", "ours, us a call", "ours planned each call", "ours' record (once a key)", "torch", "ours / torch",
+           "ours' call"]
 
 
 def table_row(rec: dict) -> list[str]:
-    return [rec["case"], f"{rec['ours_us']:.1f}", f"{rec['ours_planned_us']:.1f}", f"{rec['torch_us']:.1f}",
+    recorded = rec.get("ours_recorded_us")  # JSON written before the column: n/a
+    return [rec["case"], f"{rec['ours_us']:.1f}", f"{rec['ours_planned_us']:.1f}",
+            "n/a" if recorded is None else f"{recorded:.1f}", f"{rec['torch_us']:.1f}",
             f"{rec['ours_us'] / rec['torch_us']:.2f}x", rec["ours_call"]]
 
 
@@ -240,10 +262,12 @@ def main(argv: list[str] | None = None) -> None:
         how = replayed(ours)
         with _launch.replays_off():
             planned = host_us(ours, args.calls)
+        recorded = recorded_us(ours)
         a, b = host_us(ours, args.calls), host_us(theirs, args.calls)
         if args.profile:
             profile_calls(name, ours, args.calls)
-        records.append({"case": name, "ours_us": a, "ours_planned_us": planned, "torch_us": b, "ours_call": how})
+        records.append({"case": name, "ours_us": a, "ours_planned_us": planned, "ours_recorded_us": recorded,
+                        "torch_us": b, "ours_call": how})
     print(markdown_table(HEADERS, [table_row(r) for r in records]))
     if args.out:
         Path(args.out, "bench_host.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))

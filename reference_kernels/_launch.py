@@ -6,7 +6,8 @@ Python a call on the H100 machine, where torch's own ops take 7-25 (docs/kernels
 time a call"). None of it depends on the tensors' contents, only on what a ``Calls`` table keys
 a call by: each tensor argument's shape, strides, dtype, device and 16-byte alignment (what
 Triton specialises on), which arguments are the same tensor, and the other arguments. The
-first call of a key runs the public call's body recorded; later calls replay the record: the
+first call of a key plans (a key called once never pays a record), its second runs the public call's body
+recorded; later calls replay the record: the
 tensors it allocated (outputs and scratch) allocated again, each launch through the compiled
 kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last; its compiled
 launch function itself where the layout is Triton 3.6's and the kernel takes no scratch) with
@@ -65,6 +66,7 @@ except ImportError:  # pragma: no cover - a torch without them: torch.empty_stri
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
 _MAX_KEYS = 1024  # a table that grows past this starts again
+_SEEN = object()  # a key called once: its next call records
 _MAX_ADDRESSES = 64  # a replayed descriptor's encodings kept (_Encoded)
 _BASE_ARGS = 13  # Triton 3.6's launch function's arguments before the kernel's: grid, stream, function, flags, ...
 _STAND_IN = 1 << 32  # a 16-byte aligned address a descriptor may be encoded at (never read) in _same_arguments
@@ -790,13 +792,15 @@ def _apart(tensors) -> bool:
 
 class Calls:
     """One public function's records, by key: ``calls(params, slots, run)`` returns ``run()`` (checks, outputs,
-    plan and launches through ``launch``), recorded the first time a key is seen, and replays the record after:
-    the same allocations made again, the launches on the new pointers, and what ``run`` returned rebuilt from them.
+    plan and launches through ``launch``), planned the first time a key is seen, recorded the second, and replays
+    the record after: the same allocations made again, the launches on the new pointers, and what ``run`` returned
+    rebuilt from them. A key called once (a shape that changes every call) never pays a record.
 
     ``params``: the function's non-tensor arguments (hashable); ``slots``: its tensor arguments (or None), whose
     shapes, strides, dtypes, devices and alignment are the rest of the key. A call of a recorded key passed its
     checks once: everything they read is in the key. ``scalars``: per-call values of ``do_not_specialize`` kernel
-    arguments, by name. ``last`` says what the last call did: "replayed", "recorded", "planned: <why>".
+    arguments, by name. ``last`` says what the last call did: "replayed", "recorded", "planned: <why>" ("planned:
+    first call" for a key's first).
     """
 
     tables: list["Calls"] = []
@@ -827,6 +831,10 @@ class Calls:
             return hot.entry.run(slots, scalars or {})
         entry = self.table.get(key)
         if entry is None:
+            self._keep(key, _SEEN)
+            self.last = "planned: first call"
+            return run()
+        if entry is _SEEN:
             return self._record(key, slots, run, scalars or {})
         if entry.__class__ is _Replay:
             self.last = "replayed"
@@ -847,11 +855,15 @@ class Calls:
         finally:
             _recording.stack.pop()
         entry = _replay_of(rec, slots, scalars, value)
-        if len(self.table) >= _MAX_KEYS:
-            self.table.clear()
-        self.table[key] = entry
+        self._keep(key, entry)
         self.last = "recorded" if isinstance(entry, _Replay) else f"planned: {entry.why}"
         return value
+
+
+    def _keep(self, key: tuple, entry: Any) -> None:
+        if key not in self.table and len(self.table) >= _MAX_KEYS:
+            self.table.clear()
+        self.table[key] = entry
 
 
 def forget() -> None:

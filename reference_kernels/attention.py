@@ -173,7 +173,7 @@ def _unit_head_dim_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-CALLS = Calls("attention.fused")  # each problem's first call recorded, replayed after (_launch.py)
+CALLS = Calls("attention.fused")  # a problem's first call plans, its second records, later ones replay (_launch.py)
 
 
 def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None,

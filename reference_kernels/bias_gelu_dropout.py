@@ -203,7 +203,7 @@ def _check(x, bias, p, seed, approximate) -> None:
     _check_p_seed(p, seed)
 
 
-CALLS = Calls("bias_gelu_dropout.fused")  # each problem's first call recorded, replayed after (_launch.py)
+CALLS = Calls("bias_gelu_dropout.fused")  # a problem's first call plans, its second records, later ones replay (_launch.py)
 
 
 def fused(x, bias, p: float = 0.1, seed: int = 0, approximate: str = "none", out=None) -> torch.Tensor:

@@ -451,7 +451,7 @@ def _activation_code(activation, approximate="none") -> int:
     return _ACTIVATION_CODES[activation]
 
 
-CALLS = Calls("gemm_epilogue.fused")  # each problem's first call recorded, replayed after (_launch.py)
+CALLS = Calls("gemm_epilogue.fused")  # a problem's first call plans, its second records, later ones replay (_launch.py)
 
 
 def fused(a, b, bias=None, activation="gelu", residual=None, approximate="none", out=None):

@@ -993,7 +993,7 @@ def _check_params(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise ValueError(f"{name} is on {p.device} but x is on {x.device}")
 
 
-# each problem's first call recorded, replayed after (_launch.py)
+# a problem's first call plans, its second records, later ones replay (_launch.py)
 FORWARD_CALLS = Calls("layer_norm.forward")
 BACKWARD_CALLS = Calls("layer_norm.backward")
 

@@ -410,7 +410,7 @@ def _reg_cap(p: Plan) -> dict:
 # --------------------------------------------------------------------------- public functions
 
 
-CALLS = Calls("softmax.fused")  # each problem's first call recorded, replayed after (_launch.py)
+CALLS = Calls("softmax.fused")  # a problem's first call plans, its second records, later ones replay (_launch.py)
 
 
 def fused(x: torch.Tensor, *, out: torch.Tensor | None = None, max_row: int | None = None) -> torch.Tensor:

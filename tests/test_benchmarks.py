@@ -436,6 +436,21 @@ def test_the_host_bench_times_each_call_on_the_hosts_clock_in_bursts_after_its_w
             host_us(lambda: None, sync=lambda: None, **bad)
 
 
+def test_the_host_bench_times_the_call_that_records_a_key_its_second():
+    from benchmarks.bench_host import recorded_us
+    from reference_kernels import _launch, softmax
+
+    x, seen = torch.randn(3, 40), []
+
+    def call():
+        softmax.fused(x)
+        seen.append(softmax.CALLS.last)
+
+    assert recorded_us(call, calls=3, sync=lambda: None) > 0
+    assert seen == ["planned: first call", "recorded"] * 3  # the records dropped before each first call
+    _launch.forget()
+
+
 _ROOT = Path(__file__).resolve().parents[1]
 
 

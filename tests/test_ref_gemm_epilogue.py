@@ -685,10 +685,10 @@ def test_the_library_paths_match_the_reference_and_write_every_element(mnk, dtyp
 def test_a_problem_that_takes_a_library_path_replays_its_op_and_the_epilogue_launch_it_needs(
         monkeypatch, config, approximate, has_residual, steps):
     monkeypatch.setattr(ge, "_gemm_configs", lambda *args, **kwargs: [config])  # as if it won the timing
-    for i in range(3):
+    for how in ("planned: first call", "recorded", "replayed", "replayed"):
         a, b, bias, residual = operands(50, 40, 24, torch.bfloat16, residual=has_residual)
         y = ge.fused(a, b.T.contiguous().T, bias, "gelu", residual, approximate)  # a Linear's weight, transposed
-        assert ge.CALLS.last == ("recorded" if i == 0 else "replayed")
+        assert ge.CALLS.last == how
         torch.testing.assert_close(y, ge.unfused(a, b, bias, "gelu", residual, approximate),
                                    **TOLERANCES[torch.bfloat16])
     recorded = [type(s).__name__ for s in next(iter(ge.CALLS.table.values())).launches]
