@@ -31,7 +31,7 @@ from ._ragged import (PACKED_N_MAX, PHASED_ROWS_MIN_COLS, PIECE_SLACK, PIECE_WAS
                       Phased, launch_width, packed_width, phased, phased_rows, ragged_width, row_pieces)
 from ._split_walk import (COUNTER_STRIDE_INTS, MAX_SPLIT_GROUP, SPLIT_CHUNK_BYTES, SPLIT_PER_SM, SPLIT_WARPS,
                           split_group, split_run)
-from ._launch import Calls, launch as launch_kernel
+from ._launch import Calls, launch as launch_kernel, write_only
 from ._layer_norm_kernels import (
     _FROM_STATS,
     _ONE_PASS,
@@ -1028,25 +1028,29 @@ def forward(
     return inference_result("layer_norm.forward", (x, weight, bias), result) if grad else result
 
 
-def _forward_calls(x, weight, bias, eps, out=None, max_row=None):
-    """The forward's launches (recorded or replayed), and its op's implementation."""
-    return FORWARD_CALLS((eps, max_row), (x, weight, bias, out), lambda: _forward(x, weight, bias, eps, out, max_row))
+def _forward_calls(x, weight, bias, eps, out=None, max_row=None, stats=True):
+    """The forward's launches (recorded or replayed), and its op's implementation: ``(y, mean, rstd)``, or ``y`` alone
+    where ``stats`` is False (nothing differentiates: the replays pass the record's statistics again)."""
+    return FORWARD_CALLS((eps, max_row, stats), (x, weight, bias, out),
+                         lambda: _forward(x, weight, bias, eps, out, max_row, stats))
 
 
-def _forward(x, weight, bias, eps, out, max_row):
+def _forward(x, weight, bias, eps, out, max_row, stats=True):
     _check_params(x, weight, bias)
     y = output_like(x, out)
     # apart: a replayed allocation costs about what a view of a shared one does (docs/kernels.md, "Host time a call")
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if not stats:  # written, never read: kept with the record
+        write_only(mean), write_only(rstd)
     if x.numel() == 0:
-        return y, mean, rstd
+        return (y, mean, rstd) if stats else y
     x2 = as_rows(x)
     rows = x.dim() == 2  # already rows: no views to make
     y2 = y if rows else y.view(x2.shape)
     mean1, rstd1 = (mean, rstd) if rows else (mean.view(-1), rstd.view(-1))
     _forward_any(x2, weight, bias, y2, mean1, rstd1, float(eps), max_row)
-    return y, mean, rstd
+    return (y, mean, rstd) if stats else y
 
 
 def _forward_any(x2, weight, bias, y2, mean, rstd, eps: float, max_row: int | None) -> None:
@@ -1192,7 +1196,7 @@ def fused(
     if tracing():
         eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
     elif not wants_grad((x, weight, bias)):  # nothing to differentiate: no autograd Function (~9 us of host a call)
-        return _forward_calls(x, weight, bias, eps, None, max_row)[0]
+        return _forward_calls(x, weight, bias, eps, None, max_row, stats=False)
     return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)[0]
 
 

@@ -402,6 +402,30 @@ def test_a_launch_on_a_tensor_the_call_was_not_given_plans_each_time():
     assert calls.last == "planned: a launch takes a tensor the call did not get or allocate"
 
 
+def test_an_allocation_marked_write_only_is_the_records_own_in_each_replay_and_never_returned():
+    calls = _launch.Calls("test.write_only")
+
+    def run(x, out, give_back=False):
+        scratch = _launch.write_only(torch.empty(8, device=DEVICE))  # written, read by nothing
+        _launch.launch(_scaled_kernel, (1,), x, scratch, 8, 3, BLOCK=8)
+        _launch.launch(_scaled_kernel, (1,), x, out, 8, 2, BLOCK=8)
+        return scratch if give_back else out
+
+    for how in ("planned: first call", "recorded", "replayed", "replayed"):
+        x, out = torch.randn(8, device=DEVICE), torch.empty(8, device=DEVICE)
+        assert calls((), (x, out), lambda: run(x, out)) is out and calls.last == how
+        torch.testing.assert_close(out, 2 * x)
+    entry = next(iter(calls.table.values()))
+    kept = [a for a in entry.allocs if isinstance(a, torch.Tensor)]
+    assert len(kept) == 1 and len(entry.allocs) == 1  # nothing allocated by a replay
+    torch.testing.assert_close(kept[0], 3 * x)  # the last replay wrote the record's own tensor
+    for _ in range(2):
+        got = calls((True,), (x, out), lambda: run(x, out, give_back=True))
+    assert calls.last == "planned: the call returns a tensor it marked write-only"
+    torch.testing.assert_close(got, 3 * x)
+    assert _launch.write_only(out) is out  # outside a record: nothing to mark
+
+
 def test_work_done_unrecorded_is_not_replayed():
     calls = _launch.Calls("test.unrecorded")
     x = torch.ones(8, device=DEVICE)

@@ -249,6 +249,24 @@ def test_fused_builds_no_autograd_node_where_nothing_is_differentiated(monkeypat
     assert weight.grad is not None and weight.grad.shape == weight.shape
 
 
+def test_fused_in_inference_replays_allocating_only_its_output():
+    # mean and rstd are written and read by nothing: the record's own, passed again (~3.6 us of host a call, H100 machine)
+    from reference_kernels import _launch
+
+    _launch.forget()
+    weight, bias = inputs((6, 40), torch.float32)[1:]
+    for i in range(4):
+        x = inputs((2, 3, 40), torch.float32)[0]
+        y = layer_norm.fused(x, weight, bias)
+        torch.testing.assert_close(y, F.layer_norm(x, (40,), weight, bias), rtol=1e-4, atol=1e-4)
+    assert layer_norm.FORWARD_CALLS.last == "replayed"
+    entry = next(iter(layer_norm.FORWARD_CALLS.table.values()))
+    assert [isinstance(a, tuple) for a in entry.allocs] == [True, False, False]  # y made again; mean, rstd kept
+    torch.testing.assert_close(entry.allocs[1], x.mean(-1), rtol=1e-5, atol=1e-5)  # the last replay wrote them
+    _, mean, rstd = layer_norm.forward(x, weight, bias)  # the statistics returned: another key, its own each call
+    torch.testing.assert_close(mean, x.mean(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_non_contiguous_input_and_gradient_are_handled():
     base, weight, bias = inputs((20, 16), torch.float32)
     x = base[::2]  # row stride twice the width: read in place
