@@ -465,8 +465,8 @@ def _call(op: Callable, args: tuple, kwargs: dict, sources: list) -> Any:
 class _Replay:
     """A record, replayed by ``run(slots, scalars)``: Python generated for it (``_replay_source``), so that a replay
     costs its allocations, views and launches, not a walk over the record (docs/kernels.md, "Host time a call").
-    The Python is generated at the first replay (0.15-0.35 ms on CI's host), never for a key called once: a shape
-    that changes every call (a growing sequence) pays its record, not that."""
+    The Python is generated at the first replay (0.15-0.35 ms on CI's host), never for a key called twice: a shape
+    that changes every call (a growing sequence) pays neither it nor the record (``Calls``)."""
 
     __slots__ = ("n_slots", "allocs", "launches", "result", "run", "hot")
 
