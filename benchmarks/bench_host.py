@@ -10,9 +10,10 @@ launcher are most of it. Prints one table:
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --python [--calls 2000]   # any machine, CPU under the interpreter
 
 Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
-(replays off) and torch's own op; and the one call of each key that records (its second: ``recorded_us``). ``--python`` times instead each public call's own Python, around a replay whose
-work (allocations, launches) is skipped: it returns the tensors of its last run (``skip_replays``). No GPU needed
-(tiny shapes; on CPU under ``TRITON_INTERPRET=1``, set for it), so a regression in the wrapper shows on any machine.
+(replays off) and torch's own op; and the one call of a key that records (its second: ``recorded_us``). ``--python``
+times instead each public call's own Python, around a replay whose work (allocations, launches) is skipped: it
+returns the tensors of its last run (``skip_replays``). No GPU needed (tiny shapes; on CPU under
+``TRITON_INTERPRET=1``, set for it), so a regression in the wrapper shows on any machine.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Python a call on the H100 machine, where torch's own ops take 7-25 (docs/kernels
 time a call"). None of it depends on the tensors' contents, only on what a ``Calls`` table keys
 a call by: each tensor argument's shape, strides, dtype, device and 16-byte alignment (what
 Triton specialises on), which arguments are the same tensor, and the other arguments. The
-first call of a key plans (a key called once never pays a record), its second runs the public call's body
-recorded; later calls replay the record: the
+first call of a key plans (a key called once never pays a record), its second runs the public
+call's body recorded; later calls replay the record: the
 tensors it allocated (outputs and scratch) allocated again, each launch through the compiled
 kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last; its compiled
 launch function itself where the layout is Triton 3.6's and the kernel takes no scratch) with
@@ -229,7 +229,7 @@ def _gradless(op: Callable, args: tuple, kwargs: dict) -> Any:
 def write_only(t: torch.Tensor) -> torch.Tensor:
     """``t``, an allocation of the call that its launches write and nothing reads (not a later launch, not the
     caller: never returned), as a layer norm's statistics in inference: its replays pass the record's tensor again,
-    kept with the record, instead of allocating one (~1.8 us of host a call on the H100 machine). Concurrent replays
+    kept with the record, instead of allocating one (docs/kernels.md, "Host time a call"). Concurrent replays
     write it at once: nothing reads it. A record that returns it plans each call."""
     rec = None if torch.compiler.is_compiling() else _current()
     if rec is not None:
@@ -877,7 +877,6 @@ class Calls:
         self._keep(key, entry)
         self.last = "recorded" if isinstance(entry, _Replay) else f"planned: {entry.why}"
         return value
-
 
     def _keep(self, key: tuple, entry: Any) -> None:
         if key not in self.table and len(self.table) >= _MAX_KEYS:
