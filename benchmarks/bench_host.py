@@ -154,6 +154,9 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
     _, t_mean, t_rstd = torch.native_layer_norm(x, (64,), w, b, 1e-5)
     q, k, v = (torch.randn(1, 2, 32, 64, device=device) for _ in range(3))
     F = torch.nn.functional
+    # a block's GEMMs in turn (q, k, v together; out; up; down): four keys, none the last one's
+    block = [(torch.randn(4, m, device=device), torch.randn(n, m, device=device), torch.randn(n, device=device))
+             for m, n in ((64, 192), (64, 64), (64, 256), (256, 64))]
     return [
         ("softmax.fused", lambda: softmax.fused(x, out=y), lambda: torch.softmax(x, -1, out=y)),
         ("layer_norm.fused", lambda: layer_norm.fused(x, w, b), lambda: F.layer_norm(x, (64,), w, b)),
@@ -163,6 +166,9 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
         ("bias_gelu_dropout.fused", lambda: bias_gelu_dropout.fused(x, b, 0.1), lambda: F.dropout(F.gelu(x + b), 0.1)),
         ("gemm_epilogue.fused", lambda: gemm_epilogue.fused(x, wt.T, b), lambda: F.gelu(F.linear(x, wt, b))),
         ("attention.fused", lambda: attention.fused(q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)),
+        ("gemm_epilogue.fused, four shapes in turn (us for the four)",
+         lambda: [gemm_epilogue.fused(a, w.T, c) for a, w, c in block],
+         lambda: [F.gelu(F.linear(a, w, c)) for a, w, c in block]),
     ]
 
 

@@ -66,6 +66,7 @@ except ImportError:  # pragma: no cover - a torch without them: torch.empty_stri
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 _ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
 _MAX_KEYS = 1024  # a table that grows past this starts again
+_HOT_KEYS = 4  # the keys replayed last checked before a key is made: a block's GEMMs, in turn (Calls.hot)
 _SEEN = object()  # a key called once: its next call records
 _MAX_ADDRESSES = 64  # a replayed descriptor's encodings kept (_Encoded)
 _BASE_ARGS = 13  # Triton 3.6's launch function's arguments before the kernel's: grid, stream, function, flags, ...
@@ -828,7 +829,7 @@ class Calls:
         self.name = name
         self.table: dict = {}
         self.last = ""
-        self.hot: _Hot | None = None  # the last key replayed, checked before any key is made
+        self.hot: tuple[_Hot, ...] = ()  # the last keys replayed, latest first: checked before any key is made
         Calls.tables.append(self)
 
     def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None) -> Any:
@@ -839,8 +840,10 @@ class Calls:
             for p in params:
                 if p.__class__ not in _KEYABLE and not _keyable(p):
                     raise TypeError
-            hot = self.hot
-            if hot is None or hot.params != params or not hot.matches(slots):
+            for hot in self.hot:
+                if hot.params == params and hot.matches(slots):
+                    break
+            else:
                 hot, key = None, (params, _slot_key(slots))
         except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
             self.last = "planned: no key"
@@ -860,7 +863,7 @@ class Calls:
             if entry.hot is None:  # once a key: whether its tensors' placement lets a check stand for it
                 entry.hot = _Hot.of(params, slots, entry) or False
             if entry.hot:
-                self.hot = entry.hot
+                self.hot = (entry.hot, *[h for h in self.hot if h is not entry.hot][:_HOT_KEYS - 1])
             return entry.run(slots, scalars or {})
         self.last = f"planned: {entry.why}"
         return run()
@@ -889,7 +892,7 @@ def forget() -> None:
     that a plan reads (the tests' ``monkeypatch`` does, tests/conftest.py; so does ``benchmarks/sweep.py --set``)."""
     for calls in Calls.tables:
         calls.table.clear()
-        calls.hot = None
+        calls.hot = ()
 
 
 def decline(why: str) -> None:
