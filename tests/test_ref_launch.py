@@ -145,7 +145,7 @@ def test_the_last_key_replayed_is_checked_without_a_key_and_stands_for_nothing_e
 
 
 def test_the_last_four_keys_replayed_are_checked_before_a_key_so_a_blocks_gemms_in_turn_make_none(monkeypatch):
-    # a transformer block's GEMMs take four shapes in turn: each missed the one hot key (~2 us a call, CI's host)
+    # a transformer block's GEMMs take four shapes in turn: each missed the one hot key and made one (bench_host --python)
     keyed = []
     slot_key = _launch._slot_key
     monkeypatch.setattr(_launch, "_slot_key", lambda slots: keyed.append(1) or slot_key(slots))
