@@ -1042,7 +1042,8 @@ def _forward(x, weight, bias, eps, out, max_row, stats=True):
     mean = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     if not stats:  # written, never read: kept with the record
-        write_only(mean), write_only(rstd)
+        write_only(mean)
+        write_only(rstd)
     if x.numel() == 0:
         return (y, mean, rstd) if stats else y
     x2 = as_rows(x)
