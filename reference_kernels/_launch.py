@@ -777,12 +777,13 @@ class _Hot:
     """A replayed key, checked without making one: the same params, the same Nones, tensors that pass a C++ check of
     all else the key holds (``_TensorGuards``: dtype, device, shape, strides; stricter, as it also asks type, grad
     and dispatch keys), at distinct 16-byte-aligned addresses. Kept only for a key whose tensors are so placed (an
-    aliased or unaligned call keys each time)."""
+    aliased or unaligned call keys each time). ``next``: the key replayed after it last time, checked first."""
 
-    __slots__ = ("params", "nones", "guards", "entry")
+    __slots__ = ("params", "nones", "guards", "entry", "next")
 
     def __init__(self, params: tuple, nones: tuple | None, guards: Any, entry: _Replay) -> None:
         self.params, self.nones, self.guards, self.entry = params, nones, guards, entry
+        self.next: _Hot | None = None
 
     @classmethod
     def of(cls, params: tuple, slots: tuple, entry: _Replay) -> "_Hot | None":
@@ -830,6 +831,7 @@ class Calls:
         self.table: dict = {}
         self.last = ""
         self.hot: tuple[_Hot, ...] = ()  # the last keys replayed, latest first: checked before any key is made
+        self.prev: _Hot | None = None  # the last call's, if checked: its ``next`` is checked first
         Calls.tables.append(self)
 
     def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None) -> Any:
@@ -840,17 +842,25 @@ class Calls:
             for p in params:
                 if p.__class__ not in _KEYABLE and not _keyable(p):
                     raise TypeError
-            for hot in self.hot:
-                if hot.params == params and hot.matches(slots):
-                    break
-            else:
-                hot, key = None, (params, _slot_key(slots))
+            prev = self.prev
+            # first, the key that came after the last call's last time: the same key again, or the next of keys in turn
+            guess = hot = prev.next if prev is not None else None
+            if hot is None or hot.params != params or not hot.matches(slots):
+                for hot in self.hot:
+                    if hot is not guess and hot.params == params and hot.matches(slots):
+                        break
+                else:
+                    hot, key = None, (params, _slot_key(slots))
         except (AttributeError, TypeError):  # not tensors, or arguments no key holds: ``run`` says what is wrong
             self.last = "planned: no key"
             return run()
         if hot is not None:  # outside the try: an error of the replay is the caller's, not a reason to run again
+            if prev is not None:
+                prev.next = hot
+            self.prev = hot
             self.last = "replayed"
             return hot.entry.run(slots, scalars or {})
+        self.prev = None
         entry = self.table.get(key)
         if entry is None:
             self._keep(key, _SEEN)
@@ -864,6 +874,9 @@ class Calls:
                 entry.hot = _Hot.of(params, slots, entry) or False
             if entry.hot:
                 self.hot = (entry.hot, *[h for h in self.hot if h is not entry.hot][:_HOT_KEYS - 1])
+                if prev is not None:
+                    prev.next = entry.hot
+                self.prev = entry.hot
             return entry.run(slots, scalars or {})
         self.last = f"planned: {entry.why}"
         return run()
@@ -892,7 +905,7 @@ def forget() -> None:
     that a plan reads (the tests' ``monkeypatch`` does, tests/conftest.py; so does ``benchmarks/sweep.py --set``)."""
     for calls in Calls.tables:
         calls.table.clear()
-        calls.hot = ()
+        calls.hot, calls.prev = (), None
 
 
 def decline(why: str) -> None:

@@ -146,9 +146,10 @@ def test_the_last_key_replayed_is_checked_without_a_key_and_stands_for_nothing_e
 
 def test_the_last_four_keys_replayed_are_checked_before_a_key_so_a_blocks_gemms_in_turn_make_none(monkeypatch):
     # a transformer block's GEMMs take four shapes in turn: each missed the one hot key and made one (bench_host --python)
-    keyed = []
-    slot_key = _launch._slot_key
-    monkeypatch.setattr(_launch, "_slot_key", lambda slots: keyed.append(1) or slot_key(slots))
+    keyed, checked = [], []
+    slot_key, matches = _launch._slot_key, _launch._Hot.matches
+    monkeypatch.setattr(_launch, "_slot_key", lambda slots: keyed.append(1) or slot_key(slots))  # forgets the records
+    monkeypatch.setattr(_launch._Hot, "matches", lambda self, slots: checked.append(1) or matches(self, slots))
     block = [(torch.randn(4, m, device=DEVICE), torch.randn(m, n, device=DEVICE), torch.randn(n, device=DEVICE))
              for m, n in ((16, 48), (16, 16), (16, 64), (64, 16))]
     for _ in range(4):  # each key planned, recorded, replayed keyed, then checked
@@ -159,6 +160,17 @@ def test_the_last_four_keys_replayed_are_checked_before_a_key_so_a_blocks_gemms_
         torch.testing.assert_close(gemm_epilogue.fused(a, b, c), gemm_epilogue.unfused(a, b, c), atol=1e-4, rtol=1e-4)
         assert gemm_epilogue.CALLS.last == "replayed"
     assert keyed == [] and len(gemm_epilogue.CALLS.hot) == 4
+    checked.clear()
+    for _ in range(2):
+        for a, b, c in block:  # each one's check first: the key that came after the last call's last time
+            gemm_epilogue.fused(a, b, c)
+    assert checked == [1] * 8
+    for _ in range(2):  # one key again and again: learnt at its second call, its own check first after
+        gemm_epilogue.fused(*block[2])
+    checked.clear()
+    for _ in range(3):
+        gemm_epilogue.fused(*block[2])
+    assert checked == [1, 1, 1] and gemm_epilogue.CALLS.last == "replayed"
     fifth = (torch.randn(4, 8, device=DEVICE), torch.randn(8, 8, device=DEVICE), torch.randn(8, device=DEVICE))
     for _ in range(3):
         gemm_epilogue.fused(*fifth)
