@@ -78,7 +78,7 @@ def planning_for(name: str, launches: list) -> Iterator[None]:
     patches += [(_device, "of", lambda device: dev), (_held, "available", lambda device_index=None: held),
                 (_layer_norm_held, "available", lambda device_index=None: held),
                 (_softmax_held, "available", lambda device_index=None: held),
-                (_launch, "ENABLED", False)]  # every call plans
+                (_launch, "_replays_enabled", False)]  # every call plans
     if tuned is not None:  # the file applies as on the GPU it was measured on
         patches.append((triton, "__version__", tuned["triton"] + "0"))
     saved = [(m, attr, getattr(m, attr)) for m, attr, _ in patches]

@@ -59,6 +59,7 @@ def check_tensor(t: object, name: str, *, dtypes=FLOAT_DTYPES, ndim: int | None 
 
 # --------------------------------------------------------------------------- launch heuristics
 
+TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments and pointers divisible by 16 (bytes for a pointer)
 INTERPRETER_SMS = 3  # "SMs" off CUDA and under the interpreter: few, so persistent programs walk several tiles
 ELEMS_PER_THREAD = 32  # whole rows held in registers: 32 elements a thread (docs/kernels.md, "softmax")
 # Register-capped plans keep RESIDENT_WARPS warps an SM resident (half an SM's 64 warp slots: two 16-warp programs, four

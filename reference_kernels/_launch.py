@@ -46,6 +46,8 @@ from typing import Any, Callable, Iterator
 import torch
 import triton
 
+from ._common import TRITON_DIVISIBILITY
+
 try:
     from triton.runtime.jit import JITFunction
 except ImportError:  # pragma: no cover - every supported Triton has it
@@ -64,11 +66,15 @@ except ImportError:  # pragma: no cover - a torch without them: torch.empty_stri
     _empty_strided_cpu = _empty_strided_cuda = _reinterpret_tensor = None
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-_ALIGN = 15  # Triton specialises a pointer on 16-byte alignment
+_ALIGN = TRITON_DIVISIBILITY - 1  # the low bits of a pointer that Triton's specialisation reads
 _MAX_KEYS = 1024  # a table that grows past this starts again
 _HOT_KEYS = 4  # the keys replayed last checked before a key is made: a block's GEMMs, in turn (Calls.hot)
 _SEEN = object()  # a key called once: its next call records
 _MAX_ADDRESSES = 64  # a replayed descriptor's encodings kept (_Encoded)
+# a record's scratch kept across its replays (_Scratch): one allocation up to this size (a zeroed one: a pool of
+# slices this size), and a table's at most _TABLE_KEPT_BYTES; past them a replay allocates it as the record did
+_KEPT_BYTES = 1 << 20
+_TABLE_KEPT_BYTES = 64 << 20
 _BASE_ARGS = 13  # Triton 3.6's launch function's arguments before the kernel's: grid, stream, function, flags, ...
 _STAND_IN = 1 << 32  # a 16-byte aligned address a descriptor may be encoded at (never read) in _same_arguments
 _PLAIN = (bool, int, float, str, type(None))
@@ -97,25 +103,25 @@ def _hooks_set() -> bool:
     return False
 
 
-ENABLED = True  # False: every call plans and launches through Triton (``replays_off``)
+_replays_enabled = True  # False: every call plans and launches through Triton (``replays_off``)
 
 
 @contextlib.contextmanager
 def replays_off() -> Iterator[None]:
     """Every call inside plans and launches through Triton, as before records (benchmarks/bench_host.py times both)."""
-    global ENABLED
-    saved, ENABLED = ENABLED, False
+    global _replays_enabled
+    saved, _replays_enabled = _replays_enabled, False
     try:
         yield
     finally:
-        ENABLED = saved
+        _replays_enabled = saved
 
 
 def replays_allowed() -> bool:
     """Whether a recorded call may replay now: Triton's launcher is its own, no launch hook, not tracing."""
     # torch.compile's tracing first: under it this is all the tracer reads
-    return (not torch.compiler.is_compiling() and ENABLED and _LAUNCHER is not None and _LAUNCHER.run is _TRITON_RUN
-            and not _hooks_set())
+    return (not torch.compiler.is_compiling() and _replays_enabled and _LAUNCHER is not None
+            and _LAUNCHER.run is _TRITON_RUN and not _hooks_set())
 
 
 # --------------------------------------------------------------------------- recording
@@ -483,6 +489,86 @@ class _Replay:
         return self.run(slots, scalars)
 
 
+class _Scratch:
+    """A record's allocation that only its launches take (never returned, not write-only), kept across its replays:
+    each (stream, thread) its own, since a call's launches run in order on its stream and a thread's calls one after
+    another, so the next call there finds it free (docs/kernels.md, "Host time a call"). A zeroed one is a slice of a
+    pool zeroed at once, the next slice each call, the pool zeroed again by one fill launch once every slice was
+    taken (behind, on the stream, the launches that took them). A replay makes one as the record did while a CUDA
+    graph is captured (its launches then run whenever the graph does, on any stream) and past the table's
+    ``_TABLE_KEPT_BYTES``. A replay calls it with its stream."""
+
+    __slots__ = ("made", "nbytes", "slices", "table", "kept", "cuda")
+
+    def __init__(self, made: tuple, table: "Calls") -> None:
+        self.made, self.table, self.kept = made, table, {}
+        self.nbytes = _span(made[0], made[1]) * made[2].itemsize
+        self.slices = max(1, _KEPT_BYTES // _rounded(self.nbytes)) if made[4] else 1
+        self.cuda = made[3].type == "cuda"
+
+    @staticmethod
+    def fits(made: tuple) -> bool:
+        """Whether an allocation of this (shape, strides, dtype, device, zeroed) may be kept: 1 to _KEPT_BYTES."""
+        return 0 < _span(made[0], made[1]) * made[2].itemsize <= _KEPT_BYTES
+
+    def __call__(self, stream: int | None) -> torch.Tensor:
+        if self.cuda and _capturing():
+            return self.fresh()
+        key = (stream, threading.get_ident())
+        kept = self.kept.get(key)
+        if kept is None:
+            kept = self.keep(key)
+            if kept is None:
+                return self.fresh()
+        if kept.__class__ is not list:
+            return kept
+        at = kept[0]
+        if at == self.slices:  # every slice taken: zeroed again, behind the launches that took them
+            kept[1].zero_()
+            at = 0
+        kept[0] = at + 1
+        return kept[2][at]
+
+    def fresh(self) -> torch.Tensor:
+        shape, stride, dtype, device, zero = self.made
+        t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        return t.zero_() if zero else t
+
+    def keep(self, key: tuple) -> Any:
+        """What ``key`` keeps (a tensor; for a zeroed one [next slice, the pool, its slices]), within the table's
+        budget, else None."""
+        shape, stride, dtype, device, zero = self.made
+        step = _rounded(self.nbytes) // dtype.itemsize
+        size = step * self.slices * dtype.itemsize
+        if self.table.kept_bytes + size > _TABLE_KEPT_BYTES:
+            return None
+        self.table.kept_bytes += size
+        with torch.inference_mode(False):  # a tensor that later calls may zero in place, in inference mode or not
+            if not zero:
+                kept = self.kept[key] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                return kept
+            pool = torch.zeros(step * self.slices, dtype=dtype, device=device)
+            kept = self.kept[key] = [0, pool, [pool.as_strided(shape, stride, i * step) for i in range(self.slices)]]
+        return kept
+
+
+def _span(shape: tuple, stride: tuple) -> int:
+    """Elements of storage a tensor of this shape and strides reaches (0 where it has none)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride))
+
+
+def _rounded(nbytes: int) -> int:
+    """``nbytes`` up to a pool slice's start: the 16-byte grid Triton specialises a pointer on."""
+    return (nbytes + _ALIGN) & ~_ALIGN
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (torch's query, without its Python wrapper)."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
 def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> tuple[str, dict]:
     """The text of ``replay(slots, scalars)`` for a record, and the names it reads: the slots unpacked, each
     allocation made again, the launches on the new pointers, the result rebuilt. Values of the record (shapes,
@@ -505,9 +591,14 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
         lines.append(f"    {''.join(var(i) + ', ' for i in range(n_slots))}= slots")
     if _empty_strided_cuda is not None and any(a.__class__ is tuple and a[3].type == "cuda" for a in allocs):
         lines.append("    current = _device()")  # the fast allocator takes the current device: the record's?
+    bound = [one.__class__ is _Bound for one in launches]
+    lines.append("    stream = _stream()" if any(bound) else "    stream = None")
     for n, alloc in enumerate(allocs, n_slots):
         if alloc is None:  # made by the record, taken by nothing: not made again
             lines.append(f"    {var(n)} = None")
+            continue
+        if alloc.__class__ is _Scratch:  # kept for this stream and thread
+            lines.append(f"    {var(n)} = {const(alloc)}(stream)")
             continue
         if alloc.__class__ is not tuple:  # write-only: the record's own tensor again
             lines.append(f"    {var(n)} = {const(alloc)}")
@@ -521,8 +612,6 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
             fast = f"_empty_cuda({const(shape)}, {const(stride)}, {const(dtype)})"
             made = f"({fast} if current == {device.index} else {made})"
         lines.append(f"    {var(n)} = {made}{zeroed}")
-    bound = [one.__class__ is _Bound for one in launches]
-    lines.append("    stream = _stream()" if any(bound) else "    stream = None")
     if not all(bound):
         lines.append(f"    sources = [{', '.join(var(i) for i in range(n_slots + len(allocs)))}]")
     for one, is_bound in zip(launches, bound):
@@ -715,7 +804,10 @@ def _result_of(value: Any, sources: list) -> Any:
     return f"the call returns a {type(value).__name__}"
 
 
-def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Replay | _Planned:
+def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any,
+               table: "Calls | None" = None) -> _Replay | _Planned:
+    """The record's replay, or why its key plans each call; ``table``: the ``Calls`` whose budget its kept scratch
+    takes from (none: scratch made each replay)."""
     if rec.unsafe:
         return _Planned(rec.unsafe)
     sources = list(slots) + [t for t, _ in rec.allocs]
@@ -735,13 +827,22 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any) -> _Repl
     if isinstance(result, str):
         return _Planned(result)
     kept = {len(slots) + i for i, (t, _) in enumerate(rec.allocs) if any(t is w for w in rec.write_only)}
-    if any(r.src in kept for r in _outs(result)):
+    returned = {r.src for r in _outs(result)}
+    if returned & kept:
         return _Planned("the call returns a tensor it marked write-only")
     used = {i for one in launches for i in one.used()}
-    used |= {r.src for r in _outs(result)}
-    allocs = [t if len(slots) + i in kept else (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero)
-              for i, (t, zero) in enumerate(rec.allocs)]
-    return _Replay(len(slots), [a if len(slots) + i in used else None for i, a in enumerate(allocs)], launches, result)
+    allocs: list = []
+    for n, (t, zero) in enumerate(rec.allocs, len(slots)):
+        made = (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero)
+        if n in kept:
+            allocs.append(t)
+        elif n in returned:
+            allocs.append(made)
+        elif n in used:  # the launches' alone: scratch
+            allocs.append(_Scratch(made, table) if table is not None and _Scratch.fits(made) else made)
+        else:  # made by the record, taken by nothing: not made again
+            allocs.append(None)
+    return _Replay(len(slots), allocs, launches, result)
 
 
 def _outs(result: Any) -> list:
@@ -832,6 +933,7 @@ class Calls:
         self.last = ""
         self.hot: tuple[_Hot, ...] = ()  # the last keys replayed, latest first: checked before any key is made
         self.prev: _Hot | None = None  # the last call's, if checked: its ``next`` is checked first
+        self.kept_bytes = 0  # scratch its records keep (_Scratch)
         Calls.tables.append(self)
 
     def __call__(self, params: tuple, slots: tuple, run: Callable[[], Any], scalars: dict | None = None) -> Any:
@@ -889,7 +991,7 @@ class Calls:
                 value = run()
         finally:
             _recording.stack.pop()
-        entry = _replay_of(rec, slots, scalars, value)
+        entry = _replay_of(rec, slots, scalars, value, self)
         self._keep(key, entry)
         self.last = "recorded" if isinstance(entry, _Replay) else f"planned: {entry.why}"
         return value
@@ -897,6 +999,7 @@ class Calls:
     def _keep(self, key: tuple, entry: Any) -> None:
         if key not in self.table and len(self.table) >= _MAX_KEYS:
             self.table.clear()
+            self.kept_bytes = 0
         self.table[key] = entry
 
 
@@ -905,7 +1008,7 @@ def forget() -> None:
     that a plan reads (the tests' ``monkeypatch`` does, tests/conftest.py; so does ``benchmarks/sweep.py --set``)."""
     for calls in Calls.tables:
         calls.table.clear()
-        calls.hot, calls.prev = (), None
+        calls.hot, calls.prev, calls.kept_bytes = (), None, 0
 
 
 def decline(why: str) -> None:

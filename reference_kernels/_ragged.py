@@ -35,10 +35,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import next_power_of_2
+from ._common import TRITON_DIVISIBILITY, next_power_of_2
 
 VECTOR_BYTES = 16
-_TRITON_DIVISIBILITY = 16  # Triton specialises integer arguments divisible by 16
 # The rows plans' rules for ragged rows (softmax's and the layer-norm forward's): packed rows of no multiple of 16 up to
 # PACKED_N_MAX take N as a compile-time constant ("Packed rows"); unaligned rows are read as aligned vectors from
 # PHASED_ROWS_MIN_COLS ("Ragged rows"); a row in power-of-two pieces (``row_pieces``) takes a second piece only where
@@ -199,8 +198,8 @@ def aligned(x2: torch.Tensor, y2: torch.Tensor) -> bool:
     Triton marks an integer argument aligned when it is a multiple of 16 (elements, whatever
     the dtype), so the row length and strides must be, and both row 0s 16-byte aligned.
     """
-    return (x2.shape[1] % _TRITON_DIVISIBILITY == 0
-            and all(t.data_ptr() % VECTOR_BYTES == 0 and t.stride(0) % _TRITON_DIVISIBILITY == 0 for t in (x2, y2)))
+    return (x2.shape[1] % TRITON_DIVISIBILITY == 0
+            and all(t.data_ptr() % VECTOR_BYTES == 0 and t.stride(0) % TRITON_DIVISIBILITY == 0 for t in (x2, y2)))
 
 
 class Phased(NamedTuple):
@@ -341,7 +340,7 @@ def row_pieces(need: int, vec: int, max_pieces: int, slack: float) -> tuple[int,
 
 def ragged_width(n_cols: int, elem_size: int) -> int:
     """Virtual columns of a contiguous row of ``n_cols``: the row plus the widest phase when rows are unaligned."""
-    return n_cols if n_cols % _TRITON_DIVISIBILITY == 0 else launch_width(n_cols, max(1, VECTOR_BYTES // elem_size))
+    return n_cols if n_cols % TRITON_DIVISIBILITY == 0 else launch_width(n_cols, max(1, VECTOR_BYTES // elem_size))
 
 
 def launch_width(n_cols: int, vec: int) -> int:

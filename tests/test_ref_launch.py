@@ -389,6 +389,112 @@ def test_a_replay_allocates_its_scratch_again_zeroed_where_the_record_zeroed_it(
         torch.testing.assert_close(out, x + k)
 
 
+def _add_into_calls(name):
+    """A Calls table whose call accumulates x + k into a zeroed scratch and copies it to out; its replay's scratch."""
+    calls = _launch.Calls(name)
+
+    def call(x, out, k):
+        def run():
+            acc = torch.zeros(x.shape, device=x.device)
+            _launch.launch(_add_into_kernel, (1,), x, acc, out, x.numel(), k, BLOCK=64)
+        calls((), (x, out), run, {"k": k})
+        return out
+
+    def scratch():
+        (entry,) = calls.table.values()
+        (kept,) = [a for a in entry.allocs if isinstance(a, _launch._Scratch)]
+        return kept
+
+    return calls, call, scratch
+
+
+def test_a_zeroed_scratch_is_a_slice_of_a_pool_zeroed_again_once_every_slice_was_taken(monkeypatch):
+    monkeypatch.setattr(_launch, "_KEPT_BYTES", 3 * 160)  # 40 floats a slice: three a pool
+    calls, call, scratch = _add_into_calls("test.pool")
+    x = torch.arange(40, dtype=torch.float32, device=DEVICE)
+    for k in range(1, 11):  # a plan, a record, then eight replays: the pool taken whole twice, and two slices more
+        torch.testing.assert_close(call(x, torch.empty_like(x), float(k)), x + k)  # every slice zero when taken
+    kept = scratch()
+    assert kept.slices == 3 and len(kept.kept) == 1
+    at, pool, slices = next(iter(kept.kept.values()))
+    assert at == 2 and pool.numel() == 3 * 40
+    assert [s.data_ptr() - pool.data_ptr() for s in slices] == [0, 160, 320]
+    torch.testing.assert_close(slices[0], x + 9)  # the last two replays' sums, left for the next zeroing
+    torch.testing.assert_close(slices[2], torch.zeros_like(x))  # not taken since the pool was zeroed
+
+
+def test_a_scratch_is_kept_for_each_stream_and_thread_and_made_each_call_while_a_graph_is_captured(monkeypatch):
+    import threading
+
+    calls, call, scratch = _add_into_calls("test.kept")
+    x = torch.arange(40, dtype=torch.float32, device=DEVICE)
+    for k in (1.0, 2.0, 3.0):
+        call(x, torch.empty_like(x), k)
+    kept = scratch()
+    mine = kept(None)
+    assert kept(None) is not mine  # the next slice of this thread's pool
+    other = []
+    thread = threading.Thread(target=lambda: other.append(kept(None)))
+    thread.start()
+    thread.join()
+    _, _, my_slices = kept.kept[(None, threading.get_ident())]
+    assert len(kept.kept) == 2 and other[0].data_ptr() not in {s.data_ptr() for s in my_slices}
+    kept.cuda = True  # as a CUDA record's, during a capture: made as the record made it, outside every pool
+    monkeypatch.setattr(_launch, "_capturing", lambda: True)
+    made = kept(None)
+    assert len(kept.kept) == 2 and torch.count_nonzero(made) == 0
+    assert all(made.data_ptr() != s.data_ptr() for _, _, pool in kept.kept.values() for s in pool)
+
+
+def test_scratch_past_the_tables_budget_is_made_each_call_and_forget_frees_the_budget(monkeypatch):
+    calls, call, scratch = _add_into_calls("test.budget")
+    x = torch.arange(40, dtype=torch.float32, device=DEVICE)
+    monkeypatch.setattr(_launch, "_TABLE_KEPT_BYTES", 100)  # not one 160-byte slice
+    for k in (1.0, 2.0, 3.0, 4.0):
+        torch.testing.assert_close(call(x, torch.empty_like(x), k), x + k)
+    assert calls.last == "replayed" and scratch().kept == {} and calls.kept_bytes == 0
+    monkeypatch.setattr(_launch, "_TABLE_KEPT_BYTES", 64 << 20)  # (the records forgotten: monkeypatch's rule)
+    for k in (5.0, 6.0, 7.0):
+        call(x, torch.empty_like(x), k)
+    assert len(scratch().kept) == 1 and calls.kept_bytes == _launch._KEPT_BYTES // 160 * 160  # a pool of slices
+    _launch.forget()
+    assert calls.kept_bytes == 0 and calls.table == {}
+
+
+def test_a_kept_scratch_made_in_inference_mode_is_zeroed_again_outside_it(monkeypatch):
+    monkeypatch.setattr(_launch, "_KEPT_BYTES", 160)  # 40 floats: one slice, zeroed again each call
+    calls, call, scratch = _add_into_calls("test.inference")
+    x = torch.arange(40, dtype=torch.float32, device=DEVICE)
+    with torch.inference_mode():
+        for k in (1.0, 2.0, 3.0):
+            torch.testing.assert_close(call(x, torch.empty_like(x), k), x + k)
+    for k in (4.0, 5.0):
+        torch.testing.assert_close(call(x, torch.empty_like(x), k), x + k)
+    assert calls.last == "replayed" and scratch().slices == 1
+
+
+def test_a_scratch_the_call_returns_or_past_the_kept_size_is_allocated_each_replay():
+    calls = _launch.Calls("test.not_kept")
+    big = _launch._KEPT_BYTES // 4 + 1  # floats: one more than a kept scratch holds
+
+    def run(x, out, give_back):
+        small, large = torch.empty(8, device=DEVICE), torch.empty(big, device=DEVICE)
+        _launch.launch(_scaled_kernel, (1,), x, small, 8, 3, BLOCK=8)
+        _launch.launch(_scaled_kernel, (1,), small, large, 8, 2, BLOCK=8)
+        _launch.launch(_scaled_kernel, (1,), large, out, 8, 1, BLOCK=8)
+        return (out, small) if give_back else out
+
+    for give_back in (False, True):
+        for _ in range(3):
+            x, out = torch.randn(8, device=DEVICE), torch.empty(8, device=DEVICE)
+            got = calls((give_back,), (x, out), lambda: run(x, out, give_back))
+            torch.testing.assert_close(out, 6 * x)
+        entry = calls.table[((give_back,), _launch._slot_key((x, out)))]
+        kinds = [type(a).__name__ for a in entry.allocs]
+        assert kinds == (["tuple", "tuple"] if give_back else ["_Scratch", "tuple"]), kinds
+    torch.testing.assert_close(got[1], 3 * x)  # the returned scratch is the call's own
+
+
 def test_a_copy_out_after_a_launch_is_replayed_after_it():
     calls = _launch.Calls("test.copy_out")
 
@@ -719,6 +825,49 @@ def test_on_a_gpu_a_replay_captured_in_a_cuda_graph_replays_with_the_graph():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(y, torch.softmax(x, -1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan", ["held", "split"])
+def test_on_a_gpu_rows_in_slices_replay_their_counters_and_partials_from_kept_scratch_per_stream_not_in_a_graph(
+        monkeypatch, plan):
+    from reference_kernels import _device
+
+    x = torch.randn(8, 128256 if plan == "held" else 262144, device="cuda")
+    x = x.bfloat16() if plan == "held" else x
+    max_row = None if plan == "held" else 16384
+    p = softmax.plan(*x.shape, x.element_size(), _device.of(x.device), max_row=max_row)
+    assert p.mode == plan and p.group > 1, p
+    # the counters (9 of 128 bytes) a pool of two slices, zeroed every other call
+    monkeypatch.setattr(_launch, "_KEPT_BYTES", 2 * _launch._rounded(9 * 128))
+    want = _planned(lambda: softmax.fused(x, max_row=max_row))
+
+    def check(y):
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, want, atol=0, rtol=0)
+
+    for _ in range(8):
+        check(softmax.fused(x, max_row=max_row))
+    assert softmax.CALLS.last == "replayed"
+    (entry,) = softmax.CALLS.table.values()
+    kept = [a for a in entry.allocs if isinstance(a, _launch._Scratch)]
+    assert [k.made[4] for k in kept] == [False, True] and all(len(k.kept) == 1 for k in kept)  # partials; counters
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            y = softmax.fused(x, max_row=max_row)
+    torch.cuda.current_stream().wait_stream(side)
+    check(y)
+    assert all(len(k.kept) == 2 for k in kept)  # the side stream's own
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = softmax.fused(x, max_row=max_row)
+    assert softmax.CALLS.last == "replayed" and all(len(k.kept) == 2 for k in kept)  # the capture's made as recorded
+    for _ in range(3):
+        graph.replay()
+        check(y)
+        check(softmax.fused(x, max_row=max_row))
 
 
 def test_calls_recorded_on_two_threads_at_once_keep_their_own_launches():
