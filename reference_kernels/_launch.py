@@ -880,10 +880,14 @@ class _Hot:
     and dispatch keys), at distinct 16-byte-aligned addresses. Kept only for a key whose tensors are so placed (an
     aliased or unaligned call keys each time). ``next``: the key replayed after it last time, checked first."""
 
-    __slots__ = ("params", "nones", "guards", "entry", "next")
+    __slots__ = ("params", "gaps", "picks", "guards", "entry", "next")
 
-    def __init__(self, params: tuple, nones: tuple | None, guards: Any, entry: _Replay) -> None:
-        self.params, self.nones, self.guards, self.entry = params, nones, guards, entry
+    def __init__(self, params: tuple, slots: tuple, guards: Any, entry: _Replay) -> None:
+        self.params, self.guards, self.entry = params, guards, entry
+        # the slots that held None (None where none did) and those that held tensors
+        gaps = tuple(i for i, t in enumerate(slots) if t is None)
+        self.gaps = gaps or None
+        self.picks = tuple(i for i, t in enumerate(slots) if t is not None)
         self.next: _Hot | None = None
 
     @classmethod
@@ -893,23 +897,30 @@ class _Hot:
             return None
         guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
                                dynamic_dims_strides=[list(t.stride()) for t in tensors])
-        nones = tuple(t is None for t in slots) if len(tensors) < len(slots) else None
-        return cls(params, nones, guards, entry)
+        return cls(params, slots, guards, entry)
 
     def matches(self, slots: tuple) -> bool:
-        if self.nones is None:
-            tensors = slots
-        elif tuple([t is None for t in slots]) == self.nones:
-            tensors = [t for t in slots if t is not None]
-        else:
-            return False
+        if self.gaps is None:
+            return self.guards.check(*slots) and _apart(slots)
+        for i in self.gaps:
+            if slots[i] is not None:
+                return False
+        tensors = [slots[i] for i in self.picks]  # a None among them fails the check
         return self.guards.check(*tensors) and _apart(tensors)
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _apart(tensors) -> bool:
     """Each tensor at its own 16-byte-aligned address."""
-    ptrs = {t.data_ptr() for t in tensors}
-    return len(ptrs) == len(tensors) and not any(p & _ALIGN for p in ptrs)
+    ptrs = set(map(_DATA_PTR, tensors))
+    if len(ptrs) != len(tensors):
+        return False
+    for p in ptrs:
+        if p & _ALIGN:
+            return False
+    return True
 
 
 class Calls:

@@ -136,6 +136,10 @@ def test_the_last_key_replayed_is_checked_without_a_key_and_stands_for_nothing_e
     softmax.fused(z, out=z)  # the same tensor in and out: not the hot key's two
     assert softmax.CALLS.last == "planned: first call"
     torch.testing.assert_close(z, want, atol=1e-6, rtol=0)
+    for _ in range(3):
+        softmax.fused(z)  # no out: a hot key with None in a slot
+    out = torch.empty_like(z)
+    assert softmax.fused(z, out=out) is out  # a tensor where the hot key had None: not its replay
     freed = weakref.ref(y)  # the check holds no tensor of a call
     del y
     gc.collect()
