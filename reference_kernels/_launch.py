@@ -7,8 +7,8 @@ time a call"). None of it depends on the tensors' contents, only on what a ``Cal
 a call by: each tensor argument's shape, strides, dtype, device and 16-byte alignment (what
 Triton specialises on), which arguments are the same tensor, and the other arguments. The
 first call of a key plans (a key called once never pays a record), its second runs the public
-call's body recorded; later calls replay the record: the
-tensors it allocated (outputs and scratch) allocated again, each launch through the compiled
+call's body recorded; later calls replay the record: its outputs allocated again (scratch
+that only its launches take kept for the next call on the stream: ``_Scratch``), each launch through the compiled
 kernel's own launcher (``CompiledKernel.run``, what ``JITFunction.run`` calls last; its compiled
 launch function itself where the layout is Triton 3.6's and the kernel takes no scratch) with
 the new data pointers, and what the body returned rebuilt from the new tensors; a record's replay

@@ -376,7 +376,7 @@ def _scaled_kernel(x_ptr, out_ptr, n, k, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * k, mask=offs < n)
 
 
-def test_a_replay_allocates_its_scratch_again_zeroed_where_the_record_zeroed_it():
+def test_a_replay_finds_its_scratch_zeroed_where_the_record_zeroed_it():
     calls = _launch.Calls("test.add_into")
 
     def call(x, out, k):
