@@ -1018,7 +1018,7 @@ def forward(
     """
     grad = wants_grad((x, weight, bias))
     if grad and max_row is None:
-        y, mean, rstd = _LayerNormFunction.apply(x, weight, bias, eps, None, None, None)
+        y, mean, rstd = _LayerNormFunction.apply(x, weight, bias, (eps, None, None, None, True))
         return traced_result(y, out, "layer_norm.forward"), mean, rstd
     if tracing():
         eager_only("layer_norm.forward", max_row=max_row)
@@ -1156,26 +1156,33 @@ def _backward_any(dy2, x2, weight, mean, rstd, dx2, dw, db, max_row, one_pass, v
 
 
 class _LayerNormFunction(torch.autograd.Function):
-    """(y, mean, rstd), y differentiable: eager, through the recorded calls; traced by torch.compile, through the ops
-    (their autograd falls through, ``define_op``), so a compiled graph's backward calls ``layer_norm_backward``."""
+    """y, differentiable, or with ``stats`` (y, mean, rstd), the statistics not: eager, through the recorded calls;
+    traced by torch.compile, through the ops (their autograd falls through, ``define_op``), so a compiled graph's
+    backward calls ``layer_norm_backward``. The options come in one argument and ``fused`` takes y alone: each
+    argument and output costs ``Function.apply`` Python (docs/kernels.md, "Host time a call")."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, max_row, one_pass, variant):
+    def forward(ctx, x, weight, bias, options):
+        eps, max_row, one_pass, variant, stats = options
         if tracing():
             y, mean, rstd = _LAYER_NORM_OP(x, weight, bias, float(eps))
         else:
             y, mean, rstd = _forward_calls(x, weight, bias, eps, None, max_row)
         ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.mark_non_differentiable(mean, rstd)  # statistics, not outputs a loss reads
         ctx.bias_dtype = bias.dtype
-        ctx.plan_overrides = dict(max_row=max_row, one_pass=one_pass, variant=variant)
+        ctx.plan_overrides = (max_row, one_pass, variant)
+        if not stats:
+            return y
+        ctx.mark_non_differentiable(mean, rstd)  # statistics, not outputs a loss reads
         return y, mean, rstd
 
     @staticmethod
-    def backward(ctx, dy, dmean, drstd):
+    def backward(ctx, dy, *stats_grads):
         x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = backward(dy, x, weight, mean, rstd, bias_dtype=ctx.bias_dtype, **ctx.plan_overrides)
-        return dx, dw, db, None, None, None, None
+        max_row, one_pass, variant = ctx.plan_overrides
+        dx, dw, db = backward(dy, x, weight, mean, rstd, bias_dtype=ctx.bias_dtype, max_row=max_row,
+                              one_pass=one_pass, variant=variant)
+        return dx, dw, db, None
 
 
 def fused(
@@ -1198,7 +1205,7 @@ def fused(
         eager_only("layer_norm.fused", max_row=max_row, one_pass=one_pass, bwd_variant=bwd_variant)
     elif not wants_grad((x, weight, bias)):  # nothing to differentiate: no autograd Function (~9 us of host a call)
         return _forward_calls(x, weight, bias, eps, None, max_row, stats=False)
-    return _LayerNormFunction.apply(x, weight, bias, eps, max_row, one_pass, bwd_variant)[0]
+    return _LayerNormFunction.apply(x, weight, bias, (eps, max_row, one_pass, bwd_variant, False))
 
 
 def _fake_forward(x, weight, bias, eps):

@@ -227,6 +227,21 @@ def test_a_constant_row_normalises_to_the_bias():
     torch.testing.assert_close(layer_norm.fused(x, weight, bias)[1], bias)
 
 
+def test_fuseds_plan_overrides_reach_its_backward_and_forwards_statistics_take_no_gradient(monkeypatch):
+    # one options argument to the Function, y alone its output for fused (Function.apply costs Python an argument and an output)
+    x, weight, bias = (t.requires_grad_() for t in inputs((6, 40), torch.float32))
+    seen = []
+    real = layer_norm.backward
+    monkeypatch.setattr(layer_norm, "backward", lambda *a, **k: seen.append(k) or real(*a, **k))
+    y = layer_norm.fused(x, weight, bias, max_row=16, one_pass=False, bwd_variant="measured")
+    assert isinstance(y, torch.Tensor) and y.grad_fn is not None
+    y.sum().backward()
+    assert seen == [dict(bias_dtype=torch.float32, max_row=16, one_pass=False, variant="measured")]
+    y2, mean, rstd = layer_norm.forward(x, weight, bias)
+    assert y2.requires_grad and not mean.requires_grad and not rstd.requires_grad
+    torch.testing.assert_close(y2, F.layer_norm(x, (40,), weight, bias), rtol=1e-4, atol=1e-4)
+
+
 def test_fused_builds_no_autograd_node_where_nothing_is_differentiated(monkeypatch):
     # the Function cost ~9 us of host a call (CI's host) on inputs no gradient reaches: inference, no_grad
     x, weight, bias = inputs((6, 40), torch.float32)
