@@ -228,7 +228,7 @@ def test_a_constant_row_normalises_to_the_bias():
 
 
 def test_fuseds_plan_overrides_reach_its_backward_and_forwards_statistics_take_no_gradient(monkeypatch):
-    # one options argument to the Function, y alone its output for fused (Function.apply costs Python an argument and an output)
+    # the options one argument of the Function, y alone its output for fused (Function.apply: Python an argument)
     x, weight, bias = (t.requires_grad_() for t in inputs((6, 40), torch.float32))
     seen = []
     real = layer_norm.backward
