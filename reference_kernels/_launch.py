@@ -834,14 +834,14 @@ def _replay_of(rec: _Recorder, slots: tuple, scalars: dict, value: Any,
     allocs: list = []
     for n, (t, zero) in enumerate(rec.allocs, len(slots)):
         made = (tuple(t.shape), tuple(t.stride()), t.dtype, t.device, zero)
-        if n in kept:
+        if n not in used and n not in returned:  # made by the record, taken by nothing: not made again
+            allocs.append(None)
+        elif n in kept:
             allocs.append(t)
         elif n in returned:
             allocs.append(made)
-        elif n in used:  # the launches' alone: scratch
+        else:  # the launches' alone: scratch
             allocs.append(_Scratch(made, table) if table is not None and _Scratch.fits(made) else made)
-        else:  # made by the record, taken by nothing: not made again
-            allocs.append(None)
     return _Replay(len(slots), allocs, launches, result)
 
 
