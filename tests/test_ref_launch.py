@@ -435,17 +435,18 @@ def test_a_scratch_is_kept_for_each_stream_and_thread_and_made_each_call_while_a
     for k in (1.0, 2.0, 3.0):
         call(x, torch.empty_like(x), k)
     kept = scratch()
-    mine = kept(None)
-    assert kept(None) is not mine  # the next slice of this thread's pool
+    stream = _launch._current_stream() if ON_GPU else None  # what a replay passes
+    mine = kept(stream)
+    assert kept(stream) is not mine and len(kept.kept) == 1  # the next slice of this thread's pool
     other = []
-    thread = threading.Thread(target=lambda: other.append(kept(None)))
+    thread = threading.Thread(target=lambda: other.append(kept(stream)))
     thread.start()
     thread.join()
-    _, _, my_slices = kept.kept[(None, threading.get_ident())]
+    _, _, my_slices = kept.kept[(stream, threading.get_ident())]
     assert len(kept.kept) == 2 and other[0].data_ptr() not in {s.data_ptr() for s in my_slices}
     kept.cuda = True  # as a CUDA record's, during a capture: made as the record made it, outside every pool
     monkeypatch.setattr(_launch, "_capturing", lambda: True)
-    made = kept(None)
+    made = kept(stream)
     assert len(kept.kept) == 2 and torch.count_nonzero(made) == 0
     assert all(made.data_ptr() != s.data_ptr() for _, _, pool in kept.kept.values() for s in pool)
 
