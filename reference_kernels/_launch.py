@@ -592,7 +592,9 @@ def _replay_source(n_slots: int, allocs: list, launches: list, result: Any) -> t
     if _empty_strided_cuda is not None and any(a.__class__ is tuple and a[3].type == "cuda" for a in allocs):
         lines.append("    current = _device()")  # the fast allocator takes the current device: the record's?
     bound = [one.__class__ is _Bound for one in launches]
-    lines.append("    stream = _stream()" if any(bound) else "    stream = None")
+    # the launcher's stream; a CUDA scratch is kept by it too, whatever launches (a library op's record)
+    on_stream = any(bound) or any(a.__class__ is _Scratch and a.cuda for a in allocs)
+    lines.append("    stream = _stream()" if on_stream else "    stream = None")
     for n, alloc in enumerate(allocs, n_slots):
         if alloc is None:  # made by the record, taken by nothing: not made again
             lines.append(f"    {var(n)} = None")

@@ -451,6 +451,15 @@ def test_a_scratch_is_kept_for_each_stream_and_thread_and_made_each_call_while_a
     assert all(made.data_ptr() != s.data_ptr() for _, _, pool in kept.kept.values() for s in pool)
 
 
+def test_a_cuda_scratch_is_kept_by_the_current_stream_even_where_no_launch_is_bound():
+    # a record of library ops and copies alone launches on no stream of its own: its scratch still keys by the stream
+    made = ((4,), (1,), torch.float32, torch.device("cuda", 0), False)
+    text, _ = _launch._replay_source(0, [_launch._Scratch(made, _launch.Calls("test.no_bound"))], [], None)
+    assert "    stream = _stream()\n" in text and "(stream)" in text
+    text, _ = _launch._replay_source(0, [_launch._Scratch(made[:3] + (torch.device("cpu"), False), None)], [], None)
+    assert "    stream = None\n" in text
+
+
 def test_scratch_past_the_tables_budget_is_made_each_call_and_forget_frees_the_budget(monkeypatch):
     calls, call, scratch = _add_into_calls("test.budget")
     x = torch.arange(40, dtype=torch.float32, device=DEVICE)
