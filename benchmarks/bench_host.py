@@ -72,8 +72,8 @@ def recorded_us(fn: Callable[[], object], calls: int = 30, sync: Callable[[], No
 
 
 def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], object]]]:
-    """(name, ours, torch's) at ``rows`` rows: softmax on each plan family, the layer norm forward and backward, bias +
-    GELU + dropout."""
+    """(name, ours, torch's) at ``rows`` rows: softmax on each plan family, the layer norm forward and backward (and both
+    through autograd, as training calls them), bias + GELU + dropout, the GEMM, attention."""
     from reference_kernels import bias_gelu_dropout, layer_norm, softmax
 
     out = []
@@ -95,6 +95,14 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
                     lambda dy=dy, x=x, w=w, m=mean, r=rstd: layer_norm.backward(dy, x, w, m, r),
                     lambda dy=dy, x=x, w=w, b=b, n=n, m=t_mean, r=t_rstd: torch.ops.aten.native_layer_norm_backward(
                         dy, x, (n,), m, r, w, b, [True, True, True])))
+    # as a training step calls it: the forward under autograd, then its backward through the engine
+    x, w, b = (t.requires_grad_() for t in (torch.randn(rows, 4096, device="cuda").bfloat16(),
+                                            torch.randn(4096, device="cuda").bfloat16(),
+                                            torch.randn(4096, device="cuda").bfloat16()))
+    dy = torch.randn(rows, 4096, device="cuda").bfloat16()
+    out.append((f"layer norm forward + backward, autograd {rows}x4096 bfloat16",
+                lambda: torch.autograd.grad(layer_norm.fused(x, w, b), (x, w, b), dy),
+                lambda: torch.autograd.grad(torch.nn.functional.layer_norm(x, (4096,), w, b), (x, w, b), dy)))
     x = torch.randn(rows, 3072, device="cuda").bfloat16()
     bias = torch.randn(3072, device="cuda").bfloat16()
     out.append((f"bias + GELU + dropout {rows}x3072 bfloat16", lambda: bias_gelu_dropout.fused(x, bias, 0.1),
@@ -152,6 +160,7 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
     y, dy, wt = torch.empty_like(x), torch.randn_like(x), torch.randn(64, 64, device=device)
     _, mean, rstd = layer_norm.forward(x, w, b)
     _, t_mean, t_rstd = torch.native_layer_norm(x, (64,), w, b, 1e-5)
+    xwb = tuple(t.clone().requires_grad_() for t in (x, w, b))
     q, k, v = (torch.randn(1, 2, 32, 64, device=device) for _ in range(3))
     F = torch.nn.functional
     # a block's GEMMs in turn (q, k, v together; out; up; down): four keys, none the last one's
@@ -163,6 +172,8 @@ def python_cases(device: str) -> list[tuple[str, Callable[[], object], Callable[
         ("layer_norm.forward", lambda: layer_norm.forward(x, w, b), lambda: torch.native_layer_norm(x, (64,), w, b, 1e-5)),
         ("layer_norm.backward", lambda: layer_norm.backward(dy, x, w, mean, rstd),
          lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (64,), t_mean, t_rstd, w, b, [True, True, True])),
+        ("layer_norm.fused + backward, autograd", lambda: torch.autograd.grad(layer_norm.fused(*xwb), xwb, dy),
+         lambda: torch.autograd.grad(F.layer_norm(xwb[0], (64,), *xwb[1:]), xwb, dy)),
         ("bias_gelu_dropout.fused", lambda: bias_gelu_dropout.fused(x, b, 0.1), lambda: F.dropout(F.gelu(x + b), 0.1)),
         ("gemm_epilogue.fused", lambda: gemm_epilogue.fused(x, wt.T, b), lambda: F.gelu(F.linear(x, wt, b))),
         ("attention.fused", lambda: attention.fused(q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)),
