@@ -96,13 +96,12 @@ def cases(rows: int = 8) -> list[tuple[str, Callable[[], object], Callable[[], o
                     lambda dy=dy, x=x, w=w, b=b, n=n, m=t_mean, r=t_rstd: torch.ops.aten.native_layer_norm_backward(
                         dy, x, (n,), m, r, w, b, [True, True, True])))
     # as a training step calls it: the forward under autograd, then its backward through the engine
-    x, w, b = (t.requires_grad_() for t in (torch.randn(rows, 4096, device="cuda").bfloat16(),
-                                            torch.randn(4096, device="cuda").bfloat16(),
-                                            torch.randn(4096, device="cuda").bfloat16()))
+    xwb = tuple(torch.randn(shape, device="cuda").bfloat16().requires_grad_() for shape in ((rows, 4096), 4096, 4096))
     dy = torch.randn(rows, 4096, device="cuda").bfloat16()
     out.append((f"layer norm forward + backward, autograd {rows}x4096 bfloat16",
-                lambda: torch.autograd.grad(layer_norm.fused(x, w, b), (x, w, b), dy),
-                lambda: torch.autograd.grad(torch.nn.functional.layer_norm(x, (4096,), w, b), (x, w, b), dy)))
+                lambda xwb=xwb, dy=dy: torch.autograd.grad(layer_norm.fused(*xwb), xwb, dy),
+                lambda xwb=xwb, dy=dy: torch.autograd.grad(
+                    torch.nn.functional.layer_norm(xwb[0], (4096,), *xwb[1:]), xwb, dy)))
     x = torch.randn(rows, 3072, device="cuda").bfloat16()
     bias = torch.randn(3072, device="cuda").bfloat16()
     out.append((f"bias + GELU + dropout {rows}x3072 bfloat16", lambda: bias_gelu_dropout.fused(x, bias, 0.1),
