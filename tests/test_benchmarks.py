@@ -686,6 +686,22 @@ def test_bench_host_python_times_each_public_calls_own_python_and_puts_the_repla
     torch.testing.assert_close(softmax.fused(x, out=torch.empty_like(x)), torch.softmax(x, -1))
 
 
+def test_bench_host_cases_time_the_autograd_layer_norm_on_its_own_tensors(monkeypatch):
+    """Each case's callables hold their own tensors: the training-step layer norm's gradients are those of its (x, w,
+    b), ours against torch's (the cases are built for CUDA: here on CPU, the interpreter's)."""
+    import benchmarks.bench_host as bh
+
+    if not torch.cuda.is_available():
+        randn = torch.randn
+        monkeypatch.setattr(torch, "randn", lambda *shape, device=None, **kw: randn(*shape, **kw))
+    (name, ours, theirs), = [case for case in bh.cases(rows=2) if "autograd" in case[0]]
+    assert name == "layer norm forward + backward, autograd 2x4096 bfloat16"
+    got, want = ours(), theirs()
+    assert [g.shape for g in got] == [(2, 4096), (4096,), (4096,)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), atol=0.1, rtol=0.05)
+
+
 def test_bench_attention_ws_variants_refuses_where_the_kernel_does_not_run(monkeypatch):
     from benchmarks import bench_attention
     from reference_kernels import _attention_ws
