@@ -530,6 +530,35 @@ def _wait_for_peers(count_ptr, n_peers):
 
 
 @triton.jit
+def _sum_shares_if_last(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, count_ptr, n_groups, n_cols, cols, col_ok,
+                        BLOCK_N: tl.constexpr, UNROLL: tl.constexpr = 4):
+    """Arrive at ``count_ptr`` once this program's shares of ``cols`` are stored; the last of the ``n_groups`` programs
+    to arrive adds every group's shares of them, in group order (deterministic), into dweight and dbias in their
+    dtypes: a backward's one launch where its shares are few (docs/kernels.md, "layer_norm: backward").
+
+    Nothing waits: the last arrival alone reads, so no program needs another resident. The barrier and the release
+    put every thread's share stores before the arrival; the last program's acquire, then a barrier, order its reads
+    (through to L2) after every release (as ``_wait_for_peers``).
+    """
+    tl.debug_barrier()
+    ticket = tl.atomic_add(count_ptr, 1, sem="release", scope="gpu")
+    if ticket == n_groups - 1:
+        tl.atomic_add(count_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        dw = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for g0 in range(0, n_groups, UNROLL):  # UNROLL groups' loads in flight at once, added in order
+            for j in tl.static_range(UNROLL):
+                g = cols * 0 + g0 + j  # a vector, as the masks are
+                ok = col_ok & (g < n_groups)
+                share = g * n_cols + cols  # int32: the shares are few (layer_norm._SUM_HERE_BYTES)
+                dw += tl.load(dw_part_ptr + share, mask=ok, other=0.0, volatile=True)
+                db += tl.load(db_part_ptr + share, mask=ok, other=0.0, volatile=True)
+        tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def _load_row_block(x_ptr, dy_ptr, r0, row_end, cols, col_ok, stride_x, stride_dy, BLOCK_M: tl.constexpr):
     """Rows [r0, r0 + BLOCK_M) of x and dy as stored, masked to rows below ``row_end``."""
     rows = r0 + tl.arange(0, BLOCK_M)
@@ -548,10 +577,13 @@ def _layer_norm_bwd_kernel(
     mean_ptr,  # (M,) float32 row means from the forward
     rstd_ptr,  # (M,) float32 reciprocal standard deviations from the forward
     dx_ptr,  # (M, N) gradient of x; row stride stride_dx
-    dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight
-    db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias
+    dw_part_ptr,  # (n_groups, N) float32: this row group's share of dweight; with one group, dweight itself
+    db_part_ptr,  # (n_groups, N) float32: this row group's share of dbias; with one group, dbias itself
     part_ptr,  # (M, 2, n_chunks) float32 chunk sums of (xhat * w * dy, w * dy); unused in rows mode
-    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile counter
+    count_ptr,  # ((cdiv(M, BLOCK_M) + 1) * COUNTER_STRIDE,) int32 zeros: arrivals per row block, then the tile
+    # counter; with SUM_HERE (1,): the groups' arrivals
+    dw_ptr,  # (N,) dweight: the shares' sum where SUM_HERE, else unused
+    db_ptr,  # (N,) dbias: as dw_ptr
     n_rows,  # M
     n_cols,  # N
     stride_x,  # elements between rows of x
@@ -565,7 +597,9 @@ def _layer_norm_bwd_kernel(
     BLOCK_C: tl.constexpr,  # next_power_of_2(n_chunks)
     PREFETCH: tl.constexpr = False,  # rows mode: load the next row block before working on this one
     NARROW: tl.constexpr = 0,  # rows mode: 0, or N = the three strides for packed rows (_packed_width)
+    SUM_HERE: tl.constexpr = False,  # rows mode: the last group to finish sums the shares (_sum_shares_if_last)
 ):
+    tl.static_assert(MODE == _ROWS or not SUM_HERE)
     if NARROW > 0:  # compile-time row length and strides: rows load as vectors of their alignment
         n_cols = NARROW
         stride_x = NARROW
@@ -629,8 +663,13 @@ def _layer_norm_bwd_kernel(
             db_acc += dy
     if MODE != _STATS:
         group64 = group.to(tl.int64)
-        tl.store(dw_part_ptr + group64 * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
-        tl.store(db_part_ptr + group64 * n_cols + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        tl.store(dw_part_ptr + group64 * n_cols + cols, tl.sum(dw_acc, axis=0).to(dw_part_ptr.dtype.element_ty),
+                 mask=col_ok)
+        tl.store(db_part_ptr + group64 * n_cols + cols, tl.sum(db_acc, axis=0).to(db_part_ptr.dtype.element_ty),
+                 mask=col_ok)
+        if SUM_HERE:
+            _sum_shares_if_last(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, count_ptr, tl.num_programs(0), n_cols, cols,
+                                col_ok, BLOCK_N)
 
 
 @triton.jit

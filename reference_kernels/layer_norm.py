@@ -103,6 +103,7 @@ _BWD_CHUNK = 2048
 # _BWD_ROWS_TILE elements in _DWDB_BLOCK_N-column rows on the warps that hold it (``warps_for``)
 _DWDB_GROUPS_PER_SPLIT = 32
 _DWDB_BLOCK_N = 256
+_SUM_HERE_BYTES = 256 << 10  # shares summed by the rows backward's last group, in its launch, up to this size
 # the backward kernel where no other plan takes the row: "lean" (a row a step, the next row's loads in flight) past
 # _BWD_ROWS_TILE; "measured" up to it (it lost past it, its chunks too)
 _BWD_VARIANTS = ("measured", "lean", "phased", "flat")
@@ -740,11 +741,23 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     n_row_blocks = cdiv(n_rows, plan.block_m)
     rows_per_group = cdiv(n_row_blocks, plan.n_groups) * plan.block_m
     n_groups = cdiv(n_rows, rows_per_group)
-    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
     common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     grid = (n_groups * n_chunks,)
-    tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
     scalars = (n_rows, n_cols, x2.stride(0), dy2.stride(0), dx2.stride(0), rows_per_group, n_chunks)
+    if plan.mode == "rows" and plan.variant == "measured" and _shares_summed_in_launch(n_groups, n_cols):
+        common["PREFETCH"] = plan.prefetch
+        common["NARROW"] = _packed_width(x2, dy2, dx2)
+        if n_groups == 1:  # one group's shares are the sums
+            launch_kernel(_layer_norm_bwd_kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw, db, x2, x2, x2, x2,
+                          *scalars, MODE=_ROWS, BLOCK_C=1, **common)
+            return
+        dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
+        count = torch.zeros(1, dtype=torch.int32, device=x2.device)
+        launch_kernel(_layer_norm_bwd_kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, x2, count, dw,
+                      db, *scalars, MODE=_ROWS, BLOCK_C=1, SUM_HERE=True, **common)
+        return
+    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
+    tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
     if plan.variant == "lean":
         kernel = _layer_norm_bwd_lean_kernel
         common = dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
@@ -755,18 +768,29 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
         if plan.mode == "rows":
             common["PREFETCH"] = plan.prefetch
             common["NARROW"] = _packed_width(x2, dy2, dx2)
+    outputs = () if kernel is _layer_norm_bwd_lean_kernel else (x2, x2)  # dw_ptr, db_ptr: SUM_HERE's alone
     if plan.mode == "rows":
-        launch_kernel(kernel, grid, *tensors, x2, x2, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
+        launch_kernel(kernel, grid, *tensors, x2, x2, *outputs, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
         part = torch.empty((n_rows, 2, n_chunks), dtype=torch.float32, device=x2.device)
         block_c = next_power_of_2(n_chunks)
         if plan.mode == "one_pass":
             count = torch.zeros((n_row_blocks + 1) * COUNTER_STRIDE_INTS, dtype=torch.int32, device=x2.device)
-            launch_kernel(kernel, grid, *tensors, part, count, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c, **common)
+            launch_kernel(kernel, grid, *tensors, part, count, *outputs, *scalars, MODE=_ONE_PASS, BLOCK_C=block_c,
+                          **common)
         else:
-            launch_kernel(kernel, grid, *tensors, part, part, *scalars, MODE=_STATS, BLOCK_C=block_c, **common)
-            launch_kernel(kernel, grid, *tensors, part, part, *scalars, MODE=_FROM_STATS, BLOCK_C=block_c, **common)
+            for mode in (_STATS, _FROM_STATS):
+                launch_kernel(kernel, grid, *tensors, part, part, *outputs, *scalars, MODE=mode, BLOCK_C=block_c,
+                              **common)
     _sum_shares(dw_part, db_part, dw, db)
+
+
+def _shares_summed_in_launch(n_groups: int, n_cols: int) -> bool:
+    """Whether the rows backward sums its dweight/dbias shares in its own launch (its last group to finish,
+    ``_sum_shares_if_last``) rather than ``_sum_shares``'s: where they are at most ``_SUM_HERE_BYTES``, which one
+    program reads in about what a second launch costs the device; its host cost (~4 us) is saved whatever the size
+    (docs/kernels.md, "layer_norm: backward")."""
+    return n_groups * n_cols * 8 <= _SUM_HERE_BYTES
 
 
 def _backward_launch_phased(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> None:

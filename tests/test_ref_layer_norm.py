@@ -330,6 +330,7 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
         layer_norm.fused(x, weight, bias)
 
 
+@pytest.mark.parametrize("in_launch", [True, False], ids=["shares summed in its launch", "by _sum_shares"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["loads in step", "next block prefetched"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
@@ -337,7 +338,10 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
     [((37, 3), 8, 3), ((50, 100), 1, 4), ((64, 256), 4, 16), ((5, 4096), 1, 2)],
     ids=str,  # groups of 16, 16, 5 rows; 13 a group, the last ragged; one block a group; wide rows
 )
-def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, block_m, n_groups, dtype, prefetch):
+def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, block_m, n_groups, dtype, prefetch,
+                                                                         in_launch, monkeypatch):
+    if not in_launch:
+        monkeypatch.setattr(layer_norm, "_SUM_HERE_BYTES", 0)
     x, weight, bias = inputs(shape, dtype)
     dy = torch.randn(shape, device=DEVICE).to(dtype)
     _, mean, rstd = layer_norm.forward(x, weight, bias)
@@ -350,6 +354,46 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
     for what, a, e in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
         assert not a.isnan().any(), f"{what} left unwritten"
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+
+
+def _backward_launches(dy, x, weight, mean, rstd, plan) -> tuple[list[str], tuple]:
+    """The kernels a backward plan launches, by name, and its (dx, dw, db), every element NaN until written."""
+    from pytest_fusioncheck import _compat
+
+    seen = []
+
+    def on_launch(jitfn, original, args, kwargs, grid, warmup, interpreted):
+        seen.append(jitfn.__name__)
+        return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
+
+    grads = tuple(torch.full_like(t, float("nan")) for t in (x, weight, weight))
+    with _compat.triton_launch_hook(on_launch):
+        layer_norm._backward_launch(dy, x, weight, mean, rstd, *grads, plan)
+    return seen, grads
+
+
+@pytest.mark.parametrize("n_groups", [1, 3, 8], ids=lambda g: f"{g} groups")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_rows_backward_sums_few_shares_in_its_one_launch_deterministically(n_groups, dtype, monkeypatch):
+    # few rows (a training step's last micro-batch, a test's): the last group to finish adds the shares, so the call
+    # launches once (one group: its shares are the sums); past _SUM_HERE_BYTES, _sum_shares launches again
+    shape = (16, 300)  # 3 groups: 6, 6, 4 rows
+    x, weight, bias = inputs(shape, dtype)
+    dy = torch.randn(shape, device=DEVICE).to(dtype)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._Plan("rows", 1, 512, 4, n_groups)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    got = []
+    for limit in (layer_norm._SUM_HERE_BYTES, layer_norm._SUM_HERE_BYTES, n_groups * shape[1] * 8 - 1):
+        monkeypatch.setattr(layer_norm, "_SUM_HERE_BYTES", limit)
+        kernels, grads = _backward_launches(dy, x, weight, mean, rstd, plan)
+        assert kernels[0] == "_layer_norm_bwd_kernel", kernels
+        assert len(kernels) == (1 if limit >= n_groups * shape[1] * 8 else 2), (limit, kernels)
+        for what, a, e in zip(("dx", "dweight", "dbias"), grads, expected):
+            assert not a.isnan().any(), f"{what} left unwritten"
+            assert_close(a, e, dtype, what, inputs=(x, weight, dy))
+        got.append(grads)
+    assert all(torch.equal(a, b) for a, b in zip(*got[:2])), "summed in the launch: not the same bits twice"
 
 
 def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
