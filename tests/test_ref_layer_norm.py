@@ -396,6 +396,28 @@ def test_the_rows_backward_sums_few_shares_in_its_one_launch_deterministically(n
     assert all(torch.equal(a, b) for a, b in zip(*got[:2])), "summed in the launch: not the same bits twice"
 
 
+def test_replayed_backwards_that_sum_their_shares_in_launch_arrive_on_a_fresh_count_each_call(monkeypatch):
+    # the arrivals' count is kept scratch, zeroed (_launch._Scratch): a pool of two, so the replays below take both
+    # slices and then a refilled pool; a count left at its last arrival would leave dweight and dbias unwritten
+    from reference_kernels import _launch
+
+    monkeypatch.setattr(_launch, "_KEPT_BYTES", 2 * _launch._rounded(4))
+    x, weight, bias = inputs((40, 300), torch.float32)
+    dy = torch.randn(x.shape, device=DEVICE)
+    _, mean, rstd = layer_norm.forward(x, weight, bias)
+    plan = layer_norm._layer_norm_settings(*x.shape, 4, backward=True, device=_device.of(x.device), phased_ok=True,
+                                           flat_ok=True, packed=False)
+    assert plan.mode == "rows" and plan.n_groups > 1 and layer_norm._shares_summed_in_launch(plan.n_groups, 300), plan
+    first = layer_norm.backward(dy, x, weight, mean, rstd)
+    _, *expected = torch_reference(x, weight, bias, dy)
+    for what, a, e in zip(("dweight", "dbias"), first[1:], expected[1:]):
+        assert_close(a, e, torch.float32, what, inputs=(x, weight, dy))
+    for _ in range(6):
+        got = layer_norm.backward(dy, x, weight, mean, rstd)
+        assert all(torch.equal(a, b) for a, b in zip(got, first))
+    assert layer_norm.BACKWARD_CALLS.last == "replayed"
+
+
 def test_only_16_bit_backward_rows_wider_than_2048_prefetch_where_it_measured_faster():
     # the rows plan where rows do not lie flat (contiguous 4096-wide 16-bit rows take the flat plan)
     settings = functools.partial(layer_norm._layer_norm_settings, flat_ok=False)
