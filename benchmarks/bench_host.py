@@ -8,12 +8,16 @@ launcher are most of it. Prints one table:
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py [--calls 300] [--profile] [--out DIR]
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --tables benchmarks/data/bench_host_h200.json   # no GPU
     PYTHONPATH=$PWD python3 benchmarks/bench_host.py --python [--calls 2000]   # any machine, CPU under the interpreter
+    PYTHONPATH=$PWD python3 benchmarks/bench_host.py --set layer_norm._SUM_HERE_BYTES=0   # an A/B's other run
 
 Each case runs three ways: ours replayed (reference_kernels/_launch.py: the call's record), ours planned each call
 (replays off) and torch's own op; and the one call of a key that records (its second: ``recorded_us``). ``--python``
 times instead each public call's own Python, around a replay whose work (allocations, launches) is skipped: it
 returns the tensors of its last run (``skip_replays``). No GPU needed (tiny shapes; on CPU under
 ``TRITON_INTERPRET=1``, set for it), so a regression in the wrapper shows on any machine.
+
+``--set MODULE.CONSTANT=VALUE`` (``sweep.py``'s) runs every case under a setting and names it in the header: an A/B is
+a run with it and one without on one machine, torch's column the yardstick between them (host figures drift).
 """
 
 from __future__ import annotations
@@ -210,8 +214,9 @@ def restore_replays(saved: list) -> None:
 PYTHON_HEADERS = ["public call", "ours' Python a call, us (replay skipped)", "torch's op, us (runs)", "ours' call"]
 
 
-def python_main(calls: int, out: str | None) -> None:
-    """``--python``: the table of each public call's own Python (``python_cases``, ``skip_replays``)."""
+def python_main(calls: int, out: str | None, settings: list[str] = ()) -> None:
+    """``--python``: the table of each public call's own Python (``python_cases``, ``skip_replays``), under
+    ``settings`` (``--set``)."""
     import json
     import os
 
@@ -219,7 +224,8 @@ def python_main(calls: int, out: str | None) -> None:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined: CPU tensors, the interpreter
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    print(header())
+    head = run_header(settings)
+    print(head)
     records = []
     for name, ours, theirs in python_cases(device):
         how = replayed(ours, sync)
@@ -232,7 +238,15 @@ def python_main(calls: int, out: str | None) -> None:
     print(markdown_table(PYTHON_HEADERS, [[r["case"], f"{r['python_us']:.1f}", f"{r['torch_us']:.1f}", r["ours_call"]]
                                           for r in records]))
     if out:
-        Path(out, "bench_host_python.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
+        Path(out, "bench_host_python.json").write_text(json.dumps({"header": head, "rows": records}, indent=1))
+
+
+def run_header(settings: list[str]) -> str:
+    """The machine's header, with the ``--set`` settings the run is under applied and named (as bench_gemm_epilogue's)."""
+    from benchmarks.sweep import apply_settings
+
+    done = apply_settings(list(settings))
+    return header() + (f"; set {', '.join(done)}" if done else "")
 
 
 HEADERS = ["case", "ours, us a call", "ours planned each call", "ours' record (once a key)", "torch", "ours / torch",
@@ -255,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tables", metavar="FILE", help="print the table of a recorded bench_host.json (no GPU)")
     parser.add_argument("--python", action="store_true",
                         help="instead: each public call's own Python, its replay's work skipped (any machine)")
+    parser.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=VALUE",
+                        help="as sweep.py's --set (repeatable): every case under it, named in the header; an A/B is a "
+                             "run with it and one without")
     add_out_option(parser)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rows < 1:
@@ -267,11 +284,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.python:
         write_output_to(args.out, __file__)
-        python_main(args.calls, args.out)
+        python_main(args.calls, args.out, args.set)
         return
     require_cuda(__file__)
     write_output_to(args.out, __file__)
-    print(header())
+    head = run_header(args.set)
+    print(head)
     from reference_kernels import _launch
 
     records = []
@@ -287,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
                         "torch_us": b, "ours_call": how})
     print(markdown_table(HEADERS, [table_row(r) for r in records]))
     if args.out:
-        Path(args.out, "bench_host.json").write_text(json.dumps({"header": header(), "rows": records}, indent=1))
+        Path(args.out, "bench_host.json").write_text(json.dumps({"header": head, "rows": records}, indent=1))
 
 
 if __name__ == "__main__":

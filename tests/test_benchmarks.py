@@ -686,6 +686,21 @@ def test_bench_host_python_times_each_public_calls_own_python_and_puts_the_repla
     torch.testing.assert_close(softmax.fused(x, out=torch.empty_like(x)), torch.softmax(x, -1))
 
 
+def test_bench_host_runs_under_a_set_constant_and_names_it_in_its_header(tmp_path, capsys, monkeypatch):
+    import json
+
+    import benchmarks.bench_host as bh
+    from reference_kernels import layer_norm
+
+    monkeypatch.setattr(layer_norm, "_SUM_HERE_BYTES", layer_norm._SUM_HERE_BYTES)  # put back after the run's setting
+    bh.main(["--python", "--calls", "3", "--set", "layer_norm._SUM_HERE_BYTES=0", "--out", str(tmp_path)])
+    assert layer_norm._SUM_HERE_BYTES == 0
+    head = json.loads((tmp_path / "bench_host_python.json").read_text())["header"]
+    assert head.endswith("; set layer_norm._SUM_HERE_BYTES=0") and head in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="has no NOPE"):
+        bh.main(["--python", "--set", "layer_norm.NOPE=1"])
+
+
 def test_bench_host_cases_time_the_autograd_layer_norm_on_its_own_tensors(monkeypatch):
     """Each case's callables hold their own tensors: the training-step layer norm's gradients are those of its (x, w,
     b), ours against torch's (the cases are built for CUDA: here on CPU, the interpreter's)."""
