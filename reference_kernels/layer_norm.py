@@ -741,34 +741,31 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
     n_row_blocks = cdiv(n_rows, plan.block_m)
     rows_per_group = cdiv(n_row_blocks, plan.n_groups) * plan.block_m
     n_groups = cdiv(n_rows, rows_per_group)
-    common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
     grid = (n_groups * n_chunks,)
     scalars = (n_rows, n_cols, x2.stride(0), dy2.stride(0), dx2.stride(0), rows_per_group, n_chunks)
-    if plan.mode == "rows" and plan.variant == "measured" and _shares_summed_in_launch(n_groups, n_cols):
-        common["PREFETCH"] = plan.prefetch
-        common["NARROW"] = _packed_width(x2, dy2, dx2)
-        if n_groups == 1:  # one group's shares are the sums
-            launch_kernel(_layer_norm_bwd_kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw, db, x2, x2, x2, x2,
-                          *scalars, MODE=_ROWS, BLOCK_C=1, **common)
-            return
-        dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
-        count = torch.zeros(1, dtype=torch.int32, device=x2.device)
-        launch_kernel(_layer_norm_bwd_kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, x2, count, dw,
-                      db, *scalars, MODE=_ROWS, BLOCK_C=1, SUM_HERE=True, **common)
-        return
-    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
-    tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
     if plan.variant == "lean":
-        kernel = _layer_norm_bwd_lean_kernel
+        kernel, outputs = _layer_norm_bwd_lean_kernel, ()
         common = dict(BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         if plan.max_regs is not None and not interpreting():
             common["maxnreg"] = plan.max_regs
     else:
-        kernel = _layer_norm_bwd_kernel
+        kernel, outputs = _layer_norm_bwd_kernel, (x2, x2)  # dw_ptr, db_ptr: read where SUM_HERE alone
+        common = dict(BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, num_warps=plan.num_warps)
         if plan.mode == "rows":
             common["PREFETCH"] = plan.prefetch
             common["NARROW"] = _packed_width(x2, dy2, dx2)
-    outputs = () if kernel is _layer_norm_bwd_lean_kernel else (x2, x2)  # dw_ptr, db_ptr: SUM_HERE's alone
+    if plan.mode == "rows" and kernel is _layer_norm_bwd_kernel and _shares_summed_in_launch(n_groups, n_cols):
+        if n_groups == 1:  # one group's shares are the sums
+            launch_kernel(kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw, db, x2, x2, *outputs, *scalars,
+                          MODE=_ROWS, BLOCK_C=1, **common)
+            return
+        dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
+        count = torch.zeros(1, dtype=torch.int32, device=x2.device)
+        launch_kernel(kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, x2, count, dw, db, *scalars,
+                      MODE=_ROWS, BLOCK_C=1, SUM_HERE=True, **common)
+        return
+    dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
+    tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)
     if plan.mode == "rows":
         launch_kernel(kernel, grid, *tensors, x2, x2, *outputs, *scalars, MODE=_ROWS, BLOCK_C=1, **common)
     else:
@@ -788,8 +785,8 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
 def _shares_summed_in_launch(n_groups: int, n_cols: int) -> bool:
     """Whether the rows backward sums its dweight/dbias shares in its own launch (its last group to finish,
     ``_sum_shares_if_last``) rather than ``_sum_shares``'s: where they are at most ``_SUM_HERE_BYTES``, which one
-    program reads in about what a second launch costs the device; its host cost (~4 us) is saved whatever the size
-    (docs/kernels.md, "layer_norm: backward")."""
+    program should read in about what a second launch costs the device (an estimate: not yet timed on a GPU); the
+    launch's host cost (~4 us) goes whatever the size (docs/kernels.md, "layer_norm: backward")."""
     return n_groups * n_cols * 8 <= _SUM_HERE_BYTES
 
 
