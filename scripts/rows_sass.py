@@ -1,7 +1,9 @@
-"""Compile the layer-norm forward's rows kernel (reference_kernels/_layer_norm_kernels.py, ``_layer_norm_fwd_kernel``) for sm_90
-on any machine, GPU or not, and say what came out.
+"""Compile the layer norm's rows kernels (reference_kernels/_layer_norm_kernels.py: the forward's
+``_layer_norm_fwd_kernel``, the backward's ``_layer_norm_bwd_kernel`` in rows mode) for sm_90 on any machine, GPU or
+not, and say what came out.
 
     python scripts/rows_sass.py bf16:2560:4096:4 bf16:2560:4096:4:widen bf16:5120:4096+1024:4:joint:packed:r64 [--json]
+    python scripts/rows_sass.py bwd:bf16:4096:8:1 bwd:bf16:4096:8:1:sum
 
 A case is ``DTYPE:N:PIECES:WARPS[:FLAG...][:rREGS]`` for aligned rows (N a multiple of 16, one row a program): DTYPE
 bf16, fp16 or fp32; PIECES the first piece's lanes, or ``A+B`` for two pieces (``_aligned_16bit_pieces``, the
@@ -14,6 +16,10 @@ Per case: registers and stack (cuobjdump), the SASS's instruction count, its PRM
 extracts the high element with one), and whether the PTX has the widening's AND. Like scripts/held_sass.py it uses
 Triton's own ptxas, cuobjdump and nvdisasm and its offline-compile entry points (ASTSource, GPUTarget), so it needs
 no GPU; run it without TRITON_INTERPRET. tests/test_ref_layer_norm.py runs it.
+
+A backward case is ``bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum]`` (``sum``: SUM_HERE, the shares summed by the last group in
+the launch, ``_sum_shares_if_last``); it says, besides registers and stack, the PTX's global atomics by their ordering
+(``releases``: ``.release`` RMWs; ``acquires``: ``ld.acquire`` loads) and its volatile loads.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def compile_case(case: str) -> dict:
 
     from reference_kernels import layer_norm
 
+    if case.startswith("bwd:"):
+        return compile_backward_case(case)
     spec = parse(case)
     kernel = layer_norm._layer_norm_fwd_kernel
     scalars = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32", "x_phase": "i32", "n_rows": "i32", "n_cols": "i32",
@@ -83,6 +91,46 @@ def compile_case(case: str) -> dict:
         "instructions": len(re.findall(_sass.INSTRUCTION, sass, re.M)) if sass else None,
         "prmt": len(re.findall(r"\bPRMT\b", sass)) if sass else None,
         "widening_and": "0xffff0000" in compiled.asm["ptx"].lower(),
+        "sass": sass,
+    }
+
+
+def compile_backward_case(case: str) -> dict:
+    """``bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum]``: the backward's rows kernel as ``layer_norm._backward_launch`` launches
+    it in rows mode (16-byte aligned pointers), with SUM_HERE where ``sum`` is given."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from reference_kernels import _layer_norm_kernels
+
+    parts = case.split(":")[1:]
+    if (len(parts) not in (4, 5) or parts[0] not in ("bf16", "fp16", "fp32") or not all(p.isdigit() for p in parts[1:4])
+            or parts[4:] not in ([], ["sum"])):
+        raise SystemExit(f"{case!r}: bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum], DTYPE bf16, fp16 or fp32")
+    dtype, block_n, warps, block_m = parts[0], *map(int, parts[1:4])
+    kernel = _layer_norm_kernels._layer_norm_bwd_kernel
+    types = {"mean_ptr": "*fp32", "rstd_ptr": "*fp32", "dw_part_ptr": "*fp32", "db_part_ptr": "*fp32",
+             "count_ptr": "*i32"}
+    types.update({name: f"*{dtype}" for name in ("x_ptr", "dy_ptr", "w_ptr", "dx_ptr", "part_ptr", "dw_ptr", "db_ptr")})
+    types.update({name: "i32" for name in ("n_rows", "n_cols", "stride_x", "stride_dy", "stride_dx", "rows_per_group",
+                                           "n_chunks")})
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    constexprs = {"MODE": 0, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_C": 1, "PREFETCH": False, "NARROW": 0,
+                  "SUM_HERE": parts[4:] == ["sum"]}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if signature[name][0] == "*"}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = compiled.asm["ptx"]
+    usage, sass = _sass.disassemble(compiled.asm["cubin"])
+    return {
+        "case": case,
+        "registers": _sass.resource(usage, "REG"),
+        "stack": _sass.resource(usage, "STACK"),
+        "releases": len(re.findall(r"\b(?:atom|red)\.global\.gpu\.(?:release|acq_rel)\.", ptx)),
+        "acquires": len(re.findall(r"\bld\.global\.gpu\.acquire\.", ptx)),
+        "atomics": len(re.findall(r"\b(?:atom|red)\.global", ptx)),
+        "volatile_loads": len(re.findall(r"\bld\.volatile\.global", ptx)),
         "sass": sass,
     }
 
