@@ -552,8 +552,8 @@ def _sum_shares_if_last(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, count_ptr, n_g
                 g = cols * 0 + g0 + j  # a vector, as the masks are
                 ok = col_ok & (g < n_groups)
                 share = g * n_cols + cols  # int32: the shares are few (layer_norm._SUM_HERE_BYTES)
-                dw += tl.load(dw_part_ptr + share, mask=ok, other=0.0, volatile=True)
-                db += tl.load(db_part_ptr + share, mask=ok, other=0.0, volatile=True)
+                dw += tl.load(dw_part_ptr + share, mask=ok, other=0.0, cache_modifier=".cg")
+                db += tl.load(db_part_ptr + share, mask=ok, other=0.0, cache_modifier=".cg")
         tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_ok)
         tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_ok)
 

@@ -19,7 +19,7 @@ no GPU; run it without TRITON_INTERPRET. tests/test_ref_layer_norm.py runs it.
 
 A backward case is ``bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum]`` (``sum``: SUM_HERE, the shares summed by the last group in
 the launch, ``_sum_shares_if_last``); it says, besides registers and stack, the PTX's global atomics by their ordering
-(``releases``: ``.release`` RMWs; ``acquires``: ``ld.acquire`` loads) and its volatile loads.
+(``releases``: ``.release`` RMWs; ``acquires``: ``ld.acquire`` loads) and its loads through to L2 (``ld.cg``; vectors).
 """
 
 from __future__ import annotations
@@ -118,7 +118,9 @@ def compile_backward_case(case: str) -> dict:
     signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     constexprs = {"MODE": 0, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_C": 1, "PREFETCH": False, "NARROW": 0,
                   "SUM_HERE": parts[4:] == ["sum"]}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if signature[name][0] == "*"}
+    # pointers 16-byte aligned and the width and strides multiples of 16, as Triton specialises an aligned launch
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+             if signature[name][0] == "*" or name in ("n_cols", "stride_x", "stride_dy", "stride_dx")}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
@@ -130,7 +132,8 @@ def compile_backward_case(case: str) -> dict:
         "releases": len(re.findall(r"\b(?:atom|red)\.global\.gpu\.(?:release|acq_rel)\.", ptx)),
         "acquires": len(re.findall(r"\bld\.global\.gpu\.acquire\.", ptx)),
         "atomics": len(re.findall(r"\b(?:atom|red)\.global", ptx)),
-        "volatile_loads": len(re.findall(r"\bld\.volatile\.global", ptx)),
+        "l2_loads": len(re.findall(r"\bld\.global\.cg\.", ptx)),
+        "l2_vector_loads": len(re.findall(r"\bld\.global\.cg\.v\d", ptx)),
         "sass": sass,
     }
 

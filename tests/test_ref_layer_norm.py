@@ -1279,14 +1279,14 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
 
 def test_the_backward_summing_its_shares_in_launch_compiles_for_sm90_to_one_released_arrival_and_an_acquire():
     # what the GPU runs, checked without one (scripts/rows_sass.py): the arrival one release RMW (every share store
-    # ordered before it), the last program's acquire before its reads, which go to L2; the plain rows kernel takes no
-    # atomic; no stack either way
+    # ordered before it), the last program's acquire before its reads, which go to L2 as 16-byte vectors (aligned
+    # rows); the plain rows kernel takes no atomic; no stack either way
     cases = ["bwd:bf16:4096:8:1", "bwd:bf16:4096:8:1:sum", "bwd:fp32:1024:4:1:sum"]
     out = compile_for_sm90(Path(__file__).resolve().parents[1] / "scripts" / "rows_sass.py", cases, gluon=False)
     assert out["bwd:bf16:4096:8:1"]["atomics"] == 0, out
     for case in cases[1:]:
         r = out[case]
-        assert r["atomics"] == r["releases"] == r["acquires"] == 1 and r["volatile_loads"] > 0, r
+        assert r["atomics"] == r["releases"] == r["acquires"] == 1 and r["l2_loads"] == r["l2_vector_loads"] > 0, r
     assert all(r["stack"] in (0, None) for r in out.values()), out
 
 
