@@ -6,7 +6,7 @@ pieces), a wide row a program in chunks (``_layer_norm_fwd_looped_kernel``) and 
 (``_layer_norm_fwd_split_kernel``, ``_split_walk``). Backward: row groups or chunked rows (``_layer_norm_bwd_kernel``,
 ``_layer_norm_bwd_lean_kernel``), pipelined whole rows (``_layer_norm_bwd_phased_kernel``), rows laid flat
 (``_layer_norm_bwd_flat_kernel``); every backward writes float32 shares that ``_layer_norm_dwdb_kernel`` sums in a
-fixed order. The Gluon kernels that hold rows in shared memory are ``_layer_norm_held``'s.
+fixed order (few shares: the rows kernel itself, ``_sum_shares_if_last``). The Gluon kernels that hold rows in shared memory are ``_layer_norm_held``'s.
 """
 
 from __future__ import annotations
@@ -534,7 +534,8 @@ def _sum_shares_if_last(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, count_ptr, n_g
                         BLOCK_N: tl.constexpr, UNROLL: tl.constexpr = 4):
     """Arrive at ``count_ptr`` once this program's shares of ``cols`` are stored; the last of the ``n_groups`` programs
     to arrive adds every group's shares of them, in group order (deterministic), into dweight and dbias in their
-    dtypes: a backward's one launch where its shares are few (docs/kernels.md, "layer_norm: backward").
+    dtypes: a backward's one launch where its shares are few, and the shares' one launch where splits of them are
+    summed first (docs/kernels.md, "layer_norm: backward").
 
     Nothing waits: the last arrival alone reads, so no program needs another resident. The barrier and the release
     put every thread's share stores before the arrival; the last program's acquire, then a barrier, order its reads
@@ -551,7 +552,7 @@ def _sum_shares_if_last(dw_part_ptr, db_part_ptr, dw_ptr, db_ptr, count_ptr, n_g
             for j in tl.static_range(UNROLL):
                 g = cols * 0 + g0 + j  # a vector, as the masks are
                 ok = col_ok & (g < n_groups)
-                share = g * n_cols + cols  # int32: the shares are few (layer_norm._SUM_HERE_BYTES)
+                share = g.to(tl.int64) * n_cols + cols
                 dw += tl.load(dw_part_ptr + share, mask=ok, other=0.0, cache_modifier=".cg")
                 db += tl.load(db_part_ptr + share, mask=ok, other=0.0, cache_modifier=".cg")
         tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_ok)
@@ -1076,21 +1077,25 @@ def _layer_norm_bwd_flat_kernel(
 def _layer_norm_dwdb_kernel(
     dw_part_ptr,  # (n_groups, N) float32 shares of dweight
     db_part_ptr,  # (n_groups, N) float32 shares of dbias
-    dw_ptr,  # (n_splits, N) out: sums of each split's shares (float32), or (N,) dweight when n_splits == 1
-    db_ptr,  # (n_splits, N) out: as dw_ptr, for dbias
+    dw_ptr,  # (N,) out: dweight, the sum of every share
+    db_ptr,  # (N,) out: dbias
+    dw_mid_ptr,  # (n_splits, N) float32: each split's sum of its shares of dweight, where SPLITS; else unused
+    db_mid_ptr,  # (n_splits, N) float32: as dw_mid_ptr, for dbias
+    count_ptr,  # (column blocks,) int32 zeros: each column block's splits arrived, where SPLITS; else unused
     n_groups,  # rows of the share buffers
     n_cols,  # N
     groups_per_split,  # share rows summed by one program: program (c, s) sums rows [s * it, (s + 1) * it)
     BLOCK_G: tl.constexpr,  # share rows added per step (fixed order: deterministic)
     BLOCK_N: tl.constexpr,  # columns per program
+    SPLITS: tl.constexpr = False,  # more than one split: sums through dw_mid, db_mid
 ):
     """Sum fixed row ranges of the shares, column block by column block, in a fixed order.
 
-    Launched twice: (column blocks, splits) programs write per-split sums, then one split
-    adds those. Two levels keep hundreds of programs reading the shares (a single level
-    left 4-16 programs reading 8.6 MB: 21-75 us of a 230-300 us backward on the H200, ncu;
-    docs/kernels.md, "layer_norm: backward"); the fixed ranges and order keep the result
-    bitwise identical run to run.
+    (column blocks, splits) programs each sum a split of the shares; with one split, into dweight and dbias; with
+    several, into the splits' rows, the last split of a column block to arrive adding those (``_sum_shares_if_last``)
+    in the same launch. The splits keep hundreds of programs reading the shares (a single level left 4-16 programs
+    reading 8.6 MB: 21-75 us of a 230-300 us backward on the H200, ncu; docs/kernels.md, "layer_norm: backward"); the
+    fixed ranges and order keep the result bitwise identical run to run.
     """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -1104,6 +1109,12 @@ def _layer_norm_dwdb_kernel(
         offs = g.to(tl.int64)[:, None] * n_cols + cols[None, :]
         dw += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
         db += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
-    out = split.to(tl.int64) * n_cols + cols
-    tl.store(dw_ptr + out, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
-    tl.store(db_ptr + out, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+    if SPLITS:
+        out = split.to(tl.int64) * n_cols + cols
+        tl.store(dw_mid_ptr + out, tl.sum(dw, axis=0), mask=col_ok)
+        tl.store(db_mid_ptr + out, tl.sum(db, axis=0), mask=col_ok)
+        _sum_shares_if_last(dw_mid_ptr, db_mid_ptr, dw_ptr, db_ptr, count_ptr + tl.program_id(0), tl.num_programs(1),
+                            n_cols, cols, col_ok, BLOCK_N)
+    else:
+        tl.store(dw_ptr + cols, tl.sum(dw, axis=0).to(dw_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(db_ptr + cols, tl.sum(db, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)

@@ -881,7 +881,9 @@ def _reg_cap(plan: _Plan) -> dict:
 
 
 def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, db: torch.Tensor) -> None:
-    """dw, db = column sums of the (n_groups, N) shares, deterministically, in one or two launches."""
+    """dw, db = column sums of the (n_groups, N) shares, deterministically, in one launch: past
+    ``_DWDB_GROUPS_PER_SPLIT`` shares, splits of them summed first, then the splits' sums by the last split of each
+    column block to arrive."""
     n_groups, n_cols = dw_part.shape
     block_n = min(_DWDB_BLOCK_N, next_power_of_2(n_cols))
     col_blocks = cdiv(n_cols, block_n)
@@ -889,13 +891,15 @@ def _sum_shares(dw_part: torch.Tensor, db_part: torch.Tensor, dw: torch.Tensor, 
     if n_groups > _DWDB_GROUPS_PER_SPLIT:
         n_splits = cdiv(n_groups, _DWDB_GROUPS_PER_SPLIT)
         dw_mid, db_mid = float32_pair(n_splits, n_cols, dw_part.device)
+        count = torch.zeros(col_blocks, dtype=torch.int32, device=dw_part.device)
         launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, n_splits),
-            dw_part, db_part, dw_mid, db_mid, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
-            BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps,
+            dw_part, db_part, dw, db, dw_mid, db_mid, count, n_groups, n_cols, _DWDB_GROUPS_PER_SPLIT,
+            BLOCK_G=block_g, BLOCK_N=block_n, SPLITS=True, num_warps=warps,
         )
-        dw_part, db_part, n_groups = dw_mid, db_mid, n_splits
+        return
     launch_kernel(_layer_norm_dwdb_kernel, (col_blocks, 1),
-        dw_part, db_part, dw, db, n_groups, n_cols, n_groups, BLOCK_G=block_g, BLOCK_N=block_n, num_warps=warps
+        dw_part, db_part, dw, db, dw_part, db_part, dw_part, n_groups, n_cols, n_groups, BLOCK_G=block_g,
+        BLOCK_N=block_n, num_warps=warps
     )
 
 

@@ -3,7 +3,7 @@
 not, and say what came out.
 
     python scripts/rows_sass.py bf16:2560:4096:4 bf16:2560:4096:4:widen bf16:5120:4096+1024:4:joint:packed:r64 [--json]
-    python scripts/rows_sass.py bwd:bf16:4096:8:1 bwd:bf16:4096:8:1:sum
+    python scripts/rows_sass.py bwd:bf16:4096:8:1 bwd:bf16:4096:8:1:sum dwdb:256:8:splits
 
 A case is ``DTYPE:N:PIECES:WARPS[:FLAG...][:rREGS]`` for aligned rows (N a multiple of 16, one row a program): DTYPE
 bf16, fp16 or fp32; PIECES the first piece's lanes, or ``A+B`` for two pieces (``_aligned_16bit_pieces``, the
@@ -20,6 +20,8 @@ no GPU; run it without TRITON_INTERPRET. tests/test_ref_layer_norm.py runs it.
 A backward case is ``bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum]`` (``sum``: SUM_HERE, the shares summed by the last group in
 the launch, ``_sum_shares_if_last``); it says, besides registers and stack, the PTX's global atomics by their ordering
 (``releases``: ``.release`` RMWs; ``acquires``: ``ld.acquire`` loads) and its loads through to L2 (``ld.cg``; vectors).
+``dwdb:BLOCK_N:WARPS[:splits]`` says the same of the shares' sum (``_layer_norm_dwdb_kernel``, bf16 dweight and dbias;
+``splits``: SPLITS, the splits' sums added by each column block's last split).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def compile_case(case: str) -> dict:
 
     from reference_kernels import layer_norm
 
-    if case.startswith("bwd:"):
+    if case.startswith(("bwd:", "dwdb:")):
         return compile_backward_case(case)
     spec = parse(case)
     kernel = layer_norm._layer_norm_fwd_kernel
@@ -97,13 +99,19 @@ def compile_case(case: str) -> dict:
 
 def compile_backward_case(case: str) -> dict:
     """``bwd:DTYPE:BLOCK_N:WARPS:BLOCK_M[:sum]``: the backward's rows kernel as ``layer_norm._backward_launch`` launches
-    it in rows mode (16-byte aligned pointers), with SUM_HERE where ``sum`` is given."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    it in rows mode (16-byte aligned pointers), with SUM_HERE where ``sum`` is given; ``dwdb:...``: the shares' sum."""
     from reference_kernels import _layer_norm_kernels
 
+    if case.startswith("dwdb:"):
+        parts = case.split(":")[1:]
+        if len(parts) not in (2, 3) or not all(p.isdigit() for p in parts[:2]) or parts[2:] not in ([], ["splits"]):
+            raise SystemExit(f"{case!r}: dwdb:BLOCK_N:WARPS[:splits]")
+        kernel = _layer_norm_kernels._layer_norm_dwdb_kernel
+        types = {"dw_ptr": "*bf16", "db_ptr": "*bf16", "count_ptr": "*i32", "n_groups": "i32", "n_cols": "i32",
+                 "groups_per_split": "i32"}
+        types.update({name: "*fp32" for name in ("dw_part_ptr", "db_part_ptr", "dw_mid_ptr", "db_mid_ptr")})
+        constexprs = {"BLOCK_G": 16, "BLOCK_N": int(parts[0]), "SPLITS": parts[2:] == ["splits"]}
+        return _compiled_facts(case, kernel, types, constexprs, int(parts[1]))
     parts = case.split(":")[1:]
     if (len(parts) not in (4, 5) or parts[0] not in ("bf16", "fp16", "fp32") or not all(p.isdigit() for p in parts[1:4])
             or parts[4:] not in ([], ["sum"])):
@@ -115,9 +123,19 @@ def compile_backward_case(case: str) -> dict:
     types.update({name: f"*{dtype}" for name in ("x_ptr", "dy_ptr", "w_ptr", "dx_ptr", "part_ptr", "dw_ptr", "db_ptr")})
     types.update({name: "i32" for name in ("n_rows", "n_cols", "stride_x", "stride_dy", "stride_dx", "rows_per_group",
                                            "n_chunks")})
-    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     constexprs = {"MODE": 0, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_C": 1, "PREFETCH": False, "NARROW": 0,
                   "SUM_HERE": parts[4:] == ["sum"]}
+    return _compiled_facts(case, kernel, types, constexprs, warps)
+
+
+def _compiled_facts(case: str, kernel, types: dict, constexprs: dict, warps: int) -> dict:
+    """A backward kernel compiled for sm_90 (arguments typed by ``types``, the rest constexprs): its registers, stack,
+    atomics by ordering and loads through to L2."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
     # pointers 16-byte aligned and the width and strides multiples of 16, as Triton specialises an aligned launch
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
              if signature[name][0] == "*" or name in ("n_cols", "stride_x", "stride_dy", "stride_dx")}

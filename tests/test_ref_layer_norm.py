@@ -335,8 +335,8 @@ def test_a_cpu_tensor_is_refused_when_the_interpreter_is_off(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "shape, block_m, n_groups",
-    [((37, 3), 8, 3), ((50, 100), 1, 4), ((64, 256), 4, 16), ((5, 4096), 1, 2)],
-    ids=str,  # groups of 16, 16, 5 rows; 13 a group, the last ragged; one block a group; wide rows
+    [((37, 3), 8, 3), ((50, 100), 1, 4), ((64, 256), 4, 16), ((5, 4096), 1, 2), ((70, 300), 1, 70)],
+    ids=str,  # groups of 16, 16, 5 rows; 13 a group, the last ragged; one block a group; wide rows; past one split
 )
 def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, block_m, n_groups, dtype, prefetch,
                                                                          in_launch, monkeypatch):
@@ -394,6 +394,33 @@ def test_the_rows_backward_sums_few_shares_in_its_one_launch_deterministically(n
             assert_close(a, e, dtype, what, inputs=(x, weight, dy))
         got.append(grads)
     assert all(torch.equal(a, b) for a, b in zip(*got[:2])), "summed in the launch: not the same bits twice"
+
+
+@pytest.mark.parametrize("n_groups", [1, 32, 33, 100], ids=lambda g: f"{g} shares")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_shares_are_summed_in_one_launch_in_a_fixed_order(n_groups, dtype):
+    # past one split of shares (_DWDB_GROUPS_PER_SPLIT), each column block's last split to arrive adds the splits'
+    # sums in the same launch; 300 columns: a ragged last column block
+    from pytest_fusioncheck import _compat
+
+    gen = torch.Generator(device=DEVICE).manual_seed(n_groups)
+    dw_part, db_part = (torch.randn(n_groups, 300, device=DEVICE, generator=gen) for _ in range(2))
+    seen, got = [], []
+
+    def on_launch(jitfn, original, args, kwargs, grid, warmup, interpreted):
+        seen.append(jitfn.__name__)
+        return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
+
+    for _ in range(2):
+        dw, db = (torch.full((300,), float("nan"), device=DEVICE, dtype=dtype) for _ in range(2))
+        with _compat.triton_launch_hook(on_launch):
+            layer_norm._sum_shares(dw_part, db_part, dw, db)
+        got.append((dw, db))
+    assert seen == ["_layer_norm_dwdb_kernel"] * 2
+    for a, part in zip(got[0], (dw_part, db_part)):
+        want = part.double().sum(0)
+        torch.testing.assert_close(a.double(), want, atol=1e-4 * n_groups ** 0.5, rtol=TOLERANCES[dtype])
+    assert all(torch.equal(a, b) for a, b in zip(*got)), "not the same bits twice"
 
 
 def test_replayed_backwards_that_sum_their_shares_in_launch_arrive_on_a_fresh_count_each_call(monkeypatch):
@@ -1280,13 +1307,15 @@ def test_bf16_widened_by_a_shift_compiles_for_sm90_to_fewer_instructions_on_no_m
 def test_the_backward_summing_its_shares_in_launch_compiles_for_sm90_to_one_released_arrival_and_an_acquire():
     # what the GPU runs, checked without one (scripts/rows_sass.py): the arrival one release RMW (every share store
     # ordered before it), the last program's acquire before its reads, which go to L2 as 16-byte vectors (aligned
-    # rows); the plain rows kernel takes no atomic; no stack either way
-    cases = ["bwd:bf16:4096:8:1", "bwd:bf16:4096:8:1:sum", "bwd:fp32:1024:4:1:sum"]
+    # rows); the plain rows kernel takes no atomic; no stack either way. The shares' sum past one split the same, its
+    # reads a float a thread (256 columns on 8 warps)
+    cases = ["bwd:bf16:4096:8:1", "bwd:bf16:4096:8:1:sum", "bwd:fp32:1024:4:1:sum", "dwdb:256:8", "dwdb:256:8:splits"]
     out = compile_for_sm90(Path(__file__).resolve().parents[1] / "scripts" / "rows_sass.py", cases, gluon=False)
-    assert out["bwd:bf16:4096:8:1"]["atomics"] == 0, out
-    for case in cases[1:]:
+    assert out["bwd:bf16:4096:8:1"]["atomics"] == out["dwdb:256:8"]["atomics"] == 0, out
+    for case in ("bwd:bf16:4096:8:1:sum", "bwd:fp32:1024:4:1:sum", "dwdb:256:8:splits"):
         r = out[case]
-        assert r["atomics"] == r["releases"] == r["acquires"] == 1 and r["l2_loads"] == r["l2_vector_loads"] > 0, r
+        assert r["atomics"] == r["releases"] == r["acquires"] == 1 and r["l2_loads"] > 0, r
+        assert case.startswith("dwdb") or r["l2_loads"] == r["l2_vector_loads"], r
     assert all(r["stack"] in (0, None) for r in out.values()), out
 
 
