@@ -74,28 +74,28 @@ CASES = [
     ("layer_norm", BF16, (65536, 999), 1, 0.7),  # odd 16-bit rows under 1025, streamed: 85% (held 80%, the rows plan 63%)
     ("layer_norm", FP16, (131072, 555), 1, 0.62),  # one-warp programs, 32 an SM: 77% (two warps 56-57%)
     ("layer_norm", BF16, (131072, 333), 1, 0.55),  # one-warp programs: 69-70% (the plan before: 49%)
-    ("layer_norm_backward", BF16, (16384, 4096), 3, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
-    ("layer_norm_backward", FP32, (16384, 4096), 3, 0.78),  # 92%
-    ("layer_norm_backward", FP32, (8192, 6144), 3, 0.65),  # pipelined phased plan: 80%+ (was 61%)
-    ("layer_norm_backward", BF16, (16384, 8192), 3, 0.65),  # pipelined phased plan: 80%+ (was 51%)
-    ("layer_norm_backward", BF16, (16384, 4608), 3, 0.65),  # aligned 16-bit, held, shares in registers: 81% (pieces 76%)
-    ("layer_norm_backward", BF16, (16384, 6656), 3, 0.65),  # aligned, held: 82% (three pieces, the third a row ahead: 82%)
-    ("layer_norm_backward", BF16, (16384, 3584), 3, 0.7),  # three pieces on 8 warps: 88% (the rows plan: 83%)
-    ("layer_norm_backward", FP16, (32768, 1280), 3, 0.65),  # rows laid flat, six a window: 82% (1024 + 256: 74%)
-    ("layer_norm_backward", BF16, (16384, 1536), 3, 0.68),  # rows laid flat, five a window: 83% (2048 lanes: 73%)
-    ("layer_norm_backward", BF16, (16384, 2560), 3, 0.68),  # rows laid flat, three a window: 84% (4096 lanes: 72%)
-    ("layer_norm_backward", BF16, (16384, 2049), 3, 0.56),  # ragged 16-bit, held, shares in registers: 70% (phased 64%)
-    ("layer_norm_backward", FP16, (65536, 999), 3, 0.66),  # 16-bit rows under 1025, held: 81-82% (the rows plan 52-53%)
-    ("layer_norm_backward", BF16, (65536, 777), 3, 0.62),  # held: 77-79% (the rows plan 44%)
-    ("layer_norm_backward", BF16, (65536, 322), 3, 0.45),  # held: 60% (the rows plan 43%)
+    ("layer_norm_backward", BF16, (16384, 4096), 2, 0.72),  # rows laid flat, two a window: 87-92% (rows plan 84-89%)
+    ("layer_norm_backward", FP32, (16384, 4096), 2, 0.78),  # 92%
+    ("layer_norm_backward", FP32, (8192, 6144), 2, 0.65),  # pipelined phased plan: 80%+ (was 61%)
+    ("layer_norm_backward", BF16, (16384, 8192), 2, 0.65),  # pipelined phased plan: 80%+ (was 51%)
+    ("layer_norm_backward", BF16, (16384, 4608), 2, 0.65),  # aligned 16-bit, held, shares in registers: 81% (pieces 76%)
+    ("layer_norm_backward", BF16, (16384, 6656), 2, 0.65),  # aligned, held: 82% (three pieces, the third a row ahead: 82%)
+    ("layer_norm_backward", BF16, (16384, 3584), 2, 0.7),  # three pieces on 8 warps: 88% (the rows plan: 83%)
+    ("layer_norm_backward", FP16, (32768, 1280), 2, 0.65),  # rows laid flat, six a window: 82% (1024 + 256: 74%)
+    ("layer_norm_backward", BF16, (16384, 1536), 2, 0.68),  # rows laid flat, five a window: 83% (2048 lanes: 73%)
+    ("layer_norm_backward", BF16, (16384, 2560), 2, 0.68),  # rows laid flat, three a window: 84% (4096 lanes: 72%)
+    ("layer_norm_backward", BF16, (16384, 2049), 2, 0.56),  # ragged 16-bit, held, shares in registers: 70% (phased 64%)
+    ("layer_norm_backward", FP16, (65536, 999), 2, 0.66),  # 16-bit rows under 1025, held: 81-82% (the rows plan 52-53%)
+    ("layer_norm_backward", BF16, (65536, 777), 2, 0.62),  # held: 77-79% (the rows plan 44%)
+    ("layer_norm_backward", BF16, (65536, 322), 2, 0.45),  # held: 60% (the rows plan 43%)
     # held, 2-warp programs, eight an SM: 78% in the sweep (4 warps: 70%); rows enough that the 1056 programs' dweight /
     # dbias shares stay a few % of the bytes (at 16384 rows they are 17% and the region read under 62%)
-    ("layer_norm_backward", FP16, (65536, 1500), 3, 0.56),
-    ("layer_norm_backward", BF16, (32768, 1025), 3, 0.58),  # held on three 512-element segments: 74% (phased: 67%)
-    ("layer_norm_backward", BF16, (16384, 7001), 3, 0.54),  # held, seven segments, two programs an SM: 68% (phased 56%)
-    ("layer_norm_backward", BF16, (32768, 1000), 3, 0.6),  # packed ragged rows at a compile-time width: 77% (was 51%)
-    ("layer_norm_backward", BF16, (16384, 3001), 3, 0.48 if H200 else 0.4),  # H200 held: 61% (phased: 50%)
-    ("layer_norm_backward", BF16, (8192, 10468), 3, 0.33),  # rows held in shared memory: 43% (one_pass 30%)
+    ("layer_norm_backward", FP16, (65536, 1500), 2, 0.56),
+    ("layer_norm_backward", BF16, (32768, 1025), 2, 0.58),  # held on three 512-element segments: 74% (phased: 67%)
+    ("layer_norm_backward", BF16, (16384, 7001), 2, 0.54),  # held, seven segments, two programs an SM: 68% (phased 56%)
+    ("layer_norm_backward", BF16, (32768, 1000), 2, 0.6),  # packed ragged rows at a compile-time width: 77% (was 51%)
+    ("layer_norm_backward", BF16, (16384, 3001), 2, 0.48 if H200 else 0.4),  # H200 held: 61% (phased: 50%)
+    ("layer_norm_backward", BF16, (8192, 10468), 2, 0.33),  # rows held in shared memory: 43% (one_pass 30%)
     # GEMM + bias + GELU, shape (M, K, N): compute-bound, so a kernel count and bytes only; at K = 768 the tuning picks
     # the warp-specialised kernel (docs/kernels.md, "gemm_epilogue"), whose bytes come from its launch metadata
     ("gemm_epilogue", BF16, (2048, 768, 3072), 1, None),
