@@ -6,7 +6,8 @@ pieces), a wide row a program in chunks (``_layer_norm_fwd_looped_kernel``) and 
 (``_layer_norm_fwd_split_kernel``, ``_split_walk``). Backward: row groups or chunked rows (``_layer_norm_bwd_kernel``,
 ``_layer_norm_bwd_lean_kernel``), pipelined whole rows (``_layer_norm_bwd_phased_kernel``), rows laid flat
 (``_layer_norm_bwd_flat_kernel``); every backward writes float32 shares that ``_layer_norm_dwdb_kernel`` sums in a
-fixed order (few shares: the rows kernel itself, ``_sum_shares_if_last``). The Gluon kernels that hold rows in shared memory are ``_layer_norm_held``'s.
+fixed order (few shares: the rows kernel itself, ``_sum_shares_if_last``). The Gluon kernels that hold rows in shared
+memory are ``_layer_norm_held``'s.
 """
 
 from __future__ import annotations
