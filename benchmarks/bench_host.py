@@ -224,7 +224,7 @@ def python_main(calls: int, out: str | None, settings: list[str] = ()) -> None:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined: CPU tensors, the interpreter
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    head = run_header(settings)
+    head = settings_header(settings)
     print(head)
     records = []
     for name, ours, theirs in python_cases(device):
@@ -241,8 +241,9 @@ def python_main(calls: int, out: str | None, settings: list[str] = ()) -> None:
         Path(out, "bench_host_python.json").write_text(json.dumps({"header": head, "rows": records}, indent=1))
 
 
-def run_header(settings: list[str]) -> str:
-    """The machine's header, with the ``--set`` settings the run is under applied and named (as bench_gemm_epilogue's)."""
+def settings_header(settings: list[str]) -> str:
+    """Apply the ``--set`` settings the run is under (``sweep.apply_settings``); the machine's header naming them (as
+    bench_gemm_epilogue's)."""
     from benchmarks.sweep import apply_settings
 
     done = apply_settings(list(settings))
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     require_cuda(__file__)
     write_output_to(args.out, __file__)
-    head = run_header(args.set)
+    head = settings_header(args.set)
     print(head)
     from reference_kernels import _launch
 
