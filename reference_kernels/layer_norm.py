@@ -755,14 +755,11 @@ def _backward_launch(dy2, x2, weight, mean, rstd, dx2, dw, db, plan: _Plan) -> N
             common["PREFETCH"] = plan.prefetch
             common["NARROW"] = _packed_width(x2, dy2, dx2)
     if plan.mode == "rows" and kernel is _layer_norm_bwd_kernel and _shares_summed_in_launch(n_groups, n_cols):
-        if n_groups == 1:  # one group's shares are the sums
-            launch_kernel(kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw, db, x2, x2, *outputs, *scalars,
-                          MODE=_ROWS, BLOCK_C=1, **common)
-            return
-        dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
-        count = torch.zeros(1, dtype=torch.int32, device=x2.device)
+        one = n_groups == 1  # one group's shares are the sums: written as dw, db, nothing to add
+        dw_part, db_part = (dw, db) if one else float32_pair(n_groups, n_cols, x2.device)
+        count = x2 if one else torch.zeros(1, dtype=torch.int32, device=x2.device)
         launch_kernel(kernel, grid, x2, dy2, weight, mean, rstd, dx2, dw_part, db_part, x2, count, dw, db, *scalars,
-                      MODE=_ROWS, BLOCK_C=1, SUM_HERE=True, **common)
+                      MODE=_ROWS, BLOCK_C=1, SUM_HERE=not one, **common)
         return
     dw_part, db_part = float32_pair(n_groups, n_cols, x2.device)
     tensors = (x2, dy2, weight, mean, rstd, dx2, dw_part, db_part)

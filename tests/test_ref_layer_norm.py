@@ -356,8 +356,8 @@ def test_the_rows_backward_walks_its_row_groups_with_or_without_prefetch(shape, 
         assert_close(a, e, dtype, what, inputs=(x, weight, dy))
 
 
-def _backward_launches(dy, x, weight, mean, rstd, plan) -> tuple[list[str], tuple]:
-    """The kernels a backward plan launches, by name, and its (dx, dw, db), every element NaN until written."""
+def _kernels_launched(call) -> list[str]:
+    """The Triton kernels ``call()`` launches, by name, in order."""
     from pytest_fusioncheck import _compat
 
     seen = []
@@ -366,10 +366,15 @@ def _backward_launches(dy, x, weight, mean, rstd, plan) -> tuple[list[str], tupl
         seen.append(jitfn.__name__)
         return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
 
-    grads = tuple(torch.full_like(t, float("nan")) for t in (x, weight, weight))
     with _compat.triton_launch_hook(on_launch):
-        layer_norm._backward_launch(dy, x, weight, mean, rstd, *grads, plan)
-    return seen, grads
+        call()
+    return seen
+
+
+def _backward_launches(dy, x, weight, mean, rstd, plan) -> tuple[list[str], tuple]:
+    """The kernels a backward plan launches, by name, and its (dx, dw, db), every element NaN until written."""
+    grads = tuple(torch.full_like(t, float("nan")) for t in (x, weight, weight))
+    return _kernels_launched(lambda: layer_norm._backward_launch(dy, x, weight, mean, rstd, *grads, plan)), grads
 
 
 @pytest.mark.parametrize("n_groups", [1, 3, 8], ids=lambda g: f"{g} groups")
@@ -401,22 +406,13 @@ def test_the_rows_backward_sums_few_shares_in_its_one_launch_deterministically(n
 def test_the_shares_are_summed_in_one_launch_in_a_fixed_order(n_groups, dtype):
     # past one split of shares (_DWDB_GROUPS_PER_SPLIT), each column block's last split to arrive adds the splits'
     # sums in the same launch; 300 columns: a ragged last column block
-    from pytest_fusioncheck import _compat
-
     gen = torch.Generator(device=DEVICE).manual_seed(n_groups)
     dw_part, db_part = (torch.randn(n_groups, 300, device=DEVICE, generator=gen) for _ in range(2))
-    seen, got = [], []
-
-    def on_launch(jitfn, original, args, kwargs, grid, warmup, interpreted):
-        seen.append(jitfn.__name__)
-        return original(jitfn, *args, grid=grid, warmup=warmup, **kwargs)
-
+    got = []
     for _ in range(2):
         dw, db = (torch.full((300,), float("nan"), device=DEVICE, dtype=dtype) for _ in range(2))
-        with _compat.triton_launch_hook(on_launch):
-            layer_norm._sum_shares(dw_part, db_part, dw, db)
+        assert _kernels_launched(lambda: layer_norm._sum_shares(dw_part, db_part, dw, db)) == ["_layer_norm_dwdb_kernel"]
         got.append((dw, db))
-    assert seen == ["_layer_norm_dwdb_kernel"] * 2
     for a, part in zip(got[0], (dw_part, db_part)):
         want = part.double().sum(0)
         torch.testing.assert_close(a.double(), want, atol=1e-4 * n_groups ** 0.5, rtol=TOLERANCES[dtype])
